@@ -1,0 +1,637 @@
+"""The main window: prompt, live round view, plots, history, menus, status bar.
+
+All decoding happens in the engine; the window starts workers (app.workers) and consumes the RoundEvents they
+emit. Every user-facing error goes through `show_error`, which tests replace.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtGui import QActionGroup, QFontDatabase, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QListWidget,
+                               QListWidgetItem, QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar,
+                               QPushButton, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
+
+from app import backend
+from app.dialogs import HelpDialog, SamplingDialog
+from app.plot_data import PlotBuffers
+from app.plots import PlotPanel
+from app.round_view import RoundView, describe, legend_html
+from app.session import METHOD_LABELS, Generation, Session, sampling_label
+from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
+from app.style import colors_for, dark_palette, system_is_dark
+from app.workers import GenerationWorker, Job, LoadWorker
+from engine.errors import SpecplayError
+
+K_CHOICES = range(1, 17)
+
+
+def no_model_text(reason: str = "") -> str:
+    """What the window says when it has no model, and how to open one."""
+    return "No model is loaded.\n\n" + (f"{reason}\n\n" if reason else "") + HOW_TO_OPEN
+
+
+HOW_TO_OPEN = (
+    "Open a Hugging Face model folder with Models → Open target folder… (and Models → Open draft folder… for a "
+    "draft model sharing its tokenizer), or start with  python main.py --target DIR --draft DIR."
+)
+
+
+class PromptEdit(QPlainTextEdit):
+    """The prompt editor: Ctrl+Enter generates, Esc stops."""
+
+    submitted = Signal()
+    stopRequested = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        enter = event.key() in (Qt.Key_Return, Qt.Key_Enter)
+        if enter and event.modifiers() & Qt.ControlModifier:
+            self.submitted.emit()
+        elif event.key() == Qt.Key_Escape:
+            self.stopRequested.emit()
+        else:
+            super().keyPressEvent(event)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, loader=backend.load_decoder, device: str = "auto", settings: Optional[AppSettings] = None):
+        super().__init__()
+        self.setWindowTitle("specplay: speculative decoding playground")
+        self.loader = loader
+        self.device = device
+        self.settings = settings or AppSettings()
+        self.session = Session()
+        self.decoder = None
+        self.calibration = None
+        self.availability: dict = {}
+        self.target_path: Optional[str] = None
+        self.draft_path: Optional[str] = None
+        self.models = "none"
+        self.gen_job: Optional[Job] = None
+        self.load_job: Optional[Job] = None
+        self.current: Optional[Generation] = None  # the running generation
+        self.shown: Optional[Generation] = None  # the generation in the view and plots
+        self._pending: tuple = (None, None, True)  # the (target, draft, quiet) being loaded
+        self._pending_error: Optional[tuple] = None  # (title, message) shown once a worker is done
+        self._forced_palette = False  # True while the theme overrides a platform that ignores the scheme
+        self._build_central()
+        self._build_docks()
+        self._build_menus()
+        self._build_status()
+        self._default_state = self.saveState()
+        self.resize(1280, 860)
+        self._restore_layout()
+        self.apply_theme(self.settings.get("view/theme"), save=False)
+        self._refresh_all()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_scheme_changed)
+
+    # ================================================================================================ building
+    def _build_central(self) -> None:
+        self.prompt = PromptEdit()
+        self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter to generate (Esc stops)")
+        self.prompt.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+        self.prompt.submitted.connect(self.generate)
+        self.prompt.stopRequested.connect(self.stop)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 8192)
+        self.max_tokens.setValue(self.settings.get("decode/max_new_tokens"))
+        self.max_tokens.setPrefix("max new tokens: ")
+        self.max_tokens.valueChanged.connect(lambda v: self.settings.set("decode/max_new_tokens", v))
+        self.generate_button = QPushButton("Generate  (Ctrl+Enter)")
+        self.generate_button.clicked.connect(self.generate)
+        self.stop_button = QPushButton("Stop  (Esc)")
+        self.stop_button.clicked.connect(self.stop)
+        self.legend = QLabel()
+        self.view = RoundView()
+        self.view.tokenClicked.connect(self._show_token)
+        self.splitter = QSplitter(Qt.Vertical)
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.addWidget(self._prompt_area())
+        self.splitter.addWidget(self._output_area())
+        self.splitter.setSizes([160, 520])
+        self.setCentralWidget(self.splitter)
+
+    def _prompt_area(self) -> QWidget:
+        side = QVBoxLayout()
+        for widget in (self.max_tokens, self.generate_button, self.stop_button):
+            side.addWidget(widget)
+        side.addStretch(1)
+        row = QHBoxLayout()
+        row.addWidget(self.prompt, 1)
+        row.addLayout(side)
+        box = QWidget()
+        box.setLayout(row)
+        return box
+
+    def _output_area(self) -> QWidget:
+        column = QVBoxLayout()
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.legend)
+        column.addWidget(self.view, 1)
+        box = QWidget()
+        box.setLayout(column)
+        return box
+
+    def _build_docks(self) -> None:
+        self.history = QListWidget()
+        self.history.currentRowChanged.connect(self._history_selected)
+        self.inspector = QTextBrowser()
+        self.inspector.setPlaceholderText("Hover a token for details; click to pin them here.")
+        self.plots = PlotPanel()
+        self.history_dock = self._dock("History", "historyDock", self.history, Qt.LeftDockWidgetArea)
+        self.inspector_dock = self._dock("Token", "inspectorDock", self.inspector, Qt.RightDockWidgetArea)
+        self.plots_dock = self._dock("Plots", "plotsDock", self.plots, Qt.BottomDockWidgetArea)
+        self.plots_action = self.plots_dock.toggleViewAction()
+        self.plots_action.setText("Plots")
+        self.plots_action.toggled.connect(lambda on: self.settings.set("view/plots", bool(on)))
+
+    def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _build_menus(self) -> None:
+        self._build_method_menu()
+        self._build_k_menu()
+        self._build_sampling_menu()
+        self._build_models_menu()
+        self._build_session_menu()
+        self._build_view_menu()
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction("The analytic model…", self.show_help)
+
+    def _build_method_menu(self) -> None:
+        menu = self.menuBar().addMenu("&Method")
+        menu.setToolTipsVisible(True)
+        self.method_group = QActionGroup(self)
+        self.method_actions = {}
+        for method, label in METHOD_LABELS.items():
+            action = menu.addAction(label)
+            action.setCheckable(True)
+            action.setData(method)
+            action.triggered.connect(lambda _=False, m=method: self.set_method(m))
+            self.method_group.addAction(action)
+            self.method_actions[method] = action
+
+    def _build_k_menu(self) -> None:
+        menu = self.menuBar().addMenu("&K")
+        group = QActionGroup(self)
+        self.k_actions = {}
+        for k in K_CHOICES:
+            action = menu.addAction(f"K = {k}")
+            action.setCheckable(True)
+            action.triggered.connect(lambda _=False, value=k: self.set_k(value))
+            group.addAction(action)
+            self.k_actions[k] = action
+
+    def _build_sampling_menu(self) -> None:
+        menu = self.menuBar().addMenu("&Sampling")
+        self.greedy_action = menu.addAction("Greedy")
+        self.greedy_action.setCheckable(True)
+        self.greedy_action.triggered.connect(self.set_greedy)
+        menu.addAction("Temperature, top-k, top-p, seed…", self.edit_sampling)
+
+    def _build_models_menu(self) -> None:
+        menu = self.menuBar().addMenu("M&odels")
+        self.model_actions = [
+            menu.addAction("Open target folder…", self.open_target_folder),
+            menu.addAction("Open draft folder…", self.open_draft_folder),
+            menu.addAction("Back to the shipped pair", self.use_shipped_pair),
+        ]
+
+    def _build_session_menu(self) -> None:
+        menu = self.menuBar().addMenu("S&ession")
+        export_csv = menu.addAction("Export metrics CSV…", self.export_csv)
+        export_csv.setShortcut(QKeySequence.Save)
+        menu.addAction("Export trace JSONL…", self.export_jsonl)
+        menu.addAction("Export plots PNG/SVG…", self.export_plots)
+        menu.addSeparator()
+        self.clear_action = menu.addAction("Clear", self.clear_session)
+
+    def _build_view_menu(self) -> None:
+        menu = self.menuBar().addMenu("&View")
+        menu.addAction(self.plots_action)
+        menu.addAction(self.history_dock.toggleViewAction())
+        menu.addAction(self.inspector_dock.toggleViewAction())
+        theme_menu = menu.addMenu("Theme")
+        group = QActionGroup(self)
+        self.theme_actions = {}
+        for theme, label in (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark")):
+            action = theme_menu.addAction(label)
+            action.setCheckable(True)
+            action.triggered.connect(lambda _=False, t=theme: self.apply_theme(t))
+            group.addAction(action)
+            self.theme_actions[theme] = action
+        menu.addSeparator()
+        menu.addAction("Reset settings to defaults", self.reset_settings)
+
+    def _build_status(self) -> None:
+        self.status_labels = {name: QLabel() for name in ("device", "models", "method", "live", "calibration")}
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)  # busy indicator
+        self.progress.setMaximumWidth(120)
+        self.progress.setVisible(False)
+        self.statusBar().addWidget(self.progress)
+        for label in self.status_labels.values():
+            self.statusBar().addPermanentWidget(label)
+
+    def _restore_layout(self) -> None:
+        geometry, state = self.settings.layout()
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.restoreState(state)
+        self.plots_dock.setVisible(self.settings.get("view/plots"))
+
+    # ================================================================================================ dialogs
+    def show_error(self, title: str, message: str) -> None:
+        """Every user-facing error comes through here (tests replace it)."""
+        QMessageBox.warning(self, title, message)
+
+    def ask_directory(self, title: str) -> Optional[str]:
+        return QFileDialog.getExistingDirectory(self, title) or None
+
+    def ask_save_path(self, title: str, file_filter: str) -> Optional[str]:
+        path, _ = QFileDialog.getSaveFileName(self, title, "", file_filter)
+        return path or None
+
+    def show_help(self) -> None:
+        HelpDialog(self).exec()
+
+    # ================================================================================================ models
+    def start(self, target: Optional[str] = None, draft: Optional[str] = None) -> None:
+        """First load: the given pair, else the saved one, else the shipped pair (quietly: no dialog)."""
+        if target or draft:
+            self.load_models(target, draft)
+        else:
+            self.load_models(self.settings.optional_path("models/target"),
+                             self.settings.optional_path("models/draft"), quiet=True)
+
+    def load_models(self, target: Optional[str], draft: Optional[str], quiet: bool = False) -> bool:
+        if self.load_job is not None or self.gen_job is not None:
+            self.show_error("Busy", "Wait for the current generation or model load to finish.")
+            return False
+        self._pending = (target, draft, quiet)
+        worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
+        worker.loaded.connect(self._models_loaded)
+        worker.failed.connect(self._models_failed)
+        worker.done.connect(self._load_done)
+        self.load_job = Job(worker)
+        self.progress.setVisible(True)
+        self.statusBar().showMessage(f"Loading {backend.models_label(target, draft)}…")
+        self.load_job.start()
+        self._refresh_controls()
+        return True
+
+    def _models_loaded(self, decoder, calibration) -> None:
+        target, draft, _ = self._pending
+        self.decoder, self.calibration = decoder, calibration
+        self.availability = dict(decoder.method_availability())
+        self.target_path, self.draft_path = target, draft
+        self.models = backend.models_label(target, draft)
+        self.settings.set("models/target", target or "")
+        self.settings.set("models/draft", draft or "")
+        self._fall_back_if_unavailable()
+        if self.shown is None:
+            self.view.show_message(f"Loaded {self.models} on {decoder.device_name}. Type a prompt and press "
+                                   "Ctrl+Enter.")
+        self.statusBar().showMessage(f"Loaded {self.models}", 5000)
+
+    def _models_failed(self, message: str) -> None:
+        quiet = self._pending[2]
+        if self.decoder is None and self.shown is None:
+            self.view.show_message(no_model_text(message))
+        if not quiet:
+            self._pending_error = ("Could not load the models", message)
+        self.statusBar().showMessage("Model loading failed", 5000)
+
+    def _load_done(self) -> None:
+        if self.load_job is None:
+            return
+        self.load_job.finish()
+        self.load_job = None
+        self.progress.setVisible(False)
+        self._refresh_all()
+        self._flush_pending_error()
+
+    def _fall_back_if_unavailable(self) -> None:
+        method = self.settings.get("decode/method")
+        if self.availability.get(method, "unknown") is not None:
+            fallback = "draft" if self.availability.get("draft", "x") is None else "none"
+            self.settings.set("decode/method", fallback)
+
+    def open_target_folder(self) -> None:
+        path = self.ask_directory("Open target model folder")
+        if path:
+            self.load_models(path, self.draft_path)
+
+    def open_draft_folder(self) -> None:
+        path = self.ask_directory("Open draft model folder")
+        if path:
+            self.load_models(self.target_path, path)
+
+    def use_shipped_pair(self) -> None:
+        self.load_models(None, None)
+
+    # ================================================================================================ settings
+    def set_method(self, method: str) -> None:
+        self.settings.set("decode/method", method)
+        self._refresh_all()
+
+    def set_k(self, k: int) -> None:
+        self.settings.set("decode/k", int(k))
+        self._refresh_all()
+
+    def set_greedy(self, greedy: bool) -> None:
+        self.settings.set("decode/greedy", bool(greedy))
+        self._refresh_all()
+
+    def edit_sampling(self) -> None:
+        s = self.settings
+        dialog = SamplingDialog(self, s.get("decode/greedy"), s.get("decode/temperature"), s.get("decode/top_k"),
+                                s.get("decode/top_p"), s.get("decode/seed"))
+        if dialog.exec():
+            self.apply_sampling(dialog.values())
+
+    def apply_sampling(self, values: dict) -> None:
+        for key, value in values.items():
+            self.settings.set(key, value)
+        self._refresh_all()
+
+    def set_plots_visible(self, visible: bool) -> None:
+        self.plots_dock.setVisible(visible)
+        self.settings.set("view/plots", bool(visible))
+
+    def apply_theme(self, theme: str, save: bool = True) -> None:
+        if save:
+            self.settings.set("view/theme", theme)
+        app = QApplication.instance()
+        schemes = {"light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark, "system": Qt.ColorScheme.Unknown}
+        if self._forced_palette:
+            app.setPalette(QPalette())  # back to the platform's palette
+            self._forced_palette = False
+        if save or theme != "system":
+            app.styleHints().setColorScheme(schemes[theme])
+        dark = system_is_dark() if theme == "system" else theme == "dark"
+        if dark != (app.palette().color(QPalette.Window).lightness() < 128):
+            app.setPalette(dark_palette() if dark else app.style().standardPalette())
+            self._forced_palette = True
+        self._set_colors(colors_for(dark))
+        for name, action in self.theme_actions.items():
+            action.setChecked(name == theme)
+
+    def _system_scheme_changed(self, _scheme) -> None:
+        if self.settings.get("view/theme") == "system":
+            self.apply_theme("system", save=False)
+
+    def _set_colors(self, colors) -> None:
+        self.view.set_colors(colors)
+        self.plots.set_colors(colors)
+        self.legend.setText(legend_html(colors))
+        if self.shown is not None:
+            self._render(self.shown)
+
+    def reset_settings(self) -> None:
+        shipped = self.target_path is None and self.draft_path is None
+        self.settings.reset()
+        self.restoreState(self._default_state)
+        self.plots_dock.setVisible(True)
+        self.max_tokens.setValue(DEFAULTS["decode/max_new_tokens"])
+        self.apply_theme("system")
+        self._refresh_all()
+        if not shipped and self.gen_job is None:
+            self.load_models(None, None)
+
+    # ================================================================================================ generation
+    def generate(self) -> None:
+        if self.gen_job is not None:
+            return
+        prompt = self.prompt.toPlainText()
+        problem = self._generation_problem(prompt)
+        if problem:
+            self.show_error(*problem)
+            return
+        config = self.settings.config()
+        try:
+            config.sampling.validate()
+        except SpecplayError as exc:
+            self.show_error("Bad sampling settings", str(exc))
+            return
+        self._start_generation(prompt, config)
+
+    def _generation_problem(self, prompt: str) -> Optional[tuple]:
+        if not prompt.strip():
+            return "Empty prompt", "Type a prompt first, then press Ctrl+Enter."
+        if self.load_job is not None:
+            return "Models are loading", "Wait for the models to finish loading."
+        if self.decoder is None:
+            return "No model loaded", no_model_text()
+        return None
+
+    def _start_generation(self, prompt: str, config) -> None:
+        self.current = self.session.new(prompt, config, self.models, self.calibration)
+        self._pending_error = None
+        item = QListWidgetItem(self.current.summary())
+        self.history.addItem(item)
+        self.history.setCurrentRow(self.history.count() - 1)  # shows it
+        worker = GenerationWorker(self.decoder, prompt, config)
+        worker.event.connect(self._on_event)
+        worker.failed.connect(self._on_failed)
+        worker.done.connect(self._on_done)
+        self.gen_job = Job(worker)
+        self.gen_job.start()
+        self._refresh_controls()
+
+    def stop(self) -> None:
+        if self.gen_job is not None:
+            self.gen_job.stop()
+            self.statusBar().showMessage("Stopping…", 2000)
+
+    @property
+    def running(self) -> bool:
+        return self.gen_job is not None
+
+    def _on_event(self, event) -> None:
+        gen = self.current
+        if gen is None:
+            return
+        gen.add(event)
+        if self.shown is gen:
+            self.view.append_event(event)
+        self._update_history_item(gen)
+        self._refresh_live(event)
+
+    def _on_failed(self, message: str) -> None:
+        if self.current is not None:
+            self.current.error = message
+        self._pending_error = ("Generation failed", message)
+
+    def _on_done(self) -> None:
+        if self.gen_job is None:  # the window closed and already joined the thread
+            return
+        stopped = self.gen_job.worker.stop_requested
+        self.gen_job.finish()
+        self.gen_job = None
+        gen, self.current = self.current, None
+        gen.finish = self._finish_reason(gen, stopped)
+        if self.shown is gen:
+            self.view.append_finish(gen.finish)
+        self._update_history_item(gen)
+        self._refresh_controls()
+        self._flush_pending_error()
+
+    @staticmethod
+    def _finish_reason(gen: Generation, stopped: bool) -> str:
+        if gen.error:
+            return "error"
+        last = gen.events[-1].finish_reason if gen.events else None
+        return last or ("stopped" if stopped else "ended")
+
+    def _flush_pending_error(self) -> None:
+        error, self._pending_error = self._pending_error, None
+        if error:
+            self.show_error(*error)
+
+    # ================================================================================================ history
+    def _history_selected(self, row: int) -> None:
+        if 0 <= row < len(self.session.generations):
+            self._render(self.session.generations[row])
+
+    def _render(self, gen: Generation) -> None:
+        self.shown = gen
+        self.view.show_generation(gen.prompt, gen.events, gen.finish)
+        self.plots.set_buffers(gen.buffers)
+
+    def _update_history_item(self, gen: Generation) -> None:
+        item = self.history.item(gen.index - 1)
+        if item is not None:
+            item.setText(gen.summary())
+
+    def clear_session(self) -> None:
+        if self.gen_job is not None:
+            self.show_error("Generation running", "Stop the generation before clearing the session.")
+            return
+        self.session.clear()
+        self.shown = None
+        self.history.clear()
+        self.view.clear_view()
+        self.plots.set_buffers(PlotBuffers())
+        self.inspector.clear()
+
+    def _show_token(self, info) -> None:
+        self.inspector.setHtml(describe(info))
+
+    # ================================================================================================ export
+    def export_csv(self) -> None:
+        self._export("Export metrics CSV", "CSV (*.csv)", ".csv", "write_csv")
+
+    def export_jsonl(self) -> None:
+        self._export("Export trace JSONL", "JSON Lines (*.jsonl)", ".jsonl", "write_jsonl")
+
+    def _export(self, title: str, file_filter: str, suffix: str, writer_name: str) -> None:
+        events = self.session.all_events()
+        if not events:
+            self.show_error(title, "Nothing to export yet: generate something first.")
+            return
+        path = self.ask_save_path(title, file_filter)
+        if not path:
+            return
+        from engine import metrics
+
+        try:
+            rows = getattr(metrics, writer_name)(events, path)
+        except SpecplayError as exc:
+            self.show_error(title, str(exc))
+            return
+        self.statusBar().showMessage(f"Wrote {rows} rounds to {path}", 5000)
+
+    def export_plots(self) -> None:
+        if self.shown is None:
+            self.show_error("Export plots", "Nothing to plot yet: generate something first.")
+            return
+        path = self.ask_save_path("Export plots", "PNG image (*.png);;SVG drawing (*.svg)")
+        if not path:
+            return
+        if not path.lower().endswith((".png", ".svg")):
+            path += ".png"
+        try:
+            with open(path, "ab"):
+                pass
+            self.plots.export(path)
+        except OSError as exc:
+            self.show_error("Export plots", f"cannot write {path}: {exc.strerror or exc}")
+            return
+        self.statusBar().showMessage(f"Wrote plots to {path}", 5000)
+
+    # ================================================================================================ status
+    def _refresh_all(self) -> None:
+        self._refresh_menus()
+        self._refresh_controls()
+        self._refresh_status()
+
+    def _refresh_menus(self) -> None:
+        s = self.settings
+        method = s.get("decode/method")
+        for name, action in self.method_actions.items():
+            reason = self.availability.get(name, "not offered by the engine") if self.decoder else None
+            action.setEnabled(reason is None)
+            action.setToolTip(f"Unavailable: {reason}" if reason else METHOD_LABELS[name])
+            action.setChecked(name == method)
+        for k, action in self.k_actions.items():
+            action.setChecked(k == s.get("decode/k"))
+        self.greedy_action.setChecked(s.get("decode/greedy"))
+
+    def _refresh_controls(self) -> None:
+        busy = self.load_job is not None
+        self.generate_button.setEnabled(not self.running and not busy)
+        self.stop_button.setEnabled(self.running)
+        for action in self.model_actions:
+            action.setEnabled(not self.running and not busy)
+        self.clear_action.setEnabled(not self.running)
+
+    def _refresh_status(self) -> None:
+        s, labels = self.settings, self.status_labels
+        labels["device"].setText(f"Device: {self.decoder.device_name}" if self.decoder else "Device: —")
+        labels["models"].setText(f"Models: {self.models}")
+        config = s.config()
+        k = "" if config.method == "none" else f", K={config.k}"
+        labels["method"].setText(f"{METHOD_LABELS.get(config.method, config.method)}{k}, "
+                                 f"{sampling_label(config.sampling, config.seed)}")
+        cal = self.calibration
+        labels["calibration"].setText(f"TPOT_plain {cal.target_step_ms:.2f} ms · c {cal.c:.2f}" if cal else
+                                      "TPOT_plain — · c —")
+        if not labels["live"].text():
+            labels["live"].setText("α — · — tok/s")
+
+    def _refresh_live(self, event) -> None:
+        m = event.metrics
+        alpha = f"α {m.acceptance_rate:.2f}" if m.drafted else "α —"
+        self.status_labels["live"].setText(f"{alpha} · {m.tokens_per_s:.0f} tok/s")
+
+    # ================================================================================================ closing
+    def closeEvent(self, event) -> None:
+        self.settings.save_layout(self.saveGeometry(), self.saveState())
+        self.settings.sync()
+        self.current = None
+        for job in (self.gen_job, self.load_job):
+            if job is not None:
+                job.stop()
+                job.finish()
+        self.gen_job = self.load_job = None
+        self.plots.timer.stop()
+        super().closeEvent(event)
+
+
+def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto") -> int:
+    """Open the window (main.py's default command). Returns the application's exit code."""
+    app = QApplication.instance() or QApplication(sys.argv)
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    window = MainWindow(device=device)
+    window.show()
+    window.start(target, draft)
+    return app.exec()

@@ -1,0 +1,88 @@
+"""Plot buffers filled from RoundEvents; the plot panel redraws from them on a timer, never per event."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from engine import analytic
+
+
+def per_round_acceptance(event) -> float:
+    """Accepted / drafted positions this round (NaN when nothing was drafted)."""
+    depths = 1 + max((d.depth for d in event.drafted), default=-1)
+    return event.accepted_count / depths if depths else math.nan
+
+
+class PlotBuffers:
+    """Everything the live plots show for one generation."""
+
+    def __init__(self, calibration=None):
+        self.calibration = calibration
+        self.clear()
+
+    def clear(self) -> None:
+        self.rounds: list = []
+        self.round_alpha: list = []
+        self.running_alpha: list = []
+        self.round_tpf: list = []
+        self.running_tpf: list = []
+        self.analytic_tpf: list = []
+        self.per_position_tpf: list = []
+        self.round_tpot: list = []
+        self.running_tpot: list = []
+        self.predicted_tpot: list = []
+        self.length_counts: list = []  # rounds by accepted count
+        self.position_reached: list = []  # rounds whose draft reached depth i (all earlier ones accepted)
+        self.position_accepted: list = []
+        self.dirty = True
+
+    def add(self, event) -> None:
+        m = event.metrics
+        self.rounds.append(event.round)
+        self.round_alpha.append(per_round_acceptance(event))
+        self.running_alpha.append(m.acceptance_rate if m.drafted else math.nan)
+        self.round_tpf.append(float(len(event.emitted_ids)))
+        self.running_tpf.append(m.tokens_per_forward)
+        self.analytic_tpf.append(m.analytic_tokens_per_forward)
+        self.per_position_tpf.append(m.per_position_tokens_per_forward)
+        self.round_tpot.append(event.round_ms / max(1, len(event.emitted_ids)))
+        self.running_tpot.append(m.tpot_ms)
+        self.predicted_tpot.append(self._predict_tpot(event))
+        self._count_positions(event)
+        self.dirty = True
+
+    def add_all(self, events) -> None:
+        for event in events:
+            self.add(event)
+
+    def _count_positions(self, event) -> None:
+        depths = 1 + max((d.depth for d in event.drafted), default=-1)
+        while len(self.length_counts) <= max(event.accepted_count, depths):
+            self.length_counts.append(0)
+        self.length_counts[event.accepted_count] += 1
+        while len(self.position_reached) < depths:
+            self.position_reached.append(0)
+            self.position_accepted.append(0)
+        for depth in range(min(depths, event.accepted_count + 1)):
+            self.position_reached[depth] += 1
+            self.position_accepted[depth] += int(event.accepted_count > depth)
+
+    def _predict_tpot(self, event) -> float:
+        """TPOT_plain x (1 + cK) / E at the running alpha, with TPOT_plain and c from the calibration.
+
+        c is the draft model's cost ratio; model-free drafters (n-gram, lookahead) cost ~0 per drafted token."""
+        cal = self.calibration
+        if cal is None or cal.target_step_ms <= 0:
+            return math.nan
+        k = len(event.drafted) and event.k
+        c = cal.c if event.method == "draft" else 0.0
+        expected = event.metrics.analytic_tokens_per_forward if k else 1.0
+        return analytic.predicted_tpot(cal.target_step_ms, c, k, max(expected, 1e-9))
+
+    @property
+    def per_position_acceptance(self) -> list:
+        return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
+
+    def latest(self, name: str) -> Optional[float]:
+        values = getattr(self, name)
+        return values[-1] if values else None

@@ -1,0 +1,309 @@
+"""The output view: each round drawn in place, token by token, from the RoundEvent stream.
+
+Text goes in through QTextCursor (never HTML), so token text is shown exactly as generated: monospace, spaces
+kept, newlines marked with a visible ↵ and then broken. Each token carries its kind and round as custom
+character-format properties and an anchor href "t<index>" into `tokens`, which is how hover and click find it.
+"""
+from __future__ import annotations
+
+import html
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Optional
+
+from PySide6.QtCore import QEvent, QPoint, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QPainter, QPen, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import QTextEdit, QToolTip
+
+from app.style import LIGHT, TokenColors
+
+KIND_PROP = QTextFormat.UserProperty + 1
+ROUND_PROP = QTextFormat.UserProperty + 2
+
+PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE = (
+    "prompt", "accepted", "rejected", "untested", "correction", "bonus", "target", "notice")
+EMITTED_KINDS = (ACCEPTED, CORRECTION, BONUS, TARGET)
+
+KIND_LABELS = {
+    ACCEPTED: "accepted draft token",
+    REJECTED: "rejected draft token",
+    UNTESTED: "draft token never tested (an earlier one was rejected)",
+    CORRECTION: "target's correction (resampled after the rejection)",
+    BONUS: "bonus token (every draft accepted; sampled from the target)",
+    TARGET: "target token (plain decoding, nothing drafted)",
+}
+
+
+@dataclass
+class TokenInfo:
+    """What the view knows about one rendered token (a drafted token or the round's next token)."""
+
+    kind: str
+    round: int
+    text: str
+    depth: Optional[int] = None  # position in the round's draft (None for the next token)
+    output_pos: Optional[int] = None  # index in the generated text (None when not emitted)
+    p: Optional[float] = None
+    q: Optional[float] = None
+    accept_prob: Optional[float] = None
+    u: Optional[float] = None
+    accepted: Optional[bool] = None
+    tested: Optional[bool] = None
+    top: list = field(default_factory=list)
+
+
+def round_tokens(event) -> list:
+    """The tokens of one round in display order: accepted path, rejected proposals, then the next token."""
+    emitted = len(event.emitted_ids)
+    accepted = sorted((d for d in event.drafted if d.accepted), key=lambda d: d.depth)
+    rest = [d for d in event.drafted if not d.accepted]
+    infos = [_drafted_info(event, d, ACCEPTED, event.position + i)
+             for i, d in enumerate(accepted) if i < emitted]
+    infos += [_drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
+    if emitted > len(accepted):
+        infos.append(_next_info(event, event.position + len(accepted)))
+    return infos
+
+
+def _drafted_info(event, d, kind: str, output_pos: Optional[int]) -> TokenInfo:
+    return TokenInfo(kind=kind, round=event.round, text=d.text, depth=d.depth, output_pos=output_pos, p=d.p,
+                     q=d.q, accept_prob=d.accept_prob, u=d.u, accepted=d.accepted, tested=d.tested,
+                     top=list(d.top))
+
+
+def _next_info(event, output_pos: int) -> TokenInfo:
+    kind = TARGET if not event.drafted else (BONUS if event.next_is_bonus else CORRECTION)
+    return TokenInfo(kind=kind, round=event.round, text=event.next_token_text, output_pos=output_pos,
+                     p=event.next_token_p, top=list(event.next_top))
+
+
+def visible_whitespace(text: str) -> str:
+    """Whitespace made visible, for text that is shown but is not part of the output (and for tooltips)."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+
+
+def display_text(info: TokenInfo) -> str:
+    """What the view inserts for a token: emitted text breaks lines after a ↵ mark; drafts that never made it
+    into the output stay on the line, with their whitespace made visible."""
+    if not info.text:
+        return "∅"
+    if info.kind in EMITTED_KINDS or info.kind == PROMPT:
+        return info.text.replace("\r", "␍").replace("\n", "↵\n")
+    return info.text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+def _fmt(value: Optional[float], digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def describe(info: TokenInfo) -> str:
+    """Rich-text description of a token (tooltip and inspector); every token string is escaped."""
+    token = html.escape(visible_whitespace(info.text))
+    lines = [f"<b><code>{token}</code></b> &nbsp; {html.escape(KIND_LABELS.get(info.kind, info.kind))}",
+             f"round {info.round}"
+             + (f", draft position {info.depth}" if info.depth is not None else "")
+             + (f", output token {info.output_pos}" if info.output_pos is not None else "")]
+    if info.depth is not None:
+        lines.append(f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
+                     f"min(1, p/q) = {_fmt(info.accept_prob, 4)}")
+        lines.append(_verdict(info))
+    else:
+        lines.append(f"p(x) = {_fmt(info.p, 4)} under the target")
+    if info.top:
+        rows = "".join(f"<tr><td><code>{html.escape(visible_whitespace(t))}</code></td>"
+                       f"<td align='right'>{p:.3f}</td></tr>" for t, p in info.top)
+        lines.append(f"target's top alternatives here:<table cellspacing='0' cellpadding='1'>{rows}</table>")
+    return "<br>".join(lines)
+
+
+def _verdict(info: TokenInfo) -> str:
+    if not info.tested:
+        return "not tested: an earlier draft token was rejected"
+    outcome = "accepted" if info.accepted else "rejected"
+    if info.u is None:
+        return f"greedy: {outcome} ({'is' if info.accepted else 'is not'} the target's argmax)"
+    relation = "&lt;" if info.accepted else "≥"
+    return f"u = {info.u:.4f} {relation} min(1, p/q) → {outcome}"
+
+
+def legend_html(colors: TokenColors) -> str:
+    def chip(label: str, style: str) -> str:
+        return f"<span style='{style}; font-family: monospace'>&nbsp;{label}&nbsp;</span>"
+
+    return " &nbsp; ".join([
+        chip("accepted", f"background:{colors.accepted_bg}"),
+        chip("rejected", f"color:{colors.rejected_fg}; text-decoration: line-through"),
+        chip("not tested", f"color:{colors.untested_fg}; text-decoration: line-through"),
+        chip("correction", f"background:{colors.correction_bg}"),
+        chip("bonus", f"background:{colors.bonus_bg}"),
+        chip("target", "") + f"<span style='color:{colors.boundary}'>│</span> round boundary",
+    ])
+
+
+class RoundView(QTextEdit):
+    """Read-only view of one generation: its prompt and every round, appended as events arrive."""
+
+    tokenClicked = Signal(object)  # TokenInfo
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setMouseTracking(True)
+        self.setUndoRedoEnabled(False)
+        font = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+        font.setStyleHint(QFont.Monospace)
+        self.setFont(font)
+        self.document().setDefaultFont(font)
+        self.setTabStopDistance(4 * self.fontMetrics().horizontalAdvance(" "))
+        self.tokens: list = []
+        self._boundaries: list = []  # document positions where rounds 1, 2, ... begin
+        self._formats: dict = {}
+        self.set_colors(LIGHT)
+
+    # ---------------------------------------------------------------------------------------------- formats
+    def set_colors(self, colors: TokenColors) -> None:
+        """New colours apply to what is rendered next (the window re-renders the shown generation)."""
+        self.colors = colors
+        self._formats = {kind: self._make_format(kind) for kind in
+                         (PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE)}
+
+    def _make_format(self, kind: str) -> QTextCharFormat:
+        c = self.colors
+        fmt = QTextCharFormat()
+        fmt.setProperty(KIND_PROP, kind)
+        fmt.setForeground(QColor(c.text))
+        if kind in (PROMPT, NOTICE):
+            fmt.setForeground(QColor(c.prompt))
+        if kind == NOTICE:
+            fmt.setFontItalic(True)
+        backgrounds = {ACCEPTED: c.accepted_bg, CORRECTION: c.correction_bg, BONUS: c.bonus_bg}
+        if kind in backgrounds:
+            fmt.setBackground(QColor(backgrounds[kind]))
+        if kind in (REJECTED, UNTESTED):
+            fmt.setForeground(QColor(c.rejected_fg if kind == REJECTED else c.untested_fg))
+            fmt.setFontStrikeOut(True)
+        return fmt
+
+    # ---------------------------------------------------------------------------------------------- content
+    def clear_view(self) -> None:
+        self.clear()
+        self.tokens = []
+        self._boundaries = []
+
+    def show_message(self, text: str) -> None:
+        """Replace the content with a notice (e.g. how to open a model folder)."""
+        self.clear_view()
+        self._insert(text, self._formats[NOTICE])
+
+    def show_generation(self, prompt: str, events, finish: Optional[str] = None) -> None:
+        self.clear_view()
+        self.append_prompt(prompt)
+        for event in events:
+            self.append_event(event, scroll=False)
+        if finish:
+            self.append_finish(finish)
+
+    def append_prompt(self, prompt: str) -> None:
+        self._insert(display_text(TokenInfo(PROMPT, -1, prompt)), self._formats[PROMPT])
+
+    def append_event(self, event, scroll: bool = True) -> None:
+        follow = scroll and self._at_bottom()
+        end = self.document().characterCount() - 1
+        if event.round > 0:
+            self._boundaries.append(end)
+        for info in round_tokens(event):
+            self._insert_token(info)
+        if follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def append_finish(self, reason: str) -> None:
+        self._insert(f"  [{reason}]", self._formats[NOTICE])
+
+    def _insert_token(self, info: TokenInfo) -> None:
+        fmt = QTextCharFormat(self._formats[info.kind])
+        fmt.setProperty(ROUND_PROP, info.round)
+        fmt.setAnchor(True)
+        fmt.setAnchorHref(f"t{len(self.tokens)}")
+        self.tokens.append(info)
+        self._insert(display_text(info), fmt)
+
+    def _insert(self, text: str, fmt: QTextCharFormat) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        cursor.insertText(text, fmt)
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    # ---------------------------------------------------------------------------------------------- lookup
+    def token_at(self, pos: QPoint) -> Optional[TokenInfo]:
+        href = self.anchorAt(pos)
+        if href.startswith("t") and href[1:].isdigit() and int(href[1:]) < len(self.tokens):
+            return self.tokens[int(href[1:])]
+        return None
+
+    def rendered_spans(self) -> list:
+        """[(kind, text, round)] read back from the document's character formats (rounds: -1 = none)."""
+        spans: list = []
+        block = self.document().begin()
+        while block.isValid():
+            last = None
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                last = frag.charFormat()
+                _add_piece(spans, last, frag.text())
+                it += 1
+            if block.next().isValid():
+                _add_piece(spans, last if last is not None else block.charFormat(), "\n")
+            block = block.next()
+        return [(kind, text, rnd) for kind, text, rnd, _ in spans]
+
+    # ---------------------------------------------------------------------------------------------- events
+    def viewportEvent(self, event) -> bool:
+        if event.type() == QEvent.ToolTip:
+            info = self.token_at(event.pos())
+            if info is None:
+                QToolTip.hideText()
+            else:
+                QToolTip.showText(event.globalPos(), describe(info), self.viewport())
+            return True
+        return super().viewportEvent(event)
+
+    def mousePressEvent(self, event) -> None:
+        info = self.token_at(event.position().toPoint())
+        if info is not None:
+            self.tokenClicked.emit(info)
+        super().mousePressEvent(event)
+
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        if not self._boundaries:
+            return
+        first = self.cursorForPosition(QPoint(0, 0)).position()
+        last = self.cursorForPosition(QPoint(self.viewport().width(), self.viewport().height())).position()
+        painter = QPainter(self.viewport())
+        painter.setPen(QPen(QColor(self.colors.boundary), 1))
+        for pos in self._boundaries[bisect_left(self._boundaries, first):bisect_right(self._boundaries, last)]:
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(pos)
+            rect = self.cursorRect(cursor)
+            painter.drawLine(rect.left(), rect.top() + 1, rect.left(), rect.bottom() - 1)
+        painter.end()
+
+
+def _property(fmt: QTextCharFormat, prop: int, default):
+    """fmt.property(), asked only when present: PySide6 6.12 drops a reference to None for a missing one."""
+    return fmt.property(prop) if fmt.hasProperty(prop) else default
+
+
+def _add_piece(spans: list, fmt: QTextCharFormat, text: str) -> None:
+    kind = _property(fmt, KIND_PROP, "")
+    rnd = _property(fmt, ROUND_PROP, None)
+    href = fmt.anchorHref() if fmt.isAnchor() else ""
+    if spans and spans[-1][0] == kind and spans[-1][3] == href and (href or kind in (PROMPT, NOTICE)):
+        k, t, r, h = spans[-1]
+        spans[-1] = (k, t + text, r, h)
+    else:
+        spans.append((kind, text, -1 if rnd is None else int(rnd), href))

@@ -1,0 +1,239 @@
+"""Headless command line: run, check-lossless, bench, train. Bad input -> one line on stderr, exit 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional
+
+from engine.config import MAX_K, GenerationConfig, SamplingParams
+from engine.errors import SpecplayError
+
+METHOD_CHOICES = ("none", "draft", "ngram", "medusa", "eagle", "lookahead")
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (no usage dump) and exit code 2."""
+
+    def error(self, message):
+        raise SpecplayError(message)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model: a local Hugging Face directory or a cached Hub id "
+                                    "(default: the shipped pair in assets/models)")
+    p.add_argument("--draft", help="draft model (same forms as --target)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
+
+
+def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
+    p.add_argument("--prompt", required=prompt_required, help="the prompt text")
+    p.add_argument("--method", default="draft", help="none | draft | ngram")
+    p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    _add_model_args(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="main.py", description="specplay: a playground for speculative decoding")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    gui = sub.add_parser("gui", help="open the desktop playground (the default)")
+    _add_model_args(gui)
+
+    run = sub.add_parser("run", help="generate once and print the text and a summary")
+    _add_generation_args(run)
+    run.add_argument("--csv", help="write one row per round to this CSV file")
+    run.add_argument("--trace", help="write the full RoundEvents to this JSONL file")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    check = sub.add_parser("check-lossless", help="prove speculation does not change the output")
+    _add_generation_args(check, prompt_required=False)
+    check.add_argument("--samples", type=int, default=2000, help="seeds for the chi-squared test")
+    check.add_argument("--sample-temperature", type=float, default=0.8)
+    check.add_argument("--sample-top-p", type=float, default=0.9)
+
+    bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)")
+    bench.add_argument("what", choices=("methods", "k-sweep", "kernels"))
+    _add_generation_args(bench, prompt_required=False)
+    bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
+    bench.add_argument("--methods", default="none,draft,ngram", help="methods for `bench methods`")
+    bench.add_argument("--prompts", type=int, default=4, help="held-out prompts to average over")
+    bench.add_argument("--repeats", type=int, default=1)
+
+    try:
+        from engine.train.cli import add_train_parser
+    except ImportError:
+        pass
+    else:
+        add_train_parser(sub)
+    return parser
+
+
+def config_from_args(args) -> GenerationConfig:
+    config = GenerationConfig(method=args.method, k=args.k,
+                              sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
+                              seed=args.seed, max_new_tokens=args.max_new_tokens)
+    config.validate(METHOD_CHOICES)
+    return config
+
+
+def load_decoder(args, method: str):
+    """Load the model pair (the draft only when the method needs it) and build the decoder."""
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair, resolve_device
+
+    device = resolve_device(args.device)  # a missing GPU is reported before any model is read
+    pair = load_pair(args.target, args.draft, device=device, need_draft=(method == "draft"),
+                     dtype=args.dtype)
+    decoder = SpeculativeDecoder(pair)
+    _warm_backend(decoder)
+    return decoder
+
+
+def _warm_backend(decoder) -> None:
+    warm = getattr(decoder.backend, "warm_up", None)
+    if warm is not None:
+        print("compiling CUDA kernels…", file=sys.stderr, flush=True)
+        warm()
+
+
+def _check_writable(path: Optional[str]) -> None:
+    if path is None:
+        return
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def cmd_run(args) -> int:
+    from engine.metrics import write_csv, write_jsonl
+
+    config = config_from_args(args)
+    if not args.prompt.strip():
+        raise SpecplayError("the prompt is empty")
+    _check_writable(args.csv)
+    _check_writable(args.trace)
+    decoder = load_decoder(args, config.method)
+    events = list(decoder.generate(args.prompt, config))
+    if args.csv:
+        write_csv(events, args.csv)
+    if args.trace:
+        write_jsonl(events, args.trace)
+    summary = summarize(events, config)
+    summary["text"] = "".join(e.emitted_text for e in events)
+    summary["device"] = decoder.device_name
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+    else:
+        print(summary["text"])
+        print("-" * 60, file=sys.stderr)
+        print(format_summary(summary), file=sys.stderr)
+    return 0
+
+
+def summarize(events: list, config: GenerationConfig) -> dict:
+    last = events[-1].metrics if events else None
+    return {
+        "method": config.method, "k": config.k, "temperature": config.sampling.temperature,
+        "rounds": last.rounds if last else 0, "drafted": last.drafted if last else 0,
+        "accepted": last.accepted if last else 0, "emitted": last.emitted if last else 0,
+        "acceptance_rate": last.acceptance_rate if last else 0.0,
+        "mean_acceptance_length": last.mean_acceptance_length if last else 0.0,
+        "tokens_per_forward": last.tokens_per_forward if last else 0.0,
+        "analytic_tokens_per_forward": last.analytic_tokens_per_forward if last else 0.0,
+        "per_position_tokens_per_forward": last.per_position_tokens_per_forward if last else 0.0,
+        "tpot_ms": last.tpot_ms if last else 0.0, "tokens_per_s": last.tokens_per_s if last else 0.0,
+        "finish_reason": events[-1].finish_reason if events else None,
+    }
+
+
+def format_summary(s: dict) -> str:
+    return (f"method={s['method']} K={s['k']} T={s['temperature']} device={s.get('device', '?')}\n"
+            f"rounds={s['rounds']} drafted={s['drafted']} accepted={s['accepted']} emitted={s['emitted']}\n"
+            f"acceptance rate α={s['acceptance_rate']:.3f}  mean acceptance length={s['mean_acceptance_length']:.2f}\n"
+            f"tokens/forward={s['tokens_per_forward']:.2f} (analytic {s['analytic_tokens_per_forward']:.2f}, "
+            f"per-position {s['per_position_tokens_per_forward']:.2f})\n"
+            f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}")
+
+
+DEFAULT_CHECK_PROMPT = "def fibonacci(n):\n    "
+
+
+def cmd_check_lossless(args) -> int:
+    from engine.lossless import check_greedy, check_sampling
+
+    if args.prompt is not None and not args.prompt.strip():
+        raise SpecplayError("the prompt is empty")
+    if args.samples < 10:
+        raise SpecplayError(f"--samples must be >= 10 (got {args.samples})")
+    config = config_from_args(args)
+    prompt = args.prompt or DEFAULT_CHECK_PROMPT
+    decoder = load_decoder(args, config.method)
+    greedy = check_greedy(decoder, prompt, config)
+    if greedy.passed:
+        print(f"greedy: PASS ({greedy.tokens_compared} tokens identical, method={config.method}, K={config.k})")
+    else:
+        print(f"greedy: FAIL first divergence at generated position {greedy.first_divergence}: plain "
+              f"{greedy.plain_token} vs speculative {greedy.speculative_token}; target top-2 logit gap there "
+              f"{greedy.top2_logit_gap}")
+    sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
+    sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed)
+    sampled_config.validate(METHOD_CHOICES)
+    chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
+    verdict = "PASS" if chi.passed else "FAIL"
+    print(f"sampling (T={sampling.temperature}, top-p={sampling.top_p}, first two tokens, {chi.samples} seeds): "
+          f"{verdict} chi2={chi.statistic:.2f} dof={chi.dof} p={chi.p_value:.4f} (fail below {chi.alpha})")
+    return 0 if greedy.passed and chi.passed else 1
+
+
+def cmd_bench(args) -> int:
+    from engine import bench
+
+    return bench.run_bench_command(args)
+
+
+def cmd_gui(args) -> int:
+    try:
+        from app.main_window import run_gui
+    except ImportError as exc:
+        raise SpecplayError(f"the GUI cannot start: {exc}") from None
+    return run_gui(target=args.target, draft=args.draft, device=args.device)
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+            argv = ["gui"] + argv
+        args = parser.parse_args(argv)
+        handlers = {"gui": cmd_gui, "run": cmd_run, "check-lossless": cmd_check_lossless, "bench": cmd_bench,
+                    "train": _cmd_train}
+        return handlers[args.command](args)
+    except SpecplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, not bad input: one line, full traceback on request
+        if os.environ.get("SPECPLAY_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc} (set SPECPLAY_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _cmd_train(args) -> int:
+    from engine.train.cli import run_train
+
+    return run_train(args)

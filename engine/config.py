@@ -1,0 +1,60 @@
+"""What a generation is asked to do."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.errors import SpecplayError
+
+METHODS = ("none", "draft", "ngram")
+MAX_K = 32
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Target-side sampling. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        if not self.temperature >= 0.0:
+            raise SpecplayError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecplayError(f"top-p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise SpecplayError(f"top-k must be >= 0 (got {self.top_k})")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    method: str = "draft"
+    k: int = 4
+    sampling: SamplingParams = SamplingParams()
+    seed: int = 0
+    max_new_tokens: int = 128
+    ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
+    stop_at_eos: bool = True
+
+    def validate(self, available_methods=METHODS) -> None:
+        if self.method not in available_methods:
+            raise SpecplayError(f"unknown method {self.method!r}; choose one of: {', '.join(available_methods)}")
+        if not 1 <= self.k <= MAX_K:
+            raise SpecplayError(f"K must be between 1 and {MAX_K} (got {self.k})")
+        if self.max_new_tokens <= 0:
+            raise SpecplayError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
+        if self.ngram_n < 1:
+            raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
+        self.sampling.validate()
+
+    @property
+    def drafts(self) -> int:
+        """Tokens drafted per round (0 for plain decoding)."""
+        return 0 if self.method == "none" else self.k
+
+    def to_dict(self) -> dict:
+        return asdict(self)

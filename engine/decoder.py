@@ -1,0 +1,299 @@
+"""The round loop: draft -> verify with one target forward -> accept -> roll back caches -> RoundEvent.
+
+Plain decoding ("none") is the same loop with an empty draft, so every method shares one code path and the
+baseline is measured exactly like the speculative runs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from engine.config import GenerationConfig
+from engine.drafters.base import DecodeState, Draft, Drafter, NoDrafter
+from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.ngram import NgramDrafter
+from engine.errors import SpecplayError
+from engine.events import DraftedToken, RoundEvent
+from engine.metrics import MetricsAccumulator
+from engine.timing import Stopwatch
+from kernels import select_backend
+
+TOP_ALTERNATIVES = 5
+ALL_METHODS = ("none", "draft", "medusa", "eagle", "lookahead", "ngram")
+
+
+@dataclass
+class Calibration:
+    target_step_ms: float  # one plain target forward of one token
+    draft_step_ms: float  # one draft-model forward of one token (0 without a draft model)
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_ms / self.target_step_ms if self.target_step_ms > 0 else 0.0
+
+
+@dataclass
+class _RoundOutcome:
+    accepted: int
+    next_token: int
+    path: list  # accepted node indices
+    emitted: list  # token ids appended to the output this round
+    finish_reason: Optional[str]
+
+
+class SpeculativeDecoder:
+    def __init__(self, pair, backend=None):
+        """pair: engine.models.ModelPair (target runner, optional draft runner, tokenizer)."""
+        self.pair = pair
+        self.target = pair.target
+        self.tokenizer = pair.tokenizer
+        self.device = self.target.device
+        self.backend = backend or select_backend(self.device)
+        self.vocab_size = pair.vocab_size  # common logit width of target and draft
+        self.eos_ids = _eos_ids(self.tokenizer)
+        self._token_texts: dict = {}  # token id -> its text, decoded once
+
+    # ------------------------------------------------------------------------------------------ public API
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return "CPU"
+
+    def method_availability(self) -> dict:
+        """Method name -> None when available, else the reason it is not."""
+        reasons = {m: None for m in ALL_METHODS}
+        if self.pair.draft is None:
+            reasons["draft"] = "no draft model loaded"
+        for method in ("medusa", "eagle", "lookahead"):
+            reasons[method] = "not implemented in the engine yet"
+        return reasons
+
+    def available_methods(self) -> tuple:
+        return tuple(m for m, reason in self.method_availability().items() if reason is None)
+
+    def generate(self, prompt: str, config: GenerationConfig,
+                 should_stop: Optional[Callable[[], bool]] = None) -> Iterator[RoundEvent]:
+        """Decode prompt with config; yields one RoundEvent per round. should_stop is polled once a round."""
+        config.validate(self.available_methods())
+        prompt_ids = self._encode(prompt)
+        self._check_length(len(prompt_ids), config)
+        state = DecodeState(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config,
+                            generator=torch.Generator().manual_seed(config.seed), backend=self.backend,
+                            vocab_size=self.vocab_size, device=self.device)
+        drafter = self._drafter(config.method)
+        with torch.inference_mode():
+            self._prefill(state, drafter)
+            yield from self._rounds(state, drafter, config, should_stop)
+
+    def generate_ids(self, prompt: str, config: GenerationConfig) -> list:
+        """Convenience: the generated token ids only."""
+        ids = []
+        for event in self.generate(prompt, config):
+            ids.extend(event.emitted_ids)
+        return ids
+
+    def calibrate(self, k: int = 4, repeats: int = 5) -> Calibration:
+        """Measure one plain target step and one draft step on this machine (for c and TPOT_plain)."""
+        probe = torch.tensor([self._encode("def ")[0]] * 8, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            target_ms = _time_step(self.target, probe, repeats)
+            draft_ms = _time_step(self.pair.draft, probe, repeats) if self.pair.draft is not None else 0.0
+        return Calibration(target_step_ms=target_ms, draft_step_ms=draft_ms)
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _encode(self, prompt: str) -> list:
+        if not prompt or not prompt.strip():
+            raise SpecplayError("the prompt is empty")
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not ids:
+            raise SpecplayError("the prompt encodes to no tokens")
+        return ids
+
+    def _check_length(self, prompt_len: int, config: GenerationConfig) -> None:
+        needed = prompt_len + config.max_new_tokens + config.k + 2
+        limit = self.target.max_length
+        if self.pair.draft is not None and config.method == "draft":
+            limit = min(limit, self.pair.draft.max_length)
+        if needed > limit:
+            raise SpecplayError(f"prompt ({prompt_len} tokens) + max-new-tokens ({config.max_new_tokens}) + K "
+                                f"exceeds the model's context of {limit} tokens")
+
+    def _drafter(self, method: str) -> Drafter:
+        if method == "none":
+            return NoDrafter()
+        if method == "ngram":
+            return NgramDrafter()
+        if method == "draft":
+            return DraftModelDrafter(self.pair.draft)
+        raise SpecplayError(f"method {method!r} is not available")
+
+    def _prefill(self, state: DecodeState, drafter: Drafter) -> None:
+        self.target.reset()
+        prefix = state.tokens[:-1]
+        if prefix:
+            self.target.forward(torch.tensor(prefix, dtype=torch.long, device=self.device))
+        drafter.start(state)
+
+    def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
+        metrics = MetricsAccumulator(config.drafts)
+        generated: list = []
+        text_so_far = ""
+        round_index = 0
+        while True:
+            if should_stop is not None and should_stop():
+                return
+            watch = Stopwatch(self.device)
+            draft = drafter.propose(state, config.k) if config.drafts else Draft(
+                tokens=torch.zeros(0, dtype=torch.long, device=self.device))
+            draft_ms = watch.restart()
+            logits, result, uniforms = self._verify(state, draft, config)
+            accepted = int(result.accepted[0])  # the one host sync a round needs
+            verify_ms = watch.restart()
+            outcome = self._accept(state, draft, result, accepted, len(generated), config)
+            self._roll_back(draft, outcome)
+            drafter.commit(state, outcome.accepted)
+            position = len(generated)
+            generated.extend(outcome.emitted)
+            new_text = self._decode(generated)
+            emitted_text = new_text[len(text_so_far):] if new_text.startswith(text_so_far) else new_text
+            text_so_far = new_text
+            details = self._details(draft, result, uniforms, logits, outcome, config)
+            overhead_ms = watch.restart()
+            round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
+                                              _max_depth(draft), draft_ms, verify_ms, overhead_ms)
+            yield RoundEvent(
+                round=round_index, method=config.method, k=config.k, drafted=details["drafted"],
+                accepted_count=outcome.accepted, next_token_id=outcome.next_token,
+                next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
+                next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
+                emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
+                overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
+                finish_reason=outcome.finish_reason, metrics=round_metrics)
+            if outcome.finish_reason is not None:
+                return
+            round_index += 1
+
+    def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
+        """One target forward over [last committed token] + draft, then the verification kernel."""
+        self._block_start = self.target.length
+        last = torch.tensor(state.tokens[-1:], dtype=torch.long, device=self.device)
+        block = torch.cat([last, draft.tokens])  # [N+1]
+        block_parents = None
+        if draft.is_tree:
+            block_parents = torch.cat([torch.tensor([-1], device=self.device), draft.parents + 1])
+        logits = self.target.forward(block, block_parents).logits[:, :state.vocab_size]  # [N+1, V]
+        sampling = config.sampling
+        parents = draft.parents if draft.is_tree else _chain_parents(draft.size, self.device)
+        uniforms = None
+        if sampling.greedy:
+            result = self.backend.verify_tree_greedy(logits[None], draft.tokens[None], parents)
+        else:
+            uniforms = state.uniforms(draft.size + 1)[None]  # [1, N+1]
+            probs = draft.probs[None] if draft.probs is not None else None
+            result = self.backend.verify_tree_stochastic(logits[None], draft.tokens[None], parents, probs,
+                                                         uniforms, sampling.temperature, sampling.top_k,
+                                                         sampling.top_p)
+        return logits, result, uniforms
+
+    def _accept(self, state, draft, result, accepted, generated_len, config) -> _RoundOutcome:
+        path = result.path[0, :accepted].tolist()
+        next_token = int(result.next_token[0])
+        emitted = [int(t) for t in draft.tokens[path].tolist()] + [next_token] if path else [next_token]
+        finish = None
+        for i, token in enumerate(emitted):
+            if config.stop_at_eos and token in self.eos_ids:
+                emitted, finish = emitted[:i + 1], "eos"
+                break
+        budget = config.max_new_tokens - generated_len
+        if len(emitted) >= budget:
+            emitted, finish = emitted[:budget], finish or "length"
+        state.tokens.extend(emitted)
+        return _RoundOutcome(accepted=accepted, next_token=next_token, path=path, emitted=emitted,
+                             finish_reason=finish)
+
+    def _roll_back(self, draft: Draft, outcome: _RoundOutcome) -> None:
+        """Keep the last committed token and the accepted path in the target cache; the next token stays out."""
+        start = self._block_start
+        if draft.is_tree:
+            keep = torch.tensor([0] + [i + 1 for i in outcome.path], dtype=torch.long, device=self.device)
+            self.target.compact(start, keep)
+        else:
+            self.target.rollback(start + 1 + outcome.accepted)
+
+    def _details(self, draft: Draft, result, uniforms, logits, outcome, config) -> dict:
+        """Per-token figures for the event, copied to the host in one go."""
+        soft = torch.softmax(logits.float() if config.sampling.greedy else
+                             logits.float() / config.sampling.temperature, dim=-1)
+        top_p, top_i = torch.topk(soft, min(TOP_ALTERNATIVES, soft.shape[-1]), dim=-1)  # [N+1, T]
+        host = [t.cpu() for t in (draft.tokens, result.p_draft[0], result.q_draft[0], result.accept_prob[0],
+                                  result.tested[0], top_p, top_i)]
+        tokens, p, q, accept_prob, tested, top_p, top_i = host
+        parents = draft.parents.tolist() if draft.is_tree else list(range(-1, draft.size - 1))
+        uniforms = uniforms[0].cpu() if uniforms is not None else None
+        on_path = set(outcome.path)
+        drafted, depths = [], []
+        for i, token in enumerate(tokens.tolist()):
+            depth = 0 if parents[i] < 0 else depths[parents[i]] + 1
+            depths.append(depth)
+            drafted.append(DraftedToken(
+                token_id=token, text=self._token_text(token), parent=parents[i], depth=depth, p=float(p[i]),
+                q=float(q[i]), accept_prob=float(accept_prob[i]),
+                u=None if uniforms is None or not bool(tested[i]) else float(uniforms[i]),
+                accepted=i in on_path, tested=bool(tested[i]),
+                top=self._top_list(top_p[parents[i] + 1], top_i[parents[i] + 1])))
+        last_node = outcome.path[-1] if outcome.path else -1
+        next_row = last_node + 1
+        next_p = float(soft[next_row, outcome.next_token])
+        return {"drafted": drafted, "next_p": next_p, "next_top": self._top_list(top_p[next_row], top_i[next_row])}
+
+    def _top_list(self, probs, ids) -> list:
+        return [(self._token_text(int(i)), float(p)) for p, i in zip(probs.tolist(), ids.tolist())]
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._token_texts[token] = text
+        return text
+
+    def _decode(self, ids: list) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _chain_parents(n: int, device) -> torch.Tensor:
+    return torch.arange(-1, n - 1, dtype=torch.long, device=device)
+
+
+def _max_depth(draft: Draft) -> int:
+    if not draft.is_tree:
+        return draft.size
+    depths: list = []
+    for p in draft.parents.tolist():
+        depths.append(0 if p < 0 else depths[p] + 1)
+    return max(depths) + 1 if depths else 0
+
+
+def _eos_ids(tokenizer) -> set:
+    ids = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _time_step(runner, probe: torch.Tensor, repeats: int) -> float:
+    """Median ms of a one-token forward after a short prefix (cache rolled back each time)."""
+    runner.reset()
+    runner.forward(probe)
+    times = []
+    for _ in range(repeats + 1):
+        watch = Stopwatch(runner.device)
+        runner.forward(probe[:1])
+        times.append(watch.elapsed_ms())
+        runner.rollback(probe.numel())
+    runner.reset()
+    times = sorted(times[1:])
+    return times[len(times) // 2]

@@ -1,0 +1,50 @@
+"""A separate, smaller draft model sharing the target's tokenizer: drafts a chain of K autoregressively."""
+from __future__ import annotations
+
+import torch
+
+from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.runner import CausalRunner
+from engine.timing import Stopwatch
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft"
+
+    def __init__(self, runner: CausalRunner):
+        self.runner = runner
+        self.cached = 0  # committed tokens in the draft cache
+        self.base = 0  # committed tokens when the last draft was made
+        self.last_k = 0
+
+    def start(self, state: DecodeState) -> None:
+        self.runner.reset()
+        prefix = state.tokens[:-1]
+        if prefix:
+            self.runner.forward(torch.tensor(prefix, dtype=torch.long, device=self.runner.device))
+        self.cached = len(prefix)
+
+    def propose(self, state: DecodeState, k: int) -> Draft:
+        sampling = state.config.sampling
+        watch = Stopwatch(state.device)
+        feed = torch.tensor(state.tokens[self.cached:], dtype=torch.long, device=self.runner.device)
+        uniforms = state.uniforms(k)
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.runner.forward(feed).logits[-1:, :state.vocab_size]  # [1, V]
+            q = state.backend.warp_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            token = state.backend.sample_from_probs(q, uniforms[i:i + 1])  # [1]
+            tokens.append(token)
+            probs.append(q)
+            if i == k - 1:
+                break
+            feed = token
+        self.base, self.last_k = len(state.tokens), k
+        return Draft(tokens=torch.cat(tokens), probs=None if sampling.greedy else torch.cat(probs),
+                     draft_ms=watch.elapsed_ms())
+
+    def commit(self, state: DecodeState, accepted: int) -> None:
+        # the cache holds the committed tokens plus drafts 1..K-1; keep the accepted ones among those
+        valid = self.base + min(accepted, self.last_k - 1)
+        self.runner.rollback(valid)
+        self.cached = valid

@@ -1,0 +1,69 @@
+"""The RoundEvent stream: one event per decoding round, consumed alike by the GUI, the CLI and the exporters."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class DraftedToken:
+    """One drafted token and what verification decided about it."""
+
+    token_id: int
+    text: str
+    parent: int  # index in the round's draft of the parent node, -1 = the last committed token
+    depth: int  # 0 = first drafted position
+    p: float  # target probability of the token (after temperature / top-k / top-p; T=1 softmax when greedy)
+    q: float  # draft probability (1.0 for deterministic drafts)
+    accept_prob: float  # min(1, p/q) (greedy: 1 if the token is the target's argmax else 0)
+    u: Optional[float]  # the uniform it was tested against (None when greedy or never tested)
+    accepted: bool
+    tested: bool  # False when an earlier rejection ended the round before this token was reached
+    top: list = field(default_factory=list)  # target's top alternatives at this position: [(text, prob)]
+
+
+@dataclass
+class RoundMetrics:
+    """Running aggregates after this round."""
+
+    rounds: int
+    drafted: int
+    accepted: int
+    emitted: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    tokens_per_forward: float
+    tpot_ms: float
+    tokens_per_s: float
+    analytic_tokens_per_forward: float
+    per_position_tokens_per_forward: float
+
+
+@dataclass
+class RoundEvent:
+    round: int  # 0-based
+    method: str
+    k: int
+    drafted: list  # [DraftedToken] in draft order (a chain or a tree in topological order)
+    accepted_count: int  # drafted tokens accepted (the length of the accepted path)
+    next_token_id: int  # correction (after a rejection) or bonus (all accepted) token from the target
+    next_token_text: str
+    next_is_bonus: bool  # True: every drafted token was accepted (or nothing was drafted)
+    next_token_p: float
+    next_top: list  # target's top alternatives at the next token's position: [(text, prob)]
+    emitted_ids: list  # token ids this round appended to the output (accepted drafts + next token)
+    emitted_text: str
+    position: int  # index in the generated text of the first token this round emitted
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float  # bookkeeping: acceptance, cache rollback, detokenisation
+    finished: bool
+    finish_reason: Optional[str]  # "eos" | "length" | "stopped" | None
+    metrics: RoundMetrics
+
+    @property
+    def round_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.overhead_ms
+
+    def to_dict(self) -> dict:
+        return asdict(self)

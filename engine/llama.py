@@ -1,0 +1,483 @@
+"""A compact forward for Llama-family causal LMs (Llama, Qwen2, Mistral) over a static KV cache.
+
+Why our own forward: the decoder needs tree blocks (an additive tree mask, positions = length + depth), cheap
+rollback (moving an integer), compaction of accepted tree paths, and a step whose tensors have fixed shapes so
+that it can later be captured in a CUDA graph. transformers' generic forward offers none of that cheaply.
+
+Weights are read straight from the checkpoint's safetensors; config.json is read as plain JSON so that both
+the transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) spellings are understood.
+
+Cache layout: one buffer `kv` of shape [layers, 2, kv_heads, max_length, head_dim] (index 0 = keys,
+1 = values); row r of the cache holds the token at cache index r. Keys are stored after the rotary embedding.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from engine.errors import SpecplayError
+from engine.runner import CausalRunner, ForwardOutput, tree_ancestor_mask, tree_depths
+
+LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
+DEFAULT_MAX_LENGTH = 4096
+
+
+class UnsupportedLlamaConfig(SpecplayError):
+    """The config is Llama-family but uses a feature this compact forward does not implement.
+
+    `engine.models.load_runner` catches it and falls back to the generic `HFRunner`."""
+
+
+def is_llama_family(config: Union[Mapping[str, Any], Any]) -> bool:
+    """True for configs (a transformers config object or a config.json dict) that `LlamaRunner` can run."""
+    if isinstance(config, Mapping):
+        return config.get("model_type") in LLAMA_FAMILY
+    return getattr(config, "model_type", None) in LLAMA_FAMILY
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class LlamaSpec:
+    """The subset of config.json the forward needs."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope: Dict[str, Any]  # rope_type and its scaling parameters
+    max_position_embeddings: int
+    tie_word_embeddings: Optional[bool]  # None when config.json does not say
+    attention_bias: bool  # bias on q/k/v
+    o_bias: bool  # bias on o (Llama's attention_bias covers it, Qwen2 has none)
+    mlp_bias: bool
+    sliding_window: Optional[int]  # None when the model attends to the whole context
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LlamaSpec":
+        model_type = d.get("model_type")
+        if model_type not in LLAMA_FAMILY:
+            raise UnsupportedLlamaConfig(f"model_type {model_type!r} is not a Llama-family model")
+        act = d.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise UnsupportedLlamaConfig(f"hidden_act {act!r} is not supported by the compact Llama forward")
+        hidden = int(d["hidden_size"])
+        heads = int(d["num_attention_heads"])
+        kv_heads = int(d.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise UnsupportedLlamaConfig(f"{heads} attention heads is not a multiple of {kv_heads} kv heads")
+        rope = _rope_params(d)
+        if model_type == "qwen2":
+            qkv_bias, o_bias = True, False  # Qwen2 always has q/k/v biases and no o bias
+        else:
+            qkv_bias = o_bias = bool(d.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.pop("rope_theta")),
+            rope=rope,
+            max_position_embeddings=int(d.get("max_position_embeddings") or DEFAULT_MAX_LENGTH),
+            tie_word_embeddings=d.get("tie_word_embeddings"),
+            attention_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            sliding_window=_sliding_window(d),
+        )
+
+
+def _sliding_window(d: Mapping[str, Any]) -> Optional[int]:
+    """The attention window, or None: Llama has none, Qwen2 only with use_sliding_window."""
+    if d.get("model_type") == "llama":
+        return None
+    if d.get("model_type") == "qwen2" and not d.get("use_sliding_window", False):
+        return None
+    window = d.get("sliding_window")
+    return int(window) if window else None
+
+
+def _rope_params(d: Mapping[str, Any]) -> Dict[str, Any]:
+    """Merge the 4.x (`rope_theta`, `rope_scaling`) and 5.x (`rope_parameters`) spellings into one dict."""
+    params: Dict[str, Any] = dict(d.get("rope_scaling") or {})
+    rp = d.get("rope_parameters") or {}
+    if isinstance(rp, Mapping) and "full_attention" in rp:  # per-layer-type form: take full attention's
+        rp = rp["full_attention"]
+    params.update(rp)
+    params.setdefault("rope_theta", d.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.pop("type", None)) or "default"
+    params.pop("type", None)
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedLlamaConfig("partial_rotary_factor != 1 is not supported by the compact forward")
+    kind = params["rope_type"]
+    if kind not in ("default", "linear", "llama3"):
+        raise UnsupportedLlamaConfig(f"rope type {kind!r} is not supported by the compact forward")
+    return params
+
+
+def rope_inv_freq(spec: LlamaSpec) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim/2] float32 for the default, "linear" and "llama3" rope types."""
+    dim = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    kind = spec.rope["rope_type"]
+    if kind == "linear":
+        return inv_freq / float(spec.rope["factor"])
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, spec.rope, spec.max_position_embeddings)
+    return inv_freq
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, p: Mapping[str, Any], max_pos: int) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by `factor`, short ones kept, the band between blended."""
+    factor = float(p["factor"])
+    low, high = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    old_len = float(p.get("original_max_position_embeddings") or max_pos)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def read_config_json(path: Union[str, Path]) -> Dict[str, Any]:
+    """config.json of a model directory as a dict; SpecplayError naming the file when missing or corrupt."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise SpecplayError(f"{path}: no config.json (not a Hugging Face model directory)")
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecplayError(f"{cfg_path}: cannot read config.json ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecplayError(f"{cfg_path}: config.json is not a JSON object")
+    return data
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Weights
+
+
+def _safetensors_files(root: Path) -> List[str]:
+    """model.safetensors, or the shards named by model.safetensors.index.json."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SpecplayError(f"{index}: corrupt safetensors index ({exc})") from None
+    if (root / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    raise SpecplayError(f"{root}: no model.safetensors (or sharded index); only safetensors are read")
+
+
+def load_safetensors(path: Union[str, Path], device: torch.device) -> Dict[str, torch.Tensor]:
+    """All tensors of model.safetensors or of its shards, loaded straight onto `device`."""
+    from safetensors import SafetensorError, safe_open
+
+    root = Path(path)
+    tensors: Dict[str, torch.Tensor] = {}
+    for name in _safetensors_files(root):
+        file = root / name
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+            raise SpecplayError(f"{file}: cannot read weights ({exc})") from None
+    return tensors
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights, with q/k/v and gate/up fused so each costs one matmul."""
+
+    ln1: torch.Tensor  # [H]
+    w_qkv: torch.Tensor  # [(heads + 2 kv_heads) * head_dim, H]
+    b_qkv: Optional[torch.Tensor]  # [(heads + 2 kv_heads) * head_dim]
+    w_o: torch.Tensor  # [H, heads * head_dim]
+    b_o: Optional[torch.Tensor]  # [H]
+    ln2: torch.Tensor  # [H]
+    w_gate_up: torch.Tensor  # [2 I, H]
+    b_gate_up: Optional[torch.Tensor]  # [2 I]
+    w_down: torch.Tensor  # [H, I]
+    b_down: Optional[torch.Tensor]  # [H]
+
+
+class _WeightSource:
+    """Hands out a checkpoint's tensors in the runner's dtype; a missing one is an error naming the path."""
+
+    def __init__(self, tensors: Dict[str, torch.Tensor], path: Union[str, Path], dtype: torch.dtype):
+        # Some exports drop the "model." prefix; normalise to the LlamaForCausalLM names.
+        self.tensors = {
+            (k if k.startswith(("model.", "lm_head.")) else "model." + k): v for k, v in tensors.items()
+        }
+        self.path = path
+        self.dtype = dtype
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def take(self, name: str) -> torch.Tensor:
+        try:
+            t = self.tensors.pop(name)
+        except KeyError:
+            raise SpecplayError(f"{self.path}: weight {name!r} missing from the checkpoint") from None
+        return t.to(self.dtype)
+
+    def maybe(self, name: str, present: bool) -> Optional[torch.Tensor]:
+        return self.take(name) if present else None
+
+
+def _cat_optional(parts: List[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+    return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
+
+
+def _load_layer(src: _WeightSource, spec: LlamaSpec, i: int) -> _Layer:
+    p = f"model.layers.{i}."
+    a, m = p + "self_attn.", p + "mlp."
+    bias = spec.attention_bias
+    return _Layer(
+        ln1=src.take(p + "input_layernorm.weight"),
+        w_qkv=torch.cat([src.take(a + n + "_proj.weight") for n in "qkv"]),
+        b_qkv=_cat_optional([src.maybe(a + n + "_proj.bias", bias) for n in "qkv"]),
+        w_o=src.take(a + "o_proj.weight"),
+        b_o=src.maybe(a + "o_proj.bias", spec.o_bias),
+        ln2=src.take(p + "post_attention_layernorm.weight"),
+        w_gate_up=torch.cat([src.take(m + "gate_proj.weight"), src.take(m + "up_proj.weight")]),
+        b_gate_up=_cat_optional([src.maybe(m + n + "_proj.bias", spec.mlp_bias) for n in ("gate", "up")]),
+        w_down=src.take(m + "down_proj.weight"),
+        b_down=src.maybe(m + "down_proj.bias", spec.mlp_bias),
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Math
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 like transformers' LlamaRMSNorm. x: [n, H] -> [n, H] in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [heads, n, D]; cos/sin: [n, D] -> [heads, n, D]."""
+    return x * cos + rotate_half(x) * sin
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Runner
+
+
+class LlamaRunner(CausalRunner):
+    """Llama / Qwen2 / Mistral forward over a static KV cache; chains and trees."""
+
+    supports_tree = True
+
+    def __init__(
+        self,
+        spec: LlamaSpec,
+        tensors: Dict[str, torch.Tensor],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_length: int,
+        path: Union[str, Path] = "<weights>",
+    ):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.vocab_size = spec.vocab_size
+        self.hidden_size = spec.hidden_size
+        self.max_length = int(max_length)
+        self._check_window(self.max_length)
+        src = _WeightSource(tensors, path, dtype)
+        self.embed_weight = src.take("model.embed_tokens.weight")  # [V, H]
+        self.layers = [_load_layer(src, spec, i) for i in range(spec.num_layers)]
+        self.norm_weight = src.take("model.norm.weight")  # [H]
+        self.lm_head = self._lm_head(src)  # [V, H]
+        self.inv_freq = rope_inv_freq(spec).to(self.device)  # [D/2] float32
+        shape = (spec.num_layers, 2, spec.num_kv_heads, self.max_length, spec.head_dim)
+        self.kv = torch.zeros(shape, device=self.device, dtype=dtype)  # [L, 2, kv_heads, max_length, D]
+        self._arange = torch.arange(self.max_length, device=self.device)  # [max_length], sliced for positions
+        self._length = 0
+
+    # -- construction --------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: Union[str, Path],
+        device: Union[str, torch.device] = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_length: Optional[int] = None,
+    ) -> "LlamaRunner":
+        """Load a local Hugging Face directory (config.json + safetensors).
+
+        max_length (the KV cache size) defaults to min(max_position_embeddings, 4096), clamped to a sliding
+        window when that is smaller (the forward implements full attention only)."""
+        spec = LlamaSpec.from_dict(read_config_json(path))
+        if max_length is None:
+            max_length = min(spec.max_position_embeddings, DEFAULT_MAX_LENGTH)
+            if spec.sliding_window is not None:
+                max_length = min(max_length, spec.sliding_window)
+        device = torch.device(device)
+        tensors = load_safetensors(path, device)
+        return cls(spec, tensors, device=device, dtype=dtype, max_length=max_length, path=path)
+
+    def _check_window(self, max_length: int) -> None:
+        """A sliding window at least as long as the cache never hides anything, so full attention is exact."""
+        w = self.spec.sliding_window
+        if w is not None and w < max_length:
+            raise UnsupportedLlamaConfig(
+                f"sliding_window {w} < max_length {max_length}: sliding-window attention is not implemented; "
+                f"use max_length <= {w}"
+            )
+
+    def _lm_head(self, src: _WeightSource) -> torch.Tensor:
+        if src.has("lm_head.weight") and self.spec.tie_word_embeddings is not True:
+            return src.take("lm_head.weight")
+        if self.spec.tie_word_embeddings is False:
+            src.take("lm_head.weight")  # raises: an untied model without an lm_head
+        return self.embed_weight  # tied (or config silent and no lm_head stored)
+
+    # -- CausalRunner ----------------------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0  # stale rows are never visible: the mask hides every row >= length
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"rollback to {length}: cache holds {self._length} tokens")
+        self._length = int(length)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        m = keep.numel()
+        if start < 0 or start + m > self._length:
+            raise ValueError(f"compact(start={start}, {m} rows) outside the cache of {self._length} tokens")
+        rows = keep.to(self.device, torch.long) + start  # [m]
+        # The gather copies first, so overlapping source/destination rows are safe.
+        self.kv[:, :, :, start : start + m] = self.kv.index_select(3, rows)
+        self._length = start + m
+
+    def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
+        n = tokens.numel()
+        start = self._length
+        if start + n > self.max_length:
+            raise SpecplayError(
+                f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
+            )
+        tokens = tokens.to(self.device).reshape(n)
+        cache_index = self._arange[start : start + n]  # [n]
+        if parents is None:
+            positions = cache_index
+            mask = self._chain_mask(start, n)
+        else:
+            positions, mask = self._tree_inputs(start, parents.reshape(n))
+        hidden = self.step(tokens, positions, cache_index, mask)  # [n, H]
+        self._length = start + n
+        return ForwardOutput(self.logits_from_hidden(hidden), hidden)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(hidden.to(self.dtype), self.norm_weight, self.spec.rms_norm_eps)  # [n, H]
+        return F.linear(h, self.lm_head).float()  # [n, V]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens.to(self.device), self.embed_weight)  # [n, H]
+
+    # -- masks -----------------------------------------------------------------------------------------------
+
+    def _chain_mask(self, start: int, n: int) -> torch.Tensor:
+        """[n, start+n] additive mask: row i sees cache rows 0..start+i. Built on device, no host sync."""
+        cols = self._arange[: start + n]  # [kv]
+        last = self._arange[start : start + n, None]  # [n, 1]
+        return self._additive(cols[None, :] <= last)
+
+    def _tree_inputs(self, start: int, parents: torch.Tensor):
+        """Positions [n] = start + depth; mask [n, start+n]: the whole cache plus in-block ancestors."""
+        n = parents.numel()
+        depths = tree_depths(parents.cpu()).to(self.device)  # [n]
+        ancestors = tree_ancestor_mask(parents.cpu()).to(self.device)  # [n, n] bool
+        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+        visible[:, start:] = ancestors
+        return depths + start, self._additive(visible)
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """bool -> additive float mask: 0 where visible, -inf elsewhere (every SDPA backend honours it)."""
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.where(visible, zero, torch.tensor(float("-inf"), dtype=self.dtype, device=self.device))
+
+    # -- the step --------------------------------------------------------------------------------------------
+
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the decoder on n tokens, write their K/V at `cache_index`, return features [n, H] (pre-norm).
+
+        tokens, positions, cache_index: [n] device int64. mask: [n, kv] additive float; attention reads cache
+        rows 0..kv-1, so kv >= max(cache_index) + 1. Nothing here depends on host values, so with
+        kv = max_length and a fixed n this step can be captured in a CUDA graph (the caller then owns the
+        `length` bookkeeping)."""
+        s = self.spec
+        n = tokens.numel()
+        kv = mask.shape[-1]
+        group = s.num_heads // s.num_kv_heads
+        q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        cos, sin = self._rope(positions)  # [n, D] each
+        mask_g = mask.repeat(group, 1)  # [group * n, kv]: row g*n + i is query i of group member g
+        x = F.embedding(tokens, self.embed_weight)  # [n, H]
+        for li, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.ln1, s.rms_norm_eps)
+            qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
+            q, k, v = qkv.split([q_dim, kv_dim, kv_dim], -1)
+            q = apply_rope(q.view(n, s.num_heads, s.head_dim).transpose(0, 1), cos, sin)  # [heads, n, D]
+            k = apply_rope(k.view(n, s.num_kv_heads, s.head_dim).transpose(0, 1), cos, sin)  # [kvh, n, D]
+            v = v.view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
+            self.kv[li, 0].index_copy_(1, cache_index, k)
+            self.kv[li, 1].index_copy_(1, cache_index, v)
+            keys, values = self.kv[li, 0, :, :kv], self.kv[li, 1, :, :kv]  # [kvh, kv, D]
+            # GQA without copying K/V: query head h uses kv head h // group, so fold the group into the rows.
+            qg = q.reshape(s.num_kv_heads, group * n, s.head_dim)  # [kvh, group * n, D]
+            attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask_g)  # [kvh, group * n, D]
+            attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
+            x = x + F.linear(attn, layer.w_o, layer.b_o)
+            h = rms_norm(x, layer.ln2, s.rms_norm_eps)
+            gate, up = F.linear(h, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)  # [n, I] each
+            x = x + F.linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+        return x
+
+    def _rope(self, positions: torch.Tensor):
+        """cos, sin [n, D] in the runner dtype, computed in float32 like transformers."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)

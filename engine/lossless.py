@@ -1,0 +1,121 @@
+"""check-lossless: prove that speculation did not change the output.
+
+Greedy: speculative output equals plain greedy token for token. Sampling: the first two sampled tokens,
+over many seeds, follow the target's exact joint distribution p(x1) p(x2 | x1) (a chi-squared test)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+from engine.analytic import chi2_sf
+from engine.config import GenerationConfig, SamplingParams
+from engine.decoder import SpeculativeDecoder
+
+MIN_EXPECTED = 5.0  # chi-squared bins with a smaller expected count are pooled into one "other" bin
+
+
+@dataclass
+class GreedyReport:
+    passed: bool
+    tokens_compared: int
+    first_divergence: Optional[int] = None
+    plain_token: Optional[int] = None
+    speculative_token: Optional[int] = None
+    top2_logit_gap: Optional[float] = None  # target's top-1 minus top-2 logit at the divergence
+
+
+@dataclass
+class ChiSquareReport:
+    passed: bool
+    samples: int
+    bins: int
+    statistic: float
+    dof: int
+    p_value: float
+    alpha: float
+    observed: dict = field(default_factory=dict)
+
+
+def check_greedy(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig) -> GreedyReport:
+    greedy = replace(config, sampling=SamplingParams())
+    plain = decoder.generate_ids(prompt, replace(greedy, method="none"))
+    spec = decoder.generate_ids(prompt, greedy)
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            return GreedyReport(False, i + 1, i, a, b, _top2_gap(decoder, prompt, plain[:i]))
+    if len(plain) != len(spec):
+        i = min(len(plain), len(spec))
+        return GreedyReport(False, i, i, None, None, None)
+    return GreedyReport(True, len(plain))
+
+
+def _top2_gap(decoder: SpeculativeDecoder, prompt: str, prefix: list) -> float:
+    logits = target_next_logits(decoder, decoder.tokenizer.encode(prompt, add_special_tokens=False) + prefix)
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def target_next_logits(decoder: SpeculativeDecoder, ids: list) -> torch.Tensor:
+    """The target's logits [V] for the token after ids (a fresh prefill)."""
+    target = decoder.target
+    with torch.inference_mode():
+        target.reset()
+        out = target.forward(torch.tensor(ids, dtype=torch.long, device=target.device))
+        target.reset()
+    return out.logits[-1, :decoder.vocab_size].float().cpu()
+
+
+def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampling: SamplingParams,
+                                 min_prob: float = 1e-6) -> dict:
+    """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob."""
+    from kernels.reference import warp_probs
+
+    ids = decoder.tokenizer.encode(prompt, add_special_tokens=False)
+    warp = lambda logits: warp_probs(logits[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+    p1 = warp(target_next_logits(decoder, ids))
+    joint = {}
+    for x1 in torch.nonzero(p1 > min_prob).flatten().tolist():
+        p2 = warp(target_next_logits(decoder, ids + [x1])) * p1[x1]
+        for x2 in torch.nonzero(p2 > min_prob).flatten().tolist():
+            joint[(x1, x2)] = float(p2[x2])
+    return joint
+
+
+def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig, samples: int = 2000,
+                   significance: float = 0.001) -> ChiSquareReport:
+    """Chi-squared goodness of fit of the first two speculative tokens (seeds config.seed ... + samples)."""
+    expected = exact_two_token_distribution(decoder, prompt, config.sampling)
+    counts: dict = {}
+    for i in range(samples):
+        run = replace(config, seed=config.seed + i, max_new_tokens=2, stop_at_eos=False)
+        pair = tuple(decoder.generate_ids(prompt, run)[:2])
+        counts[pair] = counts.get(pair, 0) + 1
+    statistic, bins = chi_square(counts, expected, samples)
+    dof = max(bins - 1, 1)
+    p_value = chi2_sf(statistic, dof)
+    return ChiSquareReport(p_value >= significance, samples, bins, statistic, dof, p_value, significance,
+                           {f"{a},{b}": n for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]})
+
+
+def chi_square(counts: dict, probabilities: dict, samples: int) -> tuple[float, int]:
+    """Pearson's statistic over the outcomes with expected count >= MIN_EXPECTED plus one pooled bin for the
+    rest (including outcomes the exact distribution gives ~0). Returns (statistic, number of bins)."""
+    statistic, bins = 0.0, 0
+    pooled_expected, pooled_observed = float(samples), samples
+    for outcome, prob in probabilities.items():
+        expected = prob * samples
+        if expected < MIN_EXPECTED:
+            continue
+        observed = counts.get(outcome, 0)
+        statistic += (observed - expected) ** 2 / expected
+        bins += 1
+        pooled_expected -= expected
+        pooled_observed -= observed
+    if pooled_expected >= MIN_EXPECTED:
+        statistic += (pooled_observed - pooled_expected) ** 2 / pooled_expected
+        bins += 1
+    elif pooled_observed > 3 * MIN_EXPECTED:
+        statistic += float("inf")  # mass where the target puts (almost) none
+    return statistic, bins

@@ -1,0 +1,146 @@
+"""Running aggregates over RoundEvents, and CSV / JSONL export."""
+from __future__ import annotations
+
+import csv
+import json
+from typing import Iterable, Optional
+
+from engine import analytic
+from engine.errors import SpecplayError
+from engine.events import RoundEvent, RoundMetrics
+
+
+class MetricsAccumulator:
+    """Aggregates rounds of one generation into RoundMetrics (vLLM's names where they exist)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.rounds = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.emitted = 0
+        self.time_ms = 0.0
+        self.draft_ms = 0.0
+        self.verify_ms = 0.0
+        self.overhead_ms = 0.0
+        self.position_reached: list[int] = []  # rounds whose draft reached depth i
+        self.position_accepted: list[int] = []  # rounds that accepted a token at depth i
+        self.length_histogram: list[int] = []  # rounds by accepted count
+
+    def add_round(self, drafted: int, accepted: int, emitted: int, max_depth: int, draft_ms: float,
+                  verify_ms: float, overhead_ms: float) -> RoundMetrics:
+        """max_depth: number of draft positions (depths) this round proposed."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        self.draft_ms += draft_ms
+        self.verify_ms += verify_ms
+        self.overhead_ms += overhead_ms
+        self.time_ms += draft_ms + verify_ms + overhead_ms
+        for depth in range(max_depth):
+            self._grow(depth)
+            if accepted >= depth:  # every earlier position was accepted, so this one was tested
+                self.position_reached[depth] += 1
+                self.position_accepted[depth] += int(accepted > depth)
+        while len(self.length_histogram) <= accepted:
+            self.length_histogram.append(0)
+        self.length_histogram[accepted] += 1
+        return self.snapshot()
+
+    def _grow(self, depth: int) -> None:
+        while len(self.position_reached) <= depth:
+            self.position_reached.append(0)
+            self.position_accepted.append(0)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
+
+    def snapshot(self) -> RoundMetrics:
+        alpha = self.acceptance_rate
+        k = self.k if self.drafted else 0
+        return RoundMetrics(
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            emitted=self.emitted,
+            acceptance_rate=alpha,
+            mean_acceptance_length=1.0 + self.accepted / self.rounds if self.rounds else 0.0,
+            tokens_per_forward=self.emitted / self.rounds if self.rounds else 0.0,
+            tpot_ms=self.time_ms / self.emitted if self.emitted else 0.0,
+            tokens_per_s=1000.0 * self.emitted / self.time_ms if self.time_ms > 0 else 0.0,
+            analytic_tokens_per_forward=analytic.expected_tokens(alpha, k),
+            per_position_tokens_per_forward=analytic.expected_tokens_per_position(self.per_position_acceptance),
+        )
+
+
+# ------------------------------------------------------------------------------------------------ export
+CSV_COLUMNS = [
+    ("generation", ""), ("round", ""), ("method", ""), ("k", "tokens"), ("drafted", "tokens"),
+    ("accepted", "tokens"), ("emitted", "tokens"), ("next_is_bonus", "bool"), ("draft_ms", "ms"),
+    ("verify_ms", "ms"), ("overhead_ms", "ms"), ("round_ms", "ms"), ("acceptance_rate", "ratio"),
+    ("mean_acceptance_length", "tokens"), ("tokens_per_forward", "tokens"),
+    ("analytic_tokens_per_forward", "tokens"), ("per_position_tokens_per_forward", "tokens"),
+    ("tpot_ms", "ms"), ("tokens_per_s", "tokens/s"), ("finish_reason", ""),
+]
+
+
+def csv_header() -> list[str]:
+    """Column names with their units, e.g. 'draft_ms [ms]'."""
+    return [f"{name} [{unit}]" if unit else name for name, unit in CSV_COLUMNS]
+
+
+def csv_row(event: RoundEvent, generation: int = 0) -> list:
+    m = event.metrics
+    values = {
+        "generation": generation, "round": event.round, "method": event.method, "k": event.k,
+        "drafted": len(event.drafted), "accepted": event.accepted_count, "emitted": len(event.emitted_ids),
+        "next_is_bonus": int(event.next_is_bonus), "draft_ms": event.draft_ms, "verify_ms": event.verify_ms,
+        "overhead_ms": event.overhead_ms, "round_ms": event.round_ms, "acceptance_rate": m.acceptance_rate,
+        "mean_acceptance_length": m.mean_acceptance_length, "tokens_per_forward": m.tokens_per_forward,
+        "analytic_tokens_per_forward": m.analytic_tokens_per_forward,
+        "per_position_tokens_per_forward": m.per_position_tokens_per_forward, "tpot_ms": m.tpot_ms,
+        "tokens_per_s": m.tokens_per_s, "finish_reason": event.finish_reason or "",
+    }
+    return [_fmt(values[name]) for name, _ in CSV_COLUMNS]
+
+
+def _fmt(value):
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def _open_for_writing(path):
+    try:
+        return open(path, "w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_csv(events: Iterable, path, generations: Optional[Iterable[int]] = None) -> int:
+    """One row per round. events: RoundEvents, or (generation, RoundEvent) pairs. Returns the row count."""
+    rows = 0
+    with _open_for_writing(path) as handle:
+        writer = csv.writer(handle)
+        writer.writerow(csv_header())
+        for item in events:
+            generation, event = item if isinstance(item, tuple) else (0, item)
+            writer.writerow(csv_row(event, generation))
+            rows += 1
+    return rows
+
+
+def write_jsonl(events: Iterable, path) -> int:
+    """The full RoundEvents, one JSON object a line. events: RoundEvents or (generation, RoundEvent) pairs."""
+    rows = 0
+    with _open_for_writing(path) as handle:
+        for item in events:
+            generation, event = item if isinstance(item, tuple) else (0, item)
+            record = {"generation": generation, **event.to_dict()}
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            rows += 1
+    return rows

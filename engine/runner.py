@@ -1,0 +1,88 @@
+"""The one interface the decoder and drafters use to run a causal LM with its own KV cache.
+
+Two implementations: `engine.llama.LlamaRunner` (our compact forward over a static KV cache, Llama / Qwen2 /
+Mistral configs, trees supported) and `engine.hf_runner.HFRunner` (any other transformers causal LM, chains only).
+
+Cache model: the cache holds `length` tokens at positions 0..length-1. `forward` appends a block of n tokens;
+rolling back is moving the length; a tree block is compacted to its accepted path with `compact`.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple, Optional
+
+import torch
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor  # [n, V] float32
+    hidden: torch.Tensor  # [n, H] last decoder layer output, before the final norm (EAGLE's "feature")
+
+
+class CausalRunner(ABC):
+    vocab_size: int
+    hidden_size: int
+    max_length: int
+    device: torch.device
+    dtype: torch.dtype
+    supports_tree: bool = False
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Number of tokens in the KV cache."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the cache."""
+
+    @abstractmethod
+    def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
+        """Append a block of tokens [n] (int64) at the end of the cache and return their logits and features.
+
+        parents=None: a chain (token i sits at position length+i and sees the cache and tokens 0..i).
+        parents=[n] int64 in topological order: a tree; parents[i] is the index in this block of token i's
+        parent, or -1 when its parent is the last cached token. Token i sits at position length+depth(i) and
+        sees the cache plus its ancestors in the block. The cache grows by n either way.
+        """
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Forget every cached token at index >= length."""
+
+    @abstractmethod
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Keep cache rows start+keep[i] as rows start+i (keep: [m] int64, increasing); length becomes start+m.
+
+        Used after a tree block to keep only the accepted path."""
+
+    @abstractmethod
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on features [n, H] -> logits [n, V] float32 (Medusa / EAGLE heads use it)."""
+
+    @abstractmethod
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of tokens [n] -> [n, H] (the EAGLE head uses the target's embedding)."""
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of each node of a tree block (roots, parent -1, have depth 0). parents: [n] -> [n] int64."""
+    parents_list = parents.tolist()
+    depths = []
+    for i, p in enumerate(parents_list):
+        if p >= i:
+            raise ValueError("tree parents must be in topological order (parents[i] < i)")
+        depths.append(0 if p < 0 else depths[p] + 1)
+    return torch.tensor(depths, dtype=torch.long, device=parents.device)
+
+
+def tree_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[n, n] bool: mask[i, j] is True when node j is node i or one of its ancestors."""
+    n = parents.numel()
+    parents_list = parents.tolist()
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents_list):
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask.to(parents.device)

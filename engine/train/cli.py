@@ -1,0 +1,78 @@
+"""`python main.py train ...`: train the shipped model family (or a tiny CPU smoke version).
+
+    python main.py train --tiny --out /tmp/tiny                   # all stages on CPU, < 1 minute
+    python main.py train --out runs/full --export assets/models   # the real recipe (one GPU, < 20 min)
+    python main.py train --out runs/full --stages tokenizer       # one stage (finished stages are skipped)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from engine.train.presets import PRESETS
+from engine.train.stages import STAGES
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train", help="train the tokenizer, target, draft, Medusa and EAGLE heads",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(p)
+    return p
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tiny", action="store_true", help="tiny preset: few files, toy dims, CPU, < 1 minute")
+    p.add_argument("--out", type=Path, default=None,
+                   help="checkpoint directory (default runs/train, or runs/tiny with --tiny)")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"comma-separated subset of {','.join(STAGES)} (finished stages are skipped)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--export", type=Path, default=None, help="export directory (default <out>/export)")
+    p.set_defaults(func=run_train)
+
+
+def parse_stages(text: str) -> list[str]:
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        raise SystemExit(f"unknown stage(s) {bad}; choose from {STAGES}")
+    return stages
+
+
+def run_train(args) -> int:
+    import torch
+
+    from engine.train import lm
+    from engine.train.stages import Context, run_stages
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # keep the training log readable
+    preset = PRESETS["tiny" if args.tiny else "full"]()
+    out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
+    device = lm.pick_device(args.device)
+    if args.tiny:
+        torch.set_num_threads(min(4, torch.get_num_threads()))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    ctx = Context(preset=preset, out=out, device=device, export_dir=args.export or out / "export",
+                  log=lambda msg: print(msg, flush=True))
+    t0 = time.time()
+    run_stages(ctx, parse_stages(args.stages))
+    print(f"train: finished in {time.time() - t0:.1f} s (preset {preset.name}, out {out})", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.train.cli", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(parser)
+    args = parser.parse_args(argv)
+    return run_train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

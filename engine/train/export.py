@@ -1,0 +1,275 @@
+"""Export the trained family to the shipped layout (HF format, fp16) and write the model card.
+
+Layout of the export directory:
+  target/  config.json model.safetensors generation_config.json tokenizer files,
+           medusa_heads.safetensors medusa_config.json eagle_head.safetensors eagle_config.json
+  draft/   config.json model.safetensors generation_config.json tokenizer files
+  manifest.json heldout_prompts.json heldout_sample.txt train_report.json README.md
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.train import heads, lm
+
+TARGET_MAX_BYTES = 15_000_000
+DRAFT_MAX_BYTES = 4_000_000
+SHIPPED_MAX_BYTES = 24_000_000
+ALPHA_SECTION = "## Speculative decoding measured with specplay"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def export_lm(src: Path, tok_dir: Path, dst: Path) -> None:
+    """Copy one fp32 checkpoint to `dst` as fp16 safetensors plus tokenizer and generation config."""
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(src), dtype=torch.float32).to(torch.float16)
+    model.generation_config = GenerationConfig(bos_token_id=lm.BOS_ID, eos_token_id=lm.EOS_ID,
+                                               pad_token_id=lm.PAD_ID)
+    dst.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(dst), safe_serialization=True)
+    for f in tok_dir.iterdir():
+        shutil.copy2(f, dst / f.name)
+
+
+@torch.no_grad()
+def text_loss(model, tokenizer, text: str, window: int, device) -> tuple[float, int]:
+    """Mean next-token loss (nats) of `<s> text` in non-overlapping windows; returns (loss, n_tokens)."""
+    ids = torch.tensor(tokenizer(text, verbose=False)["input_ids"], device=device)   # [N], starts with <s>
+    total, count = 0.0, 0
+    for i in range(0, len(ids) - 1, window):
+        w = ids[i: i + window + 1][None]                                 # [1, <=window+1]
+        if w.shape[1] < 2:
+            break
+        logits = model(input_ids=w[:, :-1], use_cache=False).logits.float()
+        total += torch.nn.functional.cross_entropy(logits[0], w[0, 1:], reduction="sum").item()
+        count += w.shape[1] - 1
+    return total / count, count
+
+
+def self_unigram_loss(tokenizer, text: str) -> float:
+    """Entropy of the text's own token unigram distribution: the best any unigram model can do on it."""
+    ids = np.asarray(tokenizer(text, verbose=False)["input_ids"][1:])
+    p = np.bincount(ids) / len(ids)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def heldout_sample_losses(models_dir: Path, device="cpu") -> dict:
+    """Losses on heldout_sample.txt of the exported target and draft, and the unigram baseline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    text = (models_dir / "heldout_sample.txt").read_bytes().decode("utf-8")
+    tok = AutoTokenizer.from_pretrained(str(models_dir / "target"))
+    out = {"unigram_self_entropy": self_unigram_loss(tok, text)}
+    for name in ("target", "draft"):
+        model = AutoModelForCausalLM.from_pretrained(str(models_dir / name), dtype=torch.float32).to(device)
+        window = min(512, model.config.max_position_embeddings)
+        out[name], out["n_tokens"] = text_loss(model.eval(), tok, text, window, device)
+    return out
+
+
+def export_heads(ctx, dst: Path) -> None:
+    """Medusa and EAGLE heads beside the target, in fp16."""
+    mh = heads.load_medusa(ctx.stage_dir("medusa"))
+    heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(ctx.stage_dir("target") / "model"))
+    heads.save_eagle(heads.load_eagle(ctx.stage_dir("eagle"), cfg), dst, dtype=torch.float16)
+
+
+def collect_report(ctx, sample_losses: dict) -> dict:
+    from engine.train.stages import STAGES, load_metrics
+
+    stages = {s: load_metrics(ctx, s) for s in STAGES[:-1] if (ctx.stage_dir(s) / "metrics.json").exists()}
+    return {"preset": ctx.preset.to_dict(), "stages": stages, "heldout_sample_losses": sample_losses,
+            "exported": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def file_table(root: Path) -> list[dict]:
+    rows = []
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and f.name != "README.md":
+            rows.append({"path": f.relative_to(root).as_posix(), "bytes": f.stat().st_size,
+                         "sha256": sha256_file(f)})
+    return rows
+
+
+def export_all(ctx) -> dict:
+    dst = ctx.export_dir
+    dst.mkdir(parents=True, exist_ok=True)
+    data = ctx.stage_dir("tokenizer")
+    tok_dir = data / "tokenizer"
+    export_lm(ctx.stage_dir("target") / "model", tok_dir, dst / "target")
+    draft_src = ctx.stage_dir("distill") if (ctx.stage_dir("distill") / "done.json").exists() \
+        else ctx.stage_dir("draft")
+    export_lm(draft_src / "model", tok_dir, dst / "draft")
+    if (ctx.stage_dir("medusa") / "done.json").exists() and (ctx.stage_dir("eagle") / "done.json").exists():
+        export_heads(ctx, dst / "target")
+    for name in ("manifest.json", "heldout_prompts.json", "heldout_sample.txt"):
+        shutil.copy2(data / name, dst / name)
+    losses = heldout_sample_losses(dst, ctx.device)
+    report = collect_report(ctx, losses)
+    report["draft_source"] = draft_src.name
+    (dst / "train_report.json").write_text(json.dumps(report, indent=1))
+    files = file_table(dst)
+    report["files"] = files
+    (dst / "README.md").write_text(model_card(report, files))
+    check_sizes(dst, files, ctx.log)
+    ctx.log(f"[export] {len(files)} files, {sum(r['bytes'] for r in files) / 1e6:.2f} MB -> {dst}; "
+            f"held-out sample loss target {losses['target']:.3f} draft {losses['draft']:.3f} "
+            f"unigram {losses['unigram_self_entropy']:.3f}")
+    return report
+
+
+def check_sizes(dst: Path, files: list[dict], log) -> None:
+    sizes = {r["path"]: r["bytes"] for r in files}
+    for path, cap in (("target/model.safetensors", TARGET_MAX_BYTES), ("draft/model.safetensors", DRAFT_MAX_BYTES)):
+        if sizes.get(path, 0) > cap:
+            log(f"[export] WARNING {path} is {sizes[path]} bytes > {cap}")
+    total = sum(sizes.values()) + (dst / "README.md").stat().st_size
+    if total > SHIPPED_MAX_BYTES:
+        log(f"[export] WARNING shipped total {total} bytes > {SHIPPED_MAX_BYTES}")
+
+
+# ----------------------------------------------------------------------------- model card
+
+def fmt(x, nd: int = 4) -> str:
+    return "n/a" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def shape_line(cfg: dict) -> str:
+    return (f"hidden {cfg['hidden_size']}, {cfg['num_layers']} layers, {cfg['num_heads']} heads "
+            f"({cfg['num_kv_heads']} KV), MLP {cfg['intermediate_size']}")
+
+
+def sched_line(s: dict) -> str:
+    return (f"{s['steps']} steps max, batch {s['batch_size']}, peak lr {s['lr']}, wall cap {s['time_budget_s']} s, "
+            f"warm-up {s['warmup_steps']}, weight decay {s['weight_decay']}")
+
+
+def stage_time_rows(st: dict) -> list[str]:
+    rows = ["| stage | wall time (s) | optimiser steps | tokens/s | capped by time | hardware |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, m in st.items():
+        rows.append(f"| {name} | {m.get('wall_s')} | {m.get('steps_done', '-')} | {m.get('tokens_per_s', '-')} | "
+                    f"{m.get('stopped_by_time', '-')} | {m.get('hardware')} |")
+    return rows
+
+
+def model_card(report: dict, files: list[dict]) -> str:
+    p, st, sl = report["preset"], report["stages"], report["heldout_sample_losses"]
+    tokm, tgt, drf = st.get("tokenizer", {}), st.get("target", {}), st.get("draft", {})
+    dis, med, eag = st.get("distill"), st.get("medusa"), st.get("eagle")
+    total_s = sum(m.get("wall_s", 0) for m in st.values())
+    L = [
+        "# specplay shipped model family",
+        "",
+        "A small Llama-architecture target, a smaller draft, 4 Medusa heads and one EAGLE head, trained from "
+        "scratch by `engine/train/` (`python main.py train`) on the Python standard library's source. Every "
+        f"number below was measured by that code; the raw logs are in `train_report.json` (preset `{p['name']}`).",
+        "",
+        "## Data",
+        f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard "
+        f"library of the training machine's interpreter (site-packages skipped, test suites kept, files over "
+        f"{p['max_file_bytes']} bytes skipped), read as UTF-8 with errors replaced. `manifest.json` lists every "
+        f"file with its sha256.",
+        f"- {tokm.get('n_files')} files, {tokm.get('total_bytes')} bytes; corpus sha256 `{tokm.get('corpus_sha256')}`.",
+        f"- Split by file (sha256 of the relative path): {tokm.get('n_val_files')} validation files "
+        f"(~{p['val_fraction']:.0%}); {tokm.get('train_tokens')} train tokens, {tokm.get('val_tokens')} "
+        f"validation tokens.",
+        f"- `heldout_prompts.json`: {tokm.get('n_prompts')} code prefixes (100-300 characters, cut at line "
+        f"ends) from validation files; `heldout_sample.txt`: {tokm.get('sample_bytes')} bytes of validation text.",
+        "",
+        "## Tokenizer",
+        f"Byte-level BPE (`tokenizers`), {tokm.get('vocab_size')} tokens incl. `<s>`=0, `</s>`=1, `<pad>`=2, "
+        f"`<unk>`=3; trained on the training split only; {tokm.get('bytes_per_token')} bytes/token on it. "
+        f"`<s>` is prepended on encode; documents were `<s> file </s>`. Exact round trip of the validation "
+        f"text (whitespace included): {tokm.get('roundtrip_exact')}.",
+        "",
+        "## Models",
+        "| model | shape | parameters | fp16 bytes |",
+        "| --- | --- | --- | --- |",
+        f"| target | {shape_line(p['target'])}, tied embeddings, context {p['seq_len']} | {tgt.get('params')} | "
+        f"{tgt.get('fp16_bytes')} |",
+        f"| draft | {shape_line(p['draft'])}, tied embeddings, context {p['seq_len']} | {drf.get('params')} | "
+        f"{drf.get('fp16_bytes')} |",
+        f"| Medusa heads | {p['medusa_heads']} x residual SiLU block (H x H + bias), shared frozen lm_head | "
+        f"{med and med.get('params')} | |",
+        f"| EAGLE head | fc (2H -> H) + 1 Llama decoder layer, frozen target embeddings/norm/lm_head | "
+        f"{eag and eag.get('params')} | |",
+        "",
+        "## Recipe",
+        f"Seed {p['seed']}; AdamW (0.9, 0.95), grad clip 1.0, linear warm-up then cosine to 10% of the peak, the "
+        "cosine following whichever of the step count or the wall-clock cap runs out first; evaluation on "
+        f"{p['eval_windows']} fixed validation windows of {p['seq_len']} tokens, keeping the best snapshot; "
+        "bf16 autocast on CUDA.",
+        f"- target: next-token CE; {sched_line(p['target_sched'])}.",
+        f"- draft: next-token CE; {sched_line(p['draft_sched'])}.",
+        f"- distillation: KL(target || draft) at T=1 on corpus batches; {sched_line(p['distill_sched'])}.",
+        f"- Medusa: mean CE of the heads (target frozen); {sched_line(p['medusa_sched'])}.",
+        f"- EAGLE: smooth-L1(feature) + {p['eagle_ce_weight']} x CE(next-next token) (target frozen); "
+        f"{sched_line(p['eagle_sched'])}.",
+        "",
+        f"Training time: {total_s:.0f} s in total.",
+        "",
+        *stage_time_rows(st),
+        "",
+        "## Validation",
+        "| model | val loss (nats/token) | perplexity |",
+        "| --- | --- | --- |",
+        f"| unigram baseline (train counts) | {fmt(tokm.get('unigram_val_loss'))} | "
+        f"{fmt(math.exp(tokm['unigram_val_loss']) if tokm.get('unigram_val_loss') else None, 1)} |",
+        f"| target | {fmt(tgt.get('val_loss'))} | {fmt(tgt.get('val_ppl'), 2)} |",
+        f"| draft (pre-trained) | {fmt(drf.get('val_loss'))} | {fmt(drf.get('val_ppl'), 2)} |",
+    ]
+    if dis:
+        L.append(f"| draft (distilled, shipped) | {fmt(dis['after']['val_loss'])} | {fmt(dis['after']['val_ppl'], 2)} |")
+    L += ["",
+          f"On `heldout_sample.txt` ({sl.get('n_tokens')} tokens, shipped fp16 weights, windows of 512): target "
+          f"{fmt(sl.get('target'))}, draft {fmt(sl.get('draft'))}, the text's own unigram entropy "
+          f"{fmt(sl.get('unigram_self_entropy'))} nats/token.", ""]
+    if dis:
+        b, a = dis["before"], dis["after"]
+        L += ["## Draft vs target (proxy for acceptance)",
+              "Greedy top-1 agreement (argmax draft == argmax target) on the validation windows:",
+              "", "| | top-1 agreement | KL(target || draft) |", "| --- | --- | --- |",
+              f"| before distillation | {fmt(b['top1_agreement'])} | {fmt(b['kl_target_draft'])} |",
+              f"| after distillation | {fmt(a['top1_agreement'])} | {fmt(a['kl_target_draft'])} |", ""]
+    if med:
+        f = med["final"]
+        L += ["## Medusa heads (validation)", "| head | predicts | top-1 | top-5 |", "| --- | --- | --- | --- |"]
+        L += [f"| {k} | t+{k + 1} | {fmt(f[f'head{k}_top1'])} | {fmt(f[f'head{k}_top5'])} |"
+              for k in range(1, p["medusa_heads"] + 1)]
+        L.append("")
+    if eag:
+        f = eag["final"]
+        L += ["## EAGLE head (validation, autoregressive)",
+              "Step s predicts the token s positions past the target's last known one; step 2+ feeds back the "
+              "predicted feature and the predicted token's embedding. `chain` = steps 1..s all right.", "",
+              "| step | top-1 | chain |", "| --- | --- | --- |"]
+        L += [f"| {s} | {fmt(f[f'step{s}_top1'])} | {fmt(f[f'chain{s}_top1'])} |" for s in range(1, 5)]
+        L.append("")
+    L += [ALPHA_SECTION, "",
+          "_To be filled in by the lead engineer from measurements with the specplay engine (α per method, K, "
+          "tokens per target forward, TPOT). No numbers here yet._", "",
+          "## Files", "| file | bytes | sha256 |", "| --- | --- | --- |"]
+    L += [f"| {r['path']} | {r['bytes']} | {r['sha256']} |" for r in files]
+    L.append("")
+    return "\n".join(L)

@@ -1,0 +1,266 @@
+"""Medusa heads and the EAGLE head over a frozen target.
+
+Both read the target's hidden states; the target (embeddings, final norm, lm_head) never changes.
+Shapes: B = batch, T = window length, H = hidden size, V = vocabulary.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.train.lm import autocast, chunks
+
+EAGLE_LAYER_KEYS = [
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+]
+
+
+# ----------------------------------------------------------------------------- target features
+
+@torch.no_grad()
+def target_features(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] -> (f [B, T, H] last decoder layer output before the final norm,
+    x [B, T, H] after the final norm, i.e. what the lm_head reads)."""
+    captured = {}
+
+    def grab(_module, args):
+        captured["f"] = args[0]
+
+    handle = target.model.norm.register_forward_pre_hook(grab)
+    try:
+        x = target.model(input_ids=ids, use_cache=False).last_hidden_state
+    finally:
+        handle.remove()
+    return captured["f"], x
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module.eval()
+
+
+# ----------------------------------------------------------------------------- Medusa
+
+class MedusaHeads(nn.Module):
+    """Head k (k = 1..n) maps x_t to h = x_t + SiLU(W_k x_t + b_k); lm_head(h) predicts token t+1+k."""
+
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for h in self.heads:   # zero init: every head starts as the plain next-token LM head
+            nn.init.zeros_(h.weight)
+            nn.init.zeros_(h.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., H] -> [n, ..., H]."""
+        return torch.stack([x + F.silu(h(x)) for h in self.heads])
+
+
+def medusa_config(heads: MedusaHeads, hidden_size: int) -> dict:
+    n = len(heads.heads)
+    return {"num_heads": n, "hidden_size": hidden_size, "offsets": [k + 1 for k in range(1, n + 1)],
+            "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts the "
+                               "token at t+offset (the lm_head itself predicts t+1)",
+            "residual": "h = x + SiLU(W x + b); logits = target.lm_head(h)"}
+
+
+def medusa_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
+    """w [B, T+1]: mean over heads of CE(lm_head(head_k(x_t)), w[t+1+k])."""
+    T = w.shape[1] - 1
+    _, x = target_features(target, w[:, :T])           # [B, T, H]
+    hs = heads(x)                                        # [n, B, T, H]
+    losses = []
+    for i in range(hs.shape[0]):
+        k = i + 1
+        logits = target.lm_head(hs[i, :, : T - k])         # [B, T-k, V]
+        losses.append(F.cross_entropy(logits.float().flatten(0, 1), w[:, 1 + k:].flatten()))
+    return torch.stack(losses).mean()
+
+
+@torch.no_grad()
+def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: int = 8) -> dict:
+    """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1]."""
+    n = len(heads.heads)
+    hit1, hit5, loss, count = [0] * n, [0] * n, [0.0] * n, [0] * n
+    for w in chunks(windows, bs):
+        T = w.shape[1] - 1
+        with autocast(device):
+            _, x = target_features(target, w[:, :T])
+            hs = heads(x)
+            for i in range(n):
+                k = i + 1
+                logits = target.lm_head(hs[i, :, : T - k]).float()   # [B, T-k, V]
+                labels = w[:, 1 + k:]                                # [B, T-k]
+                top5 = logits.topk(5, dim=-1).indices
+                hit1[i] += (top5[..., 0] == labels).sum().item()
+                hit5[i] += (top5 == labels[..., None]).any(-1).sum().item()
+                loss[i] += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()
+                count[i] += labels.numel()
+    out = {}
+    for i in range(n):
+        out[f"head{i + 1}_top1"] = hit1[i] / count[i]
+        out[f"head{i + 1}_top5"] = hit5[i] / count[i]
+        out[f"head{i + 1}_loss"] = loss[i] / count[i]
+    out["mean_loss"] = sum(loss[i] / count[i] for i in range(n)) / n
+    return out
+
+
+def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch.float16) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, str(out_dir / "medusa_heads.safetensors"), metadata={"format": "pt"})
+    (out_dir / "medusa_config.json").write_text(json.dumps(medusa_config(heads, hidden_size), indent=2) + "\n")
+
+
+def load_medusa(dir_: Path) -> MedusaHeads:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((dir_ / "medusa_config.json").read_text())
+    heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"])
+    heads.load_state_dict({k: v.float() for k, v in load_file(str(dir_ / "medusa_heads.safetensors")).items()})
+    return heads
+
+
+# ----------------------------------------------------------------------------- EAGLE
+
+def eagle_llama_config(target_config):
+    """A one-layer copy of the target's config (same widths, heads, rope and eps)."""
+    cfg = copy.deepcopy(target_config)
+    cfg.num_hidden_layers = 1
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+class EagleHead(nn.Module):
+    """Row t reads concat(f_t, e_{t+1}) -> fc -> one causal Llama decoder layer -> predicted f_{t+1}."""
+
+    def __init__(self, llama_cfg):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        H = llama_cfg.hidden_size
+        self.config = llama_cfg
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layer = LlamaDecoderLayer(llama_cfg, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(config=llama_cfg)   # buffers only, not saved
+
+    def forward(self, feats: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """feats [B, n, H], embeds [B, n, H], position_ids [B, n] -> predicted next features [B, n, H]."""
+        h = self.fc(torch.cat([feats, embeds], dim=-1))
+        cos_sin = self.rotary(h, position_ids)
+        out = self.layer(h, attention_mask=None, position_ids=position_ids, position_embeddings=cos_sin,
+                         use_cache=False)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def eagle_config(head: EagleHead) -> dict:
+    c = head.config
+    return {"hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "intermediate_size": c.intermediate_size,
+            "rope_theta": float(rope_theta(c)), "rms_norm_eps": c.rms_norm_eps, "head_dim": head_dim(c),
+            "hidden_act": "silu",
+            "input": "row t = fc(concat(f_t, embed(token t+1))), rotary position of row t = t; causal",
+            "output": "predicted f_{t+1} (last decoder layer output before the target's final norm)"}
+
+
+def head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def rope_theta(cfg) -> float:
+    """rope_theta moved into rope_parameters in transformers 5."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+
+
+def positions(batch: int, n: int, device) -> torch.Tensor:
+    return torch.arange(n, device=device)[None].expand(batch, n)
+
+
+def eagle_loss(head: EagleHead, target, w: torch.Tensor, ce_weight: float) -> torch.Tensor:
+    """w [B, T+1]. Rows t = 0..T-2: smooth-L1(pred_t, f_{t+1}) + ce_weight * CE(lm_head(norm(pred_t)), w[t+2])."""
+    T = w.shape[1] - 1
+    f, _ = target_features(target, w[:, :T])                            # [B, T, H]
+    emb = target.model.embed_tokens(w[:, 1:T])                          # [B, T-1, H]
+    pred = head(f[:, : T - 1], emb, positions(w.shape[0], T - 1, w.device))
+    reg = F.smooth_l1_loss(pred.float(), f[:, 1:T].float())
+    logits = target.lm_head(target.model.norm(pred))                     # [B, T-1, V]
+    ce = F.cross_entropy(logits.float().flatten(0, 1), w[:, 2:].flatten())
+    return reg + ce_weight * ce
+
+
+@torch.no_grad()
+def eval_eagle(head: EagleHead, target, windows: torch.Tensor, device, steps: int = 4,
+               n_anchors: int = 8, bs: int = 16) -> dict:
+    """Autoregressive next-token accuracy. For anchor a, rows 0..a use the target's true features;
+    step s predicts token a+1+s, and step s+1 appends (predicted feature, predicted token's embedding).
+    Reports per-step accuracy and the chain accuracy (steps 1..s all right)."""
+    hit = torch.zeros(steps)
+    chain = torch.zeros(steps)
+    total = 0
+    for w in chunks(windows, bs):
+        B, T = w.shape[0], w.shape[1] - 1
+        with autocast(device):
+            f, _ = target_features(target, w[:, :T])
+            anchors = torch.linspace(T // 8, T - 1 - steps, n_anchors).long().unique().tolist()
+            for a in anchors:
+                feats, toks = f[:, : a + 1], w[:, 1: a + 2]              # [B, a+1, H], [B, a+1]
+                ok = torch.ones(B, dtype=torch.bool, device=w.device)
+                for s in range(steps):
+                    n = feats.shape[1]
+                    pred = head(feats, target.model.embed_tokens(toks), positions(B, n, w.device))[:, -1:]
+                    tok = target.lm_head(target.model.norm(pred)).argmax(-1)   # [B, 1]
+                    right = tok[:, 0] == w[:, a + 2 + s]
+                    ok &= right
+                    hit[s] += right.sum().item()
+                    chain[s] += ok.sum().item()
+                    feats = torch.cat([feats, pred.to(feats.dtype)], 1)
+                    toks = torch.cat([toks, tok], 1)
+                total += B
+    out = {f"step{s + 1}_top1": (hit[s] / total).item() for s in range(steps)}
+    out.update({f"chain{s + 1}_top1": (chain[s] / total).item() for s in range(steps)})
+    return out
+
+
+@torch.no_grad()
+def eval_eagle_loss(head: EagleHead, target, windows: torch.Tensor, device, ce_weight: float,
+                    bs: int = 16) -> float:
+    total, n = 0.0, 0
+    for w in chunks(windows, bs):
+        with autocast(device):
+            total += eagle_loss(head, target, w, ce_weight).item() * len(w)
+        n += len(w)
+    return total / n
+
+
+def save_eagle(head: EagleHead, out_dir: Path, dtype=torch.float16) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {"fc.weight": head.fc.weight}
+    state.update({f"layer.{k}": v for k, v in head.layer.state_dict().items()})
+    assert sorted(k[len("layer."):] for k in state if k.startswith("layer.")) == sorted(EAGLE_LAYER_KEYS), \
+        sorted(state)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+    save_file(state, str(out_dir / "eagle_head.safetensors"), metadata={"format": "pt"})
+    (out_dir / "eagle_config.json").write_text(json.dumps(eagle_config(head), indent=2) + "\n")
+
+
+def load_eagle(dir_: Path, target_config) -> EagleHead:
+    from safetensors.torch import load_file
+
+    head = EagleHead(eagle_llama_config(target_config))
+    state = {k: v.float() for k, v in load_file(str(dir_ / "eagle_head.safetensors")).items()}
+    head.fc.weight.data.copy_(state.pop("fc.weight"))
+    head.layer.load_state_dict({k[len("layer."):]: v for k, v in state.items()})
+    return head.eval()

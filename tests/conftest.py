@@ -1,0 +1,25 @@
+"""Shared pytest set-up. Qt runs offscreen so the GUI tests need no display."""
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def isolated_qsettings(tmp_path):
+    """Point QSettings (INI, user scope) at a temp dir so tests never read or write the user's settings."""
+    from PySide6.QtCore import QSettings
+
+    path = tmp_path / "qsettings"
+    path.mkdir()
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory):
+    """(target_dir, draft_dir): a tiny random Llama pair sharing one tokenizer, built once per session."""
+    from tiny_models import make_tiny_pair
+
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))

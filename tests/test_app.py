@@ -1,0 +1,445 @@
+"""GUI tests against a fake decoder that yields hand-built RoundEvents (fast, deterministic)."""
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextCursor
+
+from app import backend
+from app.main_window import MainWindow
+from app.round_view import (ACCEPTED, BONUS, CORRECTION, PROMPT, REJECTED, TARGET, UNTESTED, display_text,
+                            round_tokens)
+from app.settings import AppSettings
+from engine.errors import SpecplayError
+from engine.events import DraftedToken, RoundEvent, RoundMetrics
+
+pytestmark = pytest.mark.usefixtures("isolated_qsettings")
+
+TEXTS = ["def", " ", "f(x)", ":\n", "    ", "<b>&amp;", "\t", "return", " x", "\n"]
+
+
+@dataclass
+class FakeCalibration:
+    target_step_ms: float = 2.0
+    draft_step_ms: float = 0.5
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_ms / self.target_step_ms
+
+
+def make_metrics(events, drafted, accepted, emitted) -> RoundMetrics:
+    rounds = len(events) + 1
+    drafted += sum(len(e.drafted) for e in events)
+    accepted += sum(e.accepted_count for e in events)
+    emitted += sum(len(e.emitted_ids) for e in events)
+    alpha = accepted / drafted if drafted else 0.0
+    return RoundMetrics(rounds=rounds, drafted=drafted, accepted=accepted, emitted=emitted, acceptance_rate=alpha,
+                        mean_acceptance_length=1 + accepted / rounds, tokens_per_forward=emitted / rounds,
+                        tpot_ms=3.0 * rounds / emitted, tokens_per_s=1000 * emitted / (3.0 * rounds),
+                        analytic_tokens_per_forward=1 + alpha, per_position_tokens_per_forward=1 + alpha)
+
+
+def make_event(events, index: int, config, accepted: int, last: bool) -> RoundEvent:
+    """A chain round: `accepted` drafts accepted out of K, then a correction or a bonus token."""
+    k = 0 if config.method == "none" else config.k
+    accepted = min(accepted, k)
+    greedy = config.sampling.greedy
+    drafted = []
+    for depth in range(k):
+        ok, tested = depth < accepted, depth <= accepted
+        drafted.append(DraftedToken(
+            token_id=depth, text=TEXTS[(index + depth) % len(TEXTS)], parent=depth - 1, depth=depth,
+            p=0.5, q=0.25 if ok else 0.9, accept_prob=1.0 if ok else 0.5,
+            u=None if greedy or not tested else (0.1 if ok else 0.8), accepted=ok, tested=tested,
+            top=[("alt<1>", 0.4), (" ", 0.2)]))
+    bonus = accepted == k
+    emitted = list(range(accepted + 1))
+    position = sum(len(e.emitted_ids) for e in events)
+    return RoundEvent(
+        round=index, method=config.method, k=config.k, drafted=drafted, accepted_count=accepted,
+        next_token_id=99, next_token_text="\n" if index % 3 == 2 else "Z", next_is_bonus=bonus, next_token_p=0.7,
+        next_top=[("Z", 0.7)], emitted_ids=emitted, emitted_text="", position=position, draft_ms=1.0,
+        verify_ms=1.5, overhead_ms=0.5, finished=last, finish_reason="length" if last else None,
+        metrics=make_metrics(events, len(drafted), accepted, len(emitted)))
+
+
+class FakeDecoder:
+    device_name = "FakeGPU 9000"
+
+    def __init__(self, accepts=(2, 4, 0, 1, 3, 4, 1), rounds=None, delay=0.0, fail_at=None):
+        self.accepts = accepts
+        self.rounds = rounds or len(accepts)
+        self.delay = delay
+        self.fail_at = fail_at
+        self.configs = []
+        self.produced = []
+
+    def method_availability(self):
+        return {"none": None, "draft": None, "ngram": None, "medusa": "no Medusa heads in this model",
+                "eagle": "no EAGLE head in this model", "lookahead": "not implemented in the engine yet"}
+
+    def calibrate(self, k):
+        return FakeCalibration()
+
+    def generate(self, prompt, config, should_stop=None):
+        self.configs.append(config)
+        events = []
+        self.produced = events
+        for index in range(self.rounds):
+            if should_stop is not None and should_stop():
+                return
+            if index == self.fail_at:
+                raise RuntimeError("kernel exploded")
+            time.sleep(self.delay)
+            event = make_event(events, index, config, self.accepts[index % len(self.accepts)],
+                               index == self.rounds - 1)
+            events.append(event)
+            yield event
+
+
+@pytest.fixture
+def make_window(qtbot):
+    """make_window(decoder=None, loader=None) -> a shown MainWindow whose models have loaded; dialogs go to
+    window.errors instead of message boxes."""
+    def make(decoder=None, loader=None, start=True):
+        decoder = decoder or FakeDecoder()
+        window = MainWindow(loader=loader or (lambda target, draft, device: decoder), device="cpu")
+        window.errors = []
+        window.show_error = lambda title, message: window.errors.append((title, message))
+        window.fake = decoder
+        qtbot.addWidget(window)
+        window.show()
+        if start:
+            window.start()
+            qtbot.waitUntil(lambda: window.load_job is None, timeout=5000)
+        return window
+
+    return make
+
+
+def generate(qtbot, window, prompt="def f(x):", wait=True):
+    window.prompt.setPlainText("" if "\n" not in prompt else prompt)  # QTest cannot type a newline
+    if "\n" not in prompt:
+        qtbot.keyClicks(window.prompt, prompt)
+    qtbot.keyClick(window.prompt, Qt.Key_Return, Qt.ControlModifier)
+    if wait:
+        qtbot.waitUntil(lambda: not window.running, timeout=5000)
+
+
+def expected_spans(prompt, events):
+    spans = [(PROMPT, prompt, -1)]
+    for event in events:
+        spans += [(info.kind, display_text(info), event.round) for info in round_tokens(event)]
+    return spans
+
+
+def test_generate_renders_every_round_in_place(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    events = window.session.generations[0].events
+    assert len(events) == window.fake.rounds
+    spans = window.view.rendered_spans()
+    assert spans[:-1] == expected_spans("def f(x):", events)
+    assert spans[-1][0] == "notice" and "length" in spans[-1][1]
+    kinds = {kind for kind, _, _ in spans}
+    assert {ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS} <= kinds
+    # round 1 accepts all 4 drafts (bonus); round 2 rejects the first draft and corrects it
+    round2 = [s for s in spans if s[2] == 2]
+    assert [k for k, _, _ in round2] == [REJECTED, UNTESTED, UNTESTED, UNTESTED, CORRECTION]
+    assert [k for k, _, r in spans if r == 1][-1] == BONUS
+
+
+def test_whitespace_and_markup_render_literally(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    text = window.view.toPlainText()
+    assert "<b>&amp;" in text  # never interpreted as HTML
+    spans = window.view.rendered_spans()
+    newline_tokens = [t for k, t, _ in spans if k in (ACCEPTED, CORRECTION, BONUS) and "↵" in t]
+    assert newline_tokens and all(t.endswith("↵\n") for t in newline_tokens)
+    rejected = [t for k, t, _ in spans if k in (REJECTED, UNTESTED)]
+    assert all("\n" not in t for t in rejected)  # rejected newlines are marked, not broken
+    assert any(k == ACCEPTED and t == "    " for k, t, _ in spans)  # spaces kept as they are
+
+
+def test_hover_and_click_show_token_details(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    view = window.view
+    index = next(i for i, info in enumerate(view.tokens) if info.kind == REJECTED and info.u is None)
+    rect = view.cursorRect(_cursor_for_token(view, index))
+    qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=QPoint(rect.right() + 2, rect.center().y()))
+    html = window.inspector.toPlainText()
+    assert "p(x) = 0.5000" in html and "q(x) = 0.9000" in html and "min(1, p/q) = 0.5000" in html
+    assert "rejected" in html and "alt<1>" in html and f"round {view.tokens[index].round}" in html
+
+
+def _cursor_for_token(view, index: int) -> QTextCursor:
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.charFormat().anchorHref() == f"t{index}":
+                cursor = QTextCursor(view.document())
+                cursor.setPosition(frag.position())
+                return cursor
+            it += 1
+        block = block.next()
+    raise AssertionError(f"token {index} not rendered")
+
+
+def test_sampled_round_shows_uniform(qtbot, make_window):
+    window = make_window()
+    window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7, "decode/seed": 5})
+    generate(qtbot, window)
+    config = window.fake.configs[-1]
+    assert config.sampling.temperature == pytest.approx(0.7) and config.seed == 5
+    info = next(i for i in window.view.tokens if i.kind == ACCEPTED)
+    from app.round_view import describe
+    assert "u = 0.1000" in describe(info) and "accepted" in describe(info)
+
+
+def test_method_and_k_from_menus_apply_to_next_run(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    assert window.fake.configs[-1].method == "draft" and window.fake.configs[-1].k == 4
+    window.method_actions["ngram"].trigger()
+    window.k_actions[7].trigger()
+    generate(qtbot, window)
+    assert (window.fake.configs[-1].method, window.fake.configs[-1].k) == ("ngram", 7)
+    window.method_actions["none"].trigger()
+    generate(qtbot, window)
+    assert window.fake.configs[-1].method == "none"
+    assert {k for k, _, _ in window.view.rendered_spans()} <= {PROMPT, TARGET, "notice"}
+    labels = [window.history.item(i).text() for i in range(window.history.count())]
+    assert "Draft model K=4" in labels[0] and "N-gram prompt lookup K=7" in labels[1] and "Off" in labels[2]
+    # selecting an earlier generation shows it again
+    window.history.setCurrentRow(0)
+    assert window.view.rendered_spans()[:-1] == expected_spans("def f(x):", window.session.generations[0].events)
+
+
+def test_unavailable_methods_are_disabled_with_reason(qtbot, make_window):
+    window = make_window()
+    medusa = window.method_actions["medusa"]
+    assert not medusa.isEnabled() and "no Medusa heads" in medusa.toolTip()
+    assert window.method_actions["draft"].isEnabled()
+    assert "FakeGPU 9000" in window.status_labels["device"].text()
+    assert "c 0.25" in window.status_labels["calibration"].text()
+
+
+def test_export_csv_and_jsonl(qtbot, make_window, tmp_path):
+    window = make_window()
+    generate(qtbot, window)
+    generate(qtbot, window)
+    path = tmp_path / "metrics.csv"
+    window.ask_save_path = lambda title, file_filter: str(path)
+    window.export_csv()
+    rows = list(csv.reader(path.open()))
+    assert rows[0][:2] == ["generation", "round"]
+    assert len(rows) == 1 + 2 * window.fake.rounds
+    assert [r[0] for r in rows[1:]] == ["1"] * window.fake.rounds + ["2"] * window.fake.rounds
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / "trace.jsonl")
+    window.export_jsonl()
+    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2 * window.fake.rounds
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / "plots.png")
+    window.export_plots()
+    assert (tmp_path / "plots.png").stat().st_size > 0
+    assert window.errors == []
+
+
+def test_unwritable_export_gives_dialog_and_keeps_session(qtbot, make_window, tmp_path):
+    window = make_window()
+    generate(qtbot, window)
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / "missing" / "dir" / "m.csv")
+    window.export_csv()
+    window.export_plots()
+    assert len(window.errors) == 2 and "cannot write" in window.errors[0][1]
+    assert len(window.session.generations) == 1
+
+
+def test_stop_mid_run_within_one_round(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=500, delay=0.01))
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    qtbot.keyClick(window.prompt, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: not window.running, timeout=2000)
+    gen = window.session.generations[0]
+    assert gen.finish == "stopped" and len(gen.events) < 500
+    assert window.view.rendered_spans()[-1][1].strip() == "[stopped]"
+
+
+def test_empty_prompt_gives_dialog(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window, prompt="   ")
+    assert window.errors and window.errors[0][0] == "Empty prompt"
+    assert window.session.generations == []
+
+
+def test_engine_failure_gives_dialog_and_keeps_data(qtbot, make_window):
+    window = make_window(FakeDecoder(fail_at=3))
+    generate(qtbot, window)
+    assert window.errors == [("Generation failed", "The engine failed: RuntimeError: kernel exploded")]
+    gen = window.session.generations[0]
+    assert gen.finish == "error" and len(gen.events) == 3
+    window.fake.fail_at = None
+    generate(qtbot, window)  # the session carries on
+    assert len(window.session.generations) == 2 and window.session.generations[1].finish == "length"
+
+
+def test_bad_model_folder_gives_dialog(qtbot, make_window, tmp_path):
+    window = make_window(loader=backend.load_decoder, start=False)
+    bad = tmp_path / "not_a_model"
+    bad.mkdir()
+    (bad / "readme.txt").write_text("hello")
+    window.ask_directory = lambda title: str(bad)
+    window.open_target_folder()
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=30000)  # the first load imports torch
+    assert len(window.errors) == 1 and window.errors[0][0] == "Could not load the models"
+    assert "not_a_model" in window.errors[0][1]
+    assert window.decoder is None and "Open target folder" in window.view.toPlainText()
+
+
+def test_missing_models_still_open_with_help(qtbot, make_window):
+    def missing(target, draft, device):
+        raise SpecplayError("No shipped models in assets/models yet")
+
+    window = make_window(loader=missing)
+    assert window.errors == []  # quiet at start-up: the view explains instead
+    assert "Open target folder" in window.view.toPlainText() and "No shipped models" in window.view.toPlainText()
+    generate(qtbot, window)
+    assert window.errors[0][0] == "No model loaded"
+
+
+def test_settings_persist_and_reset(qtbot, make_window):
+    window = make_window()
+    window.method_actions["ngram"].trigger()
+    window.k_actions[9].trigger()
+    window.greedy_action.trigger()  # greedy off
+    window.plots_action.trigger()  # plots off
+    window.close()
+    again = make_window()
+    config = AppSettings().config()
+    assert (config.method, config.k, config.sampling.greedy) == ("ngram", 9, False)
+    assert again.method_actions["ngram"].isChecked() and again.k_actions[9].isChecked()
+    assert not again.plots_dock.isVisible()
+    again.reset_settings()
+    config = AppSettings().config()
+    assert (config.method, config.k, config.sampling.greedy) == ("draft", 4, True)
+    assert again.k_actions[4].isChecked() and again.plots_dock.isVisible()
+
+
+def test_plots_redraw_on_timer_not_per_event(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=300))
+    generate(qtbot, window)
+    qtbot.wait(120)
+    plots = window.plots
+    assert plots.redraws < 100  # 300 events, redraws capped by the 20 Hz timer
+    x, y = plots.curves["running_alpha"].getData()
+    assert len(x) == 300
+    assert len(plots.buffers.per_position_acceptance) == 4
+    assert plots.buffers.predicted_tpot[-1] == pytest.approx(2.0 * (1 + 0.25 * 4) / plots.buffers.analytic_tpf[-1])
+
+
+def test_close_mid_run_exits_cleanly(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=10000, delay=0.005))
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 2, timeout=5000)
+    thread = window.gen_job.thread
+    window.close()
+    assert thread.isFinished() and window.gen_job is None
+
+
+def test_clear_and_theme(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    window.theme_actions["dark"].trigger()
+    assert window.view.colors.accepted_bg == "#1f5130"
+    assert window.view.rendered_spans()[0][0] == PROMPT  # re-rendered in the new colours
+    window.theme_actions["light"].trigger()
+    window.clear_session()
+    assert window.session.generations == [] and window.history.count() == 0 and window.view.toPlainText() == ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real engine, with tiny random models
+
+
+class StallMonitor:
+    """Longest gap between ticks of a 5 ms timer: how long the event loop went without running."""
+
+    def __init__(self):
+        from PySide6.QtCore import QTimer
+
+        self.gaps = []
+        self.last = time.perf_counter()
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(self._tick)
+        self.timer.start()
+
+    def _tick(self):
+        now = time.perf_counter()
+        self.gaps.append(now - self.last)
+        self.last = now
+
+    def stop(self) -> float:
+        self.timer.stop()
+        return max(self.gaps[1:], default=0.0)
+
+
+@pytest.fixture
+def real_window(qtbot, tiny_pair_dirs):
+    target, draft = tiny_pair_dirs
+    window = MainWindow(device="cpu")
+    window.errors = []
+    window.show_error = lambda title, message: window.errors.append((title, message))
+    qtbot.addWidget(window)
+    window.show()
+    window.start(str(target), str(draft))
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
+    assert window.errors == [] and window.decoder is not None
+    return window
+
+
+def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
+    window = real_window
+    assert window.status_labels["device"].text() == "Device: CPU"
+    assert "TPOT_plain" in window.status_labels["calibration"].text() and "—" not in \
+        window.status_labels["calibration"].text()
+    assert window.method_actions["draft"].isEnabled() and not window.method_actions["eagle"].isEnabled()
+    window.k_actions[3].trigger()
+    window.max_tokens.setValue(80)
+    monitor = StallMonitor()
+    generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    worst = monitor.stop()
+    gen = window.session.generations[0]
+    assert gen.finish in ("length", "eos") and gen.tokens <= 80
+    assert all(e.k == 3 and e.method == "draft" for e in gen.events)
+    assert window.view.rendered_spans()[:-1] == expected_spans(gen.prompt, gen.events)
+    assert worst < 0.05, f"event loop stalled for {worst * 1000:.0f} ms"
+
+
+def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
+    window = real_window
+    window.method_actions["ngram"].trigger()
+    window.apply_sampling({"decode/greedy": False, "decode/temperature": 1.0, "decode/seed": 3})
+    window.max_tokens.setValue(40)
+    generate(qtbot, window, prompt="abc abc abc abc")
+    gen = window.session.generations[0]
+    assert gen.events and all(e.method == "ngram" for e in gen.events)
+    assert window.view.rendered_spans()[:-1] == expected_spans(gen.prompt, gen.events)
+    window.method_actions["none"].trigger()
+    window.max_tokens.setValue(200)
+    generate(qtbot, window, prompt="x = 1", wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[1].events) >= 2, timeout=10000)
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=5000)
+    stopped = window.session.generations[1]
+    assert stopped.finish == "stopped" and stopped.tokens < 200
+    assert window.errors == []

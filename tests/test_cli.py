@@ -1,0 +1,141 @@
+"""The headless CLI: output, exports, and one clear line + exit 2 for every bad input."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.metrics import csv_header
+from tiny_models import make_tiny_llama, make_tiny_pair
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "the cat sat on the mat. the cat"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target, draft = make_tiny_pair(root)
+    return str(target), str(draft)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_json_has_the_promised_fields(pair, capsys):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft, "--k", "3",
+                             "--max-new-tokens", "20", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    for key in ("text", "method", "k", "rounds", "drafted", "accepted", "acceptance_rate",
+                "mean_acceptance_length", "tokens_per_forward", "tpot_ms", "analytic_tokens_per_forward"):
+        assert key in result
+    assert result["method"] == "draft" and result["k"] == 3 and result["emitted"] == 20
+    assert result["drafted"] == 3 * result["rounds"]
+    assert result["tokens_per_forward"] == pytest.approx(20 / result["rounds"])
+
+
+def test_run_writes_csv_and_trace(pair, capsys, tmp_path):
+    target, draft = pair
+    csv_path, trace_path = tmp_path / "m.csv", tmp_path / "t.jsonl"
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
+                             "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "16",
+                             "--csv", str(csv_path), "--trace", str(trace_path))
+    assert code == 0, err
+    assert "acceptance rate" in err and out.strip()
+    rows = list(csv.reader(csv_path.open()))
+    assert rows[0] == csv_header()
+    assert "draft_ms [ms]" in rows[0] and "tokens_per_s [tokens/s]" in rows[0]
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    assert len(rows) - 1 == len(trace) >= 1
+    assert sum(len(e["emitted_ids"]) for e in trace) == 16
+    header = rows[0]
+    for row, event in zip(rows[1:], trace):
+        assert int(row[header.index("accepted [tokens]")]) == event["accepted_count"]
+        assert int(row[header.index("round")]) == event["round"]
+    assert {"drafted", "draft_ms", "verify_ms", "overhead_ms", "metrics", "next_token_id"} <= set(trace[0])
+
+
+def test_ngram_and_none_methods_run(pair, capsys):
+    target, _ = pair
+    for method in ("none", "ngram"):
+        code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--method", method,
+                                 "--max-new-tokens", "12", "--json")
+        assert code == 0, err
+        assert json.loads(out)["method"] == method
+
+
+def test_check_lossless_passes(pair, capsys):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "check-lossless", "--target", target, "--draft", draft, "--k", "3",
+                             "--max-new-tokens", "24", "--samples", "300")
+    assert code == 0, out + err
+    assert "greedy: PASS" in out and "sampling" in out and "PASS" in out.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def mismatched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mismatch")
+    return str(make_tiny_llama(root / "a", vocab=96)), str(make_tiny_llama(root / "b", vocab=64))
+
+
+def bad_inputs(pair, mismatched, tmp_path):
+    target, draft = pair
+    models = ["--target", target, "--draft", draft]
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{not json")
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    return {
+        "empty prompt": (["run", "--prompt", "  ", *models], "prompt"),
+        "K too small": (["run", "--prompt", "x", "--k", "0", *models], "K"),
+        "K too large": (["run", "--prompt", "x", "--k", "33", *models], "K"),
+        "unknown method": (["run", "--prompt", "x", "--method", "magic", *models], "method"),
+        "missing dir": (["run", "--prompt", "x", "--target", str(tmp_path / "nope"), "--draft", draft], "nope"),
+        "not a model": (["run", "--prompt", "x", "--target", str(not_a_model), "--draft", draft], "empty"),
+        "corrupt config": (["run", "--prompt", "x", "--target", str(corrupt), "--draft", draft], "corrupt"),
+        "mismatched tokenizers": (["run", "--prompt", "x", "--target", mismatched[0], "--draft", mismatched[1]],
+                                  "/a"),
+        "negative temperature": (["run", "--prompt", "x", "--temperature", "-1", *models], "temperature"),
+        "top-p zero": (["run", "--prompt", "x", "--temperature", "1", "--top-p", "0", *models], "top-p"),
+        "top-p above one": (["run", "--prompt", "x", "--top-p", "1.5", *models], "top-p"),
+        "max-new-tokens zero": (["run", "--prompt", "x", "--max-new-tokens", "0", *models], "max-new-tokens"),
+        "unwritable csv": (["run", "--prompt", "x", "--csv", str(tmp_path / "no" / "dir" / "m.csv"), *models],
+                           "m.csv"),
+        "not a number": (["run", "--prompt", "x", "--k", "four", *models], "four"),
+    }
+
+
+def test_bad_inputs_give_one_line_and_exit_2(pair, mismatched, capsys, tmp_path):
+    for name, (argv, needle) in bad_inputs(pair, mismatched, tmp_path).items():
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2, f"{name}: exit {code}, stderr {err!r}"
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{name}: {err!r}"
+        assert needle in lines[0], f"{name}: {lines[0]!r} does not mention {needle!r}"
+        assert "Traceback" not in err
+
+
+def test_cuda_without_gpu_is_a_clear_error(pair, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, out, err = run_cli(capsys, "run", "--prompt", "x", "--target", pair[0], "--device", "cuda")
+    assert code == 2 and "cuda" in err.lower() and len(err.strip().splitlines()) == 1
+
+
+def test_subprocess_bad_input_exit_code(pair):
+    """The real entry point: exit status 2 and no traceback."""
+    proc = subprocess.run([sys.executable, str(REPO / "main.py"), "run", "--prompt", "x", "--k", "99",
+                           "--target", pair[0]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr

@@ -1,0 +1,201 @@
+"""LlamaRunner against transformers' own models (fp32, eager): chains, trees, compaction, rollback."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import SpecplayError
+from engine.llama import LlamaRunner, UnsupportedLlamaConfig, is_llama_family
+from tests.tiny_models import load_hf_reference, make_tiny_llama
+
+TOL = 1e-4
+VOCAB = 96
+
+VARIANTS = {
+    "llama": dict(arch="llama"),
+    "llama3-rope-tied": dict(
+        arch="llama",
+        tie=True,
+        rope_theta=500000.0,
+        rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32},
+    ),
+    "qwen2": dict(arch="qwen2", seed=3),
+    "mistral-linear-rope": dict(arch="mistral", seed=5, rope={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama_models")
+    return {name: make_tiny_llama(root / name, vocab=VOCAB, **kw) for name, kw in VARIANTS.items()}
+
+
+@pytest.fixture(scope="module")
+def references(model_dirs):
+    return {name: load_hf_reference(path) for name, path in model_dirs.items()}
+
+
+def _tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def _hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Full no-cache forward of one sequence -> [n, V]."""
+    return model(input_ids=tokens[None]).logits[0].float()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_chain_blocks_match_transformers(variant, model_dirs, references):
+    runner = LlamaRunner.from_pretrained(model_dirs[variant], max_length=64)
+    tokens = _tokens(20, seed=1)
+    expected = _hf_logits(references[variant], tokens)  # [20, V]
+    outputs, pos = [], 0
+    for size in (9, 1, 3, 2, 1, 4):  # a prefill, then incremental chain blocks
+        outputs.append(runner.forward(tokens[pos : pos + size]))
+        pos += size
+    assert runner.length == 20
+    logits = torch.cat([o.logits for o in outputs])
+    assert logits.dtype == torch.float32 and logits.shape == (20, VOCAB)
+    assert (logits - expected).abs().max().item() <= TOL
+    hidden = torch.cat([o.hidden for o in outputs])  # [20, H], before the final norm
+    assert (runner.logits_from_hidden(hidden) - logits).abs().max().item() <= TOL
+
+
+def test_final_hidden_is_before_the_norm(model_dirs, references):
+    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=32)
+    tokens = _tokens(6, seed=2)
+    hidden = runner.forward(tokens).hidden
+    with torch.no_grad():
+        states = references["llama"](input_ids=tokens[None], output_hidden_states=True).hidden_states
+    # transformers' last entry has the final norm applied; ours is the raw last-layer output.
+    normed = references["llama"].model.norm(hidden[None])[0]
+    assert (normed - states[-1][0]).abs().max().item() <= TOL
+
+
+def test_embed_is_the_embedding_table(model_dirs, references):
+    runner = LlamaRunner.from_pretrained(model_dirs["qwen2"], max_length=32)
+    tokens = _tokens(5, seed=3)
+    expected = references["qwen2"].get_input_embeddings()(tokens)
+    assert torch.equal(runner.embed(tokens), expected.detach())
+
+
+# A tree of 9 nodes: two roots (0 and 6), branching below both.
+PARENTS = torch.tensor([-1, 0, 0, 1, 1, 2, -1, 6, 7])
+
+
+def _path(parents: torch.Tensor, node: int) -> list:
+    """Node indices root..node."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = int(parents[node])
+    return out[::-1]
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_tree_nodes_match_their_paths_as_chains(variant, model_dirs):
+    runner = LlamaRunner.from_pretrained(model_dirs[variant], max_length=64)
+    prompt, tree = _tokens(7, seed=4), _tokens(PARENTS.numel(), seed=5)
+    runner.forward(prompt)
+    out = runner.forward(tree, PARENTS)
+    assert runner.length == 7 + PARENTS.numel()
+    for node in range(PARENTS.numel()):
+        runner.rollback(7)
+        chain = runner.forward(tree[_path(PARENTS, node)])
+        assert (out.logits[node] - chain.logits[-1]).abs().max().item() <= TOL, node
+        assert (out.hidden[node] - chain.hidden[-1]).abs().max().item() <= TOL, node
+
+
+def test_compact_after_tree_equals_fresh_prefill(model_dirs):
+    path = model_dirs["mistral-linear-rope"]
+    runner = LlamaRunner.from_pretrained(path, max_length=64)
+    prompt, tree, after = _tokens(6, seed=6), _tokens(PARENTS.numel(), seed=7), _tokens(4, seed=8)
+    runner.forward(prompt)
+    runner.forward(tree, PARENTS)
+    accepted = torch.tensor(_path(PARENTS, 4))  # nodes 0 -> 1 -> 4
+    runner.compact(6, accepted)
+    assert runner.length == 6 + accepted.numel()
+    got = runner.forward(after).logits
+
+    fresh = LlamaRunner.from_pretrained(path, max_length=64)
+    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel() :]
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_compact_keeps_a_path_with_gaps(model_dirs):
+    """The second root's subtree (nodes 6, 7, 8) sits after other nodes: rows move down across a gap."""
+    path = model_dirs["llama"]
+    runner = LlamaRunner.from_pretrained(path, max_length=64)
+    prompt, tree, after = _tokens(5, seed=9), _tokens(PARENTS.numel(), seed=10), _tokens(3, seed=11)
+    runner.forward(prompt)
+    runner.forward(tree, PARENTS)
+    accepted = torch.tensor(_path(PARENTS, 8))  # nodes 6 -> 7 -> 8
+    runner.compact(5, accepted)
+    got = runner.forward(after).logits
+    fresh = LlamaRunner.from_pretrained(path, max_length=64)
+    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel() :]
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_rollback_then_forward_equals_fresh_prefill(model_dirs):
+    path = model_dirs["qwen2"]
+    runner = LlamaRunner.from_pretrained(path, max_length=64)
+    seq, wrong, right = _tokens(10, seed=12), _tokens(5, seed=13), _tokens(4, seed=14)
+    runner.forward(seq)
+    runner.forward(wrong)
+    runner.rollback(8)
+    got = runner.forward(right).logits
+    fresh = LlamaRunner.from_pretrained(path, max_length=64)
+    want = fresh.forward(torch.cat([seq[:8], right])).logits[-4:]
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_reset_gives_fresh_results(model_dirs):
+    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=32)
+    a, b = _tokens(8, seed=15), _tokens(8, seed=16)
+    first = runner.forward(a).logits
+    runner.forward(b)
+    runner.reset()
+    assert torch.allclose(runner.forward(a).logits, first, atol=TOL)
+
+
+def test_exceeding_max_length_raises(model_dirs):
+    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=12)
+    runner.forward(_tokens(10, seed=17))
+    with pytest.raises(SpecplayError, match="max_length 12"):
+        runner.forward(_tokens(3, seed=18))
+    assert runner.length == 10  # the failed call changed nothing
+    runner.forward(_tokens(2, seed=19))
+    assert runner.length == 12
+
+
+def test_sharded_checkpoint_loads(model_dirs, references, tmp_path):
+    references["llama"].save_pretrained(str(tmp_path), max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    runner = LlamaRunner.from_pretrained(tmp_path, max_length=16)
+    tokens = _tokens(8, seed=20)
+    assert (runner.forward(tokens).logits - _hf_logits(references["llama"], tokens)).abs().max() <= TOL
+
+
+def test_sliding_window(tmp_path):
+    import json
+
+    path = make_tiny_llama(tmp_path / "m", arch="mistral", tokenizer=False)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["sliding_window"] = 16
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert LlamaRunner.from_pretrained(path).max_length == 16  # the default is clamped to the window
+    with pytest.raises(UnsupportedLlamaConfig, match="sliding_window 16"):
+        LlamaRunner.from_pretrained(path, max_length=64)
+
+
+def test_is_llama_family():
+    assert is_llama_family({"model_type": "qwen2"})
+    assert not is_llama_family({"model_type": "gpt2"})
+
+    class Cfg:
+        model_type = "mistral"
+
+    assert is_llama_family(Cfg())

@@ -1,0 +1,68 @@
+"""Checks on the shipped model family in assets/models (skipped until it has been trained and copied)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+MODELS = Path(__file__).resolve().parents[1] / "assets" / "models"
+pytestmark = pytest.mark.skipif(not (MODELS / "target").is_dir(),
+                                reason="assets/models/target not present yet (train with `python main.py train`)")
+
+
+@pytest.fixture(scope="module")
+def losses() -> dict:
+    from engine.train.export import heldout_sample_losses
+
+    return heldout_sample_losses(MODELS, "cpu")
+
+
+def test_target_beats_draft_beats_unigram(losses):
+    assert losses["target"] < losses["draft"] < losses["unigram_self_entropy"]
+    assert losses["draft"] < 0.7 * losses["unigram_self_entropy"]
+
+
+def card_table() -> dict:
+    rows = re.findall(r"^\| (\S+) \| (\d+) \| ([0-9a-f]{64}) \|$", (MODELS / "README.md").read_text(), re.M)
+    return {path: (int(size), sha) for path, size, sha in rows}
+
+
+def test_files_match_model_card():
+    from engine.train.export import sha256_file
+
+    table = card_table()
+    assert "target/model.safetensors" in table and "draft/model.safetensors" in table
+    for path, (size, sha) in table.items():
+        f = MODELS / path
+        assert f.stat().st_size == size, path
+        assert sha256_file(f) == sha, path
+
+
+def test_sizes_within_budget():
+    from engine.train.export import DRAFT_MAX_BYTES, SHIPPED_MAX_BYTES, TARGET_MAX_BYTES
+
+    assert (MODELS / "target" / "model.safetensors").stat().st_size <= TARGET_MAX_BYTES
+    assert (MODELS / "draft" / "model.safetensors").stat().st_size <= DRAFT_MAX_BYTES
+    assert sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file()) <= SHIPPED_MAX_BYTES
+
+
+def test_heads_present_and_loadable():
+    from transformers import AutoConfig
+
+    from engine.train import heads
+
+    cfg = AutoConfig.from_pretrained(str(MODELS / "target"))
+    mh = heads.load_medusa(MODELS / "target")
+    assert len(mh.heads) == 4 and mh.heads[0].in_features == cfg.hidden_size
+    eh = heads.load_eagle(MODELS / "target", cfg)
+    assert eh.fc.in_features == 2 * cfg.hidden_size
+
+
+def test_heldout_prompts():
+    prompts = json.loads((MODELS / "heldout_prompts.json").read_text())["prompts"]
+    man = json.loads((MODELS / "manifest.json").read_text())
+    val_files = {f["path"] for f in man["files"] if f["split"] == "val"}
+    assert len(prompts) >= 32
+    assert all(p["file"] in val_files for p in prompts)

@@ -1,0 +1,153 @@
+"""The training pipeline end to end with the `--tiny` preset (CPU, well under a minute)."""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.train import corpus, heads
+from engine.train.cli import main as train_main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny")
+    assert train_main(["--tiny", "--out", str(out), "--device", "cpu"]) == 0
+    return out
+
+
+def metrics(out: Path, stage: str) -> dict:
+    return json.loads((out / stage / "metrics.json").read_text())
+
+
+def test_every_stage_finished(tiny_run):
+    for stage in ("data", "target", "draft", "distill", "medusa", "eagle", "export"):
+        assert (tiny_run / stage / "done.json").exists(), stage
+
+
+def test_loss_falls(tiny_run):
+    for stage in ("target", "draft"):
+        hist = metrics(tiny_run, stage)["history"]
+        assert hist[-1]["val_loss"] < hist[0]["val_loss"] - 0.3, stage
+    dis = metrics(tiny_run, "distill")
+    assert dis["after"]["kl_target_draft"] < dis["before"]["kl_target_draft"]
+
+
+def test_rerun_skips_finished_stages(tiny_run, capsys):
+    assert train_main(["--tiny", "--out", str(tiny_run), "--device", "cpu", "--stages", "target,draft"]) == 0
+    assert capsys.readouterr().out.count("skipped") == 2
+
+
+def test_exported_models_load_with_transformers(tiny_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exp = tiny_run / "export"
+    text = "def f(x):\n\tif x:  \n        return  x\r\n\n"
+    for name in ("target", "draft"):
+        tok = AutoTokenizer.from_pretrained(str(exp / name))
+        model = AutoModelForCausalLM.from_pretrained(str(exp / name))
+        assert (exp / name / "generation_config.json").exists()
+        assert model.dtype == torch.float16 or model.config.dtype in ("float16", torch.float16)
+        ids = tok(text)["input_ids"]
+        assert ids[0] == tok.bos_token_id
+        assert tok.decode(ids, skip_special_tokens=True) == text    # whitespace survives exactly
+        logits = model.float()(input_ids=torch.tensor([ids])).logits
+        assert logits.shape == (1, len(ids), model.config.vocab_size)
+
+
+def test_exported_models_load_through_engine(tiny_run):
+    if importlib.util.find_spec("engine.models") is None:
+        pytest.skip("engine/models.py not written yet")
+    models = pytest.importorskip("engine.models")
+    if not hasattr(models, "load_runner"):
+        pytest.skip("engine.models has no load_runner yet")
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_run / "export" / "target"
+    kwargs = {"device": "cpu"} if "device" in inspect.signature(models.load_runner).parameters else {}
+    runner = models.load_runner(str(path), **kwargs)
+    ids = torch.tensor([0, 5, 17, 42, 7])
+    out = runner.forward(ids)
+    ref = AutoModelForCausalLM.from_pretrained(str(path)).float()(input_ids=ids[None]).logits[0]
+    assert out.logits.shape == ref.shape
+    assert torch.allclose(out.logits.float().cpu(), ref, atol=5e-2, rtol=5e-2)
+
+
+def test_medusa_heads_load_and_predict(tiny_run):
+    from transformers import AutoModelForCausalLM
+
+    d = tiny_run / "export" / "target"
+    cfg = json.loads((d / "medusa_config.json").read_text())
+    assert cfg["num_heads"] == 4 and cfg["offsets"] == [2, 3, 4, 5]
+    keys = set(load_file(str(d / "medusa_heads.safetensors")))
+    assert keys == {f"heads.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
+    target = AutoModelForCausalLM.from_pretrained(str(d)).float()
+    mh = heads.load_medusa(d)
+    x = target.model(input_ids=torch.tensor([[0, 9, 10, 11]])).last_hidden_state     # [1, 4, H]
+    logits = target.lm_head(mh(x))
+    assert logits.shape == (4, 1, 4, target.config.vocab_size)
+
+
+def test_eagle_head_loads_predicts_and_is_causal(tiny_run):
+    from transformers import AutoModelForCausalLM
+
+    d = tiny_run / "export" / "target"
+    cfg = json.loads((d / "eagle_config.json").read_text())
+    for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rope_theta",
+              "rms_norm_eps", "head_dim"):
+        assert k in cfg
+    keys = set(load_file(str(d / "eagle_head.safetensors")))
+    assert keys == {"fc.weight"} | {f"layer.{k}" for k in heads.EAGLE_LAYER_KEYS}
+    target = AutoModelForCausalLM.from_pretrained(str(d)).float()
+    head = heads.load_eagle(d, target.config)
+    ids = torch.tensor([[0, 9, 10, 11, 12, 13]])
+    f, _ = heads.target_features(target, ids)                                         # [1, 6, H]
+    emb = target.model.embed_tokens(ids)
+    pos = heads.positions(1, 5, "cpu")
+    pred = head(f[:, :5], emb[:, 1:], pos)
+    assert pred.shape == (1, 5, cfg["hidden_size"])
+    changed = f.clone()
+    changed[:, 4] += 1.0                                                              # perturb the last row only
+    pred2 = head(changed[:, :5], emb[:, 1:], pos)
+    assert torch.allclose(pred[:, :4], pred2[:, :4], atol=1e-5)
+    assert not torch.allclose(pred[:, 4], pred2[:, 4])
+
+
+def test_heldout_files_come_from_validation(tiny_run):
+    exp = tiny_run / "export"
+    man = json.loads((exp / "manifest.json").read_text())
+    val_files = {f["path"] for f in man["files"] if f["split"] == "val"}
+    prompts = json.loads((exp / "heldout_prompts.json").read_text())["prompts"]
+    assert prompts and all(p["file"] in val_files for p in prompts)
+    assert all(100 <= len(p["text"]) <= 300 and p["text"].endswith("\n") for p in prompts)
+    assert (exp / "heldout_sample.txt").stat().st_size > 1000
+    assert len(man["corpus_sha256"]) == 64
+
+
+def test_model_card_and_report(tiny_run):
+    exp = tiny_run / "export"
+    card = (exp / "README.md").read_text()
+    assert "Speculative decoding measured with specplay" in card
+    report = json.loads((exp / "train_report.json").read_text())
+    assert {"target", "draft", "distill", "medusa", "eagle"} <= set(report["stages"])
+    for f in ("target/model.safetensors", "draft/model.safetensors", "target/eagle_head.safetensors"):
+        assert f in card
+
+
+def test_split_is_deterministic_and_file_level():
+    rels = [f"pkg/mod{i}.py" for i in range(400)]
+    a, b = corpus.assign_splits(rels, 0.05), corpus.assign_splits(list(reversed(rels)), 0.05)
+    assert a == b
+    assert 5 <= sum(v == "val" for v in a.values()) <= 40
+    assert corpus.assign_splits(["only.py"], 0.05) == {"only.py": "val"}
+
+
+def test_prompt_cut_at_line_boundaries():
+    text = "".join(f"line_{i} = {i} * 2\n" for i in range(100))
+    p = corpus.cut_prompt(text, 0, 100, 300)
+    assert p is not None and 100 <= len(p) <= 300 and p.endswith("\n") and text.startswith(p)
