@@ -139,3 +139,22 @@ def test_subprocess_bad_input_exit_code(pair):
                            "--target", pair[0]], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_bench_methods_and_k_sweep(pair, capsys):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--draft", draft, "--prompt", PROMPT,
+                             "--max-new-tokens", "12", "--methods", "none,draft,ngram")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "speedup" in lines[1]
+    methods = [line.split("|")[0].strip() for line in lines[3:]]
+    assert methods == ["none", "draft", "ngram"]
+    none_row = lines[3].split("|")
+    assert float(none_row[-1]) == pytest.approx(1.0)
+    code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--draft", draft, "--prompt", PROMPT,
+                             "--max-new-tokens", "12", "--ks", "1,2")
+    assert code == 0, err
+    assert "fastest measured K" in err and "predicted_speedup" in out
+    code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--ks", "0,40")
+    assert code == 2 and "--ks" in err
