@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 from engine.errors import SpecplayError
 
-METHODS = ("none", "draft", "ngram")
+METHODS = ("none", "draft", "ngram", "medusa", "eagle", "lookahead")
 MAX_K = 32
 
 
@@ -38,6 +38,7 @@ class GenerationConfig:
     seed: int = 0
     max_new_tokens: int = 128
     ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
+    tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
 
     def validate(self, available_methods=METHODS) -> None:
@@ -47,6 +48,8 @@ class GenerationConfig:
             raise SpecplayError(f"K must be between 1 and {MAX_K} (got {self.k})")
         if self.max_new_tokens <= 0:
             raise SpecplayError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
+        if not 0 <= self.tree_nodes <= 64:
+            raise SpecplayError(f"tree nodes must be between 0 and 64 (got {self.tree_nodes})")
         if self.ngram_n < 1:
             raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
         self.sampling.validate()

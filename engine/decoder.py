@@ -5,8 +5,8 @@ baseline is measured exactly like the speculative runs.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -14,6 +14,9 @@ import torch
 from engine.config import GenerationConfig
 from engine.drafters.base import DecodeState, Draft, Drafter, NoDrafter
 from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.lookahead import LookaheadDrafter
+from engine.drafters.medusa import HEADS_FILE as MEDUSA_FILE
+from engine.drafters.medusa import MedusaDrafter, MedusaHeads
 from engine.drafters.ngram import NgramDrafter
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
@@ -23,6 +26,7 @@ from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
 ALL_METHODS = ("none", "draft", "medusa", "eagle", "lookahead", "ngram")
+EAGLE_FILE = "eagle_head.safetensors"
 
 
 @dataclass
@@ -55,6 +59,8 @@ class SpeculativeDecoder:
         self.vocab_size = pair.vocab_size  # common logit width of target and draft
         self.eos_ids = _eos_ids(self.tokenizer)
         self._token_texts: dict = {}  # token id -> its text, decoded once
+        self._medusa = None  # heads load on first use
+        self._eagle = None
 
     # ------------------------------------------------------------------------------------------ public API
     @property
@@ -68,9 +74,15 @@ class SpeculativeDecoder:
         reasons = {m: None for m in ALL_METHODS}
         if self.pair.draft is None:
             reasons["draft"] = "no draft model loaded"
-        for method in ("medusa", "eagle", "lookahead"):
-            reasons[method] = "not implemented in the engine yet"
+        tree_reason = None if self.target.supports_tree else "tree drafts need a Llama-family target"
+        reasons["lookahead"] = tree_reason
+        reasons["medusa"] = tree_reason or self._heads_reason(MEDUSA_FILE, "Medusa heads")
+        reasons["eagle"] = tree_reason or self._heads_reason(EAGLE_FILE, "an EAGLE head")
         return reasons
+
+    def _heads_reason(self, filename: str, what: str):
+        model_dir = Path(str(self.pair.target_name))
+        return None if (model_dir / filename).exists() else f"the target has no {what} ({filename})"
 
     def available_methods(self) -> tuple:
         return tuple(m for m, reason in self.method_availability().items() if reason is None)
@@ -84,7 +96,8 @@ class SpeculativeDecoder:
         state = DecodeState(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config,
                             generator=torch.Generator().manual_seed(config.seed), backend=self.backend,
                             vocab_size=self.vocab_size, device=self.device)
-        drafter = self._drafter(config.method)
+        state.extras["prefill_hidden"] = None
+        drafter = self._drafter(config)
         with torch.inference_mode():
             self._prefill(state, drafter)
             yield from self._rounds(state, drafter, config, should_stop)
@@ -122,20 +135,34 @@ class SpeculativeDecoder:
             raise SpecplayError(f"prompt ({prompt_len} tokens) + max-new-tokens ({config.max_new_tokens}) + K "
                                 f"exceeds the model's context of {limit} tokens")
 
-    def _drafter(self, method: str) -> Drafter:
+    def _drafter(self, config: GenerationConfig) -> Drafter:
+        method = config.method
         if method == "none":
             return NoDrafter()
         if method == "ngram":
             return NgramDrafter()
         if method == "draft":
             return DraftModelDrafter(self.pair.draft)
+        if method == "lookahead":
+            return LookaheadDrafter()
+        if method == "medusa":
+            if self._medusa is None:
+                self._medusa = MedusaHeads.load(self.pair.target_name, self.device, self.target.dtype)
+            return MedusaDrafter(self.target, self._medusa, nodes=config.tree_nodes or None)
+        if method == "eagle":
+            from engine.drafters.eagle import EagleDrafter, EagleHead
+
+            if self._eagle is None:
+                self._eagle = EagleHead.load(self.pair.target_name, self.target)
+            return EagleDrafter(self.target, self._eagle, tree_nodes=config.tree_nodes)
         raise SpecplayError(f"method {method!r} is not available")
 
     def _prefill(self, state: DecodeState, drafter: Drafter) -> None:
         self.target.reset()
         prefix = state.tokens[:-1]
         if prefix:
-            self.target.forward(torch.tensor(prefix, dtype=torch.long, device=self.device))
+            out = self.target.forward(torch.tensor(prefix, dtype=torch.long, device=self.device))
+            state.extras["prefill_hidden"] = out.hidden  # [P-1, H] (EAGLE starts from these features)
         drafter.start(state)
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
@@ -155,6 +182,9 @@ class SpeculativeDecoder:
             verify_ms = watch.restart()
             outcome = self._accept(state, draft, result, accepted, len(generated), config)
             self._roll_back(draft, outcome)
+            last_row = outcome.path[-1] + 1 if outcome.path else 0
+            state.extras["accepted_rows"] = [0] + [i + 1 for i in outcome.path]  # block rows now committed
+            state.extras["last_hidden"] = state.extras["block_hidden"][last_row]  # feature that gave next token
             drafter.commit(state, outcome.accepted)
             position = len(generated)
             generated.extend(outcome.emitted)
@@ -185,7 +215,9 @@ class SpeculativeDecoder:
         block_parents = None
         if draft.is_tree:
             block_parents = torch.cat([torch.tensor([-1], device=self.device), draft.parents + 1])
-        logits = self.target.forward(block, block_parents).logits[:, :state.vocab_size]  # [N+1, V]
+        out = self.target.forward(block, block_parents)
+        logits = out.logits[:, :state.vocab_size]  # [N+1, V]
+        state.extras["block_logits"], state.extras["block_hidden"] = logits, out.hidden
         sampling = config.sampling
         parents = draft.parents if draft.is_tree else _chain_parents(draft.size, self.device)
         uniforms = None

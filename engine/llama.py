@@ -391,26 +391,40 @@ class LlamaRunner(CausalRunner):
         self._length = start + m
 
     def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
-        n = tokens.numel()
+        tokens = tokens.to(self.device).reshape(-1)
+        return self._forward(F.embedding(tokens, self.embed_weight), parents)
+
+    def forward_embeds(self, inputs: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
+        """Like forward, from input vectors [n, H] instead of token ids (the EAGLE head feeds fused features)."""
+        return self._forward(inputs.to(self.device, self.dtype), parents)
+
+    def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor]) -> ForwardOutput:
+        n = x.shape[0]
         start = self._length
         if start + n > self.max_length:
             raise SpecplayError(
                 f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
             )
-        tokens = tokens.to(self.device).reshape(n)
         cache_index = self._arange[start : start + n]  # [n]
         if parents is None:
             positions = cache_index
             mask = self._chain_mask(start, n)
         else:
             positions, mask = self._tree_inputs(start, parents.reshape(n))
-        hidden = self.step(tokens, positions, cache_index, mask)  # [n, H]
+        hidden = self.step_embeds(x, positions, cache_index, mask)  # [n, H]
         self._length = start + n
         return ForwardOutput(self.logits_from_hidden(hidden), hidden)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(hidden.to(self.dtype), self.norm_weight, self.spec.rms_norm_eps)  # [n, H]
-        return F.linear(h, self.lm_head).float()  # [n, V]
+        return self.project(self.final_norm(hidden))  # [n, V]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final RMSNorm on features [n, H] (what the LM head and Medusa heads read)."""
+        return rms_norm(hidden.to(self.dtype), self.norm_weight, self.spec.rms_norm_eps)  # [n, H]
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head alone: normed features [n, H] -> logits [n, V] float32."""
+        return F.linear(x.to(self.dtype), self.lm_head).float()  # [n, V]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens.to(self.device), self.embed_weight)  # [n, H]
@@ -442,20 +456,25 @@ class LlamaRunner(CausalRunner):
     def step(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """Run the decoder on n tokens, write their K/V at `cache_index`, return features [n, H] (pre-norm).
+        """Embed tokens [n] and run step_embeds."""
+        return self.step_embeds(F.embedding(tokens, self.embed_weight), positions, cache_index, mask)
 
-        tokens, positions, cache_index: [n] device int64. mask: [n, kv] additive float; attention reads cache
+    def step_embeds(
+        self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the decoder on input vectors x [n, H], write their K/V at `cache_index`, return features [n, H] (pre-norm).
+
+        positions, cache_index: [n] device int64. mask: [n, kv] additive float; attention reads cache
         rows 0..kv-1, so kv >= max(cache_index) + 1. Nothing here depends on host values, so with
         kv = max_length and a fixed n this step can be captured in a CUDA graph (the caller then owns the
         `length` bookkeeping)."""
         s = self.spec
-        n = tokens.numel()
+        n = x.shape[0]
         kv = mask.shape[-1]
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         cos, sin = self._rope(positions)  # [n, D] each
         mask_g = mask.repeat(group, 1)  # [group * n, kv]: row g*n + i is query i of group member g
-        x = F.embedding(tokens, self.embed_weight)  # [n, H]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]

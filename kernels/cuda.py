@@ -50,8 +50,8 @@ EAGER_NAN_CHECK = False
 _SOURCE = pathlib.Path(__file__).with_name("specplay_kernels.cu")
 _OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_BLOCK={BLOCK}")
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
-_NAMES = ([f"sp_sample<{t}>" for t in _DTYPES.values()] + [f"sp_verify<{t}>" for t in _DTYPES.values()]
-          + ["sp_sample_probs"])
+_TEMPLATES = [f"sp_sample<{t}>" for t in _DTYPES.values()] + [f"sp_verify<{t}>" for t in _DTYPES.values()]
+_NAMES = _TEMPLATES + ["sp_sample_probs"]
 
 _lock = threading.Lock()
 _modules: dict = {}  # device index -> {name: RawKernel}
@@ -74,7 +74,7 @@ def _kernels(device_index: int) -> dict:
             log.info(msg)
             print(msg, file=sys.stderr, flush=True)
             with cupy.cuda.Device(device_index):
-                module = cupy.RawModule(code=_SOURCE.read_text(), options=_OPTIONS, name_expressions=_NAMES)
+                module = cupy.RawModule(code=_SOURCE.read_text(), options=_OPTIONS, name_expressions=_TEMPLATES)
                 mods = {name: module.get_function(name) for name in _NAMES}
             _modules[device_index] = mods
     return mods

@@ -1,0 +1,184 @@
+"""EAGLE: a one-layer head drafts at the feature level from the target's own top-layer features.
+
+Input at position t: fc([f_t ; e(x_{t+1})]) with f_t the target's last-layer feature (before the final norm)
+and e the target's embedding of the next token; the head's decoder layer (own KV cache over positions)
+predicts f_{t+1}, and the target's final norm + LM head turn it into the distribution of x_{t+2}.
+After each verification the head is fed the target's true features for the newly committed positions,
+then drafts autoregressively on its own predicted features: a chain of K (sampled from q, speculative
+sampling) or a dynamic tree (expand the most likely nodes by cumulative draft probability, keep the best N;
+one-hot q, recursive rejection sampling)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.errors import SpecplayError
+from engine.llama import LlamaRunner, LlamaSpec, read_config_json
+from engine.timing import Stopwatch
+
+HEAD_FILE = "eagle_head.safetensors"
+CONFIG_FILE = "eagle_config.json"
+TREE_BRANCH = 3  # children tried per expanded node
+TREE_FRONTIER = 4  # nodes expanded per depth
+
+
+class EagleHead:
+    """The fc fusion plus a one-layer Llama runner that shares the target's final norm and LM head."""
+
+    def __init__(self, fc: torch.Tensor, layer_runner: LlamaRunner, target):
+        self.fc = fc  # [H, 2H]
+        self.runner = layer_runner
+        self.target = target
+
+    @classmethod
+    def load(cls, model_dir, target) -> "EagleHead":
+        from safetensors.torch import load_file
+
+        model_dir = Path(str(model_dir))
+        try:
+            head_config = json.loads((model_dir / CONFIG_FILE).read_text())
+            tensors = load_file(str(model_dir / HEAD_FILE), device=str(target.device))
+            fc = tensors.pop("fc.weight").to(target.dtype)
+        except FileNotFoundError:
+            raise SpecplayError(f"{model_dir} has no EAGLE head ({HEAD_FILE} + {CONFIG_FILE})") from None
+        except (KeyError, ValueError, OSError, RuntimeError) as exc:
+            raise SpecplayError(f"{model_dir}: cannot read the EAGLE head ({exc})") from None
+        config = dict(read_config_json(model_dir))
+        config.update({k: v for k, v in head_config.items() if k in (
+            "num_attention_heads", "num_key_value_heads", "intermediate_size", "rope_theta", "rms_norm_eps",
+            "head_dim")})
+        config.update(num_hidden_layers=1, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+        weights = {f"model.layers.0.{k[len('layer.'):]}": v for k, v in tensors.items() if k.startswith("layer.")}
+        weights.update({"model.embed_tokens.weight": target.embed_weight, "model.norm.weight": target.norm_weight,
+                        "lm_head.weight": target.lm_head})
+        runner = LlamaRunner(LlamaSpec.from_dict(config), weights, device=target.device, dtype=target.dtype,
+                             max_length=target.max_length, path=model_dir / HEAD_FILE)
+        return cls(fc, runner, target)
+
+    def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """[n, H] features and [n] next tokens -> [n, H] head inputs."""
+        pair = torch.cat([features.to(self.fc.dtype), self.target.embed(next_tokens).to(self.fc.dtype)], dim=-1)
+        return F.linear(pair, self.fc)
+
+    def step(self, features, next_tokens, parents=None) -> torch.Tensor:
+        """Append n positions to the head's cache; returns predicted next features [n, H]."""
+        return self.runner.forward_embeds(self.fuse(features, next_tokens), parents).hidden
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.target.logits_from_hidden(features)  # [n, V] float32
+
+
+class EagleDrafter(Drafter):
+    name = "eagle"
+
+    def __init__(self, target, head: EagleHead, tree_nodes: int = 0):
+        self.target = target
+        self.head = head
+        self.tree_nodes = tree_nodes  # 0: a chain of K
+        self.true_length = 0  # head cache rows built from the target's true features
+        self.pending = None  # (features [m, H], next tokens [m]) not yet fed to the head
+
+    def start(self, state: DecodeState) -> None:
+        self.head.runner.reset()
+        self.true_length = 0
+        features = state.extras.get("prefill_hidden")  # [P-1, H] for positions 0..P-2
+        if features is None:
+            self.pending = None
+            return
+        next_tokens = torch.tensor(state.tokens[1:], dtype=torch.long, device=state.device)
+        self.pending = (features, next_tokens)
+
+    def propose(self, state: DecodeState, k: int) -> Draft:
+        watch = Stopwatch(state.device)
+        if self.pending is None:  # a one-token prompt: no feature to start from yet
+            return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
+        self.head.runner.rollback(self.true_length)
+        last = self.head.step(*self.pending)[-1:]  # [1, H] predicted feature of the position after the root
+        self.true_length = self.head.runner.length
+        self.pending = None
+        if self.tree_nodes > 0:
+            draft = self._tree(state, last, k)
+        else:
+            draft = self._chain(state, last, k)
+        draft.draft_ms = watch.elapsed_ms()
+        return draft
+
+    def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
+        sampling = state.config.sampling
+        uniforms = state.uniforms(k)
+        tokens, probs = [], []
+        for i in range(k):
+            q = state.backend.warp_probs(self.head.logits(feature)[:, :state.vocab_size], sampling.temperature,
+                                         sampling.top_k, sampling.top_p)  # [1, V]
+            token = state.backend.sample_from_probs(q, uniforms[i:i + 1])  # [1]
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:
+                feature = self.head.step(feature, token)[-1:]
+        return Draft(tokens=torch.cat(tokens), probs=None if sampling.greedy else torch.cat(probs))
+
+    def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
+        """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
+        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its parent)."""
+        tokens, parents, scores = [], [], []
+        outputs: list = []  # per node: the head's predicted feature at that node's position [H]
+        frontier = [(-1, 0.0)]  # (node, cumulative log-prob); -1 is the root (the last committed token)
+        for level in range(depth):
+            feats = torch.stack([root_feature[0] if n < 0 else outputs[n] for n, _ in frontier])  # [F, H]
+            logp = torch.log_softmax(self.head.logits(feats)[:, :state.vocab_size], dim=-1)  # [F, V]
+            top = torch.topk(logp, TREE_BRANCH, dim=-1)
+            candidates = [(score + lp, node, token)
+                          for (node, score), lps, toks in zip(frontier, top.values.tolist(), top.indices.tolist())
+                          for lp, token in zip(lps, toks)]
+            candidates.sort(key=lambda c: -c[0])
+            frontier = []
+            for score, parent, token in candidates[:TREE_FRONTIER]:
+                tokens.append(token)
+                parents.append(parent)
+                scores.append(score)
+                frontier.append((len(tokens) - 1, score))
+            if level < depth - 1:
+                outputs = self._run_tree(state, tokens, parents, root_feature, outputs)
+        keep = _close_under_ancestors(sorted(range(len(tokens)), key=lambda i: -scores[i])[:self.tree_nodes],
+                                      parents)
+        remap = {old: new for new, old in enumerate(keep)}
+        draft_tokens = torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=state.device)
+        draft_parents = torch.tensor([remap[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                                     dtype=torch.long, device=state.device)
+        return Draft(tokens=draft_tokens, parents=draft_parents)
+
+    def _run_tree(self, state, tokens, parents, root_feature, outputs) -> list:
+        """Run the whole tree so far through the head with a tree mask; each node pairs its parent's
+        predicted feature with its own token. Returns every node's predicted feature; the cache is restored."""
+        inputs = torch.stack([root_feature[0] if p < 0 else outputs[p] for p in parents])  # [n, H]
+        self.head.runner.rollback(self.true_length)
+        out = self.head.step(inputs, torch.tensor(tokens, dtype=torch.long, device=state.device),
+                             torch.tensor(parents, dtype=torch.long, device=state.device))  # [n, H]
+        self.head.runner.rollback(self.true_length)
+        return list(out)
+
+    def commit(self, state: DecodeState, accepted: int) -> None:
+        self.head.runner.rollback(self.true_length)
+        rows = state.extras["accepted_rows"]  # block rows of the root and the accepted path
+        features = state.extras["block_hidden"][rows]  # [a+1, H] true target features
+        start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
+        next_tokens = torch.tensor(state.tokens[start:start + len(rows)], dtype=torch.long, device=state.device)
+        if next_tokens.numel() < len(rows):  # generation ended mid-path (EOS or length)
+            self.pending = None
+            return
+        self.pending = (features, next_tokens)
+
+
+def _close_under_ancestors(keep: list, parents: list) -> list:
+    """Add any missing ancestors and return node indices in increasing (topological) order."""
+    chosen = set(keep)
+    for node in list(keep):
+        parent = parents[node]
+        while parent >= 0 and parent not in chosen:
+            chosen.add(parent)
+            parent = parents[parent]
+    return sorted(chosen)

@@ -1,0 +1,31 @@
+"""Token trees for drafting: merge candidate sequences into a trie in topological order."""
+from __future__ import annotations
+
+import torch
+
+
+def build_trie(paths: list) -> tuple[list, list]:
+    """Merge token sequences into a tree. Returns (tokens, parents), parents[i] < i, -1 = root.
+
+    Shared prefixes become one node, so no two siblings carry the same token (a duplicate sibling could
+    never be accepted after its twin was rejected, and would only cost verification work)."""
+    tokens: list = []
+    parents: list = []
+    children: dict = {}  # (parent index, token) -> node index
+    for path in paths:
+        parent = -1
+        for token in path:
+            key = (parent, int(token))
+            node = children.get(key)
+            if node is None:
+                node = len(tokens)
+                tokens.append(int(token))
+                parents.append(parent)
+                children[key] = node
+            parent = node
+    return tokens, parents
+
+
+def as_tensors(tokens: list, parents: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(parents, dtype=torch.long, device=device))

@@ -1,0 +1,115 @@
+"""Medusa, EAGLE and lookahead: tree drafts verified in one forward, lossless (greedy and chi-squared)."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.config import GenerationConfig, SamplingParams
+from engine.decoder import SpeculativeDecoder
+from engine.drafters.medusa import default_choices
+from engine.drafters.tree import build_trie
+from engine.lossless import check_sampling
+from engine.models import load_pair
+from tiny_models import make_tiny_llama
+
+PROMPT = "the cat sat on the mat. the cat sat on the"
+
+
+def add_random_medusa_heads(model_dir, hidden: int, heads: int = 4, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(heads):
+        tensors[f"heads.{i}.weight"] = 0.2 * torch.randn(hidden, hidden, generator=gen)
+        tensors[f"heads.{i}.bias"] = 0.1 * torch.randn(hidden, generator=gen)
+    save_file(tensors, str(model_dir / "medusa_heads.safetensors"))
+    (model_dir / "medusa_config.json").write_text(json.dumps({"num_heads": heads, "hidden_size": hidden,
+                                                              "offsets": [2, 3, 4, 5]}))
+
+
+def add_random_eagle_head(model_dir, hidden: int, heads: int = 4, kv_heads: int = 2, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    head_dim = hidden // heads
+    inter = 2 * hidden
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden),
+        "layer.self_attn.q_proj.weight": (heads * head_dim, hidden),
+        "layer.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        "layer.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        "layer.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "layer.mlp.gate_proj.weight": (inter, hidden),
+        "layer.mlp.up_proj.weight": (inter, hidden),
+        "layer.mlp.down_proj.weight": (hidden, inter),
+    }
+    tensors = {name: 0.15 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    tensors["layer.input_layernorm.weight"] = torch.ones(hidden)
+    tensors["layer.post_attention_layernorm.weight"] = torch.ones(hidden)
+    save_file(tensors, str(model_dir / "eagle_head.safetensors"))
+    (model_dir / "eagle_config.json").write_text(json.dumps({
+        "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": inter, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "head_dim": head_dim}))
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    target = make_tiny_llama(root / "target", hidden=64, layers=2, seed=0)
+    add_random_medusa_heads(target, 64)
+    add_random_eagle_head(target, 64)
+    return SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+
+
+def test_build_trie_merges_prefixes():
+    tokens, parents = build_trie([[5, 6, 7], [5, 6, 8], [9], [5]])
+    assert tokens == [5, 6, 7, 8, 9]
+    assert parents == [-1, 0, 1, 1, -1]
+
+
+def test_medusa_default_choices_are_prefix_closed():
+    choices = default_choices(8, 4)
+    assert len(choices) == 8 and choices[0] == (0,)
+    assert all(len(c) == 1 or c[:-1] in choices for c in choices)
+
+
+TREE_METHODS = ["medusa", "lookahead", "eagle-tree"]
+ALL_NEW = TREE_METHODS + ["eagle"]
+
+
+def config_for(method, **kw):
+    """'eagle-tree' is EAGLE with a dynamic tree of 2K nodes; 'eagle' a chain of K."""
+    if method == "eagle-tree":
+        return GenerationConfig(method="eagle", tree_nodes=2 * kw.get("k", 4), **kw)
+    return GenerationConfig(method=method, **kw)
+
+
+@pytest.mark.parametrize("method", ALL_NEW)
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_tree_methods_greedy_equal_plain(decoder, method, k):
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
+    spec = decoder.generate_ids(PROMPT, config_for(method, k=k, max_new_tokens=40))
+    assert spec == plain
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_tree_rounds_are_trees(decoder, method):
+    events = list(decoder.generate(PROMPT, config_for(method, k=3, max_new_tokens=40)))
+    sizes = [len(e.drafted) for e in events]
+    assert max(sizes) > 3, "expected branching trees larger than the chain depth"
+    for e in events:
+        accepted = [t for t in e.drafted if t.accepted]
+        assert len(accepted) == e.accepted_count
+        # the accepted nodes form one root-to-node path
+        for depth, token in enumerate(sorted(accepted, key=lambda t: t.depth)):
+            assert token.depth == depth
+
+
+@pytest.mark.parametrize("method", ALL_NEW)
+def test_tree_methods_sampling_is_lossless(tmp_path_factory, method):
+    root = tmp_path_factory.mktemp(f"chi_{method}")
+    target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=1, seed=11, std=0.3)
+    add_random_medusa_heads(target, 32)
+    add_random_eagle_head(target, 32)
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    config = config_for(method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
+    report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
+    assert report.bins >= 8 and report.passed, report
