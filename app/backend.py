@@ -1,6 +1,7 @@
 """The window's one door into the engine: build a decoder for a target/draft pair."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +15,17 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     from engine.models import load_pair
 
     need_draft = target is None or draft is not None
-    return SpeculativeDecoder(load_pair(target, draft, device=device, need_draft=need_draft))
+    decoder = SpeculativeDecoder(load_pair(target, draft, device=device, need_draft=need_draft))
+    if decoder.device.type == "cpu":
+        leave_a_core_for_the_gui()
+    return decoder
+
+
+def leave_a_core_for_the_gui() -> None:
+    """On the CPU, torch's worker threads spin on every core; the window then waits for a core to draw on."""
+    import torch
+
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
 
 
 def models_label(target: Optional[str], draft: Optional[str]) -> str:

@@ -34,7 +34,7 @@ class PlotBuffers:
         self.length_counts: list = []  # rounds by accepted count
         self.position_reached: list = []  # rounds whose draft reached depth i (all earlier ones accepted)
         self.position_accepted: list = []
-        self.dirty = True
+        self.version = 0  # bumped by every change; the plots redraw what is stale
 
     def add(self, event) -> None:
         m = event.metrics
@@ -49,7 +49,7 @@ class PlotBuffers:
         self.running_tpot.append(m.tpot_ms)
         self.predicted_tpot.append(self._predict_tpot(event))
         self._count_positions(event)
-        self.dirty = True
+        self.version += 1
 
     def add_all(self, events) -> None:
         for event in events:

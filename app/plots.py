@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QGridLayout, QWidget
 
 from app.plot_data import PlotBuffers
 from app.style import LIGHT, TokenColors
@@ -17,17 +17,21 @@ def _array(values) -> np.ndarray:
 
 
 class PlotPanel(QWidget):
+    """Five plots, each its own view. A timer tick redraws at most one stale plot (round-robin), so a tick costs
+    one small paint and the event loop stays free; a full redraw happens on demand (new buffers, export)."""
+
     def __init__(self, parent=None):
         super().__init__(parent)
-        pg.setConfigOptions(antialias=True)
+        pg.setConfigOptions(antialias=False)  # cheaper paints keep the event loop free
         self.buffers = PlotBuffers()
-        self.redraws = 0
-        self.view = pg.GraphicsLayoutWidget()
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.view)
+        self.redraws = 0  # single-plot redraws, for tests
         self.colors = LIGHT
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.grid.setSpacing(2)
+        self._widgets: list = []
         self._build()
+        self._next = 0
         self.timer = QTimer(self)
         self.timer.setInterval(int(1000 / REDRAW_HZ))
         self.timer.timeout.connect(self.redraw_if_dirty)
@@ -35,8 +39,10 @@ class PlotPanel(QWidget):
 
     # ---------------------------------------------------------------------------------------------- build
     def _build(self) -> None:
-        self.view.clear()
-        self.view.setBackground(self.colors.plot_bg)
+        for widget in self._widgets:
+            self.grid.removeWidget(widget)
+            widget.deleteLater()
+        self._widgets = []
         self.alpha_plot = self._plot(0, 0, "Acceptance rate α per round", "α", y_range=(0, 1.05))
         self.tpf_plot = self._plot(0, 1, "Tokens per target forward", "tokens")
         self.tpot_plot = self._plot(0, 2, "Time per output token", "ms")
@@ -59,13 +65,25 @@ class PlotPanel(QWidget):
         self.hist_plot.addItem(self.hist_bars)
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
         self.pos_plot.addItem(self.pos_bars)
-        self.buffers.dirty = True
+        self._painters = [
+            lambda: self._draw_curves("round_alpha", "running_alpha"),
+            lambda: self._draw_curves("round_tpf", "running_tpf", "analytic_tpf", "per_position_tpf"),
+            lambda: self._draw_curves("round_tpot", "running_tpot", "predicted_tpot"),
+            self._draw_histogram,
+            self._draw_positions,
+        ]
+        self._drawn = [-1] * len(self._painters)  # buffer version each plot last showed
 
     def _plot(self, row, col, title, y_label, x_label="round", y_range=None):
-        plot = self.view.addPlot(row=row, col=col, title=title)
+        widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
+        self.grid.addWidget(widget, row, col)
+        self._widgets.append(widget)
+        plot = widget.getPlotItem()
         plot.setLabel("left", y_label)
         plot.setLabel("bottom", x_label)
         plot.showGrid(x=True, y=True, alpha=0.2)
+        plot.setClipToView(True)
+        plot.setDownsampling(auto=True, mode="peak")
         plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
         if y_range:
             plot.setYRange(*y_range, padding=0)
@@ -75,7 +93,7 @@ class PlotPanel(QWidget):
         return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color, name=name)
 
     def _line(self, plot, color, name, dash=False):
-        pen = pg.mkPen(color, width=2, style=pg.QtCore.Qt.DashLine if dash else pg.QtCore.Qt.SolidLine)
+        pen = pg.mkPen(color, width=2, style=Qt.DashLine if dash else Qt.SolidLine)
         return plot.plot([], [], pen=pen, name=name)
 
     def set_colors(self, colors: TokenColors) -> None:
@@ -86,32 +104,62 @@ class PlotPanel(QWidget):
     # ---------------------------------------------------------------------------------------------- data
     def set_buffers(self, buffers: PlotBuffers) -> None:
         self.buffers = buffers
-        buffers.dirty = True
+        self.redraw()
 
     def redraw_if_dirty(self) -> None:
-        if self.buffers.dirty and self.isVisible():
-            self.redraw()
+        """One timer tick: redraw the next plot (round-robin) whose data changed since it was drawn."""
+        if not self.isVisible():
+            return
+        count = len(self._painters)
+        for step in range(count):
+            index = (self._next + step) % count
+            if self._drawn[index] != self.buffers.version:
+                self._draw(index)
+                self._next = index + 1
+                return
 
     def redraw(self) -> None:
-        b = self.buffers
-        b.dirty = False
+        for index in range(len(self._painters)):
+            self._draw(index)
+
+    def _draw(self, index: int) -> None:
+        self._drawn[index] = self.buffers.version
         self.redraws += 1
-        x = _array(b.rounds)
-        for name, curve in self.curves.items():
-            y = _array(getattr(b, name))
+        self._painters[index]()
+
+    def _draw_curves(self, *names) -> None:
+        x = _array(self.buffers.rounds)
+        for name in names:
+            y = _array(getattr(self.buffers, name))
             finite = np.isfinite(y)
-            curve.setData(x[finite], y[finite])
-        lengths = _array(b.length_counts)
+            self.curves[name].setData(x[finite], y[finite])
+
+    def _draw_histogram(self) -> None:
+        lengths = _array(self.buffers.length_counts)
         self.hist_bars.setOpts(x=np.arange(len(lengths)), height=lengths)
-        alphas = _array(b.per_position_acceptance)
+
+    def _draw_positions(self) -> None:
+        alphas = _array(self.buffers.per_position_acceptance)
         self.pos_bars.setOpts(x=np.arange(1, len(alphas) + 1), height=alphas)
 
     def export(self, path: str) -> None:
-        """Save the plots as PNG or SVG (by extension); raises OSError when the file cannot be written."""
+        """Save the plots as PNG (the whole panel) or SVG (by extension); OSError when it cannot be written."""
         self.redraw()
         if path.lower().endswith(".svg"):
-            from pyqtgraph.exporters import SVGExporter
-
-            SVGExporter(self.view.ci).export(path)
-        elif not self.view.grab().save(path):
+            self._export_svg(path)
+        elif not self.grab().save(path):
             raise OSError(f"cannot write {path}")
+
+    def _export_svg(self, path: str) -> None:
+        """The whole panel as vector graphics."""
+        from PySide6.QtGui import QPainter
+        from PySide6.QtSvg import QSvgGenerator
+
+        generator = QSvgGenerator()
+        generator.setFileName(path)
+        generator.setSize(self.size())
+        generator.setViewBox(self.rect())
+        generator.setTitle("specplay plots")
+        painter = QPainter(generator)
+        self.render(painter)
+        painter.end()

@@ -31,13 +31,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
     p.add_argument("--prompt", required=prompt_required, help="the prompt text")
-    p.add_argument("--method", default="draft", help="none | draft | ngram")
+    p.add_argument("--method", default="draft", help="none | draft | ngram | medusa | eagle | lookahead")
     p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--tree-nodes", type=int, default=0,
+                   help="medusa: tree node budget (0 = 2K); eagle: 0 = a chain of K, N = a dynamic tree of N nodes")
     _add_model_args(p)
 
 
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args) -> GenerationConfig:
     config = GenerationConfig(method=args.method, k=args.k,
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
-                              seed=args.seed, max_new_tokens=args.max_new_tokens)
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes)
     config.validate(METHOD_CHOICES)
     return config
 
@@ -186,7 +188,8 @@ def cmd_check_lossless(args) -> int:
               f"{greedy.plain_token} vs speculative {greedy.speculative_token}; target top-2 logit gap there "
               f"{greedy.top2_logit_gap}")
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
-    sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed)
+    sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
+                                      tree_nodes=config.tree_nodes)
     sampled_config.validate(METHOD_CHOICES)
     chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
     verdict = "PASS" if chi.passed else "FAIL"

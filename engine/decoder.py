@@ -90,7 +90,10 @@ class SpeculativeDecoder:
     def generate(self, prompt: str, config: GenerationConfig,
                  should_stop: Optional[Callable[[], bool]] = None) -> Iterator[RoundEvent]:
         """Decode prompt with config; yields one RoundEvent per round. should_stop is polled once a round."""
-        config.validate(self.available_methods())
+        config.validate(ALL_METHODS)
+        reason = self.method_availability()[config.method]
+        if reason is not None:
+            raise SpecplayError(f"method {config.method!r} is not available: {reason}")
         prompt_ids = self._encode(prompt)
         self._check_length(len(prompt_ids), config)
         state = DecodeState(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config,
@@ -178,9 +181,13 @@ class SpeculativeDecoder:
                 tokens=torch.zeros(0, dtype=torch.long, device=self.device))
             draft_ms = watch.restart()
             logits, result, uniforms = self._verify(state, draft, config)
-            accepted = int(result.accepted[0])  # the one host sync a round needs
+            # the one host sync a round needs: accepted count, next token and the accepted path together
+            n = draft.size
+            head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
+            accepted, next_token, path = head[0], head[1], head[2:2 + head[0]]
+            state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
             verify_ms = watch.restart()
-            outcome = self._accept(state, draft, result, accepted, len(generated), config)
+            outcome = self._accept(state, draft, path, next_token, len(generated), config)
             self._roll_back(draft, outcome)
             last_row = outcome.path[-1] + 1 if outcome.path else 0
             state.extras["accepted_rows"] = [0] + [i + 1 for i in outcome.path]  # block rows now committed
@@ -191,7 +198,7 @@ class SpeculativeDecoder:
             new_text = self._decode(generated)
             emitted_text = new_text[len(text_so_far):] if new_text.startswith(text_so_far) else new_text
             text_so_far = new_text
-            details = self._details(draft, result, uniforms, logits, outcome, config)
+            details = self._details(draft, state.extras["draft_tokens"], result, uniforms, logits, outcome, config)
             overhead_ms = watch.restart()
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
                                               _max_depth(draft), draft_ms, verify_ms, overhead_ms)
@@ -224,17 +231,16 @@ class SpeculativeDecoder:
         if sampling.greedy:
             result = self.backend.verify_tree_greedy(logits[None], draft.tokens[None], parents)
         else:
-            uniforms = state.uniforms(draft.size + 1)[None]  # [1, N+1]
+            uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
             probs = draft.probs[None] if draft.probs is not None else None
             result = self.backend.verify_tree_stochastic(logits[None], draft.tokens[None], parents, probs,
-                                                         uniforms, sampling.temperature, sampling.top_k,
-                                                         sampling.top_p)
+                                                         uniforms.to(self.device)[None], sampling.temperature,
+                                                         sampling.top_k, sampling.top_p)
         return logits, result, uniforms
 
-    def _accept(self, state, draft, result, accepted, generated_len, config) -> _RoundOutcome:
-        path = result.path[0, :accepted].tolist()
-        next_token = int(result.next_token[0])
-        emitted = [int(t) for t in draft.tokens[path].tolist()] + [next_token] if path else [next_token]
+    def _accept(self, state, draft, path, next_token, generated_len, config) -> _RoundOutcome:
+        draft_tokens = state.extras["draft_tokens"]
+        emitted = [draft_tokens[i] for i in path] + [next_token]
         finish = None
         for i, token in enumerate(emitted):
             if config.stop_at_eos and token in self.eos_ids:
@@ -244,7 +250,7 @@ class SpeculativeDecoder:
         if len(emitted) >= budget:
             emitted, finish = emitted[:budget], finish or "length"
         state.tokens.extend(emitted)
-        return _RoundOutcome(accepted=accepted, next_token=next_token, path=path, emitted=emitted,
+        return _RoundOutcome(accepted=len(path), next_token=next_token, path=path, emitted=emitted,
                              finish_reason=finish)
 
     def _roll_back(self, draft: Draft, outcome: _RoundOutcome) -> None:
@@ -256,19 +262,26 @@ class SpeculativeDecoder:
         else:
             self.target.rollback(start + 1 + outcome.accepted)
 
-    def _details(self, draft: Draft, result, uniforms, logits, outcome, config) -> dict:
+    def _details(self, draft: Draft, draft_tokens: list, result, uniforms, logits, outcome, config) -> dict:
         """Per-token figures for the event, copied to the host in one go."""
         soft = torch.softmax(logits.float() if config.sampling.greedy else
-                             logits.float() / config.sampling.temperature, dim=-1)
+                             logits.float() / config.sampling.temperature, dim=-1)  # [N+1, V]
         top_p, top_i = torch.topk(soft, min(TOP_ALTERNATIVES, soft.shape[-1]), dim=-1)  # [N+1, T]
-        host = [t.cpu() for t in (draft.tokens, result.p_draft[0], result.q_draft[0], result.accept_prob[0],
-                                  result.tested[0], top_p, top_i)]
-        tokens, p, q, accept_prob, tested, top_p, top_i = host
-        parents = draft.parents.tolist() if draft.is_tree else list(range(-1, draft.size - 1))
-        uniforms = uniforms[0].cpu() if uniforms is not None else None
+        n = draft.size
+        next_row = outcome.path[-1] + 1 if outcome.path else 0
+        packed = torch.cat([result.p_draft[0], result.q_draft[0], result.accept_prob[0],
+                            result.tested[0].float(), soft[next_row, outcome.next_token].reshape(1),
+                            top_p.flatten(), top_i.flatten().float()]).tolist()  # one device-to-host copy
+        p, q, accept_prob, tested = (packed[i * n:(i + 1) * n] for i in range(4))
+        next_p = packed[4 * n]
+        width = top_p.shape[-1]
+        tops = packed[4 * n + 1:]
+        top_p = [tops[r * width:(r + 1) * width] for r in range(n + 1)]
+        top_i = [[int(i) for i in tops[(n + 1 + r) * width:(n + 2 + r) * width]] for r in range(n + 1)]
+        parents = draft.parents.tolist() if draft.is_tree else list(range(-1, n - 1))
         on_path = set(outcome.path)
         drafted, depths = [], []
-        for i, token in enumerate(tokens.tolist()):
+        for i, token in enumerate(draft_tokens):
             depth = 0 if parents[i] < 0 else depths[parents[i]] + 1
             depths.append(depth)
             drafted.append(DraftedToken(
@@ -277,13 +290,10 @@ class SpeculativeDecoder:
                 u=None if uniforms is None or not bool(tested[i]) else float(uniforms[i]),
                 accepted=i in on_path, tested=bool(tested[i]),
                 top=self._top_list(top_p[parents[i] + 1], top_i[parents[i] + 1])))
-        last_node = outcome.path[-1] if outcome.path else -1
-        next_row = last_node + 1
-        next_p = float(soft[next_row, outcome.next_token])
         return {"drafted": drafted, "next_p": next_p, "next_top": self._top_list(top_p[next_row], top_i[next_row])}
 
-    def _top_list(self, probs, ids) -> list:
-        return [(self._token_text(int(i)), float(p)) for p, i in zip(probs.tolist(), ids.tolist())]
+    def _top_list(self, probs: list, ids: list) -> list:
+        return [(self._token_text(i), p) for p, i in zip(probs, ids)]
 
     def _token_text(self, token: int) -> str:
         text = self._token_texts.get(token)

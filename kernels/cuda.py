@@ -22,6 +22,7 @@ import logging
 import pathlib
 import sys
 import threading
+import warnings
 from types import SimpleNamespace
 from typing import Optional
 
@@ -103,7 +104,9 @@ def _stream(device_index: int):
     ptr = torch.cuda.current_stream(device_index).cuda_stream
     st = _streams.get(ptr)
     if st is None:
-        st = cupy.cuda.ExternalStream(ptr, device_index)
+        with warnings.catch_warnings():  # deprecated in CuPy 14 in favour of Stream.from_external
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = cupy.cuda.ExternalStream(ptr, device_index)
         _streams[ptr] = st
     return ptr, st
 

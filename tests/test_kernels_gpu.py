@@ -139,7 +139,8 @@ def _verify_fuzz(tree: bool, stochastic: bool, seed: int):
         q = None
         if use_q:
             q = torch.softmax(torch.randn(batch, n, vocab, generator=g, device=DEV) * 2, -1)
-            q = q.masked_fill(torch.rand(batch, n, vocab, generator=g, device=DEV) < 0.2, 0.0)
+            drop = torch.rand(batch, n, vocab, generator=g, device=DEV) < 0.2
+            q = q.masked_fill(drop & (q < q.amax(-1, keepdim=True)), 0.0)  # never empty a row
             q = q / q.sum(-1, keepdim=True)
             draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, n)
         else:

@@ -142,15 +142,20 @@ def heldout_prompts(files: list[SourceFile], n: int, lo: int = 100, hi: int = 30
     return prompts
 
 
-def heldout_sample(files: list[SourceFile], n_bytes: int) -> str:
-    """About n_bytes of validation text (whole files in hash order, the last cut at a line end)."""
+def heldout_sample(files: list[SourceFile], n_bytes: int, n_pieces: int = 30) -> str:
+    """About n_bytes of validation text: whole-line pieces from the middle of many validation files
+    (one file alone, e.g. a codec's mapping table, would not be representative)."""
+    val = sorted((f for f in files if f.split == "val"), key=lambda f: path_bucket(f.rel))
+    per_file = max(500, n_bytes // max(1, min(n_pieces, len(val))))
     out = ""
-    for f in sorted((f for f in files if f.split == "val"), key=lambda f: path_bucket(f.rel)):
-        room = n_bytes - len(out)
-        if room <= 0:
+    for f in val:
+        room = min(per_file, n_bytes - len(out))
+        if room < 100:
             break
-        chunk = f.text if len(f.text) <= room else f.text[: f.text.rfind("\n", 0, room) + 1]
-        out += chunk if chunk.endswith("\n") else chunk + "\n"
+        start = prompt_start(f.text, 0.15 + 0.7 * path_bucket(f.rel, "sample"))
+        piece = cut_prompt(f.text, start, 1, room)
+        if piece:
+            out += piece if piece.endswith("\n") else piece + "\n"
     return out
 
 

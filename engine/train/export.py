@@ -14,6 +14,7 @@ import math
 import shutil
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -165,19 +166,24 @@ def sched_line(s: dict) -> str:
 
 
 def stage_time_rows(st: dict) -> list[str]:
-    rows = ["| stage | wall time (s) | optimiser steps | tokens/s | capped by time | hardware |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| stage | wall time (s) | optimiser steps | kept snapshot (step) | tokens/s | capped by time | hardware |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, m in st.items():
-        rows.append(f"| {name} | {m.get('wall_s')} | {m.get('steps_done', '-')} | {m.get('tokens_per_s', '-')} | "
-                    f"{m.get('stopped_by_time', '-')} | {m.get('hardware')} |")
+        best = (m.get("best") or {}).get("step", "-")
+        rows.append(f"| {name} | {m.get('wall_s')} | {m.get('steps_done', '-')} | {best} | "
+                    f"{m.get('tokens_per_s', '-')} | {m.get('stopped_by_time', '-')} | {m.get('hardware')} |")
     return rows
 
 
-def model_card(report: dict, files: list[dict]) -> str:
+def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None) -> str:
     p, st, sl = report["preset"], report["stages"], report["heldout_sample_losses"]
     tokm, tgt, drf = st.get("tokenizer", {}), st.get("target", {}), st.get("draft", {})
     dis, med, eag = st.get("distill"), st.get("medusa"), st.get("eagle")
     total_s = sum(m.get("wall_s", 0) for m in st.values())
+    by_hw: dict = {}
+    for m in st.values():
+        by_hw[m.get("hardware")] = by_hw.get(m.get("hardware"), 0.0) + m.get("wall_s", 0)
+    hw_text = "; ".join(f"{s:.0f} s on {hw}" for hw, s in by_hw.items())
     L = [
         "# specplay shipped model family",
         "",
@@ -211,9 +217,9 @@ def model_card(report: dict, files: list[dict]) -> str:
         f"| draft | {shape_line(p['draft'])}, tied embeddings, context {p['seq_len']} | {drf.get('params')} | "
         f"{drf.get('fp16_bytes')} |",
         f"| Medusa heads | {p['medusa_heads']} x residual SiLU block (H x H + bias), shared frozen lm_head | "
-        f"{med and med.get('params')} | |",
+        f"{med and med.get('params')} | {med and 2 * med['params']} |",
         f"| EAGLE head | fc (2H -> H) + 1 Llama decoder layer, frozen target embeddings/norm/lm_head | "
-        f"{eag and eag.get('params')} | |",
+        f"{eag and eag.get('params')} | {eag and 2 * eag['params']} |",
         "",
         "## Recipe",
         f"Seed {p['seed']}; AdamW (0.9, 0.95), grad clip 1.0, linear warm-up then cosine to 10% of the peak, the "
@@ -227,7 +233,8 @@ def model_card(report: dict, files: list[dict]) -> str:
         f"- EAGLE: smooth-L1(feature) + {p['eagle_ce_weight']} x CE(next-next token) (target frozen); "
         f"{sched_line(p['eagle_sched'])}.",
         "",
-        f"Training time: {total_s:.0f} s in total.",
+        f"Training time: {total_s:.0f} s in total ({hw_text}). Each run keeps the snapshot with the best "
+        "validation score (column 'kept snapshot'); later evaluations are in `train_report.json`.",
         "",
         *stage_time_rows(st),
         "",
@@ -267,9 +274,48 @@ def model_card(report: dict, files: list[dict]) -> str:
         L += [f"| {s} | {fmt(f[f'step{s}_top1'])} | {fmt(f[f'chain{s}_top1'])} |" for s in range(1, 5)]
         L.append("")
     L += [ALPHA_SECTION, "",
-          "_To be filled in by the lead engineer from measurements with the specplay engine (α per method, K, "
-          "tokens per target forward, TPOT). No numbers here yet._", "",
+          alpha_text or "_To be filled in by the lead engineer from measurements with the specplay engine "
+                        "(α per method, K, tokens per target forward, TPOT). No numbers here yet._", "",
           "## Files", "| file | bytes | sha256 |", "| --- | --- | --- |"]
     L += [f"| {r['path']} | {r['bytes']} | {r['sha256']} |" for r in files]
     L.append("")
     return "\n".join(L)
+
+
+# ----------------------------------------------------------------------------- refresh
+
+def alpha_section(card: str) -> Optional[str]:
+    """The body of the α section of an existing card (kept when the card is rewritten)."""
+    if ALPHA_SECTION not in card:
+        return None
+    body = card.split(ALPHA_SECTION, 1)[1].split("\n## Files", 1)[0].strip()
+    return body or None
+
+
+def refresh_card(models_dir: Path, device="cpu") -> dict:
+    """Re-measure the held-out-sample losses of a shipped directory and rewrite train_report.json and the
+    card (sha256 table included), keeping the α section as it is. For when a shipped file changes."""
+    report_path = models_dir / "train_report.json"
+    report = json.loads(report_path.read_text())
+    report["heldout_sample_losses"] = heldout_sample_losses(models_dir, device)
+    sample = (models_dir / "heldout_sample.txt").read_bytes()
+    report["stages"]["tokenizer"]["sample_bytes"] = len(sample)
+    report["refreshed"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    report_path.write_text(json.dumps(report, indent=1))
+    card_path = models_dir / "README.md"
+    alpha = alpha_section(card_path.read_text()) if card_path.exists() else None
+    files = file_table(models_dir)
+    card_path.write_text(model_card(report, files, alpha))
+    return report
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    ap = argparse.ArgumentParser(description="re-measure held-out losses and rewrite a shipped model card")
+    ap.add_argument("models_dir", type=Path)
+    res = refresh_card(ap.parse_args().models_dir)
+    print(json.dumps(res["heldout_sample_losses"], indent=1))

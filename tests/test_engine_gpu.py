@@ -1,0 +1,59 @@
+"""The engine on CUDA (kernels backend): greedy equality and chi-squared losslessness for every method."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available", allow_module_level=True)
+
+from engine.config import GenerationConfig, SamplingParams  # noqa: E402
+from engine.decoder import SpeculativeDecoder  # noqa: E402
+from engine.lossless import check_sampling  # noqa: E402
+from engine.models import load_pair  # noqa: E402
+from spec_fixtures import make_perturbed_copy  # noqa: E402
+from test_tree_methods import add_random_eagle_head, add_random_medusa_heads  # noqa: E402
+from tiny_models import make_tiny_llama  # noqa: E402
+
+PROMPT = "the cat sat on the mat. the cat sat on the"
+METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("lookahead", 0)]
+
+
+def build(root, vocab, hidden, layers, seed, std):
+    target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
+    add_random_medusa_heads(target, hidden)
+    add_random_eagle_head(target, hidden)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
+    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=torch.float32))
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("gpu"), 96, 64, 2, 0, 0.15)
+
+
+def test_engine_uses_the_cuda_kernels(decoder):
+    pytest.importorskip("cupy")
+    assert decoder.backend.name != "torch-reference"
+
+
+@pytest.mark.parametrize("method,nodes", METHODS)
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    spec = decoder.generate_ids(PROMPT, GenerationConfig(method=method, k=k, tree_nodes=nodes, max_new_tokens=48))
+    assert spec == plain
+
+
+@pytest.fixture(scope="module")
+def small_vocab_decoder(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("gpu_chi"), 24, 32, 1, 11, 0.3)
+
+
+@pytest.mark.parametrize("method,nodes", METHODS)
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_sampling_is_lossless_on_cuda(small_vocab_decoder, method, nodes, temperature):
+    config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(temperature, 0, 0.9),
+                              seed=1000)
+    report = check_sampling(small_vocab_decoder, "a tea at the tea at", config, samples=1500)
+    assert report.bins >= 8 and report.passed, report
