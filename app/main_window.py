@@ -145,7 +145,6 @@ class MainWindow(QMainWindow):
         self.plots_dock = self._dock("Plots", "plotsDock", self.plots, Qt.BottomDockWidgetArea)
         self.plots_action = self.plots_dock.toggleViewAction()
         self.plots_action.setText("Plots")
-        self.plots_action.toggled.connect(lambda on: self.settings.set("view/plots", bool(on)))
 
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -615,6 +614,7 @@ class MainWindow(QMainWindow):
     # ================================================================================================ closing
     def closeEvent(self, event) -> None:
         self.settings.save_layout(self.saveGeometry(), self.saveState())
+        self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
         self.current = None
         for job in (self.gen_job, self.load_job):

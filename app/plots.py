@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtWidgets import QGridLayout, QWidget
 
 from app.plot_data import PlotBuffers
@@ -66,9 +66,9 @@ class PlotPanel(QWidget):
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
         self.pos_plot.addItem(self.pos_bars)
         self._painters = [
-            lambda: self._draw_curves("round_alpha", "running_alpha"),
-            lambda: self._draw_curves("round_tpf", "running_tpf", "analytic_tpf", "per_position_tpf"),
-            lambda: self._draw_curves("round_tpot", "running_tpot", "predicted_tpot"),
+            lambda: self._draw_curves(self.alpha_plot, "round_alpha", "running_alpha"),
+            lambda: self._draw_curves(self.tpf_plot, "round_tpf", "running_tpf", "analytic_tpf", "per_position_tpf"),
+            lambda: self._draw_curves(self.tpot_plot, "round_tpot", "running_tpot", "predicted_tpot"),
             self._draw_histogram,
             self._draw_positions,
         ]
@@ -85,9 +85,15 @@ class PlotPanel(QWidget):
         plot.setClipToView(True)
         plot.setDownsampling(auto=True, mode="peak")
         plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
-        if y_range:
-            plot.setYRange(*y_range, padding=0)
+        plot.disableAutoRange()  # ranges are set with the data: auto-range would paint every update twice
+        plot.fixed_y = y_range
+        self._fit(plot, 10, 1)
         return plot
+
+    @staticmethod
+    def _fit(plot, x_max: float, y_max: float, x_min: float = 0.0) -> None:
+        y_low, y_high = plot.fixed_y or (0.0, max(y_max, 1e-3) * 1.1)
+        plot.setRange(xRange=(x_min, max(x_max, x_min + 1)), yRange=(y_low, y_high), padding=0.02)
 
     def _scatter(self, plot, color, name):
         return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color, name=name)
@@ -127,20 +133,25 @@ class PlotPanel(QWidget):
         self.redraws += 1
         self._painters[index]()
 
-    def _draw_curves(self, *names) -> None:
+    def _draw_curves(self, plot, *names) -> None:
         x = _array(self.buffers.rounds)
+        y_max = 0.0
         for name in names:
             y = _array(getattr(self.buffers, name))
             finite = np.isfinite(y)
             self.curves[name].setData(x[finite], y[finite])
+            y_max = max(y_max, float(y[finite].max(initial=0.0)))
+        self._fit(plot, len(x), y_max)
 
     def _draw_histogram(self) -> None:
         lengths = _array(self.buffers.length_counts)
         self.hist_bars.setOpts(x=np.arange(len(lengths)), height=lengths)
+        self._fit(self.hist_plot, len(lengths) - 0.5, float(lengths.max(initial=1.0)), x_min=-0.5)
 
     def _draw_positions(self) -> None:
         alphas = _array(self.buffers.per_position_acceptance)
         self.pos_bars.setOpts(x=np.arange(1, len(alphas) + 1), height=alphas)
+        self._fit(self.pos_plot, len(alphas) + 0.5, 1.0, x_min=0.5)
 
     def export(self, path: str) -> None:
         """Save the plots as PNG (the whole panel) or SVG (by extension); OSError when it cannot be written."""
@@ -161,5 +172,7 @@ class PlotPanel(QWidget):
         generator.setViewBox(self.rect())
         generator.setTitle("specplay plots")
         painter = QPainter(generator)
-        self.render(painter)
-        painter.end()
+        try:
+            self.render(painter, QPoint())
+        finally:
+            painter.end()

@@ -74,13 +74,29 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
     return total
 
 
+def parse_method(spec: str) -> tuple[str, int]:
+    """'eagle:8' -> ('eagle', 8): a method with a tree node budget; 'draft' -> ('draft', 0)."""
+    name, _, nodes = spec.partition(":")
+    try:
+        return name, int(nodes) if nodes else 0
+    except ValueError:
+        raise SpecplayError(f"bad method {spec!r}: use NAME or NAME:TREE_NODES") from None
+
+
 def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) -> list:
-    """Each method on the same prompts; speedup = tokens/s over `none`'s, measured in this run."""
-    available = decoder.available_methods()
-    methods = [m for m in methods if m in available]
+    """Each method on the same prompts; speedup = tokens/s over `none`'s, measured in this run.
+    methods: names, or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped."""
+    availability = decoder.method_availability()
+    variants = [parse_method(m) for m in methods]
+    for name, _ in variants:
+        if name not in availability:
+            raise SpecplayError(f"unknown method {name!r}")
+    variants = [(m, n) for m, n in variants if availability[m] is None and m != "none"]
     measure(decoder, prompts[:1], replace(base, method="none", max_new_tokens=8))  # warm-up
-    order = ["none"] + [m for m in methods if m != "none"]
-    results = {m: measure(decoder, prompts, replace(base, method=m), repeats) for m in order}
+    results = {"none": measure(decoder, prompts, replace(base, method="none"), repeats)}
+    for name, nodes in variants:
+        label = f"{name}:{nodes}" if nodes else name
+        results[label] = measure(decoder, prompts, replace(base, method=name, tree_nodes=nodes), repeats)
     plain = results["none"].tokens_per_s
     rows = []
     for method, r in results.items():

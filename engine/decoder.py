@@ -124,7 +124,7 @@ class SpeculativeDecoder:
     def _encode(self, prompt: str) -> list:
         if not prompt or not prompt.strip():
             raise SpecplayError("the prompt is empty")
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = self.tokenizer.encode(prompt)
         if not ids:
             raise SpecplayError("the prompt encodes to no tokens")
         return ids

@@ -52,7 +52,7 @@ def check_greedy(decoder: SpeculativeDecoder, prompt: str, config: GenerationCon
 
 
 def _top2_gap(decoder: SpeculativeDecoder, prompt: str, prefix: list) -> float:
-    logits = target_next_logits(decoder, decoder.tokenizer.encode(prompt, add_special_tokens=False) + prefix)
+    logits = target_next_logits(decoder, decoder.tokenizer.encode(prompt) + prefix)
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
 
@@ -72,7 +72,7 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
     """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob."""
     from kernels.reference import warp_probs
 
-    ids = decoder.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = decoder.tokenizer.encode(prompt)
     warp = lambda logits: warp_probs(logits[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
     p1 = warp(target_next_logits(decoder, ids))
     joint = {}

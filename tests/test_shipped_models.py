@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 MODELS = Path(__file__).resolve().parents[1] / "assets" / "models"
-pytestmark = pytest.mark.skipif(not (MODELS / "target").is_dir(),
-                                reason="assets/models/target not present yet (train with `python main.py train`)")
+pytestmark = pytest.mark.skipif(
+    not (MODELS / "target").is_dir(),
+    reason="assets/models/target not present yet (train with `python main.py train`)")
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +67,26 @@ def test_heldout_prompts():
     val_files = {f["path"] for f in man["files"] if f["split"] == "val"}
     assert len(prompts) >= 32
     assert all(p["file"] in val_files for p in prompts)
+
+
+def test_shipped_pair_through_engine_runner():
+    models = pytest.importorskip("engine.models")
+    if not hasattr(models, "load_runner"):
+        pytest.skip("engine.models has no load_runner yet")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.train import heads
+
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "target"))
+    prompt = json.loads((MODELS / "heldout_prompts.json").read_text())["prompts"][0]["text"]
+    ids = torch.tensor(tok(prompt)["input_ids"])
+    for name in ("target", "draft"):
+        runner = models.load_runner(str(MODELS / name), device="cpu")
+        out = runner.forward(ids)
+        hf = AutoModelForCausalLM.from_pretrained(str(MODELS / name), dtype=torch.float32)
+        ref = hf(input_ids=ids[None]).logits[0]
+        assert torch.allclose(out.logits.float(), ref, atol=2e-2, rtol=2e-2), name
+        assert (out.logits.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99, name
+        f, _ = heads.target_features(hf, ids[None])
+        assert torch.allclose(out.hidden.float(), f[0], atol=2e-2, rtol=2e-2), name

@@ -73,9 +73,13 @@ def test_exported_models_load_through_engine(tiny_run):
     runner = models.load_runner(str(path), **kwargs)
     ids = torch.tensor([0, 5, 17, 42, 7])
     out = runner.forward(ids)
-    ref = AutoModelForCausalLM.from_pretrained(str(path)).float()(input_ids=ids[None]).logits[0]
+    hf = AutoModelForCausalLM.from_pretrained(str(path)).float()
+    ref = hf(input_ids=ids[None]).logits[0]
     assert out.logits.shape == ref.shape
     assert torch.allclose(out.logits.float().cpu(), ref, atol=5e-2, rtol=5e-2)
+    # the runner's feature is the one the EAGLE head was trained on (last layer, before the final norm)
+    f, _ = heads.target_features(hf, ids[None])
+    assert torch.allclose(out.hidden.float().cpu(), f[0], atol=5e-2, rtol=5e-2)
 
 
 def test_medusa_heads_load_and_predict(tiny_run):
@@ -112,7 +116,7 @@ def test_eagle_head_loads_predicts_and_is_causal(tiny_run):
     pred = head(f[:, :5], emb[:, 1:], pos)
     assert pred.shape == (1, 5, cfg["hidden_size"])
     changed = f.clone()
-    changed[:, 4] += 1.0                                                              # perturb the last row only
+    changed[:, 4] += 1.0                                                   # perturb the last row only
     pred2 = head(changed[:, :5], emb[:, 1:], pos)
     assert torch.allclose(pred[:, :4], pred2[:, :4], atol=1e-5)
     assert not torch.allclose(pred[:, 4], pred2[:, 4])

@@ -166,10 +166,12 @@ def write_heldout(files: list[SourceFile], out_dir: Path, n_prompts: int, sample
     (out_dir / "manifest.json").write_text(json.dumps(man, indent=1))
     prompts = heldout_prompts(files, n_prompts)
     (out_dir / "heldout_prompts.json").write_text(json.dumps(
-        {"source": "validation files of the corpus (see manifest.json)", "corpus_sha256": man["corpus_sha256"],
+        {"source": "validation files of the corpus (see manifest.json)",
+         "corpus_sha256": man["corpus_sha256"],
          "prompts": prompts}, indent=1))
     sample = heldout_sample(files, sample_bytes)
     (out_dir / "heldout_sample.txt").write_bytes(sample.encode("utf-8"))  # exact newlines
-    return {"corpus_sha256": man["corpus_sha256"], "python_version": man["python_version"], "n_files": man["n_files"],
+    return {"corpus_sha256": man["corpus_sha256"], "python_version": man["python_version"],
+            "n_files": man["n_files"],
             "n_val_files": man["n_val_files"], "total_bytes": man["total_bytes"],
             "n_prompts": len(prompts), "sample_bytes": len(sample.encode("utf-8"))}

@@ -189,7 +189,8 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         "",
         "A small Llama-architecture target, a smaller draft, 4 Medusa heads and one EAGLE head, trained from "
         "scratch by `engine/train/` (`python main.py train`) on the Python standard library's source. Every "
-        f"number below was measured by that code; the raw logs are in `train_report.json` (preset `{p['name']}`).",
+        f"number below was measured by that code; the metrics are in `train_report.json` (preset `{p['name']}`), "
+        "the console log, where kept, in `train_log.txt`.",
         "",
         "## Data",
         f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard "

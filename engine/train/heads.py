@@ -16,7 +16,8 @@ from torch import nn
 from engine.train.lm import autocast, chunks
 
 EAGLE_LAYER_KEYS = [
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
     "input_layernorm.weight", "post_attention_layernorm.weight",
 ]
@@ -119,7 +120,8 @@ def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(out_dir / "medusa_heads.safetensors"), metadata={"format": "pt"})
-    (out_dir / "medusa_config.json").write_text(json.dumps(medusa_config(heads, hidden_size), indent=2) + "\n")
+    cfg = medusa_config(heads, hidden_size)
+    (out_dir / "medusa_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def load_medusa(dir_: Path) -> MedusaHeads:
@@ -127,7 +129,8 @@ def load_medusa(dir_: Path) -> MedusaHeads:
 
     cfg = json.loads((dir_ / "medusa_config.json").read_text())
     heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"])
-    heads.load_state_dict({k: v.float() for k, v in load_file(str(dir_ / "medusa_heads.safetensors")).items()})
+    state = load_file(str(dir_ / "medusa_heads.safetensors"))
+    heads.load_state_dict({k: v.float() for k, v in state.items()})
     return heads
 
 
@@ -188,7 +191,8 @@ def positions(batch: int, n: int, device) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, target, w: torch.Tensor, ce_weight: float) -> torch.Tensor:
-    """w [B, T+1]. Rows t = 0..T-2: smooth-L1(pred_t, f_{t+1}) + ce_weight * CE(lm_head(norm(pred_t)), w[t+2])."""
+    """w [B, T+1]. Rows t = 0..T-2:
+    smooth-L1(pred_t, f_{t+1}) + ce_weight * CE(lm_head(norm(pred_t)), w[t+2])."""
     T = w.shape[1] - 1
     f, _ = target_features(target, w[:, :T])                            # [B, T, H]
     emb = target.model.embed_tokens(w[:, 1:T])                          # [B, T-1, H]

@@ -59,8 +59,8 @@ def llama_config(shape: ModelShape, vocab_size: int, seq_len: int):
 def build_lm(shape: ModelShape, vocab_size: int, seq_len: int):
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM._from_config(llama_config(shape, vocab_size, seq_len), attn_implementation="sdpa")
-    return model
+    config = llama_config(shape, vocab_size, seq_len)
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 def load_lm(path, device: torch.device):

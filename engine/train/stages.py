@@ -156,7 +156,8 @@ def stage_distill(ctx: Context) -> dict:
     draft.save_pretrained(str(ctx.stage_dir("distill") / "model"), safe_serialization=True)
     before, after = res.history[0], eval_fn()
     metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len),
-                   before={k: before[k] for k in ("val_loss", "val_ppl", "top1_agreement", "kl_target_draft")},
+                   before={k: before[k] for k in ("val_loss", "val_ppl", "top1_agreement",
+                                                  "kl_target_draft")},
                    after=after)
     ctx.log(f"[distill] top-1 agreement {before['top1_agreement']:.4f} -> {after['top1_agreement']:.4f}")
     return finish(ctx, "distill", metrics, t0)
@@ -194,7 +195,8 @@ def stage_eagle(ctx: Context) -> dict:
 
     res = lm.run_schedule(
         head, list(head.parameters()), sched,
-        loss_fn=lambda step: heads.eagle_loss(head, target, ctx.data.batch(sched.batch_size, p.seq_len), w_ce),
+        loss_fn=lambda step: heads.eagle_loss(head, target, ctx.data.batch(sched.batch_size, p.seq_len),
+                                              w_ce),
         eval_fn=eval_fn, device=ctx.device, log=ctx.log, key="eagle_loss")
     heads.save_eagle(head, ctx.stage_dir("eagle"), dtype=torch.float32)
     metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=eval_fn(),
