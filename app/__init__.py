@@ -1,4 +1,4 @@
 """The PySide6 GUI: main window, round view, live plots, workers, settings."""
-from app.qt_compat import protect_none
+from app.qt_compat import protect_singletons
 
-protect_none()
+protect_singletons()

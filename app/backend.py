@@ -9,9 +9,11 @@ SHIPPED_LABEL = "shipped pair"
 
 
 def load_decoder(target: Optional[str], draft: Optional[str], device: str = "auto"):
-    """target None = the shipped pair (with `draft` or the shipped draft). A target without a draft loads alone:
-    the draft-model method is then unavailable, the model-free ones still work."""
-    from engine.decoder import SpeculativeDecoder  # imported here so the window opens whatever the engine's state
+    """target None = the shipped pair (with `draft` or the shipped draft). A target without a draft loads
+    alone: the draft-model method is then unavailable, the model-free ones still work.
+
+    The engine is imported here, off the GUI thread, so the window opens whatever the engine's state."""
+    from engine.decoder import SpeculativeDecoder
     from engine.models import load_pair
 
     need_draft = target is None or draft is not None

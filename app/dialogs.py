@@ -65,37 +65,35 @@ def _double(low: float, high: float, step: float, value: float) -> QDoubleSpinBo
 HELP_HTML = """
 <h2>The analytic model</h2>
 <p>Each round the drafter guesses <b>K</b> tokens and the target model checks all of them, plus one more
-position, in a single forward pass. A guessed token survives with probability min(1, p(x)/q(x)), where p is the
-target's probability of the token and q the drafter's; the first failure ends the round, and the target then
-supplies a replacement token drawn from what is left of p once q is taken away. When every guess survives, the
-target's extra position gives a free <i>bonus</i> token. Either way, each round produces at least one token, and
-the text follows the target's distribution exactly.</p>
-
+position, in a single forward pass. A guessed token survives with probability min(1, p(x)/q(x)), where p is
+the target's probability of the token and q the drafter's; the first failure ends the round, and the target
+then supplies a replacement token drawn from what is left of p once q is taken away. When every guess
+survives, the target's extra position gives a free <i>bonus</i> token. Either way, each round produces at
+least one token, and the text follows the target's distribution exactly.</p>
 <h3>Tokens per target forward</h3>
 <p>If every guess survives independently with the same probability <b>α</b>, the round yields the accepted
 prefix plus one target token, and on average</p>
 <p align="center"><b>E = (1 − α<sup>K+1</sup>) / (1 − α)</b></p>
-<p>tokens come out of each target forward (K + 1 when α = 1). For example α = 0.8 with K = 4 gives about 3.36.</p>
-
+<p>tokens come out of each target forward (K + 1 when α = 1). For example α = 0.8 with K = 4 gives about
+3.36.</p>
 <h3>Per-position form</h3>
-<p>Real drafters are better at the first guess than at the fifth, so α falls with depth. With α<sub>i</sub> the
-chance that guess i survives given that all earlier ones did,</p>
+<p>Real drafters are better at the first guess than at the fifth, so α falls with depth. With α<sub>i</sub>
+the chance that guess i survives given that all earlier ones did,</p>
 <p align="center"><b>E = 1 + Σ<sub>i=1..K</sub> Π<sub>j≤i</sub> α<sub>j</sub></b></p>
-<p>each term being the chance that the round gets at least i guesses through. The tokens-per-forward plot shows
-both forms against the measurement.</p>
-
+<p>each term being the chance that the round gets at least i guesses through. The tokens-per-forward plot
+shows both forms against the measurement.</p>
 <h3>Speedup and time per output token</h3>
-<p>Let <b>c</b> be the cost of one draft step relative to one target forward (measured when models load). A round
-costs roughly 1 + cK target forwards and yields E tokens, so</p>
+<p>Let <b>c</b> be the cost of one draft step relative to one target forward (measured when models load). A
+round costs roughly 1 + cK target forwards and yields E tokens, so</p>
 <p align="center"><b>speedup ≈ E / (1 + cK)</b>, &nbsp;&nbsp;
 <b>TPOT ≈ TPOT<sub>plain</sub> · (1 + cK) / E</b></p>
-<p>A larger K only pays while the extra guesses still survive often enough to cover their drafting cost: the best
-K grows with α and shrinks with c. Model-free drafters (n-gram prompt lookup) have c ≈ 0.</p>
-
+<p>A larger K only pays while the extra guesses still survive often enough to cover their drafting cost: the
+best K grows with α and shrinks with c. Model-free drafters (n-gram prompt lookup) have c ≈ 0.</p>
 <h3>Reading the view</h3>
-<p>Accepted guesses are highlighted; rejected ones are struck out where they were proposed (paler when they were
-never reached); the correction and bonus tokens have their own colours; thin bars separate rounds. Hover or click a
-token for p(x), q(x), min(1, p/q), the uniform u it was tested against, and the target's top alternatives.</p>
+<p>Accepted guesses are highlighted; rejected ones are struck out where they were proposed (paler when they
+were never reached); the correction and bonus tokens have their own colours; thin bars separate rounds.
+Hover or click a token for p(x), q(x), min(1, p/q), the uniform u it was tested against, and the target's
+top alternatives.</p>
 """
 
 

@@ -34,8 +34,9 @@ def no_model_text(reason: str = "") -> str:
 
 
 HOW_TO_OPEN = (
-    "Open a Hugging Face model folder with Models → Open target folder… (and Models → Open draft folder… for a "
-    "draft model sharing its tokenizer), or start with  python main.py --target DIR --draft DIR."
+    "Open a Hugging Face model folder with Models → Open target folder… "
+    "(and Models → Open draft folder… for a draft model sharing its tokenizer), "
+    "or start with  python main.py --target DIR --draft DIR."
 )
 
 
@@ -56,7 +57,8 @@ class PromptEdit(QPlainTextEdit):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, loader=backend.load_decoder, device: str = "auto", settings: Optional[AppSettings] = None):
+    def __init__(self, loader=backend.load_decoder, device: str = "auto",
+                 settings: Optional[AppSettings] = None):
         super().__init__()
         self.setWindowTitle("specplay: speculative decoding playground")
         self.loader = loader
@@ -80,14 +82,16 @@ class MainWindow(QMainWindow):
         self._build_docks()
         self._build_menus()
         self._build_status()
+        self.resize(1400, 900)
+        self.resizeDocks([self.history_dock, self.inspector_dock], [250, 300], Qt.Horizontal)
+        self.resizeDocks([self.plots_dock], [360], Qt.Vertical)
         self._default_state = self.saveState()
-        self.resize(1280, 860)
         self._restore_layout()
         self.apply_theme(self.settings.get("view/theme"), save=False)
         self._refresh_all()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_scheme_changed)
 
-    # ================================================================================================ building
+    # ============================================================================================ building
     def _build_central(self) -> None:
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter to generate (Esc stops)")
@@ -110,7 +114,7 @@ class MainWindow(QMainWindow):
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self._prompt_area())
         self.splitter.addWidget(self._output_area())
-        self.splitter.setSizes([160, 520])
+        self.splitter.setSizes([110, 420])
         self.setCentralWidget(self.splitter)
 
     def _prompt_area(self) -> QWidget:
@@ -229,7 +233,8 @@ class MainWindow(QMainWindow):
         menu.addAction("Reset settings to defaults", self.reset_settings)
 
     def _build_status(self) -> None:
-        self.status_labels = {name: QLabel() for name in ("device", "models", "method", "live", "calibration")}
+        names = ("device", "models", "method", "live", "calibration")
+        self.status_labels = {name: QLabel() for name in names}
         self.progress = QProgressBar()
         self.progress.setRange(0, 0)  # busy indicator
         self.progress.setMaximumWidth(120)
@@ -246,7 +251,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
         self.plots_dock.setVisible(self.settings.get("view/plots"))
 
-    # ================================================================================================ dialogs
+    # ============================================================================================= dialogs
     def show_error(self, title: str, message: str) -> None:
         """Every user-facing error comes through here (tests replace it)."""
         QMessageBox.warning(self, title, message)
@@ -261,7 +266,7 @@ class MainWindow(QMainWindow):
     def show_help(self) -> None:
         HelpDialog(self).exec()
 
-    # ================================================================================================ models
+    # ============================================================================================== models
     def start(self, target: Optional[str] = None, draft: Optional[str] = None) -> None:
         """First load: the given pair, else the saved one, else the shipped pair (quietly: no dialog)."""
         if target or draft:
@@ -336,7 +341,7 @@ class MainWindow(QMainWindow):
     def use_shipped_pair(self) -> None:
         self.load_models(None, None)
 
-    # ================================================================================================ settings
+    # ============================================================================================ settings
     def set_method(self, method: str) -> None:
         self.settings.set("decode/method", method)
         self._refresh_all()
@@ -351,8 +356,8 @@ class MainWindow(QMainWindow):
 
     def edit_sampling(self) -> None:
         s = self.settings
-        dialog = SamplingDialog(self, s.get("decode/greedy"), s.get("decode/temperature"), s.get("decode/top_k"),
-                                s.get("decode/top_p"), s.get("decode/seed"))
+        dialog = SamplingDialog(self, s.get("decode/greedy"), s.get("decode/temperature"),
+                                s.get("decode/top_k"), s.get("decode/top_p"), s.get("decode/seed"))
         if dialog.exec():
             self.apply_sampling(dialog.values())
 
@@ -369,7 +374,8 @@ class MainWindow(QMainWindow):
         if save:
             self.settings.set("view/theme", theme)
         app = QApplication.instance()
-        schemes = {"light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark, "system": Qt.ColorScheme.Unknown}
+        schemes = {"light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark,
+                   "system": Qt.ColorScheme.Unknown}
         if self._forced_palette:
             app.setPalette(QPalette())  # back to the platform's palette
             self._forced_palette = False
@@ -405,7 +411,7 @@ class MainWindow(QMainWindow):
         if not shipped and self.gen_job is None:
             self.load_models(None, None)
 
-    # ================================================================================================ generation
+    # ========================================================================================== generation
     def generate(self) -> None:
         if self.gen_job is not None:
             return
@@ -495,7 +501,7 @@ class MainWindow(QMainWindow):
         if error:
             self.show_error(*error)
 
-    # ================================================================================================ history
+    # ============================================================================================= history
     def _history_selected(self, row: int) -> None:
         if 0 <= row < len(self.session.generations):
             self._render(self.session.generations[row])
@@ -524,7 +530,7 @@ class MainWindow(QMainWindow):
     def _show_token(self, info) -> None:
         self.inspector.setHtml(describe(info))
 
-    # ================================================================================================ export
+    # ============================================================================================== export
     def export_csv(self) -> None:
         self._export("Export metrics CSV", "CSV (*.csv)", ".csv", "write_csv")
 
@@ -566,7 +572,7 @@ class MainWindow(QMainWindow):
             return
         self.statusBar().showMessage(f"Wrote plots to {path}", 5000)
 
-    # ================================================================================================ status
+    # ============================================================================================== status
     def _refresh_all(self) -> None:
         self._refresh_menus()
         self._refresh_controls()
@@ -611,7 +617,7 @@ class MainWindow(QMainWindow):
         alpha = f"α {m.acceptance_rate:.2f}" if m.drafted else "α —"
         self.status_labels["live"].setText(f"{alpha} · {m.tokens_per_s:.0f} tok/s")
 
-    # ================================================================================================ closing
+    # ============================================================================================= closing
     def closeEvent(self, event) -> None:
         self.settings.save_layout(self.saveGeometry(), self.saveState())
         self.settings.set("view/plots", not self.plots_dock.isHidden())

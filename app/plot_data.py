@@ -34,6 +34,7 @@ class PlotBuffers:
         self.length_counts: list = []  # rounds by accepted count
         self.position_reached: list = []  # rounds whose draft reached depth i (all earlier ones accepted)
         self.position_accepted: list = []
+        self.last_event = None
         self.version = 0  # bumped by every change; the plots redraw what is stale
 
     def add(self, event) -> None:
@@ -49,6 +50,7 @@ class PlotBuffers:
         self.running_tpot.append(m.tpot_ms)
         self.predicted_tpot.append(self._predict_tpot(event))
         self._count_positions(event)
+        self.last_event = event
         self.version += 1
 
     def add_all(self, events) -> None:
@@ -70,7 +72,7 @@ class PlotBuffers:
     def _predict_tpot(self, event) -> float:
         """TPOT_plain x (1 + cK) / E at the running alpha, with TPOT_plain and c from the calibration.
 
-        c is the draft model's cost ratio; model-free drafters (n-gram, lookahead) cost ~0 per drafted token."""
+        c is the draft model's cost ratio; model-free drafters (n-gram, lookahead) cost ~0 a drafted token."""
         cal = self.calibration
         if cal is None or cal.target_step_ms <= 0:
             return math.nan
@@ -86,3 +88,29 @@ class PlotBuffers:
     def latest(self, name: str) -> Optional[float]:
         values = getattr(self, name)
         return values[-1] if values else None
+
+
+def summary_html(buffers: PlotBuffers) -> str:
+    """The analytic model's numbers next to the measured ones, for the panel beside the plots."""
+    if not buffers.rounds or buffers.last_event is None:
+        return "<b>Model vs measurement</b><br>Generate to see the numbers."
+    event, cal = buffers.last_event, buffers.calibration
+    m = event.metrics
+    lines = [f"<b>Model vs measurement</b> &nbsp; {event.method}, K={event.k}, {m.rounds} rounds",
+             f"tokens / target forward: measured <b>{m.tokens_per_forward:.2f}</b>, "
+             f"(1−α<sup>K+1</sup>)/(1−α) = {m.analytic_tokens_per_forward:.2f}, "
+             f"per-position = {m.per_position_tokens_per_forward:.2f}"]
+    if m.drafted:
+        alphas = ", ".join(f"{a:.2f}" for a in buffers.per_position_acceptance)
+        lines.append(f"running α = <b>{m.acceptance_rate:.3f}</b>; α<sub>i</sub> by position: {alphas}")
+    lines.append(f"TPOT measured <b>{m.tpot_ms:.2f} ms</b> ({m.tokens_per_s:.0f} tok/s)")
+    if cal is not None and cal.target_step_ms > 0:
+        predicted = buffers.latest("predicted_tpot")
+        lines.append(f"TPOT predicted {predicted:.2f} ms from TPOT_plain = {cal.target_step_ms:.2f} ms, "
+                     f"c = {cal.c:.3f}")
+        if m.drafted and event.method == "draft":
+            best_k, best = analytic.optimal_k(min(m.acceptance_rate, 0.999), cal.c)
+            lines.append(f"predicted speedup E/(1+cK) = "
+                         f"{analytic.speedup(min(m.acceptance_rate, 1.0), event.k, cal.c):.2f}×; "
+                         f"best K at this α and c: {best_k} ({best:.2f}×)")
+    return "<br>".join(lines)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, Qt, QTimer
-from PySide6.QtWidgets import QGridLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
-from app.plot_data import PlotBuffers
+from app.plot_data import PlotBuffers, summary_html
 from app.style import LIGHT, TokenColors
 
 REDRAW_HZ = 20
@@ -17,8 +17,9 @@ def _array(values) -> np.ndarray:
 
 
 class PlotPanel(QWidget):
-    """Five plots, each its own view. A timer tick redraws at most one stale plot (round-robin), so a tick costs
-    one small paint and the event loop stays free; a full redraw happens on demand (new buffers, export)."""
+    """Five plots and a summary, each its own widget. A timer tick redraws at most one stale one
+    (round-robin), so a tick costs one small paint and the event loop stays free; full redraws happen on
+    demand (new buffers, export)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -65,12 +66,20 @@ class PlotPanel(QWidget):
         self.hist_plot.addItem(self.hist_bars)
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
         self.pos_plot.addItem(self.pos_bars)
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        self.summary.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.summary.setStyleSheet(f"background:{c.plot_bg}; color:{c.plot_fg}; padding:8px")
+        self.grid.addWidget(self.summary, 1, 2)
+        self._widgets.append(self.summary)
         self._painters = [
             lambda: self._draw_curves(self.alpha_plot, "round_alpha", "running_alpha"),
-            lambda: self._draw_curves(self.tpf_plot, "round_tpf", "running_tpf", "analytic_tpf", "per_position_tpf"),
+            lambda: self._draw_curves(self.tpf_plot, "round_tpf", "running_tpf", "analytic_tpf",
+                                      "per_position_tpf"),
             lambda: self._draw_curves(self.tpot_plot, "round_tpot", "running_tpot", "predicted_tpot"),
             self._draw_histogram,
             self._draw_positions,
+            self._draw_summary,
         ]
         self._drawn = [-1] * len(self._painters)  # buffer version each plot last showed
 
@@ -96,7 +105,8 @@ class PlotPanel(QWidget):
         plot.setRange(xRange=(x_min, max(x_max, x_min + 1)), yRange=(y_low, y_high), padding=0.02)
 
     def _scatter(self, plot, color, name):
-        return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color, name=name)
+        return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color,
+                         name=name)
 
     def _line(self, plot, color, name, dash=False):
         pen = pg.mkPen(color, width=2, style=Qt.DashLine if dash else Qt.SolidLine)
@@ -153,8 +163,11 @@ class PlotPanel(QWidget):
         self.pos_bars.setOpts(x=np.arange(1, len(alphas) + 1), height=alphas)
         self._fit(self.pos_plot, len(alphas) + 0.5, 1.0, x_min=0.5)
 
+    def _draw_summary(self) -> None:
+        self.summary.setText(summary_html(self.buffers))
+
     def export(self, path: str) -> None:
-        """Save the plots as PNG (the whole panel) or SVG (by extension); OSError when it cannot be written."""
+        """Save the panel as PNG or SVG (by extension); OSError when the file cannot be written."""
         self.redraw()
         if path.lower().endswith(".svg"):
             self._export_svg(path)

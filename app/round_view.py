@@ -11,8 +11,9 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Optional
 
-from PySide6.QtCore import QEvent, QPoint, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontDatabase, QPainter, QPen, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtCore import QEvent, QPoint, Signal
+from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPainter, QPen, QTextCharFormat, QTextCursor,
+                           QTextFormat)
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from app.style import LIGHT, TokenColors
@@ -83,8 +84,8 @@ def visible_whitespace(text: str) -> str:
 
 
 def display_text(info: TokenInfo) -> str:
-    """What the view inserts for a token: emitted text breaks lines after a ↵ mark; drafts that never made it
-    into the output stay on the line, with their whitespace made visible."""
+    """What the view inserts for a token: emitted text breaks lines after a ↵ mark; drafts that never made
+    it into the output stay on the line, with their whitespace made visible."""
     if not info.text:
         return "∅"
     if info.kind in EMITTED_KINDS or info.kind == PROMPT:
@@ -285,7 +286,8 @@ class RoundView(QTextEdit):
         last = self.cursorForPosition(QPoint(self.viewport().width(), self.viewport().height())).position()
         painter = QPainter(self.viewport())
         painter.setPen(QPen(QColor(self.colors.boundary), 1))
-        for pos in self._boundaries[bisect_left(self._boundaries, first):bisect_right(self._boundaries, last)]:
+        visible = self._boundaries[bisect_left(self._boundaries, first):bisect_right(self._boundaries, last)]
+        for pos in visible:
             cursor = QTextCursor(self.document())
             cursor.setPosition(pos)
             rect = self.cursorRect(cursor)

@@ -65,7 +65,8 @@ class Generation:
         if self.events:
             m = self.events[-1].metrics
             alpha = f"α={m.acceptance_rate:.2f} · " if m.drafted else ""
-            text += f"\n     {alpha}{m.tokens_per_forward:.2f} tok/fwd · {m.tokens_per_s:.0f} tok/s · {self.models}"
+            rates = f"{m.tokens_per_forward:.2f} tok/fwd · {m.tokens_per_s:.0f} tok/s"
+            text += f"\n     {alpha}{rates} · {self.models}"
         return text
 
 

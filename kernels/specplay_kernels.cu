@@ -706,3 +706,373 @@ sp_verify(const T* __restrict__ logits, int B, int N, int V, const long long* __
         break;
     }
 }
+
+// ================================================================================================ wide path
+// One persistent launch spreads every row over many blocks (chunks of SP_TILE tokens) and joins its phases
+// with grid barriers (all blocks are co-resident: the grid is at most one block per SM).  Used for sampling
+// and chain verification without top-k / top-p; the arithmetic of each value is the one-block kernels'.
+// kind 0: sample (R = B rows, uniforms [B]); kind 1: stochastic chain verify; kind 2: greedy chain verify.
+// ws: Part1 [B, N+1, C] | RowStats [B, N+1] | Walk [B] | double P2 [B, C] | double P3 [B, C] | int L3 [B, C]
+// sync (zeroed, left zeroed): bar[0] arrivals, bar[1] exits, counters[B] from sync + 2.
+struct Part1 { double s; float m; int arg; int nan; int pad; };
+struct Walk { int skip; int res; int row; int x; };
+
+// loads that bypass L1 (data written by other blocks of the same launch)
+__device__ __forceinline__ float ldcg(const float* p) { float v; asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p)); return v; }
+__device__ __forceinline__ int ldcg(const int* p) { int v; asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p)); return v; }
+__device__ __forceinline__ double ldcg(const double* p) { double v; asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p)); return v; }
+
+__device__ __forceinline__ void grid_barrier(u32* bar, u32 G, u32 epoch, int* err) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        const u32 target = epoch * G;
+        const long long t0 = clock64();
+        while (*(volatile u32*)bar < target) {
+            if (clock64() - t0 > (1LL << 34)) { *(volatile int*)err = 2; break; }  // never expected
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ RowStats load_stats(const RowStats* p) {
+    RowStats s;
+    s.m = ldcg(&p->m); s.kth = ldcg(&p->kth); s.S = ldcg(&p->S); s.tstar = ldcg(&p->tstar);
+    s.S2 = ldcg(&p->S2); s.argmax = ldcg(&p->argmax); s.nan = ldcg(&p->nan); s.pad = 0;
+    return s;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SP_BLOCK, 1)
+sp_wide(const T* __restrict__ logits, int B, int N, int V, const long long* __restrict__ draft,
+        const float* __restrict__ q, const float* __restrict__ uniforms, float inv_t, int greedy, int kind,
+        char* ws, u32* sync, long long* __restrict__ out_i, float* __restrict__ out_f,
+        unsigned char* __restrict__ tested, long long* __restrict__ tok_out, float* __restrict__ prob_out,
+        int* nan_flag) {
+    __shared__ Smem sm;
+    __shared__ RowStats sst[SP_MAX_N + 1];
+    __shared__ float s_px[SP_MAX_N], s_qx[SP_MAX_N];
+    __shared__ double s_acc[SP_MAX_N];
+    __shared__ int s_match[SP_MAX_N];
+    __shared__ double s_cs[SP_MAX_TILES];
+    __shared__ int s_last;
+    __shared__ float s_total;
+    Cfg c;
+    c.inv_t = inv_t; c.greedy = greedy; c.top_k = 0; c.use_topp = 0; c.tp_fixed = 0;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const u32 G = gridDim.x;
+    const int R1 = N + 1;
+    const int C = (V + SP_TILE - 1) / SP_TILE;
+    Part1* p1 = (Part1*)ws;
+    RowStats* rs = (RowStats*)(p1 + (size_t)B * R1 * C);
+    Walk* wk = (Walk*)(rs + (size_t)B * R1);
+    double* p2 = (double*)(wk + B + (B & 1));
+    double* p3 = p2 + (size_t)B * C;
+    int* l3 = (int*)(p3 + (size_t)B * C);
+    u32* bar = sync;
+    u32* counters = sync + 2;
+    u32 epoch = 0;
+
+    // ---- phase 1: per-chunk max / first argmax / fp64 sum of exp(s - chunk max) / NaN
+    const int n1 = B * R1 * C;
+    for (int t = blockIdx.x; t < n1; t += G) {
+        const int cc = t % C, br = t / C;
+        const T* row = logits + (size_t)br * V;
+        const int j0 = cc * SP_TILE + tid * SP_ITEMS;
+        float s[SP_ITEMS];
+        bool valid[SP_ITEMS];
+        bool nan = false;
+        float vmax = neg_inf();
+        int imax = SP_INT_MAX;
+#pragma unroll
+        for (int k = 0; k < SP_ITEMS; ++k) {
+            const int j = j0 + k;
+            valid[k] = false;
+            s[k] = neg_inf();
+            if (j < V) {
+                const float x = to_f(row[j]);
+                if (x != x) { nan = true; }
+                else {
+                    valid[k] = true;
+                    s[k] = __fmul_rn(x, c.inv_t);
+                    if (s[k] > vmax || (s[k] == vmax && j < imax)) { vmax = s[k]; imax = j; }
+                }
+            }
+        }
+        const int any_nan = __syncthreads_or(nan);
+        block_argmax(vmax, imax, sm);
+        double acc = 0.0;
+        if (!c.greedy && vmax != neg_inf()) {
+#pragma unroll
+            for (int k = 0; k < SP_ITEMS; ++k)
+                if (valid[k] && s[k] != neg_inf()) acc += (double)expf(__fsub_rn(s[k], vmax));
+        }
+        acc = block_sum_d(acc, sm);
+        if (tid == 0) {
+            Part1 p;
+            p.s = acc; p.m = vmax; p.arg = imax; p.nan = any_nan; p.pad = 0;
+            p1[t] = p;
+        }
+    }
+    grid_barrier(bar, G, ++epoch, nan_flag);
+
+    // ---- walk: one block per sequence combines its row statistics and tests the chain
+    for (int b = blockIdx.x; b < B; b += G) {
+        for (int r = wid; r < R1; r += SP_WARPS) {
+            const Part1* pp = p1 + ((size_t)b * R1 + r) * C;
+            float m = neg_inf();
+            int am = SP_INT_MAX, nan = 0;
+            for (int cc = lane; cc < C; cc += 32) {
+                const float cm = ldcg(&pp[cc].m);
+                const int ca = ldcg(&pp[cc].arg);
+                nan |= ldcg(&pp[cc].nan);
+                if (ca != SP_INT_MAX) argmax_combine(m, am, cm, ca);
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const float om = __shfl_xor_sync(SP_FULL, m, o);
+                const int oa = __shfl_xor_sync(SP_FULL, am, o);
+                argmax_combine(m, am, om, oa);
+                nan |= __shfl_xor_sync(SP_FULL, nan, o);
+            }
+            double ssum = 0.0;
+            if (m != neg_inf()) {
+                for (int cc = lane; cc < C; cc += 32) {
+                    const float cm = ldcg(&pp[cc].m);
+                    if (cm != neg_inf()) ssum += ldcg(&pp[cc].s) * exp((double)cm - (double)m);
+                }
+            }
+            ssum = warp_sum_d(ssum);
+            if (lane == 0) {
+                RowStats st;
+                st.m = m; st.argmax = am == SP_INT_MAX ? 0 : am; st.nan = nan; st.kth = neg_inf();
+                st.S = c.greedy ? 1.0f : (float)ssum; st.tstar = 0.0f; st.S2 = 1.0f; st.pad = 0;
+                sst[r] = st;
+                rs[(size_t)b * R1 + r] = st;
+            }
+        }
+        __syncthreads();
+        int anynan = 0;
+        for (int r = 0; r < R1; ++r) anynan |= sst[r].nan;
+        const T* rows = logits + (size_t)b * R1 * V;
+        if (!anynan) {
+            for (int i = tid; i < N; i += SP_BLOCK) {  // node i is tested against row i
+                const long long x = draft[(size_t)b * N + i];
+                const bool ok = x >= 0 && x < V;
+                const float px = ok ? warped_p(to_f(rows[(size_t)i * V + x]), (int)x, sst[i], c) : 0.0f;
+                s_px[i] = px;
+                if (kind == 2) {
+                    s_qx[i] = 1.0f;
+                    s_match[i] = x == (long long)sst[i].argmax;
+                    s_acc[i] = s_match[i] ? 1.0 : 0.0;
+                } else {
+                    const float qx = q ? (ok ? q[((size_t)b * N + i) * V + x] : 0.0f) : 1.0f;
+                    s_qx[i] = qx;
+                    s_acc[i] = qx <= 0.0f ? 1.0 : fmin(1.0, (double)px / (double)qx);
+                    s_match[i] = (double)uniforms[(size_t)b * R1 + i] < s_acc[i];
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            Walk w;
+            w.skip = 1; w.res = 0; w.row = 0; w.x = -1;
+            if (kind == 0) {
+                if (anynan) {
+                    *(volatile int*)nan_flag = 1;
+                    tok_out[b] = -1; prob_out[b] = __int_as_float(0x7fc00000);
+                } else if (c.greedy) {
+                    tok_out[b] = sst[0].argmax; prob_out[b] = 1.0f;
+                } else {
+                    w.skip = 0;
+                }
+            } else {
+                long long* oi = out_i + (size_t)b * (2 + N);
+                float* p_draft = out_f + (size_t)b * N;
+                float* q_draft = out_f + (size_t)B * N + (size_t)b * N;
+                float* acc_p = out_f + (size_t)2 * B * N + (size_t)b * N;
+                unsigned char* tst = tested + (size_t)b * N;
+                for (int n = 0; n < N; ++n) {
+                    oi[2 + n] = -1; p_draft[n] = 0.0f; q_draft[n] = 1.0f; acc_p[n] = 0.0f; tst[n] = 0;
+                }
+                if (anynan) {
+                    *(volatile int*)nan_flag = 1;
+                    oi[0] = -1; oi[1] = -1;
+                } else {
+                    int d = 0;
+                    while (d < N) {
+                        tst[d] = 1; p_draft[d] = s_px[d]; q_draft[d] = s_qx[d]; acc_p[d] = (float)s_acc[d];
+                        if (!s_match[d]) break;
+                        oi[2 + d] = d;
+                        ++d;
+                    }
+                    oi[0] = d;
+                    if (kind == 2) {
+                        oi[1] = sst[d].argmax;
+                    } else if (d < N) {
+                        const long long x = draft[(size_t)b * N + d];
+                        w.skip = 0; w.res = 1; w.row = d; w.x = (x >= 0 && x < V) ? (int)x : -1;
+                    } else if (c.greedy) {
+                        oi[1] = sst[N].argmax;
+                    } else {
+                        w.skip = 0; w.row = N;
+                    }
+                }
+            }
+            wk[b] = w;
+        }
+        __syncthreads();
+    }
+    if (kind != 2) {
+        grid_barrier(bar, G, ++epoch, nan_flag);
+        const int n2 = B * C;
+        // ---- phase 2 (stochastic verify): chunk sums of max(p - q, 0) on the rejection row
+        if (kind == 1) {
+            for (int t = blockIdx.x; t < n2; t += G) {
+                const int cc = t % C, b = t / C;
+                const int skip = ldcg(&wk[b].skip), res = ldcg(&wk[b].res);
+                if (skip || !res) continue;
+                const int row = ldcg(&wk[b].row), x = ldcg(&wk[b].x);
+                const RowStats st = load_stats(rs + (size_t)b * R1 + row);
+                const T* lrow = logits + ((size_t)b * R1 + row) * V;
+                const float* qrow = q ? q + ((size_t)b * N + row) * V : nullptr;
+                const int j0 = cc * SP_TILE + tid * SP_ITEMS;
+                double acc = 0.0;
+#pragma unroll
+                for (int k = 0; k < SP_ITEMS; ++k) {
+                    const int j = j0 + k;
+                    if (j < V) {
+                        const float p = warped_p(to_f(lrow[j]), j, st, c);
+                        const float qq = qrow ? qrow[j] : (j == x ? 1.0f : 0.0f);
+                        const float r = __fsub_rn(p, qq);
+                        acc += r > 0.0f ? (double)r : 0.0;
+                    }
+                }
+                acc = block_sum_d(acc, sm);
+                if (tid == 0) p2[t] = acc;
+            }
+            grid_barrier(bar, G, ++epoch, nan_flag);
+        }
+        // ---- phase 3: chunk sums of the sampled distribution; the last block of a sequence finds the token
+        int cur_b = -1;
+        for (int t = blockIdx.x; t < n2; t += G) {
+            const int cc = t % C, b = t / C;
+            const int skip = ldcg(&wk[b].skip);
+            if (skip) continue;
+            const int res = ldcg(&wk[b].res), row = ldcg(&wk[b].row), x = ldcg(&wk[b].x);
+            if (b != cur_b) {
+                cur_b = b;
+                if (res) {  // residual total: same fixed-order reduction in every block
+                    if (wid == 0) {
+                        double a = 0.0;
+                        for (int k = lane; k < C; k += 32) a += ldcg(&p2[(size_t)b * C + k]);
+                        a = warp_sum_d(a);
+                        if (lane == 0) s_total = (float)a;
+                    }
+                    __syncthreads();
+                }
+            }
+            const float total = res ? s_total : 0.0f;
+            const bool use_res = res && total > 0.0f;
+            const RowStats st = load_stats(rs + (size_t)b * R1 + row);
+            const T* lrow = logits + ((size_t)b * R1 + row) * V;
+            const float* qrow = (q && use_res) ? q + ((size_t)b * N + row) * V : nullptr;
+            auto pf = [&](int j) -> float {
+                const float p = warped_p(to_f(lrow[j]), j, st, c);
+                if (!use_res) return p;
+                const float qq = qrow ? qrow[j] : (j == x ? 1.0f : 0.0f);
+                const float r = __fsub_rn(p, qq);
+                return __fdiv_rn(r > 0.0f ? r : 0.0f, total);
+            };
+            const int j0 = cc * SP_TILE + tid * SP_ITEMS;
+            double acc = 0.0;
+            int lastnz = -1;
+#pragma unroll
+            for (int k = 0; k < SP_ITEMS; ++k) {
+                const int j = j0 + k;
+                if (j < V) {
+                    const float p = pf(j);
+                    acc += (double)p;
+                    if (p > 0.0f) lastnz = j;
+                }
+            }
+            // same grouping as block_sample's tile sums: warp sums, then warps in order
+            acc = warp_sum_d(acc);
+            __syncthreads();
+            if (lane == 0) sm.red[wid] = acc;
+            lastnz = block_max_i(lastnz, sm);
+            if (tid == 0) {
+                double s = 0.0;
+                for (int i = 0; i < SP_WARPS; ++i) s += sm.red[i];
+                p3[t] = s;
+                l3[t] = lastnz;
+                __threadfence();
+                const u32 old = atomicAdd(&counters[b], 1u);
+                s_last = (old == (u32)(C - 1));
+            }
+            __syncthreads();
+            if (!s_last) continue;
+            // last block of sequence b: inverse CDF over the chunk sums, then scan inside the chunk
+            if (tid == 0) counters[b] = 0;
+            __threadfence();
+            int lz = -1;
+            for (int k = tid; k < C; k += SP_BLOCK) {
+                s_cs[k] = ldcg(&p3[(size_t)b * C + k]);
+                lz = max(lz, ldcg(&l3[(size_t)b * C + k]));
+            }
+            lz = block_max_i(lz, sm);
+            if (tid == 0) {
+                double tot = 0.0;
+                for (int k = 0; k < C; ++k) tot += s_cs[k];
+                const double target = (double)uniforms[(size_t)b * R1 + N] * tot;
+                double prefix = 0.0;
+                int t0 = C;
+                for (int k = 0; k < C; ++k) {
+                    if (prefix + s_cs[k] > target) { t0 = k; break; }
+                    prefix += s_cs[k];
+                }
+                sm.t0 = t0; sm.prefix = prefix; sm.target = target;
+            }
+            __syncthreads();
+            const double target = sm.target;
+            double prefix = sm.prefix;
+            int token = -1;
+            for (int k2 = sm.t0; k2 < C; ++k2) {
+                const int jj = k2 * SP_TILE + tid * SP_ITEMS;
+                float vals[SP_ITEMS];
+                double loc = 0.0;
+#pragma unroll
+                for (int k = 0; k < SP_ITEMS; ++k) {
+                    vals[k] = jj + k < V ? pf(jj + k) : 0.0f;
+                    loc += (double)vals[k];
+                }
+                double tile_total;
+                double run = prefix + block_excl_scan_d(loc, tile_total, sm);
+                int cand = SP_INT_MAX;
+#pragma unroll
+                for (int k = 0; k < SP_ITEMS; ++k) {
+                    run += (double)vals[k];
+                    if (cand == SP_INT_MAX && jj + k < V && run > target) cand = jj + k;
+                }
+                cand = block_min_i(cand, sm);
+                if (cand != SP_INT_MAX) { token = cand; break; }
+                prefix += tile_total;
+            }
+            const int last = lz >= 0 ? lz : V - 1;
+            if (token < 0 || token > last) token = last;
+            if (tid == 0) {
+                if (kind == 0) { tok_out[b] = token; prob_out[b] = pf(token); }
+                else out_i[(size_t)b * (2 + N) + 1] = token;
+            }
+            __syncthreads();
+        }
+    }
+    // exit: the last block out resets the barrier (every block has left every barrier by then)
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        const u32 old = atomicAdd(&bar[1], 1u);
+        if (old == G - 1) { bar[0] = 0; bar[1] = 0; __threadfence(); }
+    }
+}

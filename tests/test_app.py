@@ -11,8 +11,8 @@ from PySide6.QtGui import QTextCursor
 
 from app import backend
 from app.main_window import MainWindow
-from app.round_view import (ACCEPTED, BONUS, CORRECTION, PROMPT, REJECTED, TARGET, UNTESTED, display_text,
-                            round_tokens)
+from app.round_view import (ACCEPTED, BONUS, CORRECTION, PROMPT, REJECTED, TARGET, UNTESTED, TokenInfo,
+                            display_text, round_tokens)
 from app.settings import AppSettings
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent, RoundMetrics
@@ -38,7 +38,8 @@ def make_metrics(events, drafted, accepted, emitted) -> RoundMetrics:
     accepted += sum(e.accepted_count for e in events)
     emitted += sum(len(e.emitted_ids) for e in events)
     alpha = accepted / drafted if drafted else 0.0
-    return RoundMetrics(rounds=rounds, drafted=drafted, accepted=accepted, emitted=emitted, acceptance_rate=alpha,
+    return RoundMetrics(rounds=rounds, drafted=drafted, accepted=accepted, emitted=emitted,
+                        acceptance_rate=alpha,
                         mean_acceptance_length=1 + accepted / rounds, tokens_per_forward=emitted / rounds,
                         tpot_ms=3.0 * rounds / emitted, tokens_per_s=1000 * emitted / (3.0 * rounds),
                         analytic_tokens_per_forward=1 + alpha, per_position_tokens_per_forward=1 + alpha)
@@ -62,7 +63,8 @@ def make_event(events, index: int, config, accepted: int, last: bool) -> RoundEv
     position = sum(len(e.emitted_ids) for e in events)
     return RoundEvent(
         round=index, method=config.method, k=config.k, drafted=drafted, accepted_count=accepted,
-        next_token_id=99, next_token_text="\n" if index % 3 == 2 else "Z", next_is_bonus=bonus, next_token_p=0.7,
+        next_token_id=99, next_token_text="\n" if index % 3 == 2 else "Z", next_is_bonus=bonus,
+        next_token_p=0.7,
         next_top=[("Z", 0.7)], emitted_ids=emitted, emitted_text="", position=position, draft_ms=1.0,
         verify_ms=1.5, overhead_ms=0.5, finished=last, finish_reason="length" if last else None,
         metrics=make_metrics(events, len(drafted), accepted, len(emitted)))
@@ -132,7 +134,7 @@ def generate(qtbot, window, prompt="def f(x):", wait=True):
 
 
 def expected_spans(prompt, events):
-    spans = [(PROMPT, prompt, -1)]
+    spans = [(PROMPT, display_text(TokenInfo(PROMPT, -1, prompt)), -1)]
     for event in events:
         spans += [(info.kind, display_text(info), event.round) for info in round_tokens(event)]
     return spans
@@ -221,7 +223,8 @@ def test_method_and_k_from_menus_apply_to_next_run(qtbot, make_window):
     assert "Draft model K=4" in labels[0] and "N-gram prompt lookup K=7" in labels[1] and "Off" in labels[2]
     # selecting an earlier generation shows it again
     window.history.setCurrentRow(0)
-    assert window.view.rendered_spans()[:-1] == expected_spans("def f(x):", window.session.generations[0].events)
+    first = window.session.generations[0]
+    assert window.view.rendered_spans()[:-1] == expected_spans("def f(x):", first.events)
 
 
 def test_unavailable_methods_are_disabled_with_reason(qtbot, make_window):
@@ -314,7 +317,8 @@ def test_missing_models_still_open_with_help(qtbot, make_window):
 
     window = make_window(loader=missing)
     assert window.errors == []  # quiet at start-up: the view explains instead
-    assert "Open target folder" in window.view.toPlainText() and "No shipped models" in window.view.toPlainText()
+    text = window.view.toPlainText()
+    assert "Open target folder" in text and "No shipped models" in text
     generate(qtbot, window)
     assert window.errors[0][0] == "No model loaded"
 
@@ -346,7 +350,8 @@ def test_plots_redraw_on_timer_not_per_event(qtbot, make_window):
     x, y = plots.curves["running_alpha"].getData()
     assert len(x) == 300
     assert len(plots.buffers.per_position_acceptance) == 4
-    assert plots.buffers.predicted_tpot[-1] == pytest.approx(2.0 * (1 + 0.25 * 4) / plots.buffers.analytic_tpf[-1])
+    expected = 2.0 * (1 + 0.25 * 4) / plots.buffers.analytic_tpf[-1]  # TPOT_plain (1 + cK) / E
+    assert plots.buffers.predicted_tpot[-1] == pytest.approx(expected)
 
 
 def test_close_mid_run_exits_cleanly(qtbot, make_window):
@@ -366,10 +371,11 @@ def test_clear_and_theme(qtbot, make_window):
     assert window.view.rendered_spans()[0][0] == PROMPT  # re-rendered in the new colours
     window.theme_actions["light"].trigger()
     window.clear_session()
-    assert window.session.generations == [] and window.history.count() == 0 and window.view.toPlainText() == ""
+    assert window.session.generations == [] and window.history.count() == 0
+    assert window.view.toPlainText() == ""
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The real engine, with tiny random models
 
 

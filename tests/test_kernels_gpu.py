@@ -78,10 +78,14 @@ def _fuzz_vocab(g):
 
 
 def test_sample_and_warp_fuzz():
-    g = torch.Generator(device=DEV).manual_seed(11)
-    gc = torch.Generator().manual_seed(12)
+    _sample_fuzz(N_CASES, 11)
+
+
+def _sample_fuzz(n_cases: int, seed: int):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    gc = torch.Generator().manual_seed(seed + 1)
     done = mism = ambig = 0
-    while done < N_CASES:
+    while done < n_cases:
         vocab = _fuzz_vocab(gc)
         rows = int(torch.randint(1, 100, (1,), generator=gc))
         dtype = DTYPES[int(torch.randint(0, 3, (1,), generator=gc))]
@@ -119,11 +123,11 @@ def _compare_verify(r, k, amb=None):
     return bad
 
 
-def _verify_fuzz(tree: bool, stochastic: bool, seed: int):
+def _verify_fuzz(tree: bool, stochastic: bool, seed: int, n_cases: int = N_CASES):
     g = torch.Generator(device=DEV).manual_seed(seed)
     gc = torch.Generator().manual_seed(seed + 1)
     done = mism = 0
-    while done < N_CASES:
+    while done < n_cases:
         vocab = _fuzz_vocab(gc) if float(torch.rand(1, generator=gc)) < 0.7 else int(torch.randint(2, 64, (1,), generator=gc))
         batch = int(torch.randint(1, 40, (1,), generator=gc))
         n = int(torch.randint(1, 12, (1,), generator=gc))
@@ -194,6 +198,51 @@ def test_verify_chain_stochastic_fuzz():
 
 def test_verify_tree_stochastic_fuzz():
     _verify_fuzz(tree=True, stochastic=True, seed=51)
+
+
+@pytest.fixture
+def wide_everywhere():
+    """Route every eligible call (sampling / chain verification without top-k, top-p) to the wide kernel."""
+    old = kc.WIDE_MIN_V
+    kc.WIDE_MIN_V = 1
+    yield
+    kc.WIDE_MIN_V = old
+
+
+def test_wide_sample_fuzz(wide_everywhere):
+    _sample_fuzz(max(1, N_CASES // 2), 13)
+
+
+def test_wide_verify_chain_greedy_fuzz(wide_everywhere):
+    _verify_fuzz(tree=False, stochastic=False, seed=23, n_cases=max(1, N_CASES // 2))
+
+
+def test_wide_verify_chain_stochastic_fuzz(wide_everywhere):
+    _verify_fuzz(tree=False, stochastic=True, seed=43, n_cases=max(1, N_CASES // 2))
+
+
+def test_wide_off_matches_large_vocab():
+    """The one-block-per-row kernels and the wide kernel agree at large V (T = 1, no truncation)."""
+    g = torch.Generator(device=DEV).manual_seed(81)
+    x = torch.randn(2, 9, 151936, generator=g, device=DEV) * 3
+    q = torch.softmax(torch.randn(2, 8, 151936, generator=g, device=DEV) * 3, -1)
+    draft = torch.multinomial(q.reshape(-1, 151936), 1, generator=g).reshape(2, 8)
+    draft[0, :3] = x[0, :3].argmax(-1)
+    u = torch.rand(2, 9, generator=g, device=DEV)
+    old = kc.WIDE_MIN_V
+    try:
+        outs = []
+        for wmv in (1, 0):
+            kc.WIDE_MIN_V = wmv
+            outs.append((kc.verify_chain_stochastic(x, draft, q, u, 1.0), kc.verify_chain_greedy(x, draft),
+                         kc.sample(x[:, 0], u[:, 0], 1.0)))
+    finally:
+        kc.WIDE_MIN_V = old
+    (a1, a2, a3), (b1, b2, b3) = outs
+    assert not bool(_compare_verify(a1, b1).any()) and not bool(_compare_verify(a2, b2).any())
+    assert torch.equal(a3[0], b3[0]) and torch.allclose(a3[1], b3[1], rtol=1e-5)
+    r = ref.verify_chain_stochastic(x, draft, q, u, 1.0)
+    assert not bool(_compare_verify(r, a1).any())
 
 
 def test_large_vocab_and_k64():
