@@ -418,6 +418,8 @@ def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, tempera
     dev = logits.device
     batch, n1, vocab = logits.shape
     n = n1 - 1
+    if n == 0:
+        return _verify_nothing_drafted(logits, greedy_verify, uniforms, temperature, top_k, top_p)
     if not 1 <= n <= MAX_N:
         raise ValueError(f"number of drafted nodes must be in 1..{MAX_N}, got {n}")
     draft = _check_long(draft_tokens, (batch, n), di, "draft_tokens")
@@ -453,6 +455,19 @@ def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, tempera
     _after_call()
     return VerifyResult(accepted=ints[:, 0], next_token=ints[:, 1], path=ints[:, 2:], p_draft=floats[0],
                         q_draft=floats[1], accept_prob=floats[2], tested=tested)
+
+
+def _verify_nothing_drafted(logits, greedy_verify, uniforms, temperature, top_k, top_p) -> VerifyResult:
+    """An empty draft (plain decoding): the next token is the root row's argmax, or a sample from it."""
+    batch, dev = logits.shape[0], logits.device
+    if greedy_verify:
+        token = logits[:, 0].argmax(-1)  # first index on ties, like the reference
+    else:
+        token, _ = sample(logits[:, 0].contiguous(), uniforms[:, 0].contiguous(), temperature, top_k, top_p)
+    empty_f = torch.empty(batch, 0, dtype=torch.float32, device=dev)
+    return VerifyResult(accepted=torch.zeros(batch, dtype=torch.long, device=dev), next_token=token.long(),
+                        path=torch.empty(batch, 0, dtype=torch.long, device=dev), p_draft=empty_f, q_draft=empty_f,
+                        accept_prob=empty_f, tested=torch.empty(batch, 0, dtype=torch.bool, device=dev))
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,

@@ -325,3 +325,20 @@ def test_input_validation():
 def test_select_backend():
     from kernels import select_backend
     assert select_backend(torch.device("cuda")).name == "cupy-raw-kernels"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_empty_draft_matches_reference(temperature):
+    """Plain decoding verifies an empty draft: the next token is the argmax or a sample of the root row."""
+    g = torch.Generator(device=DEV).manual_seed(5)
+    logits = torch.randn(4, 1, 5000, device=DEV, generator=g) * 3
+    tokens = torch.empty(4, 0, dtype=torch.long, device=DEV)
+    uniforms = torch.rand(4, 1, device=DEV, generator=g)
+    if temperature == 0.0:
+        got, want = kc.verify_chain_greedy(logits, tokens), ref.verify_chain_greedy(logits, tokens)
+    else:
+        got = kc.verify_chain_stochastic(logits, tokens, None, uniforms, temperature, 0, 0.9)
+        want = ref.verify_chain_stochastic(logits, tokens, None, uniforms, temperature, 0, 0.9)
+    assert torch.equal(got.next_token.cpu(), want.next_token.cpu())
+    assert torch.equal(got.accepted.cpu(), torch.zeros(4, dtype=torch.long))
+    assert got.path.shape == (4, 0)
