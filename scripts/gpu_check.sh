@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi -L
 python3 -c "import torch, transformers, cupy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cupy', cupy.__version__)"
 echo "== CPU-side suites under this machine's transformers"
-python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests/test_llama_runner.py tests/test_models.py tests/test_decoder.py \
+[[ -n ${SKIP_CPU:-} ]] || python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests/test_llama_runner.py tests/test_models.py tests/test_decoder.py \
   tests/test_analytic.py 2>&1 | tee "$OUT/cpu_suites.log" | tail -2
 echo "== GPU tests"
 SPECPLAY_FUZZ_CASES=${SPECPLAY_FUZZ_CASES:-10000} python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
