@@ -28,7 +28,9 @@ def heldout_prompts(limit: int) -> list:
     prompts = FALLBACK_PROMPTS
     if path.exists():
         data = json.loads(path.read_text(encoding="utf-8"))
-        prompts = [p["prompt"] if isinstance(p, dict) else p for p in data] or FALLBACK_PROMPTS
+        if isinstance(data, dict):  # {"source": ..., "corpus_sha256": ..., "prompts": [...]}
+            data = data.get("prompts", [])
+        prompts = [p.get("text", p.get("prompt")) if isinstance(p, dict) else p for p in data] or FALLBACK_PROMPTS
     return prompts[:max(1, limit)]
 
 

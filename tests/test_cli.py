@@ -158,3 +158,10 @@ def test_bench_methods_and_k_sweep(pair, capsys):
     assert "fastest measured K" in err and "predicted_speedup" in out
     code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--ks", "0,40")
     assert code == 2 and "--ks" in err
+
+
+def test_heldout_prompts_are_real_code_prompts():
+    from engine.bench import heldout_prompts
+
+    prompts = heldout_prompts(8)
+    assert len(prompts) == 8 and all(isinstance(p, str) and len(p) >= 50 for p in prompts)
