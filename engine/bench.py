@@ -5,7 +5,6 @@ prompts, same machine, same process), never as a lone absolute figure."""
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path

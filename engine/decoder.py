@@ -177,14 +177,13 @@ class SpeculativeDecoder:
             if should_stop is not None and should_stop():
                 return
             watch = Stopwatch(self.device)
-            draft = drafter.propose(state, config.k) if config.drafts else Draft(
-                tokens=torch.zeros(0, dtype=torch.long, device=self.device))
+            draft = drafter.propose(state, config.k)
             draft_ms = watch.restart()
             logits, result, uniforms = self._verify(state, draft, config)
             # the one host sync a round needs: accepted count, next token and the accepted path together
             n = draft.size
             head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
-            accepted, next_token, path = head[0], head[1], head[2:2 + head[0]]
+            next_token, path = head[1], head[2:2 + head[0]]
             state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
             verify_ms = watch.restart()
             outcome = self._accept(state, draft, path, next_token, len(generated), config)
@@ -225,17 +224,19 @@ class SpeculativeDecoder:
         out = self.target.forward(block, block_parents)
         logits = out.logits[:, :state.vocab_size]  # [N+1, V]
         state.extras["block_logits"], state.extras["block_hidden"] = logits, out.hidden
-        sampling = config.sampling
-        parents = draft.parents if draft.is_tree else _chain_parents(draft.size, self.device)
-        uniforms = None
+        sampling, backend, tokens = config.sampling, self.backend, draft.tokens[None]  # tokens [1, N]
         if sampling.greedy:
-            result = self.backend.verify_tree_greedy(logits[None], draft.tokens[None], parents)
+            result = (backend.verify_tree_greedy(logits[None], tokens, draft.parents) if draft.is_tree
+                      else backend.verify_chain_greedy(logits[None], tokens))
+            return logits, result, None
+        uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
+        device_uniforms = uniforms.to(self.device)[None]  # [1, N+1]
+        probs = draft.probs[None] if draft.probs is not None else None  # [1, N, V] or one-hot
+        warp = (sampling.temperature, sampling.top_k, sampling.top_p)
+        if draft.is_tree:
+            result = backend.verify_tree_stochastic(logits[None], tokens, draft.parents, probs, device_uniforms, *warp)
         else:
-            uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
-            probs = draft.probs[None] if draft.probs is not None else None
-            result = self.backend.verify_tree_stochastic(logits[None], draft.tokens[None], parents, probs,
-                                                         uniforms.to(self.device)[None], sampling.temperature,
-                                                         sampling.top_k, sampling.top_p)
+            result = backend.verify_chain_stochastic(logits[None], tokens, probs, device_uniforms, *warp)
         return logits, result, uniforms
 
     def _accept(self, state, draft, path, next_token, generated_len, config) -> _RoundOutcome:
@@ -304,10 +305,6 @@ class SpeculativeDecoder:
 
     def _decode(self, ids: list) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-
-def _chain_parents(n: int, device) -> torch.Tensor:
-    return torch.arange(-1, n - 1, dtype=torch.long, device=device)
 
 
 def _max_depth(draft: Draft) -> int:

@@ -1,5 +1,4 @@
 """Speculative sampling reproduces the target's distribution (chi-squared, fixed seeds)."""
-from dataclasses import replace
 
 import pytest
 
@@ -43,12 +42,12 @@ def test_the_chi_square_check_catches_a_lossy_verifier(decoder, monkeypatch):
     """Negative control: a verifier that accepts every draft changes the distribution and must FAIL."""
     from kernels import reference
 
-    def accept_all(logits, tokens, parents, probs, uniforms, temperature, top_k=0, top_p=1.0):
-        return reference.verify_tree_stochastic(logits, tokens, parents, probs, uniforms * 0.0 - 1.0,
-                                                temperature, top_k, top_p)
+    def accept_all(logits, tokens, probs, uniforms, temperature, top_k=0, top_p=1.0):
+        return reference.verify_chain_stochastic(logits, tokens, probs, uniforms * 0.0 - 1.0, temperature, top_k,
+                                                 top_p)
 
     lossy = SpeculativeDecoder(decoder.pair)
-    monkeypatch.setattr(lossy, "backend", replace_backend(lossy.backend, verify_tree_stochastic=accept_all))
+    monkeypatch.setattr(lossy, "backend", replace_backend(lossy.backend, verify_chain_stochastic=accept_all))
     config = GenerationConfig(method="draft", k=3, sampling=SamplingParams(1.0, 0, 0.9), seed=1000)
     assert not check_sampling(lossy, PROMPT, config, samples=SAMPLES).passed
 
@@ -63,14 +62,14 @@ def test_greedy_check_reports_first_divergence(decoder, monkeypatch):
     config = GenerationConfig(method="draft", k=4, max_new_tokens=30)
     assert check_greedy(decoder, PROMPT, config).passed
 
-    def off_by_one(logits, tokens, parents):
+    def off_by_one(logits, tokens):
         from kernels import reference
 
-        result = reference.verify_tree_greedy(logits, tokens, parents)
+        result = reference.verify_chain_greedy(logits, tokens)
         return result._replace(next_token=(result.next_token + 1) % VOCAB)
 
     broken = SpeculativeDecoder(decoder.pair)
-    monkeypatch.setattr(broken, "backend", replace_backend(broken.backend, verify_tree_greedy=off_by_one))
+    monkeypatch.setattr(broken, "backend", replace_backend(broken.backend, verify_chain_greedy=off_by_one))
     plain = SpeculativeDecoder(decoder.pair)
     report = check_greedy(_Mixed(plain, broken), PROMPT, config)
     assert not report.passed and report.first_divergence == 0

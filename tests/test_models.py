@@ -1,7 +1,6 @@
 """Model loading (local dirs, HF cache ids, errors), HFRunner, vocab checks, device/dtype resolution."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch

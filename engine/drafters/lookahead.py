@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-import torch
 
 from engine.drafters.base import DecodeState, Draft, Drafter
 from engine.drafters.tree import as_tensors, build_trie
