@@ -154,6 +154,10 @@ def summarize(events: list, config: GenerationConfig) -> dict:
         "analytic_tokens_per_forward": last.analytic_tokens_per_forward if last else 0.0,
         "per_position_tokens_per_forward": last.per_position_tokens_per_forward if last else 0.0,
         "tpot_ms": last.tpot_ms if last else 0.0, "tokens_per_s": last.tokens_per_s if last else 0.0,
+        "per_position_acceptance": last.per_position_acceptance if last else [],
+        "accepted_length_histogram": last.accepted_length_histogram if last else [],
+        "draft_ms": last.draft_ms if last else 0.0, "verify_ms": last.verify_ms if last else 0.0,
+        "overhead_ms": last.overhead_ms if last else 0.0,
         "finish_reason": events[-1].finish_reason if events else None,
     }
 
@@ -164,7 +168,10 @@ def format_summary(s: dict) -> str:
             f"acceptance rate α={s['acceptance_rate']:.3f}  mean acceptance length={s['mean_acceptance_length']:.2f}\n"
             f"tokens/forward={s['tokens_per_forward']:.2f} (analytic {s['analytic_tokens_per_forward']:.2f}, "
             f"per-position {s['per_position_tokens_per_forward']:.2f})\n"
-            f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}")
+            f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}\n"
+            f"time: draft {s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms, overhead {s['overhead_ms']:.1f} ms\n"
+            f"per-position acceptance: {' '.join(f'{a:.2f}' for a in s['per_position_acceptance']) or '-'}\n"
+            f"accepted-length histogram: {s['accepted_length_histogram']}")
 
 
 DEFAULT_CHECK_PROMPT = "def fibonacci(n):\n    "

@@ -37,6 +37,11 @@ class RoundMetrics:
     tokens_per_s: float
     analytic_tokens_per_forward: float
     per_position_tokens_per_forward: float
+    per_position_acceptance: list = field(default_factory=list)  # alpha_i: accepted at depth i / reached depth i
+    accepted_length_histogram: list = field(default_factory=list)  # rounds by accepted count 0, 1, 2, ...
+    draft_ms: float = 0.0  # totals over the generation so far
+    verify_ms: float = 0.0
+    overhead_ms: float = 0.0
 
 
 @dataclass

@@ -76,6 +76,9 @@ class MetricsAccumulator:
             tokens_per_s=1000.0 * self.emitted / self.time_ms if self.time_ms > 0 else 0.0,
             analytic_tokens_per_forward=analytic.expected_tokens(alpha, k),
             per_position_tokens_per_forward=analytic.expected_tokens_per_position(self.per_position_acceptance),
+            per_position_acceptance=self.per_position_acceptance,
+            accepted_length_histogram=list(self.length_histogram),
+            draft_ms=self.draft_ms, verify_ms=self.verify_ms, overhead_ms=self.overhead_ms,
         )
 
 

@@ -180,3 +180,18 @@ def test_context_overflow_is_a_clear_error(decoder):
 
     with pytest.raises(SpecplayError, match="context"):
         list(decoder.generate(PROMPT, GenerationConfig(method="draft", k=4, max_new_tokens=10_000)))
+
+
+def test_per_position_acceptance_and_histogram(close_decoder):
+    events = list(close_decoder.generate(PROMPT, GenerationConfig(method="draft", k=4, max_new_tokens=40)))
+    m = events[-1].metrics
+    counts = [0] * 5
+    for e in events:
+        counts[e.accepted_count] += 1
+    assert m.accepted_length_histogram == counts[:len(m.accepted_length_histogram)]
+    assert sum(m.accepted_length_histogram) == m.rounds
+    # alpha_0 = rounds whose first draft was accepted / rounds
+    assert m.per_position_acceptance[0] == pytest.approx(sum(e.accepted_count > 0 for e in events) / m.rounds)
+    reached_1 = [e for e in events if e.accepted_count >= 1]
+    assert m.per_position_acceptance[1] == pytest.approx(sum(e.accepted_count > 1 for e in reached_1) / len(reached_1))
+    assert m.draft_ms == pytest.approx(sum(e.draft_ms for e in events))
