@@ -30,6 +30,13 @@ def leave_a_core_for_the_gui() -> None:
     torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
 
 
+def preload_engine() -> None:
+    """Import the engine (torch, transformers) on the calling thread. Called before the window opens: a first
+    import of torch inside a worker thread, racing the GUI thread for the GIL, can crawl for a minute."""
+    import engine.decoder  # noqa: F401
+    import engine.models  # noqa: F401
+
+
 def models_label(target: Optional[str], draft: Optional[str]) -> str:
     if target is None and draft is None:
         return SHIPPED_LABEL

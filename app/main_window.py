@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QActionGroup, QFontDatabase, QGuiApplication, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar,
@@ -78,6 +78,11 @@ class MainWindow(QMainWindow):
         self._pending: tuple = (None, None, True)  # the (target, draft, quiet) being loaded
         self._pending_error: Optional[tuple] = None  # (title, message) shown once a worker is done
         self._forced_palette = False  # True while the theme overrides a platform that ignores the scheme
+        self._unrendered: list = []  # rounds received but not drawn yet
+        self.ui_timer = QTimer(self)
+        self.ui_timer.setInterval(50)
+        self.ui_timer.timeout.connect(self._flush_rounds)
+        self.ui_timer.start()
         self._build_central()
         self._build_docks()
         self._build_menus()
@@ -366,10 +371,6 @@ class MainWindow(QMainWindow):
             self.settings.set(key, value)
         self._refresh_all()
 
-    def set_plots_visible(self, visible: bool) -> None:
-        self.plots_dock.setVisible(visible)
-        self.settings.set("view/plots", bool(visible))
-
     def apply_theme(self, theme: str, save: bool = True) -> None:
         if save:
             self.settings.set("view/theme", theme)
@@ -461,14 +462,25 @@ class MainWindow(QMainWindow):
         return self.gen_job is not None
 
     def _on_event(self, event) -> None:
+        """Record the round at once; draw it on the next UI tick (see _flush_rounds)."""
         gen = self.current
         if gen is None:
             return
         gen.add(event)
+        self._unrendered.append(event)
+
+    def _flush_rounds(self) -> None:
+        """UI tick (20 Hz): draw the rounds that arrived since the last tick, so the text view, history and
+        status bar repaint at most once a tick however fast rounds come."""
+        events, self._unrendered = self._unrendered, []
+        gen = self.current or (self.session.generations[-1] if self.session.generations else None)
+        if not events or gen is None:
+            return
         if self.shown is gen:
-            self.view.append_event(event)
+            for event in events:
+                self.view.append_event(event)
         self._update_history_item(gen)
-        self._refresh_live(event)
+        self._refresh_live(events[-1])
 
     def _on_failed(self, message: str) -> None:
         if self.current is not None:
@@ -481,6 +493,7 @@ class MainWindow(QMainWindow):
         stopped = self.gen_job.worker.stop_requested
         self.gen_job.finish()
         self.gen_job = None
+        self._flush_rounds()
         gen, self.current = self.current, None
         gen.finish = self._finish_reason(gen, stopped)
         if self.shown is gen:
@@ -508,6 +521,8 @@ class MainWindow(QMainWindow):
 
     def _render(self, gen: Generation) -> None:
         self.shown = gen
+        if gen is self.current:
+            self._unrendered = []  # show_generation draws every round received so far
         self.view.show_generation(gen.prompt, gen.events, gen.finish)
         self.plots.set_buffers(gen.buffers)
 
@@ -629,6 +644,7 @@ class MainWindow(QMainWindow):
                 job.finish()
         self.gen_job = self.load_job = None
         self.plots.timer.stop()
+        self.ui_timer.stop()
         super().closeEvent(event)
 
 
@@ -637,6 +653,10 @@ def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: s
     app = QApplication.instance() or QApplication(sys.argv)
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
+    try:
+        backend.preload_engine()
+    except Exception:  # noqa: BLE001 - the window opens anyway; loading will report the engine's error
+        pass
     window = MainWindow(device=device)
     window.show()
     window.start(target, draft)

@@ -53,10 +53,6 @@ class PlotBuffers:
         self.last_event = event
         self.version += 1
 
-    def add_all(self, events) -> None:
-        for event in events:
-            self.add(event)
-
     def _count_positions(self, event) -> None:
         depths = 1 + max((d.depth for d in event.drafted), default=-1)
         while len(self.length_counts) <= max(event.accepted_count, depths):

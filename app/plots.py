@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, Qt, QTimer
-from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QWidget
 
 from app.plot_data import PlotBuffers, summary_html
 from app.style import LIGHT, TokenColors
@@ -85,6 +85,7 @@ class PlotPanel(QWidget):
 
     def _plot(self, row, col, title, y_label, x_label="round", y_range=None):
         widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
+        widget.setFrameShape(QFrame.NoFrame)
         self.grid.addWidget(widget, row, col)
         self._widgets.append(widget)
         plot = widget.getPlotItem()

@@ -65,4 +65,6 @@ def dark_palette() -> QPalette:
     }
     for role, color in roles.items():
         pal.setColor(role, QColor(color))
+    for role in (QPalette.WindowText, QPalette.Text, QPalette.ButtonText):
+        pal.setColor(QPalette.Disabled, role, QColor("#6e7681"))
     return pal

@@ -33,6 +33,7 @@ def parse_args():
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=24, help="grab after this many rounds")
+    parser.add_argument("--theme", choices=("system", "light", "dark"), default="light")
     parser.add_argument("--size", default="1500x950", help="window size WxH")
     return parser.parse_args()
 
@@ -78,13 +79,16 @@ def main() -> int:
 
     app = QApplication.instance() or QApplication(sys.argv)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(scratch / "settings"))
+    from app.backend import preload_engine
     from app.main_window import MainWindow
 
+    preload_engine()
     target, draft = pick_models(args, scratch)
     window = MainWindow(device=args.device)
     window.show_error = lambda title, message: print(f"{title}: {message}", file=sys.stderr)
     width, height = (int(v) for v in args.size.split("x"))
     window.resize(width, height)
+    window.apply_theme(args.theme)
     window.show()
     window.start(target, draft)
     if not wait_until(app, lambda: window.load_job is None, 300) or window.decoder is None:

@@ -18,6 +18,7 @@ from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent, RoundMetrics
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
+backend.preload_engine()  # as run_gui does: torch is imported once, on the main thread
 
 TEXTS = ["def", " ", "f(x)", ":\n", "    ", "<b>&amp;", "\t", "return", " x", "\n"]
 
@@ -344,11 +345,9 @@ def test_settings_persist_and_reset(qtbot, make_window):
 def test_plots_redraw_on_timer_not_per_event(qtbot, make_window):
     window = make_window(FakeDecoder(rounds=300))
     generate(qtbot, window)
-    qtbot.wait(120)
     plots = window.plots
+    qtbot.waitUntil(lambda: len(plots.curves["running_alpha"].getData()[0]) == 300, timeout=3000)
     assert plots.redraws < 150  # 300 events: the 20 Hz timer redraws one plot a tick
-    x, y = plots.curves["running_alpha"].getData()
-    assert len(x) == 300
     assert len(plots.buffers.per_position_acceptance) == 4
     expected = 2.0 * (1 + 0.25 * 4) / plots.buffers.analytic_tpf[-1]  # TPOT_plain (1 + cK) / E
     assert plots.buffers.predicted_tpot[-1] == pytest.approx(expected)
