@@ -27,6 +27,7 @@ from kernels import select_backend
 TOP_ALTERNATIVES = 5
 ALL_METHODS = ("none", "draft", "medusa", "eagle", "lookahead", "ngram")
 EAGLE_FILE = "eagle_head.safetensors"
+NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 
 
 @dataclass
@@ -183,6 +184,8 @@ class SpeculativeDecoder:
             # the one host sync a round needs: accepted count, next token and the accepted path together
             n = draft.size
             head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
+            if head[0] < 0 or head[1] < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+                raise SpecplayError(NAN_MESSAGE)
             next_token, path = head[1], head[2:2 + head[0]]
             state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
             verify_ms = watch.restart()
@@ -223,6 +226,8 @@ class SpeculativeDecoder:
             block_parents = torch.cat([torch.tensor([-1], device=self.device), draft.parents + 1])
         out = self.target.forward(block, block_parents)
         logits = out.logits[:, :state.vocab_size]  # [N+1, V]
+        if self.backend.name == "torch-reference" and torch.isnan(logits).any():
+            raise SpecplayError(NAN_MESSAGE)
         state.extras["block_logits"], state.extras["block_hidden"] = logits, out.hidden
         sampling, backend, tokens = config.sampling, self.backend, draft.tokens[None]  # tokens [1, N]
         if sampling.greedy:

@@ -195,3 +195,18 @@ def test_per_position_acceptance_and_histogram(close_decoder):
     reached_1 = [e for e in events if e.accepted_count >= 1]
     assert m.per_position_acceptance[1] == pytest.approx(sum(e.accepted_count > 1 for e in reached_1) / len(reached_1))
     assert m.draft_ms == pytest.approx(sum(e.draft_ms for e in events))
+
+
+def test_nan_logits_are_a_clear_error(decoder, monkeypatch):
+    from engine.errors import SpecplayError
+    from engine.runner import ForwardOutput
+
+    forward = decoder.target.forward
+
+    def nan_forward(tokens, parents=None):
+        out = forward(tokens, parents)
+        return ForwardOutput(out.logits * float("nan"), out.hidden)
+
+    monkeypatch.setattr(decoder.target, "forward", nan_forward)
+    with pytest.raises(SpecplayError, match="NaN"):
+        list(decoder.generate(PROMPT, GenerationConfig(method="ngram", max_new_tokens=5)))
