@@ -19,7 +19,7 @@ from app.dialogs import HelpDialog, SamplingDialog
 from app.plot_data import PlotBuffers
 from app.plots import PlotPanel
 from app.round_view import RoundView, describe, legend_html
-from app.session import METHOD_LABELS, Generation, Session, sampling_label
+from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
 from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
 from app.style import colors_for, dark_palette, system_is_dark
 from app.workers import GenerationWorker, Job, LoadWorker
@@ -329,7 +329,7 @@ class MainWindow(QMainWindow):
 
     def _fall_back_if_unavailable(self) -> None:
         method = self.settings.get("decode/method")
-        if self.availability.get(method, "unknown") is not None:
+        if self.availability.get(engine_method(method), "unknown") is not None:
             fallback = "draft" if self.availability.get("draft", "x") is None else "none"
             self.settings.set("decode/method", fallback)
 
@@ -597,7 +597,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         method = s.get("decode/method")
         for name, action in self.method_actions.items():
-            reason = self.availability.get(name, "not offered by the engine") if self.decoder else None
+            reason = self.availability.get(engine_method(name), "not offered by the engine") if self.decoder else None
             action.setEnabled(reason is None)
             action.setToolTip(f"Unavailable: {reason}" if reason else METHOD_LABELS[name])
             action.setChecked(name == method)
@@ -618,7 +618,7 @@ class MainWindow(QMainWindow):
         labels["device"].setText(f"Device: {self.decoder.device_name}" if self.decoder else "Device: —")
         labels["models"].setText(f"Models: {self.models}")
         config = s.config()
-        k = "" if config.method == "none" else f", K={config.k}"
+        k = "" if config.method == "none" else f", K={config.k}{tree_label(config)}"
         labels["method"].setText(f"{METHOD_LABELS.get(config.method, config.method)}{k}, "
                                  f"{sampling_label(config.sampling, config.seed)}")
         cal = self.calibration

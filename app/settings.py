@@ -52,9 +52,12 @@ class AppSettings:
                               top_p=self.get("decode/top_p"))
 
     def config(self) -> GenerationConfig:
-        return GenerationConfig(method=self.get("decode/method"), k=self.get("decode/k"),
-                                sampling=self.sampling(), seed=self.get("decode/seed"),
-                                max_new_tokens=self.get("decode/max_new_tokens"))
+        from app.session import EAGLE_TREE, engine_method
+
+        menu_method, k = self.get("decode/method"), self.get("decode/k")
+        return GenerationConfig(method=engine_method(menu_method), k=k, sampling=self.sampling(),
+                                seed=self.get("decode/seed"), max_new_tokens=self.get("decode/max_new_tokens"),
+                                tree_nodes=2 * k if menu_method == EAGLE_TREE else 0)
 
     def layout(self) -> tuple:
         return self.q.value("window/geometry", QByteArray()), self.q.value("window/state", QByteArray())

@@ -228,6 +228,20 @@ def test_method_and_k_from_menus_apply_to_next_run(qtbot, make_window):
     assert window.view.rendered_spans()[:-1] == expected_spans("def f(x):", first.events)
 
 
+def test_eagle_tree_entry_runs_eagle_with_a_tree_of_2k_nodes(qtbot, make_window):
+    window = make_window()
+    assert not window.method_actions["eagle-tree"].isEnabled()  # the fake has no EAGLE head
+    window.availability["eagle"] = None
+    window._refresh_menus()
+    assert window.method_actions["eagle-tree"].isEnabled()
+    window.method_actions["eagle-tree"].trigger()
+    window.k_actions[3].trigger()
+    generate(qtbot, window)
+    config = window.fake.configs[-1]
+    assert (config.method, config.k, config.tree_nodes) == ("eagle", 3, 6)
+    assert "tree 6" in window.history.item(window.history.count() - 1).text()
+
+
 def test_unavailable_methods_are_disabled_with_reason(qtbot, make_window):
     window = make_window()
     medusa = window.method_actions["medusa"]
