@@ -145,7 +145,8 @@ def cmd_run(args) -> int:
 def summarize(events: list, config: GenerationConfig) -> dict:
     last = events[-1].metrics if events else None
     return {
-        "method": config.method, "k": config.k, "temperature": config.sampling.temperature,
+        "method": config.method, "k": config.k, "tree_nodes": config.tree_nodes,
+        "temperature": config.sampling.temperature,
         "rounds": last.rounds if last else 0, "drafted": last.drafted if last else 0,
         "accepted": last.accepted if last else 0, "emitted": last.emitted if last else 0,
         "acceptance_rate": last.acceptance_rate if last else 0.0,
@@ -163,7 +164,8 @@ def summarize(events: list, config: GenerationConfig) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    return (f"method={s['method']} K={s['k']} T={s['temperature']} device={s.get('device', '?')}\n"
+    tree = f" tree={s['tree_nodes']}" if s.get("tree_nodes") else ""
+    return (f"method={s['method']} K={s['k']}{tree} T={s['temperature']} device={s.get('device', '?')}\n"
             f"rounds={s['rounds']} drafted={s['drafted']} accepted={s['accepted']} emitted={s['emitted']}\n"
             f"acceptance rate α={s['acceptance_rate']:.3f}  mean acceptance length={s['mean_acceptance_length']:.2f}\n"
             f"tokens/forward={s['tokens_per_forward']:.2f} (analytic {s['analytic_tokens_per_forward']:.2f}, "
