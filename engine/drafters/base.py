@@ -44,6 +44,18 @@ class DecodeState:
         return torch.rand(n, generator=self.generator, dtype=torch.float32).to(self.device)
 
 
+def draw_token(state: DecodeState, logits: torch.Tensor, uniform: torch.Tensor):
+    """Draw one draft token from logits [1, V] with the run's sampling settings.
+
+    Returns (token [1], q [1, V] or None): greedy drafting takes the argmax and needs no q (verification is
+    then the argmax check); otherwise q is the warped distribution the token was sampled from."""
+    sampling = state.config.sampling
+    if sampling.greedy:
+        return logits.argmax(-1), None
+    q = state.backend.warp_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return state.backend.sample_from_probs(q, uniform), q
+
+
 class Drafter(ABC):
     name: str = ""
 

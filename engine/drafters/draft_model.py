@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
 from engine.runner import CausalRunner
 from engine.timing import Stopwatch
 
@@ -25,22 +25,18 @@ class DraftModelDrafter(Drafter):
         self.cached = len(prefix)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        sampling = state.config.sampling
         watch = Stopwatch(state.device)
         feed = torch.tensor(state.tokens[self.cached:], dtype=torch.long, device=self.runner.device)
         uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
             logits = self.runner.forward(feed).logits[-1:, :state.vocab_size]  # [1, V]
-            q = state.backend.warp_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            token = state.backend.sample_from_probs(q, uniforms[i:i + 1])  # [1]
+            token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
-            if i == k - 1:
-                break
             feed = token
         self.base, self.last_k = len(state.tokens), k
-        return Draft(tokens=torch.cat(tokens), probs=None if sampling.greedy else torch.cat(probs),
+        return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs),
                      draft_ms=watch.elapsed_ms())
 
     def commit(self, state: DecodeState, accepted: int) -> None:

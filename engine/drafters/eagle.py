@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.timing import Stopwatch
@@ -108,18 +108,16 @@ class EagleDrafter(Drafter):
         return draft
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
-        sampling = state.config.sampling
         uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
-            q = state.backend.warp_probs(self.head.logits(feature)[:, :state.vocab_size], sampling.temperature,
-                                         sampling.top_k, sampling.top_p)  # [1, V]
-            token = state.backend.sample_from_probs(q, uniforms[i:i + 1])  # [1]
+            logits = self.head.logits(feature)[:, :state.vocab_size]  # [1, V]
+            token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
             if i < k - 1:
                 feature = self.head.step(feature, token)[-1:]
-        return Draft(tokens=torch.cat(tokens), probs=None if sampling.greedy else torch.cat(probs))
+        return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
         """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
