@@ -477,8 +477,7 @@ class MainWindow(QMainWindow):
         if not events or gen is None:
             return
         if self.shown is gen:
-            for event in events:
-                self.view.append_event(event)
+            self.view.append_events(events)
         self._update_history_item(gen)
         self._refresh_live(events[-1])
 

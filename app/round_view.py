@@ -208,29 +208,39 @@ class RoundView(QTextEdit):
         self._insert(display_text(TokenInfo(PROMPT, -1, prompt)), self._formats[PROMPT])
 
     def append_event(self, event, scroll: bool = True) -> None:
+        self.append_events([event], scroll)
+
+    def append_events(self, events: list, scroll: bool = True) -> None:
+        """Draw rounds at the end of the view in one edit block, so the document is laid out once per batch
+        rather than once per token (the difference between a 50 ms and a 5 ms UI tick on long outputs)."""
         follow = scroll and self._at_bottom()
-        end = self.document().characterCount() - 1
-        if event.round > 0:
-            self._boundaries.append(end)
-        for info in round_tokens(event):
-            self._insert_token(info)
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        cursor.beginEditBlock()
+        for event in events:
+            if event.round > 0:
+                self._boundaries.append(self.document().characterCount() - 1)
+            for info in round_tokens(event):
+                self._insert_token(info, cursor)
+        cursor.endEditBlock()
         if follow:
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def append_finish(self, reason: str) -> None:
         self._insert(f"  [{reason}]", self._formats[NOTICE])
 
-    def _insert_token(self, info: TokenInfo) -> None:
+    def _insert_token(self, info: TokenInfo, cursor: Optional[QTextCursor] = None) -> None:
         fmt = QTextCharFormat(self._formats[info.kind])
         fmt.setProperty(ROUND_PROP, info.round)
         fmt.setAnchor(True)
         fmt.setAnchorHref(f"t{len(self.tokens)}")
         self.tokens.append(info)
-        self._insert(display_text(info), fmt)
+        self._insert(display_text(info), fmt, cursor)
 
-    def _insert(self, text: str, fmt: QTextCharFormat) -> None:
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.End)
+    def _insert(self, text: str, fmt: QTextCharFormat, cursor: Optional[QTextCursor] = None) -> None:
+        if cursor is None:
+            cursor = QTextCursor(self.document())
+            cursor.movePosition(QTextCursor.End)
         cursor.insertText(text, fmt)
 
     def _at_bottom(self) -> bool:
