@@ -203,7 +203,8 @@ class SpeculativeDecoder:
             details = self._details(draft, state.extras["draft_tokens"], result, uniforms, logits, outcome, config)
             overhead_ms = watch.restart()
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
-                                              _max_depth(draft), draft_ms, verify_ms, overhead_ms)
+                                              1 + max((t.depth for t in details["drafted"]), default=-1),
+                                              draft_ms, verify_ms, overhead_ms)
             yield RoundEvent(
                 round=round_index, method=config.method, k=config.k, drafted=details["drafted"],
                 accepted_count=outcome.accepted, next_token_id=outcome.next_token,
@@ -310,15 +311,6 @@ class SpeculativeDecoder:
 
     def _decode(self, ids: list) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-
-def _max_depth(draft: Draft) -> int:
-    if not draft.is_tree:
-        return draft.size
-    depths: list = []
-    for p in draft.parents.tolist():
-        depths.append(0 if p < 0 else depths[p] + 1)
-    return max(depths) + 1 if depths else 0
 
 
 def _eos_ids(tokenizer) -> set:
