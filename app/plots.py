@@ -1,8 +1,11 @@
 """Live plots (pyqtgraph), redrawn from PlotBuffers by a QTimer at no more than REDRAW_HZ."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
+
 from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QWidget
 
@@ -10,6 +13,17 @@ from app.plot_data import PlotBuffers, summary_html
 from app.style import LIGHT, TokenColors
 
 REDRAW_HZ = 20
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 5 x 10^n that is >= value (value > 0)."""
+    if value <= 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(value))
+    for step in (1.0, 2.0, 5.0, 10.0):
+        if step * scale >= value * (1 - 1e-9):
+            return step * scale
+    return 10.0 * scale
 
 
 def _array(values) -> np.ndarray:
@@ -102,8 +116,13 @@ class PlotPanel(QWidget):
 
     @staticmethod
     def _fit(plot, x_max: float, y_max: float, x_min: float = 0.0) -> None:
-        y_low, y_high = plot.fixed_y or (0.0, max(y_max, 1e-3) * 1.1)
-        plot.setRange(xRange=(x_min, max(x_max, x_min + 1)), yRange=(y_low, y_high), padding=0.02)
+        """Set the view range, rounded up to 1-2-5 steps and only when it changes: a new range relabels
+        the axes, and axis painting is the most expensive part of a redraw."""
+        y_low, y_high = plot.fixed_y or (0.0, nice_ceiling(max(y_max, 1e-3) * 1.1))
+        wanted = (x_min, max(nice_ceiling(x_max), x_min + 1), y_low, y_high)
+        if getattr(plot, "applied_range", None) != wanted:
+            plot.setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0.02)
+            plot.applied_range = wanted
 
     def _scatter(self, plot, color, name):
         return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color,
@@ -120,8 +139,9 @@ class PlotPanel(QWidget):
 
     # ---------------------------------------------------------------------------------------------- data
     def set_buffers(self, buffers: PlotBuffers) -> None:
+        """Show other data; the timer redraws the plots one a tick (a full redraw here would stall a frame)."""
         self.buffers = buffers
-        self.redraw()
+        self._drawn = [-1] * len(self._painters)
 
     def redraw_if_dirty(self) -> None:
         """One timer tick: redraw the next plot (round-robin) whose data changed since it was drawn."""

@@ -360,7 +360,11 @@ def test_plots_redraw_on_timer_not_per_event(qtbot, make_window):
     window = make_window(FakeDecoder(rounds=300))
     generate(qtbot, window)
     plots = window.plots
-    qtbot.waitUntil(lambda: len(plots.curves["running_alpha"].getData()[0]) == 300, timeout=3000)
+    def plotted():
+        x = plots.curves["running_alpha"].getData()[0]
+        return 0 if x is None else len(x)
+
+    qtbot.waitUntil(lambda: plotted() == 300, timeout=3000)
     assert plots.redraws < 150  # 300 events: the 20 Hz timer redraws one plot a tick
     assert len(plots.buffers.per_position_acceptance) == 4
     expected = 2.0 * (1 + 0.25 * 4) / plots.buffers.analytic_tpf[-1]  # TPOT_plain (1 + cK) / E
