@@ -214,6 +214,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_gui(args) -> int:
+    if sys.platform.startswith("linux") and not any(
+            os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")):
+        raise SpecplayError("no display found for the window: run it in a desktop session, or use the headless "
+                            "commands (python main.py --help)")
     try:
         from app.main_window import run_gui
     except ImportError as exc:

@@ -165,3 +165,14 @@ def test_heldout_prompts_are_real_code_prompts():
 
     prompts = heldout_prompts(8)
     assert len(prompts) == 8 and all(isinstance(p, str) and len(p) >= 50 for p in prompts)
+
+
+def test_gui_without_a_display_is_a_clear_error(capsys, monkeypatch):
+    import sys as _sys
+
+    if not _sys.platform.startswith("linux"):
+        pytest.skip("display detection is for Linux")
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(var, raising=False)
+    code, out, err = run_cli(capsys)
+    assert code == 2 and "no display" in err and len(err.strip().splitlines()) == 1
