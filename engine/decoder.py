@@ -180,6 +180,7 @@ class SpeculativeDecoder:
             watch = Stopwatch(self.device)
             draft = drafter.propose(state, config.k)
             draft_ms = watch.restart()
+            block_start = self.target.length  # the cache row of the last committed token, fed first
             logits, result, uniforms = self._verify(state, draft, config)
             # the one host sync a round needs: accepted count, next token and the accepted path together
             n = draft.size
@@ -190,7 +191,7 @@ class SpeculativeDecoder:
             state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
             verify_ms = watch.restart()
             outcome = self._accept(state, draft, path, next_token, len(generated), config)
-            self._roll_back(draft, outcome)
+            self._roll_back(draft, outcome, block_start)
             last_row = outcome.path[-1] + 1 if outcome.path else 0
             state.extras["accepted_rows"] = [0] + [i + 1 for i in outcome.path]  # block rows now committed
             state.extras["last_hidden"] = state.extras["block_hidden"][last_row]  # feature that gave next token
@@ -219,7 +220,6 @@ class SpeculativeDecoder:
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
         """One target forward over [last committed token] + draft, then the verification kernel."""
-        self._block_start = self.target.length
         last = torch.tensor(state.tokens[-1:], dtype=torch.long, device=self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         block_parents = None
@@ -260,9 +260,8 @@ class SpeculativeDecoder:
         return _RoundOutcome(accepted=len(path), next_token=next_token, path=path, emitted=emitted,
                              finish_reason=finish)
 
-    def _roll_back(self, draft: Draft, outcome: _RoundOutcome) -> None:
+    def _roll_back(self, draft: Draft, outcome: _RoundOutcome, start: int) -> None:
         """Keep the last committed token and the accepted path in the target cache; the next token stays out."""
-        start = self._block_start
         if draft.is_tree:
             keep = torch.tensor([0] + [i + 1 for i in outcome.path], dtype=torch.long, device=self.device)
             self.target.compact(start, keep)

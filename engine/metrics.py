@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Iterable, Optional
+from typing import Iterable
 
 from engine import analytic
 from engine.errors import SpecplayError
@@ -124,7 +124,7 @@ def _open_for_writing(path):
         raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_csv(events: Iterable, path, generations: Optional[Iterable[int]] = None) -> int:
+def write_csv(events: Iterable, path) -> int:
     """One row per round. events: RoundEvents, or (generation, RoundEvent) pairs. Returns the row count."""
     rows = 0
     with _open_for_writing(path) as handle:

@@ -63,8 +63,8 @@ class LookaheadDrafter(Drafter):
         # Jacobi step: the target's argmax after the root and after each window node
         rows = [0] + [n + 1 for n in self._window_nodes]
         predictions = block_logits[rows].argmax(-1).tolist()  # [W+1] guesses for positions L+1 .. L+W+1
-        self._add_ngrams([state.tokens[-1 - (accepted + 1)] if len(state.tokens) > accepted + 1 else
-                          predictions[0]] + predictions)
+        root = state.tokens[-(accepted + 2)]  # the round's last committed token, before this round's tokens
+        self._add_ngrams([root] + predictions)
         self._add_ngrams(state.tokens[-(self.ngram + accepted + 1):])
         shift = accepted + 1  # committed tokens this round; the window moves past them
         fresh = predictions[shift:]
