@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayo
 from app import backend
 from app.dialogs import HelpDialog, SamplingDialog
 from app.plot_data import PlotBuffers
-from app.plots import PlotPanel
+from app.plots import REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
 from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
 from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
@@ -56,6 +56,24 @@ class PromptEdit(QPlainTextEdit):
             super().keyPressEvent(event)
 
 
+class SteadyLabel(QLabel):
+    """A status-bar label whose width only grows: live text that changes every tick would otherwise
+    relayout (and repaint) the status bar each time."""
+
+    def __init__(self):
+        super().__init__()
+        self._widest = 0
+
+    def sizeHint(self):
+        hint = super().sizeHint()
+        self._widest = max(self._widest, hint.width())
+        hint.setWidth(self._widest)
+        return hint
+
+    def minimumSizeHint(self):
+        return self.sizeHint()
+
+
 class MainWindow(QMainWindow):
     def __init__(self, loader=backend.load_decoder, device: str = "auto",
                  settings: Optional[AppSettings] = None):
@@ -80,9 +98,10 @@ class MainWindow(QMainWindow):
         self._forced_palette = False  # True while the theme overrides a platform that ignores the scheme
         self._unrendered: list = []  # rounds received but not drawn yet
         self.ui_timer = QTimer(self)
-        self.ui_timer.setInterval(50)
-        self.ui_timer.timeout.connect(self._flush_rounds)
+        self.ui_timer.setInterval(int(1000 / (2 * REDRAW_HZ)))
+        self.ui_timer.timeout.connect(self._ui_tick)
         self.ui_timer.start()
+        self._ticks = 0
         self._build_central()
         self._build_docks()
         self._build_menus()
@@ -239,7 +258,7 @@ class MainWindow(QMainWindow):
 
     def _build_status(self) -> None:
         names = ("device", "models", "method", "live", "calibration")
-        self.status_labels = {name: QLabel() for name in names}
+        self.status_labels = {name: SteadyLabel() for name in names}
         self.progress = QProgressBar()
         self.progress.setRange(0, 0)  # busy indicator
         self.progress.setMaximumWidth(120)
@@ -469,9 +488,18 @@ class MainWindow(QMainWindow):
         gen.add(event)
         self._unrendered.append(event)
 
+    def _ui_tick(self) -> None:
+        """Ticks alternate between the text view and one plot, so one event-loop pass never paints both:
+        together they made the longest gaps (~35 ms on a 2-core machine, scripts/stall_probe.py)."""
+        self._ticks += 1
+        if self._ticks % 2:
+            self._flush_rounds()
+        else:
+            self.plots.redraw_if_dirty()
+
     def _flush_rounds(self) -> None:
-        """UI tick (20 Hz): draw the rounds that arrived since the last tick, so the text view, history and
-        status bar repaint at most once a tick however fast rounds come."""
+        """Every other UI tick (20 Hz): draw the rounds that arrived since the last time, so the text view,
+        history and status bar repaint at most 20 times a second however fast rounds come."""
         events, self._unrendered = self._unrendered, []
         gen = self.current or (self.session.generations[-1] if self.session.generations else None)
         if not events or gen is None:
@@ -642,14 +670,20 @@ class MainWindow(QMainWindow):
                 job.stop()
                 job.finish()
         self.gen_job = self.load_job = None
-        self.plots.timer.stop()
         self.ui_timer.stop()
         super().closeEvent(event)
+
+
+# The decoding thread shares the GIL with this one. Qt calls release the GIL, and taking it back waits up to the
+# switch interval while the decoder runs Python. With the default 5 ms, a plot repaint next to a busy Python
+# thread took a median 34 ms instead of 2.4 ms; 0.5 ms brings it to 7.6 ms (scripts/plot_paint_bench.py).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto") -> int:
     """Open the window (main.py's default command). Returns the application's exit code."""
     app = QApplication.instance() or QApplication(sys.argv)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     try:

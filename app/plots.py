@@ -1,4 +1,4 @@
-"""Live plots (pyqtgraph), redrawn from PlotBuffers by a QTimer at no more than REDRAW_HZ."""
+"""Live plots (pyqtgraph), redrawn from PlotBuffers one plot per UI tick, at no more than REDRAW_HZ ticks/s."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pyqtgraph as pg
 
-from PySide6.QtCore import QPoint, Qt, QTimer
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QWidget
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QWidget
 
 from app.plot_data import PlotBuffers, summary_html
 from app.style import LIGHT, TokenColors
@@ -30,10 +30,24 @@ def _array(values) -> np.ndarray:
     return np.asarray(values, dtype=float)
 
 
+class SummaryLabel(QLabel):
+    """The summary text beside the plots. Its text changes on every redraw; a label that asked for a new
+    size each time (word wrap asks for a height for its width) would relayout, and so repaint, all five
+    plots. This one takes the cell the grid gives it."""
+
+    def __init__(self):
+        super().__init__()
+        self.setWordWrap(True)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Ignored)
+
+    def hasHeightForWidth(self) -> bool:
+        return False
+
+
 class PlotPanel(QWidget):
-    """Five plots and a summary, each its own widget. A timer tick redraws at most one stale one
-    (round-robin), so a tick costs one small paint and the event loop stays free; full redraws happen on
-    demand (new buffers, export)."""
+    """Five plots and a summary, each its own widget. The window's UI tick calls `redraw_if_dirty`, which
+    redraws at most one stale one (round-robin), so a tick costs one small paint and the event loop stays
+    free; full redraws happen on demand (new buffers, export)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -44,13 +58,13 @@ class PlotPanel(QWidget):
         self.grid = QGridLayout(self)
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.grid.setSpacing(2)
+        for column in range(3):
+            self.grid.setColumnStretch(column, 1)
+        for row in range(2):
+            self.grid.setRowStretch(row, 1)
         self._widgets: list = []
         self._build()
         self._next = 0
-        self.timer = QTimer(self)
-        self.timer.setInterval(int(1000 / REDRAW_HZ))
-        self.timer.timeout.connect(self.redraw_if_dirty)
-        self.timer.start()
 
     # ---------------------------------------------------------------------------------------------- build
     def _build(self) -> None:
@@ -80,8 +94,9 @@ class PlotPanel(QWidget):
         self.hist_plot.addItem(self.hist_bars)
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
         self.pos_plot.addItem(self.pos_bars)
-        self.summary = QLabel()
-        self.summary.setWordWrap(True)
+        for plot in (self.alpha_plot, self.tpf_plot, self.tpot_plot, self.hist_plot, self.pos_plot):
+            self._cache_static_items(plot)
+        self.summary = SummaryLabel()
         self.summary.setAlignment(Qt.AlignTop | Qt.AlignLeft)
         self.summary.setStyleSheet(f"background:{c.plot_bg}; color:{c.plot_fg}; padding:8px")
         self.grid.addWidget(self.summary, 1, 2)
@@ -115,6 +130,16 @@ class PlotPanel(QWidget):
         return plot
 
     @staticmethod
+    def _cache_static_items(plot) -> None:
+        """Keep axes (with their grid), title and legend as cached pixmaps: a data update then repaints the
+        curves only, and the axes are drawn again only when their range changes. This halves a redraw."""
+        static = [plot.titleLabel, plot.legend] + [axis["item"] for axis in plot.axes.values()]
+        while static:
+            item = static.pop()
+            item.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+            static.extend(item.childItems())
+
+    @staticmethod
     def _fit(plot, x_max: float, y_max: float, x_min: float = 0.0) -> None:
         """Set the view range, rounded up to 1-2-5 steps and only when it changes: a new range relabels
         the axes, and axis painting is the most expensive part of a redraw."""
@@ -144,7 +169,7 @@ class PlotPanel(QWidget):
         self._drawn = [-1] * len(self._painters)
 
     def redraw_if_dirty(self) -> None:
-        """One timer tick: redraw the next plot (round-robin) whose data changed since it was drawn."""
+        """One UI tick: redraw the next plot (round-robin) whose data changed since it was drawn."""
         if not self.isVisible():
             return
         count = len(self._painters)

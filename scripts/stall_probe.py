@@ -65,7 +65,9 @@ def main() -> int:
 
     app = QApplication([])
     from app import backend
-    from app.main_window import MainWindow
+    from app.main_window import GIL_SWITCH_INTERVAL_S, MainWindow
+
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as run_gui does
 
     backend.preload_engine()
     target = draft = None

@@ -371,6 +371,87 @@ def test_plots_redraw_on_timer_not_per_event(qtbot, make_window):
     assert plots.buffers.predicted_tpot[-1] == pytest.approx(expected)
 
 
+class PaintCounter:
+    """Counts paint events per plot viewport."""
+
+    def __init__(self, plots):
+        from PySide6.QtCore import QEvent, QObject
+
+        counts = self.counts = {}
+
+        class Filter(QObject):
+            def eventFilter(self, watched, event):
+                if event.type() == QEvent.Paint:
+                    counts[watched] = counts.get(watched, 0) + 1
+                return False
+
+        self.filter = Filter()
+        self.viewports = [plots.grid.itemAt(index).widget().viewport() for index in range(5)]
+        for viewport in self.viewports:
+            viewport.installEventFilter(self.filter)
+
+    def painted(self) -> list:
+        return [self.counts.get(viewport, 0) for viewport in self.viewports]
+
+
+def test_new_summary_text_never_relayouts_the_plots(qtbot, make_window):
+    """A label that asked for a new size on every text change would resize, and so repaint, all five plots
+    each time the summary is redrawn (a 100 ms stall on a slow machine)."""
+    window = make_window()
+    plots = window.plots
+    widgets = [plots.grid.itemAt(index).widget() for index in range(5)]
+    qtbot.wait(50)
+    sizes = [widget.size() for widget in widgets]
+    counter = PaintCounter(plots)
+    plots.summary.setText("<br>".join(["a long summary line that wraps over the width of its cell"] * 30))
+    qtbot.wait(50)
+    assert [widget.size() for widget in widgets] == sizes
+    assert counter.painted() == [0] * 5
+
+
+def test_redrawing_one_plot_repaints_only_that_plot(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=40))
+    generate(qtbot, window)
+    window.ui_timer.stop()
+    plots = window.plots
+    plots.redraw()
+    counter = PaintCounter(plots)
+    for _ in range(20):  # let the full redraw's paints (and any relayout after them) settle
+        before = counter.painted()
+        qtbot.wait(100)
+        if counter.painted() == before:
+            break
+    counter.counts.clear()
+    plots.buffers.version += 1
+    plots.redraw_if_dirty()
+    qtbot.waitUntil(lambda: sum(counter.painted()) > 0, timeout=2000)
+    qtbot.wait(100)
+    painted = counter.painted()
+    assert sum(1 for count in painted if count) == 1, painted
+
+
+def test_ui_ticks_alternate_between_text_and_plots(make_window, monkeypatch):
+    """Drawing rounds and redrawing a plot in the same event-loop pass made the longest stalls."""
+    window = make_window()
+    window.ui_timer.stop()
+    calls = []
+    monkeypatch.setattr(window, "_flush_rounds", lambda: calls.append("text"))
+    monkeypatch.setattr(window.plots, "redraw_if_dirty", lambda: calls.append("plot"))
+    for _ in range(6):
+        window._ui_tick()
+    assert calls in (["text", "plot"] * 3, ["plot", "text"] * 3)
+
+
+def test_live_status_label_does_not_shrink(make_window):
+    """Live text (α, tok/s) that shrank and grew would relayout the whole status bar on every tick."""
+    window = make_window()
+    label = window.status_labels["live"]
+    label.setText("α 0.55 · 12345 tok/s")
+    wide = label.sizeHint().width()
+    label.setText("α —")
+    assert label.sizeHint().width() == wide
+
+
 def test_close_mid_run_exits_cleanly(qtbot, make_window):
     window = make_window(FakeDecoder(rounds=10000, delay=0.005))
     generate(qtbot, window, wait=False)
@@ -448,11 +529,11 @@ def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
     assert gen.finish in ("length", "eos") and gen.tokens <= 80
     assert all(e.k == 3 and e.method == "draft" for e in gen.events)
     assert window.view.rendered_spans()[:-1] == expected_spans(gen.prompt, gen.events)
-    # A gross-stall guard only: the decoder thread shares the GIL with the GUI thread, and on a shared 2-core
-    # machine the scheduler alone can add tens of ms, so a tight timing assertion would be flaky. The measured
-    # worst gap is printed for the record (run with -s).
+    # The issue's bound is 50 ms; this run measured 27-39 ms on a 2-core machine. The decoder thread shares the
+    # GIL and the cores with the GUI thread, and a loaded CI box can add tens of ms, so the assertion keeps a 2x
+    # margin over the bound. The measured worst gap is printed for the record (run with -s).
     print(f"worst event-loop gap while decoding: {worst * 1000:.0f} ms")
-    assert worst < 0.25, f"event loop stalled for {worst * 1000:.0f} ms"
+    assert worst < 0.1, f"event loop stalled for {worst * 1000:.0f} ms"
 
 
 def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
