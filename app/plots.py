@@ -203,11 +203,21 @@ class PlotPanel(QWidget):
         lengths = _array(self.buffers.length_counts)
         self.hist_bars.setOpts(x=np.arange(len(lengths)), height=lengths)
         self._fit(self.hist_plot, len(lengths) - 0.5, float(lengths.max(initial=1.0)), x_min=-0.5)
+        self._integer_ticks(self.hist_plot, len(lengths))
 
     def _draw_positions(self) -> None:
         alphas = _array(self.buffers.per_position_acceptance)
         self.pos_bars.setOpts(x=np.arange(1, len(alphas) + 1), height=alphas)
         self._fit(self.pos_plot, len(alphas) + 0.5, 1.0, x_min=0.5)
+        self._integer_ticks(self.pos_plot, len(alphas))
+
+    @staticmethod
+    def _integer_ticks(plot, bars: int) -> None:
+        """Bars sit on whole numbers: tick every one (every other past ten), set only when it changes."""
+        step = 1 if bars <= 10 else 2
+        if getattr(plot, "tick_step", None) != step:
+            plot.getAxis("bottom").setTickSpacing(major=step, minor=step)
+            plot.tick_step = step
 
     def _draw_summary(self) -> None:
         self.summary.setText(summary_html(self.buffers))
