@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QTextCursor
 
 from app import backend
-from app.main_window import MainWindow
+from app.main_window import GIL_SWITCH_INTERVAL_S, MainWindow
 from app.round_view import (ACCEPTED, BONUS, CORRECTION, PROMPT, REJECTED, TARGET, UNTESTED, TokenInfo,
                             display_text, round_tokens)
 from app.settings import AppSettings
@@ -503,6 +504,8 @@ class StallMonitor:
 @pytest.fixture
 def real_window(qtbot, tiny_pair_dirs):
     target, draft = tiny_pair_dirs
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as run_gui does
     window = MainWindow(device="cpu")
     window.errors = []
     window.show_error = lambda title, message: window.errors.append((title, message))
@@ -511,7 +514,8 @@ def real_window(qtbot, tiny_pair_dirs):
     window.start(str(target), str(draft))
     qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
     assert window.errors == [] and window.decoder is not None
-    return window
+    yield window
+    sys.setswitchinterval(previous)
 
 
 def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
@@ -529,7 +533,7 @@ def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
     assert gen.finish in ("length", "eos") and gen.tokens <= 80
     assert all(e.k == 3 and e.method == "draft" for e in gen.events)
     assert window.view.rendered_spans()[:-1] == expected_spans(gen.prompt, gen.events)
-    # The bound is 50 ms; this run measured 27-39 ms on a 2-core machine. The decoder thread shares the
+    # The bound is 50 ms; this test measured 28-46 ms on a 2-core machine. The decoder thread shares the
     # GIL and the cores with the GUI thread, and a loaded CI box can add tens of ms, so the assertion keeps a 2x
     # margin over the bound. The measured worst gap is printed for the record (run with -s).
     print(f"worst event-loop gap while decoding: {worst * 1000:.0f} ms")
