@@ -92,12 +92,13 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
     for name, _ in variants:
         if name not in availability:
             raise SpecplayError(f"unknown method {name!r}")
-    variants = [(m, n) for m, n in variants if availability[m] is None and m != "none"]
-    measure(decoder, prompts[:1], replace(base, method="none", max_new_tokens=8))  # warm-up
-    results = {"none": measure(decoder, prompts, replace(base, method="none"), repeats)}
+    variants = [("none", 0)] + [(m, n) for m, n in variants if availability[m] is None and m != "none"]
+    results = {}
     for name, nodes in variants:
         label = f"{name}:{nodes}" if nodes else name
-        results[label] = measure(decoder, prompts, replace(base, method=name, tree_nodes=nodes), repeats)
+        config = replace(base, method=name, tree_nodes=nodes)
+        measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
+        results[label] = measure(decoder, prompts, config, repeats)
     plain = results["none"].tokens_per_s
     rows = []
     for method, r in results.items():
@@ -107,6 +108,26 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
                      "speedup": r.tokens_per_s / plain if plain else 0.0,
                      "analytic_tokens_per_forward": analytic.expected_tokens(r.alpha, r.k) if method != "none"
                      else 1.0})
+    return rows
+
+
+def bench_graphs(decoder, prompts, base: GenerationConfig, methods, repeats=1) -> list:
+    """Each method run eagerly and with captured CUDA graphs, on the same prompts in this run."""
+    if decoder.device.type != "cuda":
+        raise SpecplayError("bench graphs needs a CUDA GPU (graphs are only used there)")
+    by_mode = {}
+    try:
+        for graphs in (False, True):
+            decoder.set_cuda_graphs(graphs)
+            by_mode[graphs] = bench_methods(decoder, prompts, base, methods, repeats)
+    finally:
+        decoder.set_cuda_graphs(True)
+    rows = []
+    for eager, fast in zip(by_mode[False], by_mode[True]):
+        rows.append({"method": eager["method"], "k": eager["k"], "alpha": fast["alpha"],
+                     "eager_tokens_per_s": eager["tokens_per_s"], "graph_tokens_per_s": fast["tokens_per_s"],
+                     "graph_gain": fast["tokens_per_s"] / eager["tokens_per_s"] if eager["tokens_per_s"] else 0.0,
+                     "eager_speedup": eager["speedup"], "graph_speedup": fast["speedup"]})
     return rows
 
 
@@ -145,12 +166,17 @@ def run_bench_command(args) -> int:
         return _bench_kernels()
     config = config_from_args(args)
     prompts = [args.prompt] if args.prompt else heldout_prompts(args.prompts)
-    if args.what == "methods":
+    if args.what in ("methods", "graphs"):
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         decoder = load_decoder(args, "draft" if "draft" in methods else "none")
-        rows = bench_methods(decoder, prompts, config, methods, args.repeats)
-        columns = ["method", "k", "alpha", "mean_acceptance_length", "tokens_per_forward",
-                   "analytic_tokens_per_forward", "tokens_per_s", "speedup"]
+        if args.what == "graphs":
+            rows = bench_graphs(decoder, prompts, config, methods, args.repeats)
+            columns = ["method", "k", "alpha", "eager_tokens_per_s", "graph_tokens_per_s", "graph_gain",
+                       "eager_speedup", "graph_speedup"]
+        else:
+            rows = bench_methods(decoder, prompts, config, methods, args.repeats)
+            columns = ["method", "k", "alpha", "mean_acceptance_length", "tokens_per_forward",
+                       "analytic_tokens_per_forward", "tokens_per_s", "speedup"]
     else:
         try:
             ks = sorted({int(k) for k in args.ks.split(",") if k.strip()})

@@ -27,6 +27,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model (same forms as --target)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run the GPU forwards eagerly instead of replaying captured CUDA graphs")
 
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--sample-top-p", type=float, default=0.9)
 
     bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)")
-    bench.add_argument("what", choices=("methods", "k-sweep", "kernels"))
+    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels"))
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
     bench.add_argument("--methods", default="none,draft,ngram", help="methods for `bench methods`")
@@ -95,6 +97,7 @@ def load_decoder(args, method: str):
     pair = load_pair(args.target, args.draft, device=device, need_draft=(method == "draft"),
                      dtype=args.dtype)
     decoder = SpeculativeDecoder(pair)
+    decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
     _warm_backend(decoder)
     return decoder
 

@@ -62,6 +62,7 @@ class SpeculativeDecoder:
         self._token_texts: dict = {}  # token id -> its text, decoded once
         self._medusa = None  # heads load on first use
         self._eagle = None
+        self.cuda_graphs = self.device.type == "cuda"
 
     # ------------------------------------------------------------------------------------------ public API
     @property
@@ -69,6 +70,14 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device)
         return "CPU"
+
+    def set_cuda_graphs(self, enabled: bool) -> None:
+        """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU), or run eagerly."""
+        self.cuda_graphs = bool(enabled) and self.device.type == "cuda"
+        runners = [self.target, self.pair.draft, self._eagle.runner if self._eagle is not None else None]
+        for runner in runners:
+            if hasattr(runner, "use_graphs"):
+                runner.use_graphs = self.cuda_graphs
 
     def method_availability(self) -> dict:
         """Method name -> None when available, else the reason it is not."""
@@ -158,6 +167,7 @@ class SpeculativeDecoder:
 
             if self._eagle is None:
                 self._eagle = EagleHead.load(self.pair.target_name, self.target)
+                self.set_cuda_graphs(self.cuda_graphs)
             return EagleDrafter(self.target, self._eagle, tree_nodes=config.tree_nodes)
         raise SpecplayError(f"method {method!r} is not available")
 

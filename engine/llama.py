@@ -2,7 +2,7 @@
 
 Why our own forward: the decoder needs tree blocks (an additive tree mask, positions = length + depth), cheap
 rollback (moving an integer), compaction of accepted tree paths, and a step whose tensors have fixed shapes so
-that it can later be captured in a CUDA graph. transformers' generic forward offers none of that cheaply.
+that it is captured in a CUDA graph on GPU (CapturedStep). transformers' generic forward offers none of that cheaply.
 
 Weights are read straight from the checkpoint's safetensors; config.json is read as plain JSON so that both
 the transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) spellings are understood.
@@ -26,6 +26,9 @@ from engine.runner import CausalRunner, ForwardOutput, tree_ancestor_mask, tree_
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
+GRAPH_MAX_BLOCK = 64  # longer blocks (prefill) run eagerly: they are rare and not launch-bound
+GRAPH_KV_BUCKET = 256  # attention width of a captured step, rounded up to this many cache rows
+GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 
 
 class UnsupportedLlamaConfig(SpecplayError):
@@ -327,6 +330,11 @@ class LlamaRunner(CausalRunner):
         self.kv = torch.zeros(shape, device=self.device, dtype=dtype)  # [L, 2, kv_heads, max_length, D]
         self._arange = torch.arange(self.max_length, device=self.device)  # [max_length], sliced for positions
         self._length = 0
+        self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the block's first row, on device
+        self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
+        self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
+        self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
+        self._graph_pool = None
 
     # -- construction --------------------------------------------------------------------------------------
 
@@ -405,15 +413,27 @@ class LlamaRunner(CausalRunner):
             raise SpecplayError(
                 f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
             )
-        cache_index = self._arange[start : start + n]  # [n]
         if parents is None:
-            positions = cache_index
-            mask = self._chain_mask(start, n)
+            depth, block_visible = self._chain_block(n)
         else:
-            positions, mask = self._tree_inputs(start, parents.reshape(n))
-        hidden = self.step_embeds(x, positions, cache_index, mask)  # [n, H]
+            parents = parents.reshape(n).cpu()
+            depth = tree_depths(parents).to(self.device)  # [n]
+            block_visible = tree_ancestor_mask(parents).to(self.device)  # [n, n] bool
+        captured = self._captured_step(n, start)
+        if captured is not None:
+            hidden, logits = captured.run(x, start, depth, block_visible, parents is None)
+        else:
+            self._start.fill_(start)
+            hidden, logits = self._block_step(x, self._start, depth, block_visible, start + n)
         self._length = start + n
-        return ForwardOutput(self.logits_from_hidden(hidden), hidden)
+        return ForwardOutput(logits, hidden)
+
+    def _block_step(self, x, start, depth, block_visible, kv: int):
+        """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
+        Only device tensors go in, so the CUDA graph captures exactly this."""
+        positions, cache_index, mask = self._block_inputs(start, depth, block_visible, kv)
+        hidden = self.step_embeds(x, positions, cache_index, mask)
+        return hidden, self.logits_from_hidden(hidden)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.project(self.final_norm(hidden))  # [n, V]
@@ -431,33 +451,48 @@ class LlamaRunner(CausalRunner):
 
     # -- masks -----------------------------------------------------------------------------------------------
 
-    def _chain_mask(self, start: int, n: int) -> torch.Tensor:
-        """[n, start+n] additive mask: row i sees cache rows 0..start+i. Built on device, no host sync."""
-        cols = self._arange[: start + n]  # [kv]
-        last = self._arange[start : start + n, None]  # [n, 1]
-        return self._additive(cols[None, :] <= last)
+    def _chain_block(self, n: int):
+        """A chain of n: depths 0..n-1, and token i sees block tokens 0..i. Built once per n."""
+        if n not in self._chains:
+            self._chains[n] = (self._arange[:n].clone(),
+                               torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
+        return self._chains[n]
 
-    def _tree_inputs(self, start: int, parents: torch.Tensor):
-        """Positions [n] = start + depth; mask [n, start+n]: the whole cache plus in-block ancestors."""
-        n = parents.numel()
-        depths = tree_depths(parents.cpu()).to(self.device)  # [n]
-        ancestors = tree_ancestor_mask(parents.cpu()).to(self.device)  # [n, n] bool
-        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-        visible[:, start:] = ancestors
-        return depths + start, self._additive(visible)
+    def _block_inputs(self, start: torch.Tensor, depth: torch.Tensor, block_visible: torch.Tensor, kv: int):
+        """positions [n] = start + depth, cache rows [n] = start + i, additive mask [n, kv]: every cached row
+        before start, plus the block rows block_visible allows; rows past the block stay hidden, so kv may be
+        padded beyond start + n. start: [1] device int64; depth: [n]; block_visible: [n, n] bool."""
+        n = depth.numel()
+        cache_index = start + self._arange[:n]  # [n]
+        cols = self._arange[:kv]  # [kv]
+        offset = cols - start  # [kv]: column's index inside the block
+        in_block = (offset >= 0) & (offset < n)
+        visible = block_visible[:, offset.clamp(0, n - 1)] & in_block  # [n, kv]
+        visible |= (cols < start)[None, :]
+        return start + depth, cache_index, self._additive(visible)
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """bool -> additive float mask: 0 where visible, -inf elsewhere (every SDPA backend honours it)."""
-        zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        return torch.where(visible, zero, torch.tensor(float("-inf"), dtype=self.dtype, device=self.device))
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, float("-inf"))
+
+    # -- CUDA graphs -----------------------------------------------------------------------------------------
+
+    def _captured_step(self, n: int, start: int) -> Optional["CapturedStep"]:
+        """The captured step for n tokens at this length, capturing it on first use; None runs eagerly."""
+        if not self.use_graphs or n > GRAPH_MAX_BLOCK:
+            return None
+        kv = min(self.max_length, -(-(start + n) // GRAPH_KV_BUCKET) * GRAPH_KV_BUCKET)
+        key = (n, kv)
+        if key not in self._graphs:
+            if len(self._graphs) >= GRAPH_LIMIT:
+                return None
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            self._graphs[key] = CapturedStep(self, n, kv, self._graph_pool)
+        return self._graphs[key]
 
     # -- the step --------------------------------------------------------------------------------------------
-
-    def step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """Embed tokens [n] and run step_embeds."""
-        return self.step_embeds(F.embedding(tokens, self.embed_weight), positions, cache_index, mask)
 
     def step_embeds(
         self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
@@ -465,9 +500,8 @@ class LlamaRunner(CausalRunner):
         """Run the decoder on input vectors x [n, H], write their K/V at `cache_index`, return features [n, H] (pre-norm).
 
         positions, cache_index: [n] device int64. mask: [n, kv] additive float; attention reads cache
-        rows 0..kv-1, so kv >= max(cache_index) + 1. Nothing here depends on host values, so with
-        kv = max_length and a fixed n this step can be captured in a CUDA graph (the caller then owns the
-        `length` bookkeeping)."""
+        rows 0..kv-1, so kv >= max(cache_index) + 1. Nothing here depends on host values, so for a fixed n
+        and kv this step is captured in a CUDA graph (CapturedStep)."""
         s = self.spec
         n = x.shape[0]
         kv = mask.shape[-1]
@@ -500,3 +534,43 @@ class LlamaRunner(CausalRunner):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+
+class CapturedStep:
+    """One decoder step for a fixed block size n and attention width kv, captured as a CUDA graph.
+
+    Eager decoding of a small model is bound by kernel launches (hundreds per step); a replay launches them
+    all at once. The graph reads static input buffers, so a run copies x, start, depth and block_visible in,
+    replays, and clones the outputs (callers keep them across later steps). Attention spans kv cache rows;
+    the mask hides rows past the block, so one graph serves every length up to kv - n."""
+
+    def __init__(self, runner: LlamaRunner, n: int, kv: int, pool):
+        device = runner.device
+        self.x = torch.zeros(n, runner.hidden_size, dtype=runner.dtype, device=device)  # [n, H]
+        # Warm-up writes K/V at rows length..length+n-1: free rows, which the real step overwrites next.
+        self.start = torch.full((1,), runner.length, dtype=torch.long, device=device)
+        depth, block_visible = runner._chain_block(n)
+        self.depth, self.block_visible = depth.clone(), block_visible.clone()  # [n], [n, n]
+        self.holds_chain = True  # the buffers hold a chain's depth and mask (no copy needed for chains)
+
+        def body():
+            return runner._block_step(self.x, self.start, self.depth, self.block_visible, kv)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            body()  # warm-up: cuBLAS handles and workspaces are created outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.hidden, self.logits = body()  # [n, H], [n, V]
+
+    def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor, is_chain: bool):
+        self.x.copy_(x)
+        self.start.fill_(start)
+        if not (is_chain and self.holds_chain):
+            self.depth.copy_(depth)
+            self.block_visible.copy_(block_visible)
+            self.holds_chain = is_chain
+        self.graph.replay()
+        return self.hidden.clone(), self.logits.clone()

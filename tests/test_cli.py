@@ -160,6 +160,12 @@ def test_bench_methods_and_k_sweep(pair, capsys):
     assert code == 2 and "--ks" in err
 
 
+def test_bench_graphs_needs_a_gpu(pair, capsys):
+    code, out, err = run_cli(capsys, "bench", "graphs", "--target", pair[0], "--prompt", PROMPT,
+                             "--max-new-tokens", "4", "--methods", "none", "--device", "cpu")
+    assert code == 2 and "CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
 def test_heldout_prompts_are_real_code_prompts():
     from engine.bench import heldout_prompts
 

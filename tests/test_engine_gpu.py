@@ -57,3 +57,30 @@ def test_sampling_is_lossless_on_cuda(small_vocab_decoder, method, nodes, temper
                               seed=1000)
     report = check_sampling(small_vocab_decoder, "a tea at the tea at", config, samples=1000)
     assert report.bins >= 8 and report.passed, report
+
+
+@pytest.mark.parametrize("method,nodes", [("none", 0)] + METHODS)
+def test_cuda_graphs_give_the_eager_tokens(decoder, method, nodes):
+    """Captured graphs replay the eager step (fp32): same tokens, and they really are used."""
+    config = GenerationConfig(method=method, k=4, tree_nodes=nodes, max_new_tokens=48)
+    decoder.set_cuda_graphs(False)
+    try:
+        eager = decoder.generate_ids(PROMPT, config)
+    finally:
+        decoder.set_cuda_graphs(True)
+    graphed = decoder.generate_ids(PROMPT, config)
+    assert graphed == eager
+    assert decoder.target._graphs, "no CUDA graph was captured for the target"
+
+
+def test_captured_outputs_survive_later_replays(decoder):
+    """Callers keep a step's logits while the same graph replays for the next step."""
+    target = decoder.target
+    target.reset()
+    with torch.inference_mode():
+        target.forward(torch.arange(3, 11, device="cuda"))
+        first = target.forward(torch.tensor([5], device="cuda")).logits
+        kept = first.clone()
+        target.forward(torch.tensor([7], device="cuda"))
+    assert torch.equal(first, kept)
+    assert (1, 256) in target._graphs

@@ -6,6 +6,7 @@ import torch
 
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, UnsupportedLlamaConfig, is_llama_family
+from engine.runner import tree_ancestor_mask, tree_depths
 from tests.tiny_models import load_hf_reference, make_tiny_llama
 
 TOL = 1e-4
@@ -199,3 +200,25 @@ def test_is_llama_family():
         model_type = "mistral"
 
     assert is_llama_family(Cfg())
+
+
+@pytest.mark.parametrize("parents", [None, [-1, 0, 0, 1, 2]], ids=["chain", "tree"])
+def test_padded_attention_width_changes_nothing(model_dirs, parents):
+    """A captured CUDA step attends over a bucket of cache rows wider than the cache; the mask must hide every
+    row past the block, including stale rows an earlier, longer block left there."""
+    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=64)
+    runner.forward(_tokens(20, seed=2))
+    runner.rollback(7)  # rows 7..19 now stale; the block writes 7..11 and 12..19 stay stale
+    x = runner.embed(_tokens(5, seed=4))  # [5, H]
+    if parents is None:
+        depth, visible = runner._chain_block(5)
+    else:
+        tree = torch.tensor(parents)
+        depth, visible = tree_depths(tree), tree_ancestor_mask(tree)
+    start = torch.tensor([7])
+    exact_hidden, exact_logits = runner._block_step(x, start, depth, visible, kv=12)
+    padded_hidden, padded_logits = runner._block_step(x, start, depth, visible, kv=48)
+    assert torch.allclose(exact_hidden, padded_hidden, atol=1e-5)
+    assert torch.allclose(exact_logits, padded_logits, atol=1e-5)
+    out = runner.forward(_tokens(5, seed=4), None if parents is None else torch.tensor(parents))
+    assert torch.allclose(out.logits, exact_logits, atol=1e-5)
