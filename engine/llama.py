@@ -279,19 +279,23 @@ def _load_layer(src: _WeightSource, spec: LlamaSpec, i: int) -> _Layer:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 like transformers' LlamaRMSNorm. x: [n, H] -> [n, H] in x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: x * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as the halves of x
+    swapped times [-sin, sin] (3 kernels instead of 5). x: [n, heads, D]; cos, sin_signed: [n, 1, D]."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # [x2, x1]
+    return torch.addcmul(x * cos, swapped, sin_signed)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, n, D]; cos/sin: [n, D] -> [heads, n, D]."""
-    return x * cos + rotate_half(x) * sin
+def _linear_residual(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
+                     bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x + inputs @ weight.T (+ bias); without a bias the residual add rides in the GEMM (one kernel)."""
+    if bias is None:
+        return torch.addmm(x, inputs, weight.t())
+    return x + F.linear(inputs, weight, bias)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -326,6 +330,7 @@ class LlamaRunner(CausalRunner):
         self.norm_weight = src.take("model.norm.weight")  # [H]
         self.lm_head = self._lm_head(src)  # [V, H]
         self.inv_freq = rope_inv_freq(spec).to(self.device)  # [D/2] float32
+        self._cos, self._sin_signed = self._rope_tables()  # [max_length, D] each, looked up by position
         shape = (spec.num_layers, 2, spec.num_kv_heads, self.max_length, spec.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=dtype)  # [L, 2, kv_heads, max_length, D]
         self._arange = torch.arange(self.max_length, device=self.device)  # [max_length], sliced for positions
@@ -504,18 +509,19 @@ class LlamaRunner(CausalRunner):
         and kv this step is captured in a CUDA graph (CapturedStep)."""
         s = self.spec
         n = x.shape[0]
-        kv = mask.shape[-1]
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        cos, sin = self._rope(positions)  # [n, D] each
+        cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
         mask_g = mask.repeat(group, 1)  # [group * n, kv]: row g*n + i is query i of group member g
+        kv = mask.shape[-1]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
-            q, k, v = qkv.split([q_dim, kv_dim, kv_dim], -1)
-            q = apply_rope(q.view(n, s.num_heads, s.head_dim).transpose(0, 1), cos, sin)  # [heads, n, D]
-            k = apply_rope(k.view(n, s.num_kv_heads, s.head_dim).transpose(0, 1), cos, sin)  # [kvh, n, D]
-            v = v.view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
+            # rope on q and k together: they are the first heads + kv_heads head-sized slices of each row
+            qk = apply_rope(qkv[:, :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim)), cos, sin)  # [n, h+kvh, D]
+            q = qk[:, :s.num_heads].transpose(0, 1)  # [heads, n, D]
+            k = qk[:, s.num_heads:].transpose(0, 1)  # [kvh, n, D]
+            v = qkv[:, q_dim + kv_dim:].view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
             self.kv[li, 0].index_copy_(1, cache_index, k)
             self.kv[li, 1].index_copy_(1, cache_index, v)
             keys, values = self.kv[li, 0, :, :kv], self.kv[li, 1, :, :kv]  # [kvh, kv, D]
@@ -523,54 +529,19 @@ class LlamaRunner(CausalRunner):
             qg = q.reshape(s.num_kv_heads, group * n, s.head_dim)  # [kvh, group * n, D]
             attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask_g)  # [kvh, group * n, D]
             attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
-            x = x + F.linear(attn, layer.w_o, layer.b_o)
+            x = _linear_residual(x, attn, layer.w_o, layer.b_o)
             h = rms_norm(x, layer.ln2, s.rms_norm_eps)
             gate, up = F.linear(h, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)  # [n, I] each
-            x = x + F.linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+            x = _linear_residual(x, F.silu(gate) * up, layer.w_down, layer.b_down)
         return x
 
-    def _rope(self, positions: torch.Tensor):
-        """cos, sin [n, D] in the runner dtype, computed in float32 like transformers."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-
-
-class CapturedStep:
-    """One decoder step for a fixed block size n and attention width kv, captured as a CUDA graph.
-
-    Eager decoding of a small model is bound by kernel launches (hundreds per step); a replay launches them
-    all at once. The graph reads static input buffers, so a run copies x, start, depth and block_visible in,
-    replays, and clones the outputs (callers keep them across later steps). Attention spans kv cache rows;
-    the mask hides rows past the block, so one graph serves every length up to kv - n."""
-
-    def __init__(self, runner: LlamaRunner, n: int, kv: int, pool):
-        device = runner.device
-        self.x = torch.zeros(n, runner.hidden_size, dtype=runner.dtype, device=device)  # [n, H]
-        # Warm-up writes K/V at rows length..length+n-1: free rows, which the real step overwrites next.
-        self.start = torch.full((1,), runner.length, dtype=torch.long, device=device)
-        depth, block_visible = runner._chain_block(n)
-        self.depth, self.block_visible = depth.clone(), block_visible.clone()  # [n], [n, n]
-        self.holds_chain = True  # the buffers hold a chain's depth and mask (no copy needed for chains)
-
-        def body():
-            return runner._block_step(self.x, self.start, self.depth, self.block_visible, kv)
-
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            body()  # warm-up: cuBLAS handles and workspaces are created outside the capture
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.hidden, self.logits = body()  # [n, H], [n, V]
-
-    def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor, is_chain: bool):
-        self.x.copy_(x)
-        self.start.fill_(start)
-        if not (is_chain and self.holds_chain):
-            self.depth.copy_(depth)
-            self.block_visible.copy_(block_visible)
-            self.holds_chain = is_chain
-        self.graph.replay()
-        return self.hidden.clone(), self.logits.clone()
+    def _rope_tables(self):
+        """cos and [-sin, sin] for every cache position, in the runner dtype, computed in float32 like
+        transformers (a lookup per step instead of seven kernels)."""
+        positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
+        freqs = positions[:, None] * self.inv_freq[None, :]  # [max_length, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_length, D]
+        half = freqs.shape[-1]
+        sin = emb.sin()
+        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return emb.cos().to(self.dtype), sin_signed.to(self.dtype)
