@@ -545,3 +545,43 @@ class LlamaRunner(CausalRunner):
         sin = emb.sin()
         sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return emb.cos().to(self.dtype), sin_signed.to(self.dtype)
+
+
+class CapturedStep:
+    """One decoder step for a fixed block size n and attention width kv, captured as a CUDA graph.
+
+    Eager decoding of a small model is bound by kernel launches (hundreds per step); a replay launches them
+    all at once. The graph reads static input buffers, so a run copies x, start, depth and block_visible in,
+    replays, and clones the outputs (callers keep them across later steps). Attention spans kv cache rows;
+    the mask hides rows past the block, so one graph serves every length up to kv - n."""
+
+    def __init__(self, runner: LlamaRunner, n: int, kv: int, pool):
+        device = runner.device
+        self.x = torch.zeros(n, runner.hidden_size, dtype=runner.dtype, device=device)  # [n, H]
+        # Warm-up writes K/V at rows length..length+n-1: free rows, which the real step overwrites next.
+        self.start = torch.full((1,), runner.length, dtype=torch.long, device=device)
+        depth, block_visible = runner._chain_block(n)
+        self.depth, self.block_visible = depth.clone(), block_visible.clone()  # [n], [n, n]
+        self.holds_chain = True  # the buffers hold a chain's depth and mask (no copy needed for chains)
+
+        def body():
+            return runner._block_step(self.x, self.start, self.depth, self.block_visible, kv)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            body()  # warm-up: cuBLAS handles and workspaces are created outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.hidden, self.logits = body()  # [n, H], [n, V]
+
+    def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor, is_chain: bool):
+        self.x.copy_(x)
+        self.start.fill_(start)
+        if not (is_chain and self.holds_chain):
+            self.depth.copy_(depth)
+            self.block_visible.copy_(block_visible)
+            self.holds_chain = is_chain
+        self.graph.replay()
+        return self.hidden.clone(), self.logits.clone()
