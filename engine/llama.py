@@ -278,8 +278,9 @@ def _load_layer(src: _WeightSource, spec: LlamaSpec, i: int) -> _Layer:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32 like transformers' LlamaRMSNorm. x: [n, H] -> [n, H] in x's dtype."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    """RMSNorm, one fused kernel on GPU; it accumulates in float32 like transformers' LlamaRMSNorm, which
+    also rounds once more before the weight. x: [n, H] -> [n, H] in x's dtype."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -512,7 +513,9 @@ class LlamaRunner(CausalRunner):
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
-        mask_g = mask.repeat(group, 1)  # [group * n, kv]: row g*n + i is query i of group member g
+        # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may pick
+        # its memory-efficient kernel rather than the many-kernel math path.
+        mask_g = mask.repeat(group, 1)[None, None]
         kv = mask.shape[-1]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
@@ -526,8 +529,8 @@ class LlamaRunner(CausalRunner):
             self.kv[li, 1].index_copy_(1, cache_index, v)
             keys, values = self.kv[li, 0, :, :kv], self.kv[li, 1, :, :kv]  # [kvh, kv, D]
             # GQA without copying K/V: query head h uses kv head h // group, so fold the group into the rows.
-            qg = q.reshape(s.num_kv_heads, group * n, s.head_dim)  # [kvh, group * n, D]
-            attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask_g)  # [kvh, group * n, D]
+            qg = q.reshape(1, s.num_kv_heads, group * n, s.head_dim)  # [1, kvh, group * n, D]
+            attn = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=mask_g)  # like qg
             attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
             x = _linear_residual(x, attn, layer.w_o, layer.b_o)
             h = rms_norm(x, layer.ln2, s.rms_norm_eps)
