@@ -27,7 +27,7 @@ from engine.runner import CausalRunner, ForwardOutput, tree_ancestor_mask, tree_
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
 GRAPH_MAX_BLOCK = 64  # longer blocks (prefill) run eagerly: they are rare and not launch-bound
-GRAPH_KV_BUCKET = 256  # attention width of a captured step, rounded up to this many cache rows
+KV_BUCKET = 256  # on GPU, a step's attention width is rounded up to this many cache rows
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 
 
@@ -430,7 +430,7 @@ class LlamaRunner(CausalRunner):
             hidden, logits = captured.run(x, start, depth, block_visible, parents is None)
         else:
             self._start.fill_(start)
-            hidden, logits = self._block_step(x, self._start, depth, block_visible, start + n)
+            hidden, logits = self._block_step(x, self._start, depth, block_visible, self._kv_width(start + n))
         self._length = start + n
         return ForwardOutput(logits, hidden)
 
@@ -484,18 +484,24 @@ class LlamaRunner(CausalRunner):
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
 
+    def _kv_width(self, rows: int) -> int:
+        """Cache rows a step attends over. On GPU, rounded up to a bucket: a captured graph then serves many
+        lengths, and SDPA's memory-efficient kernel wants an aligned mask (unaligned, it pads on every call)."""
+        if self.device.type != "cuda":
+            return rows
+        return min(self.max_length, -(-rows // KV_BUCKET) * KV_BUCKET)
+
     def _captured_step(self, n: int, start: int) -> Optional["CapturedStep"]:
         """The captured step for n tokens at this length, capturing it on first use; None runs eagerly."""
         if not self.use_graphs or n > GRAPH_MAX_BLOCK:
             return None
-        kv = min(self.max_length, -(-(start + n) // GRAPH_KV_BUCKET) * GRAPH_KV_BUCKET)
-        key = (n, kv)
+        key = (n, self._kv_width(start + n))
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            self._graphs[key] = CapturedStep(self, n, kv, self._graph_pool)
+            self._graphs[key] = CapturedStep(self, n, key[1], self._graph_pool)
         return self._graphs[key]
 
     # -- the step --------------------------------------------------------------------------------------------
