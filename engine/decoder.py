@@ -21,7 +21,8 @@ from engine.drafters.ngram import NgramDrafter
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
-from engine.timing import Stopwatch
+from engine.runner import to_device
+from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
@@ -187,11 +188,12 @@ class SpeculativeDecoder:
         while True:
             if should_stop is not None and should_stop():
                 return
-            watch = Stopwatch(self.device)
+            clock = RoundClock(self.device)
             draft = drafter.propose(state, config.k)
-            draft_ms = watch.restart()
+            clock.mark()  # drafting queued
             block_start = self.target.length  # the cache row of the last committed token, fed first
             logits, result, uniforms = self._verify(state, draft, config)
+            clock.mark()  # verification queued
             # the one host sync a round needs: accepted count, next token and the accepted path together
             n = draft.size
             head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
@@ -199,7 +201,6 @@ class SpeculativeDecoder:
                 raise SpecplayError(NAN_MESSAGE)
             next_token, path = head[1], head[2:2 + head[0]]
             state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
-            verify_ms = watch.restart()
             outcome = self._accept(state, draft, path, next_token, len(generated), config)
             self._roll_back(draft, outcome, block_start)
             last_row = outcome.path[-1] + 1 if outcome.path else 0
@@ -212,7 +213,7 @@ class SpeculativeDecoder:
             emitted_text = new_text[len(text_so_far):] if new_text.startswith(text_so_far) else new_text
             text_so_far = new_text
             details = self._details(draft, state.extras["draft_tokens"], result, uniforms, logits, outcome, config)
-            overhead_ms = watch.restart()
+            draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after _details' host copy: events are done
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
                                               1 + max((t.depth for t in details["drafted"]), default=-1),
                                               draft_ms, verify_ms, overhead_ms)
@@ -230,11 +231,11 @@ class SpeculativeDecoder:
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
         """One target forward over [last committed token] + draft, then the verification kernel."""
-        last = torch.tensor(state.tokens[-1:], dtype=torch.long, device=self.device)
+        last = to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         block_parents = None
         if draft.is_tree:
-            block_parents = torch.cat([torch.tensor([-1], device=self.device), draft.parents + 1])
+            block_parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # host, like draft.parents
         out = self.target.forward(block, block_parents)
         logits = out.logits[:, :state.vocab_size]  # [N+1, V]
         if self.backend.name == "torch-reference" and torch.isnan(logits).any():
@@ -246,7 +247,7 @@ class SpeculativeDecoder:
                       else backend.verify_chain_greedy(logits[None], tokens))
             return logits, result, None
         uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
-        device_uniforms = uniforms.to(self.device)[None]  # [1, N+1]
+        device_uniforms = to_device(uniforms, self.device, torch.float32)[None]  # [1, N+1]
         probs = draft.probs[None] if draft.probs is not None else None  # [1, N, V] or one-hot
         warp = (sampling.temperature, sampling.top_k, sampling.top_p)
         if draft.is_tree:
@@ -273,7 +274,7 @@ class SpeculativeDecoder:
     def _roll_back(self, draft: Draft, outcome: _RoundOutcome, start: int) -> None:
         """Keep the last committed token and the accepted path in the target cache; the next token stays out."""
         if draft.is_tree:
-            keep = torch.tensor([0] + [i + 1 for i in outcome.path], dtype=torch.long, device=self.device)
+            keep = to_device([0] + [i + 1 for i in outcome.path], self.device)
             self.target.compact(start, keep)
         else:
             self.target.rollback(start + 1 + outcome.accepted)

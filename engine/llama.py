@@ -22,12 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
-from engine.runner import CausalRunner, ForwardOutput, tree_ancestor_mask, tree_depths
+from engine.runner import CausalRunner, ForwardOutput, to_device, tree_ancestor_mask, tree_depths
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
 GRAPH_MAX_BLOCK = 64  # longer blocks (prefill) run eagerly: they are rare and not launch-bound
 KV_BUCKET = 256  # on GPU, a step's attention width is rounded up to this many cache rows
+TREE_SHAPES_KEPT = 512  # tree masks kept on the device, by shape
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 
 
@@ -338,6 +339,7 @@ class LlamaRunner(CausalRunner):
         self._length = 0
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the block's first row, on device
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
+        self._trees: Dict[tuple, tuple] = {}  # parents -> the same for a tree block
         self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
         self._graph_pool = None
@@ -422,9 +424,7 @@ class LlamaRunner(CausalRunner):
         if parents is None:
             depth, block_visible = self._chain_block(n)
         else:
-            parents = parents.reshape(n).cpu()
-            depth = tree_depths(parents).to(self.device)  # [n]
-            block_visible = tree_ancestor_mask(parents).to(self.device)  # [n, n] bool
+            depth, block_visible = self._tree_block(parents.reshape(n))
         captured = self._captured_step(n, start)
         if captured is not None:
             hidden, logits = captured.run(x, start, depth, block_visible, parents is None)
@@ -463,6 +463,20 @@ class LlamaRunner(CausalRunner):
             self._chains[n] = (self._arange[:n].clone(),
                                torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         return self._chains[n]
+
+    def _tree_block(self, parents: torch.Tensor):
+        """(depth [n], block_visible [n, n] bool) on the device for a tree block. Tree shapes repeat from round to
+        round (Medusa's never changes), so each is built and copied once. parents: [n], best on the host."""
+        key = tuple(parents.tolist())
+        block = self._trees.get(key)
+        if block is None:
+            parents = parents.cpu()
+            block = (to_device(tree_depths(parents), self.device),
+                     to_device(tree_ancestor_mask(parents), self.device, torch.bool))
+            if len(self._trees) >= TREE_SHAPES_KEPT:
+                self._trees.clear()
+            self._trees[key] = block
+        return block
 
     def _block_inputs(self, start: torch.Tensor, depth: torch.Tensor, block_visible: torch.Tensor, kv: int):
         """positions [n] = start + depth, cache rows [n] = start + i, additive mask [n, kv]: every cached row

@@ -65,6 +65,16 @@ class CausalRunner(ABC):
         """Input embeddings of tokens [n] -> [n, H] (the EAGLE head uses the target's embedding)."""
 
 
+def to_device(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list or CPU tensor on `device`, without stalling a GPU: a copy from ordinary (pageable) host
+    memory waits for the copy engine, so on CUDA the values go through pinned memory asynchronously."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    host = host.to(dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
     """Depth of each node of a tree block (roots, parent -1, have depth 0). parents: [n] -> [n] int64."""
     parents_list = parents.tolist()

@@ -12,7 +12,7 @@ echo "== one target step: kernels, eager vs CUDA graph"
 python3 scripts/step_timing.py 2>&1 | grep -v -i warn | tee "$OUT/step_timing.txt"
 echo "== GPU tests"
 SPECPLAY_FUZZ_CASES=${SPECPLAY_FUZZ_CASES:-10000} python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
-  tests/test_kernels_gpu.py tests/test_engine_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  tests/test_kernels_gpu.py tests/test_engine_gpu.py tests/test_timing.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 M=none,draft,ngram,medusa,eagle,eagle:8,lookahead
 echo "== bench methods, shipped pair, greedy, bf16"
 python3 main.py bench methods --device cuda --methods $M --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee "$OUT/bench_gpu.txt"

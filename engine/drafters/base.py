@@ -8,14 +8,16 @@ from typing import Optional
 import torch
 
 from engine.config import GenerationConfig
+from engine.runner import to_device
 
 
 @dataclass
 class Draft:
     tokens: torch.Tensor  # [N] int64 on the target's device
-    parents: Optional[torch.Tensor] = None  # [N] int64, topological order, -1 = last committed token; None = chain
+    # [N] int64 on the host, topological order, -1 = last committed token; None = chain. On the host because
+    # the tree's shape drives host-side work (masks, the event); reading it from the GPU would stall a round.
+    parents: Optional[torch.Tensor] = None
     probs: Optional[torch.Tensor] = None  # [N, V] float32: the distribution node i was drawn from; None = one-hot
-    draft_ms: float = 0.0
 
     @property
     def size(self) -> int:
@@ -41,7 +43,7 @@ class DecodeState:
 
     def uniforms(self, n: int) -> torch.Tensor:
         """n uniforms in [0, 1) from the run's generator, on the decoding device."""
-        return torch.rand(n, generator=self.generator, dtype=torch.float32).to(self.device)
+        return to_device(torch.rand(n, generator=self.generator, dtype=torch.float32), self.device, torch.float32)
 
 
 def draw_token(state: DecodeState, logits: torch.Tensor, uniform: torch.Tensor):

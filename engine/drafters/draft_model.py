@@ -4,8 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
-from engine.runner import CausalRunner
-from engine.timing import Stopwatch
+from engine.runner import CausalRunner, to_device
 
 
 class DraftModelDrafter(Drafter):
@@ -25,8 +24,7 @@ class DraftModelDrafter(Drafter):
         self.cached = len(prefix)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        watch = Stopwatch(state.device)
-        feed = torch.tensor(state.tokens[self.cached:], dtype=torch.long, device=self.runner.device)
+        feed = to_device(state.tokens[self.cached:], self.runner.device)
         uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
@@ -36,8 +34,7 @@ class DraftModelDrafter(Drafter):
             probs.append(q)
             feed = token
         self.base, self.last_k = len(state.tokens), k
-        return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs),
-                     draft_ms=watch.elapsed_ms())
+        return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def commit(self, state: DecodeState, accepted: int) -> None:
         # the cache holds the committed tokens plus drafts 1..K-1; keep the accepted ones among those

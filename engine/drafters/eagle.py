@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
-from engine.timing import Stopwatch
+from engine.runner import to_device
 
 HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -93,7 +93,6 @@ class EagleDrafter(Drafter):
         self.pending = (features, next_tokens)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        watch = Stopwatch(state.device)
         if self.pending is None:  # a one-token prompt: no feature to start from yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
         self.head.runner.rollback(self.true_length)
@@ -104,7 +103,6 @@ class EagleDrafter(Drafter):
             draft = self._tree(state, last, k)
         else:
             draft = self._chain(state, last, k)
-        draft.draft_ms = watch.elapsed_ms()
         return draft
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
@@ -144,9 +142,8 @@ class EagleDrafter(Drafter):
         keep = _close_under_ancestors(sorted(range(len(tokens)), key=lambda i: -scores[i])[:self.tree_nodes],
                                       parents)
         remap = {old: new for new, old in enumerate(keep)}
-        draft_tokens = torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=state.device)
-        draft_parents = torch.tensor([remap[parents[i]] if parents[i] >= 0 else -1 for i in keep],
-                                     dtype=torch.long, device=state.device)
+        draft_tokens = to_device([tokens[i] for i in keep], state.device)
+        draft_parents = torch.tensor([remap[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long)
         return Draft(tokens=draft_tokens, parents=draft_parents)
 
     def _run_tree(self, state, tokens, parents, root_feature, outputs) -> list:
@@ -154,8 +151,7 @@ class EagleDrafter(Drafter):
         predicted feature with its own token. Returns every node's predicted feature; the cache is restored."""
         inputs = torch.stack([root_feature[0] if p < 0 else outputs[p] for p in parents])  # [n, H]
         self.head.runner.rollback(self.true_length)
-        out = self.head.step(inputs, torch.tensor(tokens, dtype=torch.long, device=state.device),
-                             torch.tensor(parents, dtype=torch.long, device=state.device))  # [n, H]
+        out = self.head.step(inputs, to_device(tokens, state.device), torch.tensor(parents, dtype=torch.long))
         self.head.runner.rollback(self.true_length)
         return list(out)
 
@@ -164,7 +160,7 @@ class EagleDrafter(Drafter):
         rows = state.extras["accepted_rows"]  # block rows of the root and the accepted path
         features = state.extras["block_hidden"][rows]  # [a+1, H] true target features
         start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
-        next_tokens = torch.tensor(state.tokens[start:start + len(rows)], dtype=torch.long, device=state.device)
+        next_tokens = to_device(state.tokens[start:start + len(rows)], state.device)
         if next_tokens.numel() < len(rows):  # generation ended mid-path (EOS or length)
             self.pending = None
             return

@@ -7,9 +7,7 @@ the last committed token form the other branches. All drafts are one-hot (q = 1)
 the output exactly the target's."""
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-
 
 from engine.drafters.base import DecodeState, Draft, Drafter
 from engine.drafters.tree import as_tensors, build_trie
@@ -37,14 +35,13 @@ class LookaheadDrafter(Drafter):
             self.window.append(state.tokens[-1])
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        start = time.perf_counter()
         last = state.tokens[-1]
         candidates = [list(c) for c in self.pool.get(last, [])][:self.max_candidates]
         paths = [c[:k] for c in candidates] + [self.window[:max(k, 1)]]
         tokens, parents = build_trie(paths)
         self._window_nodes = self._path_nodes(tokens, parents, paths[-1])
         tok, par = as_tensors(tokens, parents, state.device)
-        return Draft(tokens=tok, parents=par, draft_ms=(time.perf_counter() - start) * 1000.0)
+        return Draft(tokens=tok, parents=par)
 
     @staticmethod
     def _path_nodes(tokens: list, parents: list, path: list) -> list:

@@ -7,7 +7,6 @@ verified in one target forward with a tree mask (one-hot q, so lossless under re
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -86,7 +85,6 @@ class MedusaDrafter(Drafter):
         self.nodes = nodes
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        start = time.perf_counter()
         hidden = state.extras.get("last_hidden")
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
@@ -98,4 +96,4 @@ class MedusaDrafter(Drafter):
         paths = [[ranked[d][r] for d, r in enumerate(choice)] for choice in choices]
         tokens, parents = build_trie(paths)
         tok, par = as_tensors(tokens, parents, state.device)
-        return Draft(tokens=tok, parents=par, draft_ms=(time.perf_counter() - start) * 1000.0)
+        return Draft(tokens=tok, parents=par)

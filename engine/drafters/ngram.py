@@ -1,11 +1,8 @@
 """Prompt lookup: match the last n tokens of the context earlier in it and propose what followed."""
 from __future__ import annotations
 
-import time
-
-import torch
-
 from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.runner import to_device
 
 
 def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
@@ -24,7 +21,6 @@ class NgramDrafter(Drafter):
     name = "ngram"
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        start = time.perf_counter()
         proposal = lookup_continuation(state.tokens, state.config.ngram_n, k)
-        tokens = torch.tensor(proposal, dtype=torch.long, device=state.device)
-        return Draft(tokens=tokens, draft_ms=(time.perf_counter() - start) * 1000.0)
+        tokens = to_device(proposal, state.device)
+        return Draft(tokens=tokens)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.runner import to_device
+
 
 def build_trie(paths: list) -> tuple[list, list]:
     """Merge token sequences into a tree. Returns (tokens, parents), parents[i] < i, -1 = root.
@@ -27,5 +29,5 @@ def build_trie(paths: list) -> tuple[list, list]:
 
 
 def as_tensors(tokens: list, parents: list, device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.tensor(parents, dtype=torch.long, device=device))
+    """Draft tensors: tokens [N] on the device, parents [N] on the host (see Draft.parents)."""
+    return to_device(tokens, device), torch.tensor(parents, dtype=torch.long)

@@ -1,0 +1,35 @@
+"""RoundClock: phase times without a sync between phases; on CPU the marks are host times."""
+import time
+
+import pytest
+import torch
+
+from engine.timing import RoundClock
+
+
+def test_round_clock_phases_cover_the_round():
+    clock = RoundClock(torch.device("cpu"))
+    time.sleep(0.02)
+    clock.mark()
+    time.sleep(0.01)
+    clock.mark()
+    time.sleep(0.005)
+    before = time.perf_counter()
+    first, second, rest = clock.phases_ms()
+    total = (before - clock.start) * 1000.0
+    assert first >= 20.0 and second >= 10.0 and rest >= 5.0
+    assert first + second + rest >= total
+
+
+@pytest.mark.gpu
+def test_round_clock_on_cuda_times_queued_work():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    x = torch.randn(2048, 2048, device="cuda")
+    clock = RoundClock(torch.device("cuda"))
+    for _ in range(20):
+        x = x @ x / 2048 ** 0.5
+    clock.mark()  # queued, not finished: the event's time is when the GPU got there
+    x.sum().item()  # the round's one sync
+    gpu_ms, rest = clock.phases_ms()
+    assert gpu_ms > 0.0 and rest >= 0.0
