@@ -22,6 +22,7 @@ from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
 from engine.runner import to_device
+from engine.text import IncrementalText
 from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
@@ -183,7 +184,7 @@ class SpeculativeDecoder:
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
         metrics = MetricsAccumulator(config.drafts)
         generated: list = []
-        text_so_far = ""
+        text = IncrementalText(self.tokenizer)
         round_index = 0
         while True:
             if should_stop is not None and should_stop():
@@ -209,9 +210,7 @@ class SpeculativeDecoder:
             drafter.commit(state, outcome.accepted)
             position = len(generated)
             generated.extend(outcome.emitted)
-            new_text = self._decode(generated)
-            emitted_text = new_text[len(text_so_far):] if new_text.startswith(text_so_far) else new_text
-            text_so_far = new_text
+            emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
             details = self._details(draft, state.extras["draft_tokens"], result, uniforms, logits, outcome, config)
             draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after _details' host copy: events are done
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
@@ -319,8 +318,6 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
-    def _decode(self, ids: list) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def _eos_ids(tokenizer) -> set:
