@@ -12,13 +12,15 @@ from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QActionGroup, QFontDatabase, QGuiApplication, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar,
-                               QPushButton, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
+                               QPushButton, QScrollArea, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout,
+                               QWidget)
 
 from app import backend
 from app.dialogs import HelpDialog, SamplingDialog
 from app.plot_data import PlotBuffers
 from app.plots import REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
+from app.tree_view import DraftTreeView
 from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
 from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
 from app.style import colors_for, dark_palette, system_is_dark
@@ -109,6 +111,7 @@ class MainWindow(QMainWindow):
         self.resize(1400, 900)
         self.resizeDocks([self.history_dock, self.inspector_dock], [250, 300], Qt.Horizontal)
         self.resizeDocks([self.plots_dock], [360], Qt.Vertical)
+        self.resizeDocks([self.inspector_dock, self.tree_dock], [260, 240], Qt.Vertical)
         self._default_state = self.saveState()
         self._restore_layout()
         self.apply_theme(self.settings.get("view/theme"), save=False)
@@ -173,6 +176,13 @@ class MainWindow(QMainWindow):
         self.plots_dock = self._dock("Plots", "plotsDock", self.plots, Qt.BottomDockWidgetArea)
         self.plots_action = self.plots_dock.toggleViewAction()
         self.plots_action.setText("Plots")
+        self.tree_view = DraftTreeView()
+        self.tree_view.tokenClicked.connect(self._show_token)
+        tree_scroll = QScrollArea()
+        tree_scroll.setWidget(self.tree_view)
+        self.tree_dock = self._dock("Draft tree", "treeDock", tree_scroll, Qt.RightDockWidgetArea)
+        self.tree_action = self.tree_dock.toggleViewAction()
+        self.tree_action.setText("Draft tree")
 
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -242,6 +252,7 @@ class MainWindow(QMainWindow):
     def _build_view_menu(self) -> None:
         menu = self.menuBar().addMenu("&View")
         menu.addAction(self.plots_action)
+        menu.addAction(self.tree_action)
         menu.addAction(self.history_dock.toggleViewAction())
         menu.addAction(self.inspector_dock.toggleViewAction())
         theme_menu = menu.addMenu("Theme")
@@ -416,6 +427,7 @@ class MainWindow(QMainWindow):
     def _set_colors(self, colors) -> None:
         self.view.set_colors(colors)
         self.plots.set_colors(colors)
+        self.tree_view.set_colors(colors)
         self.legend.setText(legend_html(colors))
         if self.shown is not None:
             self._render(self.shown)
@@ -506,6 +518,7 @@ class MainWindow(QMainWindow):
             return
         if self.shown is gen:
             self.view.append_events(events)
+            self.tree_view.set_event(events[-1])  # the latest round, live
         self._update_history_item(gen)
         self._refresh_live(events[-1])
 
@@ -552,6 +565,7 @@ class MainWindow(QMainWindow):
             self._unrendered = []  # show_generation draws every round received so far
         self.view.show_generation(gen.prompt, gen.events, gen.finish)
         self.plots.set_buffers(gen.buffers)
+        self.tree_view.set_event(gen.events[-1] if gen.events else None)
 
     def _update_history_item(self, gen: Generation) -> None:
         item = self.history.item(gen.index - 1)
@@ -568,9 +582,14 @@ class MainWindow(QMainWindow):
         self.view.clear_view()
         self.plots.set_buffers(PlotBuffers())
         self.inspector.clear()
+        self.tree_view.set_event(None)
 
     def _show_token(self, info) -> None:
+        """Pin a token's details, and draw the draft tree of its round."""
         self.inspector.setHtml(describe(info))
+        events = self.shown.events if self.shown is not None else []
+        if 0 <= info.round < len(events) and self.tree_view.event is not events[info.round]:
+            self.tree_view.set_event(events[info.round])
 
     # ============================================================================================== export
     def export_csv(self) -> None:

@@ -13,6 +13,7 @@ from app.plot_data import PlotBuffers, summary_html
 from app.style import LIGHT, TokenColors
 
 REDRAW_HZ = 20
+AXIS_WIDTH = 52  # px for the y axis: its label and tick labels up to five characters ("12.50", "1000")
 
 
 def nice_ceiling(value: float) -> float:
@@ -124,6 +125,9 @@ class PlotPanel(QWidget):
         plot.setClipToView(True)
         plot.setDownsampling(auto=True, mode="peak")
         plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
+        for name in ("left", "bottom"):  # axes that never resize with their tick labels never relayout the plot
+            plot.getAxis(name).setStyle(autoExpandTextSpace=False, autoReduceTextSpace=False)
+        plot.getAxis("left").setWidth(AXIS_WIDTH)
         plot.disableAutoRange()  # ranges are set with the data: auto-range would paint every update twice
         plot.fixed_y = y_range
         self._fit(plot, 10, 1)

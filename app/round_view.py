@@ -58,21 +58,21 @@ def round_tokens(event) -> list:
     emitted = len(event.emitted_ids)
     accepted = sorted((d for d in event.drafted if d.accepted), key=lambda d: d.depth)
     rest = [d for d in event.drafted if not d.accepted]
-    infos = [_drafted_info(event, d, ACCEPTED, event.position + i)
+    infos = [drafted_info(event, d, ACCEPTED, event.position + i)
              for i, d in enumerate(accepted) if i < emitted]
-    infos += [_drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
+    infos += [drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
     if emitted > len(accepted):
-        infos.append(_next_info(event, event.position + len(accepted)))
+        infos.append(next_info(event, event.position + len(accepted)))
     return infos
 
 
-def _drafted_info(event, d, kind: str, output_pos: Optional[int]) -> TokenInfo:
+def drafted_info(event, d, kind: str, output_pos: Optional[int]) -> TokenInfo:
     return TokenInfo(kind=kind, round=event.round, text=d.text, depth=d.depth, output_pos=output_pos, p=d.p,
                      q=d.q, accept_prob=d.accept_prob, u=d.u, accepted=d.accepted, tested=d.tested,
                      top=list(d.top))
 
 
-def _next_info(event, output_pos: int) -> TokenInfo:
+def next_info(event, output_pos: int) -> TokenInfo:
     kind = TARGET if not event.drafted else (BONUS if event.next_is_bonus else CORRECTION)
     return TokenInfo(kind=kind, round=event.round, text=event.next_token_text, output_pos=output_pos,
                      p=event.next_token_p, top=list(event.next_top))

@@ -198,6 +198,58 @@ def _cursor_for_token(view, index: int) -> QTextCursor:
     raise AssertionError(f"token {index} not rendered")
 
 
+def tree_round():
+    """A tree round: two roots; the first accepted, then its first child; the grandchild rejected."""
+    from dataclasses import replace
+
+    from engine.config import GenerationConfig
+
+    base = make_event([], 0, GenerationConfig(method="medusa", k=4), 2, False)
+    spec = [(-1, 0, True, True), (-1, 0, False, True), (0, 1, True, True), (0, 1, False, True),
+            (2, 2, False, True)]  # (parent, depth, accepted, tested)
+    drafted = [DraftedToken(token_id=i, text=f"t{i}", parent=p, depth=d, p=0.5, q=1.0, accept_prob=0.5, u=None,
+                            accepted=a, tested=t, top=[]) for i, (p, d, a, t) in enumerate(spec)]
+    return replace(base, drafted=drafted, accepted_count=2, emitted_ids=[0, 2, 99], next_is_bonus=False)
+
+
+def test_tree_layout_puts_every_draft_at_its_depth_and_the_correction_on_the_path():
+    from app.tree_view import ROOT, tree_layout
+
+    nodes = tree_layout(tree_round())
+    assert [n.kind for n in nodes] == [ROOT, ACCEPTED, REJECTED, ACCEPTED, REJECTED, REJECTED, CORRECTION]
+    assert [n.column for n in nodes] == [0, 1, 1, 2, 2, 3, 3]
+    assert [n.parent for n in nodes] == [None, 0, 0, 1, 1, 3, 3]
+    # depth-first leaves: t4, the correction, t3, t1; parents sit on their first child's row
+    assert [n.row for n in nodes] == [0, 0, 3, 0, 2, 0, 1]
+
+
+def test_tree_layout_of_a_chain_is_one_line(qtbot, make_window):
+    from app.tree_view import tree_layout
+
+    window = make_window(FakeDecoder(accepts=(4,)))
+    generate(qtbot, window)
+    nodes = tree_layout(window.session.generations[0].events[0])
+    assert [n.row for n in nodes] == [0] * 6 and [n.column for n in nodes] == list(range(6))
+    assert nodes[-1].kind == BONUS
+
+
+def test_draft_tree_follows_the_run_and_the_clicked_round(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window)
+    gen = window.session.generations[0]
+    tree = window.tree_view
+    assert tree.event is gen.events[-1] and len(tree.nodes) == len(gen.events[-1].drafted) + 2
+    view = window.view
+    index = next(i for i, info in enumerate(view.tokens) if info.round == 1)
+    rect = view.cursorRect(_cursor_for_token(view, index))
+    qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=QPoint(rect.right() + 2, rect.center().y()))
+    assert tree.event is gen.events[1]
+    box = tree._boxes[-1]  # the round's correction or bonus token
+    qtbot.mouseClick(tree, Qt.LeftButton, pos=box.center().toPoint())
+    assert "round 1" in window.inspector.toPlainText() and tree.nodes[-1].info.kind in (CORRECTION, BONUS)
+    assert not tree.grab().isNull()
+
+
 def test_sampled_round_shows_uniform(qtbot, make_window):
     window = make_window()
     window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7, "decode/seed": 5})
