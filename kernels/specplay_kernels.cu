@@ -394,6 +394,41 @@ __device__ void row_stats(const T* __restrict__ row, int V, const Cfg& c, Smem& 
 }
 
 // ------------------------------------------------------------------------------------------ sampling
+// The inverse-CDF step shared by block_sample and the wide kernel: scan tiles t0.. of pf (SP_TILE tokens each,
+// token-id order) from the known sum `prefix` of the earlier tiles; the token is the first whose running sum
+// exceeds `target`, clamped to the last token of nonzero probability (last_nz; V - 1 when there is none).
+template <class PF>
+__device__ int scan_tiles_for_target(const PF& pf, int V, int t0, int ntiles, double prefix, double target,
+                                     int last_nz, Smem& sm) {
+    const int tid = threadIdx.x;
+    int token = -1;
+    for (int t = t0; t < ntiles; ++t) {
+        const int j0 = t * SP_TILE + tid * SP_ITEMS;
+        float vals[SP_ITEMS];
+        double loc = 0.0;
+#pragma unroll
+        for (int k = 0; k < SP_ITEMS; ++k) {
+            const int j = j0 + k;
+            vals[k] = j < V ? pf(j) : 0.0f;
+            loc += (double)vals[k];
+        }
+        double tile_total;
+        double run = prefix + block_excl_scan_d(loc, tile_total, sm);
+        int cand = SP_INT_MAX;
+#pragma unroll
+        for (int k = 0; k < SP_ITEMS; ++k) {
+            run += (double)vals[k];
+            if (cand == SP_INT_MAX && j0 + k < V && run > target) cand = j0 + k;
+        }
+        cand = block_min_i(cand, sm);
+        if (cand != SP_INT_MAX) { token = cand; break; }
+        prefix += tile_total;
+    }
+    const int last = last_nz >= 0 ? last_nz : V - 1;
+    if (token < 0 || token > last) token = last;
+    return token;
+}
+
 // Inverse-CDF sample of the distribution pf (token-id order); every thread returns the token.
 template <class PF>
 __device__ int block_sample(const PF& pf, int V, float u, Smem& sm) {
@@ -437,34 +472,7 @@ __device__ int block_sample(const PF& pf, int V, float u, Smem& sm) {
         sm.target = target;
     }
     __syncthreads();
-    const double target = sm.target;
-    double prefix = sm.prefix;
-    int token = -1;
-    for (int t = sm.t0; t < ntiles; ++t) {
-        const int j0 = t * SP_TILE + tid * SP_ITEMS;
-        float vals[SP_ITEMS];
-        double loc = 0.0;
-#pragma unroll
-        for (int k = 0; k < SP_ITEMS; ++k) {
-            const int j = j0 + k;
-            vals[k] = j < V ? pf(j) : 0.0f;
-            loc += (double)vals[k];
-        }
-        double tile_total;
-        double run = prefix + block_excl_scan_d(loc, tile_total, sm);
-        int cand = SP_INT_MAX;
-#pragma unroll
-        for (int k = 0; k < SP_ITEMS; ++k) {
-            run += (double)vals[k];
-            if (cand == SP_INT_MAX && j0 + k < V && run > target) cand = j0 + k;
-        }
-        cand = block_min_i(cand, sm);
-        if (cand != SP_INT_MAX) { token = cand; break; }
-        prefix += tile_total;
-    }
-    const int last = lastnz >= 0 ? lastnz : V - 1;
-    if (token < 0 || token > last) token = last;
-    return token;
+    return scan_tiles_for_target(pf, V, sm.t0, ntiles, sm.prefix, sm.target, lastnz, sm);
 }
 
 // ------------------------------------------------------------------------------------------ kernels
@@ -1035,32 +1043,7 @@ sp_wide(const T* __restrict__ logits, int B, int N, int V, const long long* __re
                 sm.t0 = t0; sm.prefix = prefix; sm.target = target;
             }
             __syncthreads();
-            const double target = sm.target;
-            double prefix = sm.prefix;
-            int token = -1;
-            for (int k2 = sm.t0; k2 < C; ++k2) {
-                const int jj = k2 * SP_TILE + tid * SP_ITEMS;
-                float vals[SP_ITEMS];
-                double loc = 0.0;
-#pragma unroll
-                for (int k = 0; k < SP_ITEMS; ++k) {
-                    vals[k] = jj + k < V ? pf(jj + k) : 0.0f;
-                    loc += (double)vals[k];
-                }
-                double tile_total;
-                double run = prefix + block_excl_scan_d(loc, tile_total, sm);
-                int cand = SP_INT_MAX;
-#pragma unroll
-                for (int k = 0; k < SP_ITEMS; ++k) {
-                    run += (double)vals[k];
-                    if (cand == SP_INT_MAX && jj + k < V && run > target) cand = jj + k;
-                }
-                cand = block_min_i(cand, sm);
-                if (cand != SP_INT_MAX) { token = cand; break; }
-                prefix += tile_total;
-            }
-            const int last = lz >= 0 ? lz : V - 1;
-            if (token < 0 || token > last) token = last;
+            const int token = scan_tiles_for_target(pf, V, sm.t0, C, sm.prefix, sm.target, lz, sm);
             if (tid == 0) {
                 if (kind == 0) { tok_out[b] = token; prob_out[b] = pf(token); }
                 else out_i[(size_t)b * (2 + N) + 1] = token;
