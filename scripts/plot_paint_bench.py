@@ -59,7 +59,6 @@ def main() -> int:
     from app.plots import PlotPanel
 
     panel = PlotPanel()
-    panel.timer.stop()
     panel.resize(800, 360)
     panel.show()
     app.processEvents()
