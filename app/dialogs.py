@@ -1,8 +1,8 @@
 """Small dialogs: sampling parameters and the analytic-model help page."""
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QSpinBox,
-                               QTextBrowser, QVBoxLayout)
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
+                               QSpinBox, QTableWidget, QTableWidgetItem, QTextBrowser, QVBoxLayout)
 
 from engine.config import SamplingParams
 
@@ -109,3 +109,48 @@ class HelpDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(browser)
         layout.addWidget(buttons)
+
+
+SWEEP_COLUMNS = (("k", "K", "{}"), ("alpha", "α", "{:.3f}"), ("tokens_per_forward", "tokens / forward", "{:.2f}"),
+                 ("tokens_per_s", "tokens/s", "{:.0f}"), ("speedup", "measured speedup", "{:.2f}×"),
+                 ("predicted_speedup", "predicted E/(1+cK)", "{:.2f}×"))
+
+
+def fastest_k(rows: list) -> int:
+    """The K with the best measured speedup."""
+    return max(rows, key=lambda row: row["speedup"])["k"]
+
+
+class SweepDialog(QDialog):
+    """The measured K sweep: a table, the fastest K, and a button that makes it the K of the next runs."""
+
+    def __init__(self, parent, rows: list, title: str):
+        super().__init__(parent)
+        self.setWindowTitle("Fastest K")
+        self.best = fastest_k(rows)
+        best_row = next(row for row in rows if row["k"] == self.best)
+        table = QTableWidget(len(rows), len(SWEEP_COLUMNS))
+        table.setHorizontalHeaderLabels([label for _, label, _ in SWEEP_COLUMNS])
+        table.verticalHeader().setVisible(False)
+        for r, row in enumerate(rows):
+            for c, (key, _, fmt) in enumerate(SWEEP_COLUMNS):
+                item = QTableWidgetItem(fmt.format(row[key]))
+                if row["k"] == self.best:
+                    font = item.font()
+                    font.setBold(True)
+                    item.setFont(font)
+                table.setItem(r, c, item)
+        table.resizeColumnsToContents()
+        self.table = table
+        summary = QLabel(f"{title}<br>Fastest measured: <b>K = {self.best}</b>, {best_row['speedup']:.2f}× the "
+                         f"tokens/s of plain decoding on this machine.")
+        summary.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(summary)
+        layout.addWidget(table)
+        layout.addWidget(buttons)
+        self.resize(620, 120 + 30 * len(rows))

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayo
                                QWidget)
 
 from app import backend
-from app.dialogs import HelpDialog, SamplingDialog
+from app.dialogs import HelpDialog, SamplingDialog, SweepDialog
 from app.plot_data import PlotBuffers
 from app.plots import REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
@@ -24,10 +24,11 @@ from app.tree_view import DraftTreeView
 from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
 from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
 from app.style import colors_for, dark_palette, system_is_dark
-from app.workers import GenerationWorker, Job, LoadWorker
+from app.workers import GenerationWorker, Job, LoadWorker, SweepWorker
 from engine.errors import SpecplayError
 
 K_CHOICES = range(1, 17)
+SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 
 
 def no_model_text(reason: str = "") -> str:
@@ -92,6 +93,9 @@ class MainWindow(QMainWindow):
         self.draft_path: Optional[str] = None
         self.models = "none"
         self.gen_job: Optional[Job] = None
+        self.sweep_job: Optional[Job] = None  # a measured K sweep (uses the decoder like a generation)
+        self.sweep_rows: list = []
+        self.sweep_dialog = None
         self.load_job: Optional[Job] = None
         self.current: Optional[Generation] = None  # the running generation
         self.shown: Optional[Generation] = None  # the generation in the view and plots
@@ -224,6 +228,9 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda _=False, value=k: self.set_k(value))
             group.addAction(action)
             self.k_actions[k] = action
+        menu.addSeparator()
+        self.sweep_action = menu.addAction("Find the fastest K…", self.find_fastest_k)
+        self.sweep_action.setToolTip("Measure K = " + ", ".join(map(str, SWEEP_KS)) + " on the prompt; Esc stops")
 
     def _build_sampling_menu(self) -> None:
         menu = self.menuBar().addMenu("&Sampling")
@@ -311,7 +318,7 @@ class MainWindow(QMainWindow):
                              self.settings.optional_path("models/draft"), quiet=True)
 
     def load_models(self, target: Optional[str], draft: Optional[str], quiet: bool = False) -> bool:
-        if self.load_job is not None or self.gen_job is not None:
+        if self.load_job is not None or self.running:
             self.show_error("Busy", "Wait for the current generation or model load to finish.")
             return False
         self._pending = (target, draft, quiet)
@@ -440,12 +447,12 @@ class MainWindow(QMainWindow):
         self.max_tokens.setValue(DEFAULTS["decode/max_new_tokens"])
         self.apply_theme("system")
         self._refresh_all()
-        if not shipped and self.gen_job is None:
+        if not shipped and not self.running:
             self.load_models(None, None)
 
     # ========================================================================================== generation
     def generate(self) -> None:
-        if self.gen_job is not None:
+        if self.running:
             return
         prompt = self.prompt.toPlainText()
         problem = self._generation_problem(prompt)
@@ -484,13 +491,63 @@ class MainWindow(QMainWindow):
         self._refresh_controls()
 
     def stop(self) -> None:
-        if self.gen_job is not None:
-            self.gen_job.stop()
-            self.statusBar().showMessage("Stopping…", 2000)
+        for job in (self.gen_job, self.sweep_job):
+            if job is not None:
+                job.stop()
+                self.statusBar().showMessage("Stopping…", 2000)
 
     @property
     def running(self) -> bool:
-        return self.gen_job is not None
+        """A generation or a K sweep is using the decoder."""
+        return self.gen_job is not None or self.sweep_job is not None
+
+    # ============================================================================================= K sweep
+    def find_fastest_k(self) -> None:
+        """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
+        then show the table and offer the fastest K."""
+        if self.running:
+            return
+        prompt = self.prompt.toPlainText()
+        problem = self._generation_problem(prompt)
+        config = self.settings.config()
+        if problem is None and config.method == "none":
+            problem = ("No drafting method", "Pick a method in the Method menu first: K is the number of tokens "
+                       "it drafts per round.")
+        if problem:
+            self.show_error(*problem)
+            return
+        self.sweep_rows = []
+        worker = SweepWorker(self.decoder, prompt, config, SWEEP_KS)
+        worker.row.connect(self._on_sweep_row)
+        worker.failed.connect(lambda message: setattr(self, "_pending_error", ("K sweep failed", message)))
+        worker.done.connect(self._on_sweep_done)
+        self.sweep_job = Job(worker)
+        self.sweep_job.start()
+        self.progress.setVisible(True)
+        self.statusBar().showMessage(f"Measuring K = {SWEEP_KS[0]}…")
+        self._refresh_controls()
+
+    def _on_sweep_row(self, row: dict) -> None:
+        self.sweep_rows.append(row)
+        measured = ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows)
+        self.statusBar().showMessage(f"Measured {measured}")
+
+    def _on_sweep_done(self) -> None:
+        if self.sweep_job is None:  # the window closed and already joined the thread
+            return
+        self.sweep_job.finish()
+        self.sweep_job = None
+        self.progress.setVisible(self.load_job is not None)
+        self.statusBar().clearMessage()
+        self._refresh_controls()
+        self._flush_pending_error()
+        if self.sweep_rows:
+            config = self.settings.config()
+            title = (f"{METHOD_LABELS.get(config.method, config.method)}, "
+                     f"{sampling_label(config.sampling, config.seed)}, {self.max_tokens.value()} new tokens")
+            self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
+            self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
+            self.sweep_dialog.show()
 
     def _on_event(self, event) -> None:
         """Record the round at once; draw it on the next UI tick (see _flush_rounds)."""
@@ -573,7 +630,7 @@ class MainWindow(QMainWindow):
             item.setText(gen.summary())
 
     def clear_session(self) -> None:
-        if self.gen_job is not None:
+        if self.running:
             self.show_error("Generation running", "Stop the generation before clearing the session.")
             return
         self.session.clear()
@@ -657,6 +714,7 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(self.running)
         for action in self.model_actions:
             action.setEnabled(not self.running and not busy)
+        self.sweep_action.setEnabled(not self.running and not busy)
         self.clear_action.setEnabled(not self.running)
 
     def _refresh_status(self) -> None:
@@ -684,11 +742,11 @@ class MainWindow(QMainWindow):
         self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
         self.current = None
-        for job in (self.gen_job, self.load_job):
+        for job in (self.gen_job, self.sweep_job, self.load_job):
             if job is not None:
                 job.stop()
                 job.finish()
-        self.gen_job = self.load_job = None
+        self.gen_job = self.sweep_job = self.load_job = None
         self.ui_timer.stop()
         super().closeEvent(event)
 

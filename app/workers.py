@@ -20,10 +20,10 @@ def error_message(exc: BaseException) -> str:
     return f"The engine failed: {type(exc).__name__}: {exc}"
 
 
-class GenerationWorker(QObject):
-    """Iterates decoder.generate(...) and emits one `event` per RoundEvent."""
+class DecoderWorker(QObject):
+    """Runs `work()` on a decoder for one prompt and config; any failure becomes `failed(message)`, then `done`.
+    `stop()` is thread-safe: the work polls it (the decoder once a round, a K sweep once a K)."""
 
-    event = Signal(object)
     failed = Signal(str)
     done = Signal()
 
@@ -35,24 +35,54 @@ class GenerationWorker(QObject):
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Thread-safe: the decoder polls this once a round."""
         self._stop.set()
 
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
 
+    def work(self) -> None:
+        raise NotImplementedError
+
     @Slot()
     def run(self) -> None:
         try:
-            for event in self.decoder.generate(self.prompt, self.config, should_stop=self._stop.is_set):
-                self.event.emit(event)
+            self.work()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
             if not isinstance(exc, SpecplayError):
                 traceback.print_exc()
             self.failed.emit(error_message(exc))
         finally:
             self.done.emit()
+
+
+class GenerationWorker(DecoderWorker):
+    """Iterates decoder.generate(...) and emits one `event` per RoundEvent."""
+
+    event = Signal(object)
+
+    def work(self) -> None:
+        for event in self.decoder.generate(self.prompt, self.config, should_stop=self._stop.is_set):
+            self.event.emit(event)
+
+
+class SweepWorker(DecoderWorker):
+    """Measures the speedup of each K on the prompt (engine.bench.bench_k_sweep); one `row` per K."""
+
+    row = Signal(object)
+
+    def __init__(self, decoder, prompt: str, config, ks):
+        super().__init__(decoder, prompt, config)
+        self.ks = tuple(ks)
+
+    def _report(self, row: dict) -> bool:
+        self.row.emit(row)
+        return not self._stop.is_set()
+
+    def work(self) -> None:
+        from engine.bench import bench_k_sweep
+
+        bench_k_sweep(self.decoder, [self.prompt], self.config, self.ks, progress=self._report)
 
 
 class LoadWorker(QObject):

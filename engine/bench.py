@@ -131,8 +131,9 @@ def bench_graphs(decoder, prompts, base: GenerationConfig, methods, repeats=1) -
     return rows
 
 
-def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1) -> list:
-    """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c."""
+def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progress=None) -> list:
+    """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
+    progress(row), when given, is called after each K; returning False stops the sweep (the rows so far return)."""
     calibration = decoder.calibrate(max(ks))
     c = calibration.c if base.method == "draft" else 0.0
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
@@ -144,6 +145,8 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1) -> li
                      "analytic_tokens_per_forward": analytic.expected_tokens(r.alpha, k),
                      "tokens_per_s": r.tokens_per_s, "speedup": r.tokens_per_s / plain if plain else 0.0,
                      "predicted_speedup": analytic.speedup(r.alpha, k, c), "c": c})
+        if progress is not None and progress(rows[-1]) is False:
+            break
     return rows
 
 

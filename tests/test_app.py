@@ -295,6 +295,52 @@ def test_eagle_tree_entry_runs_eagle_with_a_tree_of_2k_nodes(qtbot, make_window)
     assert "tree 6" in window.history.item(window.history.count() - 1).text()
 
 
+def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_window):
+    from app.main_window import SWEEP_KS
+
+    window = make_window()
+    window.method_actions["draft"].trigger()
+    window.prompt.setPlainText("def f(x):")
+    window.max_tokens.setValue(12)
+    window.sweep_action.trigger()
+    assert window.running and not window.generate_button.isEnabled() and not window.sweep_action.isEnabled()
+    qtbot.waitUntil(lambda: window.sweep_dialog is not None, timeout=20000)
+    assert not window.running and window.errors == []
+    rows = window.sweep_rows
+    assert [row["k"] for row in rows] == list(SWEEP_KS)
+    assert {config.k for config in window.fake.configs} >= set(SWEEP_KS)  # every K really ran
+    assert all(config.method in ("draft", "none") for config in window.fake.configs)
+    dialog = window.sweep_dialog
+    best = max(rows, key=lambda row: row["speedup"])["k"]
+    assert dialog.best == best and dialog.table.rowCount() == len(SWEEP_KS)
+    assert dialog.table.item(0, 0).text() == "1"
+    dialog.use_button.click()
+    assert window.settings.get("decode/k") == best and window.k_actions[best].isChecked()
+
+
+def test_find_the_fastest_k_needs_a_drafting_method_and_a_prompt(qtbot, make_window):
+    window = make_window()
+    window.method_actions["none"].trigger()
+    window.prompt.setPlainText("def f(x):")
+    window.sweep_action.trigger()
+    assert window.errors[-1][0] == "No drafting method" and not window.running
+    window.method_actions["draft"].trigger()
+    window.prompt.setPlainText("   ")
+    window.sweep_action.trigger()
+    assert window.errors[-1][0] == "Empty prompt" and not window.running
+
+
+def test_a_k_sweep_stops_after_the_k_it_is_measuring(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=40, delay=0.01))
+    window.method_actions["draft"].trigger()
+    window.prompt.setPlainText("def f(x):")
+    window.sweep_action.trigger()
+    qtbot.waitUntil(lambda: len(window.sweep_rows) >= 1, timeout=20000)
+    qtbot.keyClick(window.prompt, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: not window.running, timeout=20000)
+    assert 1 <= len(window.sweep_rows) < 6
+
+
 def test_unavailable_methods_are_disabled_with_reason(qtbot, make_window):
     window = make_window()
     medusa = window.method_actions["medusa"]
