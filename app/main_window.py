@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayo
                                QPushButton, QScrollArea, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout,
                                QWidget)
 
-from app import backend
+from app import backend, gc_guard
 from app.dialogs import HelpDialog, SamplingDialog, SweepDialog
 from app.plot_data import PlotBuffers
 from app.plots import REDRAW_HZ, PlotPanel
@@ -323,10 +323,7 @@ class MainWindow(QMainWindow):
             return False
         self._pending = (target, draft, quiet)
         worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
-        worker.loaded.connect(self._models_loaded)
-        worker.failed.connect(self._models_failed)
-        worker.done.connect(self._load_done)
-        self.load_job = Job(worker)
+        self.load_job = Job(worker, loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
         self.progress.setVisible(True)
         self.statusBar().showMessage(f"Loading {backend.models_label(target, draft)}…")
         self.load_job.start()
@@ -360,6 +357,7 @@ class MainWindow(QMainWindow):
             return
         self.load_job.finish()
         self.load_job = None
+        gc_guard.collect_and_freeze()  # the models and the window are long-lived: later collections skip them
         self.progress.setVisible(False)
         self._refresh_all()
         self._flush_pending_error()
@@ -482,11 +480,8 @@ class MainWindow(QMainWindow):
         item = QListWidgetItem(self.current.summary())
         self.history.addItem(item)
         self.history.setCurrentRow(self.history.count() - 1)  # shows it
-        worker = GenerationWorker(self.decoder, prompt, config)
-        worker.event.connect(self._on_event)
-        worker.failed.connect(self._on_failed)
-        worker.done.connect(self._on_done)
-        self.gen_job = Job(worker)
+        self.gen_job = Job(GenerationWorker(self.decoder, prompt, config),
+                           event=self._on_event, failed=self._on_failed, done=self._on_done)
         self.gen_job.start()
         self._refresh_controls()
 
@@ -517,11 +512,8 @@ class MainWindow(QMainWindow):
             self.show_error(*problem)
             return
         self.sweep_rows = []
-        worker = SweepWorker(self.decoder, prompt, config, SWEEP_KS)
-        worker.row.connect(self._on_sweep_row)
-        worker.failed.connect(lambda message: setattr(self, "_pending_error", ("K sweep failed", message)))
-        worker.done.connect(self._on_sweep_done)
-        self.sweep_job = Job(worker)
+        self.sweep_job = Job(SweepWorker(self.decoder, prompt, config, SWEEP_KS),
+                             row=self._on_sweep_row, failed=self._on_sweep_failed, done=self._on_sweep_done)
         self.sweep_job.start()
         self.progress.setVisible(True)
         self.statusBar().showMessage(f"Measuring K = {SWEEP_KS[0]}…")
@@ -532,8 +524,11 @@ class MainWindow(QMainWindow):
         measured = ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows)
         self.statusBar().showMessage(f"Measured {measured}")
 
+    def _on_sweep_failed(self, message: str) -> None:
+        self._pending_error = ("K sweep failed", message)
+
     def _on_sweep_done(self) -> None:
-        if self.sweep_job is None:  # the window closed and already joined the thread
+        if self.sweep_job is None:  # closeEvent already joined the thread
             return
         self.sweep_job.finish()
         self.sweep_job = None
@@ -558,13 +553,21 @@ class MainWindow(QMainWindow):
         self._unrendered.append(event)
 
     def _ui_tick(self) -> None:
-        """Ticks alternate between the text view and one plot, so one event-loop pass never paints both:
-        together they made the longest gaps (~35 ms on a 2-core machine, scripts/stall_probe.py)."""
+        """Take the workers' messages, then draw. Ticks alternate between the text view and one plot, so one
+        event-loop pass never paints both: together they made the longest gaps (~35 ms on a 2-core machine,
+        scripts/stall_probe.py)."""
+        self._deliver_messages()
+        gc_guard.collect_young()
         self._ticks += 1
         if self._ticks % 2:
             self._flush_rounds()
         else:
             self.plots.redraw_if_dirty()
+
+    def _deliver_messages(self) -> None:
+        for job in (self.load_job, self.gen_job, self.sweep_job):
+            if job is not None:
+                job.deliver()
 
     def _flush_rounds(self) -> None:
         """Every other UI tick (20 Hz): draw the rounds that arrived since the last time, so the text view,
@@ -585,7 +588,7 @@ class MainWindow(QMainWindow):
         self._pending_error = ("Generation failed", message)
 
     def _on_done(self) -> None:
-        if self.gen_job is None:  # the window closed and already joined the thread
+        if self.gen_job is None:  # closeEvent already joined the thread
             return
         stopped = self.gen_job.worker.stop_requested
         self.gen_job.finish()

@@ -1,15 +1,22 @@
-"""Work that runs off the GUI thread: model loading (+ calibration) and generation.
+"""Work that runs off the GUI thread: model loading (+ calibration), generation and K sweeps.
 
-Each worker is a QObject moved to its own QThread; results reach the window as queued signals, so the window
-only ever touches Qt objects on the GUI thread. `Job` keeps a worker and its thread together.
+A worker runs on a plain Python thread and never touches Qt. It posts messages `(kind, args)` to its mailbox (a
+`queue.SimpleQueue`), and the window hands them to their handlers on its UI tick (`Job.deliver`), so every Qt
+object is only ever touched on the GUI thread. The last message of every worker is `("done", ())`.
+
+Why not a QThread with queued signals: emitting Qt signals with Python arguments from a busy Python thread, and
+waiting on a QThread from the GUI thread, are the places where PySide can deadlock on the GIL; a CI run once hung
+for 90 minutes in a GUI test that emitted 300 rounds as fast as it could. A mailbox polled at 40 Hz costs nothing
+here: the window draws at 20 Hz anyway.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import traceback
+from typing import Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
-
+from app import gc_guard
 from engine.errors import SpecplayError
 
 
@@ -20,19 +27,16 @@ def error_message(exc: BaseException) -> str:
     return f"The engine failed: {type(exc).__name__}: {exc}"
 
 
-class DecoderWorker(QObject):
-    """Runs `work()` on a decoder for one prompt and config; any failure becomes `failed(message)`, then `done`.
-    `stop()` is thread-safe: the work polls it (the decoder once a round, a K sweep once a K)."""
+class Worker:
+    """Runs `work()` on the worker thread; a failure becomes a ("failed", message) message, then ("done",).
+    `stop()` is thread-safe: the work polls `stop_requested` where it can stop early."""
 
-    failed = Signal(str)
-    done = Signal()
-
-    def __init__(self, decoder, prompt: str, config):
-        super().__init__()
-        self.decoder = decoder
-        self.prompt = prompt
-        self.config = config
+    def __init__(self):
+        self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
+
+    def post(self, kind: str, *args) -> None:
+        self.mailbox.put((kind, args))
 
     def stop(self) -> None:
         self._stop.set()
@@ -44,39 +48,44 @@ class DecoderWorker(QObject):
     def work(self) -> None:
         raise NotImplementedError
 
-    @Slot()
     def run(self) -> None:
         try:
             self.work()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a dialog, never a crash
             if not isinstance(exc, SpecplayError):
                 traceback.print_exc()
-            self.failed.emit(error_message(exc))
+            self.post("failed", error_message(exc))
         finally:
-            self.done.emit()
+            self.post("done")
+
+
+class DecoderWorker(Worker):
+    """A worker that uses the decoder on one prompt and config (the decoder polls the stop flag once a round)."""
+
+    def __init__(self, decoder, prompt: str, config):
+        super().__init__()
+        self.decoder = decoder
+        self.prompt = prompt
+        self.config = config
 
 
 class GenerationWorker(DecoderWorker):
-    """Iterates decoder.generate(...) and emits one `event` per RoundEvent."""
-
-    event = Signal(object)
+    """Iterates decoder.generate(...) and posts one ("event", RoundEvent) per round."""
 
     def work(self) -> None:
         for event in self.decoder.generate(self.prompt, self.config, should_stop=self._stop.is_set):
-            self.event.emit(event)
+            self.post("event", event)
 
 
 class SweepWorker(DecoderWorker):
-    """Measures the speedup of each K on the prompt (engine.bench.bench_k_sweep); one `row` per K."""
-
-    row = Signal(object)
+    """Measures the speedup of each K on the prompt (engine.bench.bench_k_sweep); one ("row", dict) per K."""
 
     def __init__(self, decoder, prompt: str, config, ks):
         super().__init__(decoder, prompt, config)
         self.ks = tuple(ks)
 
     def _report(self, row: dict) -> bool:
-        self.row.emit(row)
+        self.post("row", row)
         return not self._stop.is_set()
 
     def work(self) -> None:
@@ -85,12 +94,9 @@ class SweepWorker(DecoderWorker):
         bench_k_sweep(self.decoder, [self.prompt], self.config, self.ks, progress=self._report)
 
 
-class LoadWorker(QObject):
-    """Loads a decoder with `loader(target, draft, device)` and calibrates it for K."""
-
-    loaded = Signal(object, object)  # decoder, calibration (None when calibration failed)
-    failed = Signal(str)
-    done = Signal()
+class LoadWorker(Worker):
+    """Loads a decoder with `loader(target, draft, device)`, calibrates it for K and posts
+    ("loaded", decoder, calibration); calibration is None when it failed. Loading cannot be interrupted."""
 
     def __init__(self, loader, target, draft, device: str, k: int):
         super().__init__()
@@ -98,21 +104,9 @@ class LoadWorker(QObject):
         self.args = (target, draft, device)
         self.k = k
 
-    def stop(self) -> None:
-        """Loading cannot be interrupted; closing the window waits for it."""
-
-    @Slot()
-    def run(self) -> None:
-        try:
-            decoder = self.loader(*self.args)
-        except Exception as exc:  # noqa: BLE001
-            if not isinstance(exc, SpecplayError):
-                traceback.print_exc()
-            self.failed.emit(error_message(exc))
-        else:
-            self.loaded.emit(decoder, self._calibrate(decoder))
-        finally:
-            self.done.emit()
+    def work(self) -> None:
+        decoder = self.loader(*self.args)
+        self.post("loaded", decoder, self._calibrate(decoder))
 
     def _calibrate(self, decoder):
         try:
@@ -123,20 +117,40 @@ class LoadWorker(QObject):
 
 
 class Job:
-    """A worker running in its own thread. `finish()` (on done) joins the thread so it can be dropped."""
+    """A worker on its own daemon thread, with the GUI-thread handlers of its messages by kind. While it runs, the
+    garbage collector stays on the GUI thread (app/gc_guard.py)."""
 
-    def __init__(self, worker: QObject):
+    def __init__(self, worker: Worker, **handlers: Callable):
         self.worker = worker
-        self.thread = QThread()
-        worker.moveToThread(self.thread)
-        self.thread.started.connect(worker.run)
+        self.handlers = handlers
+        self.thread = threading.Thread(target=worker.run, name=type(worker).__name__, daemon=True)
+        self._holds_gc = False
 
     def start(self) -> None:
+        gc_guard.hold()
+        self._holds_gc = True
         self.thread.start()
 
     def stop(self) -> None:
         self.worker.stop()
 
-    def finish(self, timeout_ms: int = 30000) -> bool:
-        self.thread.quit()
-        return self.thread.wait(timeout_ms)
+    def deliver(self) -> None:
+        """On the GUI thread: hand every waiting message to its handler, in the order they were posted."""
+        while True:
+            try:
+                kind, args = self.worker.mailbox.get_nowait()
+            except queue.Empty:
+                return
+            handler = self.handlers.get(kind)
+            if handler is not None:
+                handler(*args)
+
+    def finish(self, timeout_s: float = 30.0) -> bool:
+        """Join the thread (it ends right after posting "done"). True when it has ended; only then may the
+        collector run automatically again."""
+        self.thread.join(timeout_s)
+        ended = not self.thread.is_alive()
+        if ended and self._holds_gc:
+            self._holds_gc = False
+            gc_guard.release()
+        return ended

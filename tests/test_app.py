@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import csv
+import gc
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -551,13 +554,53 @@ def test_live_status_label_does_not_shrink(make_window):
     assert label.sizeHint().width() == wide
 
 
+class AllocatingDecoder(FakeDecoder):
+    """Allocates enough container objects per round to trip the automatic collector many times over."""
+
+    def generate(self, prompt, config, should_stop=None):
+        for event in super().generate(prompt, config, should_stop):
+            event.scratch = [[index] for index in range(5000)]  # 5000 tracked lists: 7x the gen-0 threshold
+            yield event
+
+
+def test_garbage_is_collected_on_the_gui_thread_only(qtbot, make_window):
+    """A collection on the decoding thread destroyed dead Qt objects there, and Shiboken deadlocked (CI hung for
+    90 minutes in this file). Dead Qt objects must be gone before a worker starts, and no collection may run on it."""
+    from PySide6.QtWidgets import QMenu
+
+    window = make_window(AllocatingDecoder(rounds=40))
+    collecting_threads = set()
+
+    def on_gc(phase, info):
+        if phase == "start":
+            collecting_threads.add(threading.get_ident())
+
+    gc.disable()  # keep the cycle below as garbage until the window's own collection
+    menu = QMenu()
+    menu.cycle = menu  # a reference cycle holding a Qt object, like a closed window's lambdas
+    dead_menu = weakref.ref(menu)
+    del menu
+    gc.enable()
+    gc.callbacks.append(on_gc)
+    try:
+        window.prompt.setPlainText("def f(x):")
+        window.generate()
+        assert dead_menu() is None  # collected on this (the GUI) thread before the worker started
+        qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert len(window.session.generations[0].events) == 40
+    assert collecting_threads == {threading.get_ident()}  # young generations were collected, here only
+    assert gc.isenabled()  # automatic collection is back once the worker has ended
+
+
 def test_close_mid_run_exits_cleanly(qtbot, make_window):
     window = make_window(FakeDecoder(rounds=10000, delay=0.005))
     generate(qtbot, window, wait=False)
     qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 2, timeout=5000)
     thread = window.gen_job.thread
     window.close()
-    assert thread.isFinished() and window.gen_job is None
+    assert not thread.is_alive() and window.gen_job is None
 
 
 def test_clear_and_theme(qtbot, make_window):
