@@ -131,6 +131,12 @@ def bench_graphs(decoder, prompts, base: GenerationConfig, methods, repeats=1) -
     return rows
 
 
+def captures_graphs(decoder) -> bool:
+    """True when the decoder captures CUDA graphs on first use of a shape (the first run of a config is slow)."""
+    device = getattr(decoder, "device", None)
+    return getattr(device, "type", "cpu") == "cuda"
+
+
 def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progress=None) -> list:
     """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far return)."""
@@ -140,6 +146,8 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
     rows = []
     for k in ks:
+        if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
+            measure(decoder, prompts[:1], replace(base, k=k))
         r = measure(decoder, prompts, replace(base, k=k), repeats)
         rows.append({"k": k, "alpha": r.alpha, "tokens_per_forward": r.tokens_per_forward,
                      "analytic_tokens_per_forward": analytic.expected_tokens(r.alpha, k),

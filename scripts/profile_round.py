@@ -20,6 +20,7 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--method", default="none")
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--tree-nodes", type=int, default=0, help="medusa / eagle tree size (0: the default)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
@@ -32,7 +33,8 @@ def main() -> int:
     decoder = SpeculativeDecoder(load_pair(None, None, device=device, need_draft=args.method == "draft"))
     if hasattr(decoder.backend, "warm_up"):
         decoder.backend.warm_up()
-    config = GenerationConfig(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens)
+    config = GenerationConfig(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens,
+                              tree_nodes=args.tree_nodes)
     prompt = heldout_prompts(1)[0]
     decoder.generate_ids(prompt, config)  # warm-up: kernels, graphs
     profile = cProfile.Profile()

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -158,6 +159,41 @@ def test_bench_methods_and_k_sweep(pair, capsys):
     assert "fastest measured K" in err and "predicted_speedup" in out
     code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--ks", "0,40")
     assert code == 2 and "--ks" in err
+
+
+class RecordingDecoder:
+    """Stands in for a decoder in bench_k_sweep: records each generation's K; `device` says where it runs."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.device = torch.device(device)
+        self.runs = []
+
+    def calibrate(self, k):
+        from engine.decoder import Calibration
+
+        return Calibration(target_step_ms=2.0, draft_step_ms=0.5)
+
+    def generate(self, prompt, config, should_stop=None):
+        k = config.k if config.method != "none" else 0
+        self.runs.append(k)
+        metrics = SimpleNamespace(emitted=k + 1, rounds=1, drafted=k, accepted=k)
+        yield SimpleNamespace(metrics=metrics, round_ms=1.0)
+
+
+@pytest.mark.parametrize("device, warmed", [("cuda", True), ("cpu", False)])
+def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
+    """On CUDA a K's first run captures graphs for its block sizes, which must not be timed."""
+    from engine.bench import bench_k_sweep
+    from engine.config import GenerationConfig
+
+    decoder = RecordingDecoder(device)
+    rows = bench_k_sweep(decoder, ["p1", "p2"], GenerationConfig(method="draft", k=4), (1, 3))
+    assert [row["k"] for row in rows] == [1, 3]
+    timed = [1, 1, 3, 3]  # two prompts per K
+    expected = [4, 0, 0] + ([1] + timed[:2] + [3] + timed[2:] if warmed else timed)
+    assert decoder.runs == expected  # warm-up, plain baseline (2 prompts), then each K (warm-up first on CUDA)
 
 
 def test_bench_graphs_needs_a_gpu(pair, capsys):
