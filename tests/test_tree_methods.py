@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
-from engine.drafters.medusa import default_choices
+from engine.drafters.medusa import default_choices, medusa_tree
 from engine.drafters.tree import build_trie
 from engine.lossless import check_sampling
 from engine.models import load_pair
@@ -69,6 +69,21 @@ def test_medusa_default_choices_are_prefix_closed():
     choices = default_choices(8, 4)
     assert len(choices) == 8 and choices[0] == (0,)
     assert all(len(c) == 1 or c[:-1] in choices for c in choices)
+
+
+@pytest.mark.parametrize("nodes, depth", [(8, 4), (16, 4), (3, 2), (1, 1), (64, 4)])
+def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
+    """Medusa's tree is built once per choice set and its tokens gathered on the device; it must be exactly the
+    trie of the candidate paths for any ranking of the heads."""
+    tree = medusa_tree(nodes, depth)
+    choices = default_choices(nodes, depth)
+    generator = torch.Generator().manual_seed(nodes * 10 + depth)
+    for _ in range(20):
+        # each head's top ranks are distinct tokens; different heads may share tokens
+        ranked = torch.stack([torch.randperm(12, generator=generator)[:tree.width] for _ in range(depth)])
+        tokens, parents = build_trie([[int(ranked[d, r]) for d, r in enumerate(choice)] for choice in choices])
+        assert ranked.flatten()[list(tree.flat_index)].tolist() == tokens
+        assert list(tree.parents) == parents
 
 
 TREE_METHODS = ["medusa", "lookahead", "eagle-tree"]

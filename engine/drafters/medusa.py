@@ -6,15 +6,17 @@ feature comes from the previous verification. The candidates form a sparse tree 
 verified in one target forward with a tree mask (one-hot q, so lossless under recursive rejection sampling)."""
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from engine.drafters.base import DecodeState, Draft, Drafter
-from engine.drafters.tree import as_tensors, build_trie
 from engine.errors import SpecplayError
+from engine.runner import to_device
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
@@ -56,8 +58,10 @@ class MedusaHeads:
         return runner.project(torch.cat(outs))  # [D, V]
 
 
-def default_choices(nodes: int, depth: int, width: int = 4) -> list:
-    """The `nodes` most promising rank tuples (r_1, ..., r_d), closed under prefixes, best first."""
+@functools.lru_cache(maxsize=None)
+def default_choices(nodes: int, depth: int, width: int = 4) -> tuple:
+    """The `nodes` most promising rank tuples (r_1, ..., r_d), closed under prefixes, best first.
+    Cached: building it took ~0.4 ms, once a round, before (docs/measurements/profile_rounds_gpu.txt)."""
     scored = []
 
     def grow(prefix, score):
@@ -71,9 +75,31 @@ def default_choices(nodes: int, depth: int, width: int = 4) -> list:
 
     grow((), 1.0)
     scored.sort(key=lambda item: (-item[0], item[1]))
-    chosen = [c for _, c in scored[:nodes]]
+    chosen = tuple(c for _, c in scored[:nodes])
     assert all(c[:-1] in chosen or len(c) == 1 for c in chosen)  # a child scores below its parent
     return chosen
+
+
+@dataclass(frozen=True)
+class MedusaTree:
+    """The tree of a choice set, which does not depend on the tokens: node i is choice i (a parent comes before
+    its children), and its token is rank r_d of head d. Siblings differ in rank, and one head's top ranks are
+    distinct tokens, so no two siblings ever share a token: merging paths into a trie would change nothing."""
+
+    parents: tuple  # [N] parent node, -1 = the last committed token
+    flat_index: tuple  # [N] d * width + r: where node i's token sits in the heads' flattened top-`width` ranks
+    depth: int
+    width: int
+
+
+@functools.lru_cache(maxsize=None)
+def medusa_tree(nodes: int, depth: int) -> MedusaTree:
+    choices = default_choices(nodes, depth)
+    index = {choice: i for i, choice in enumerate(choices)}
+    width = 1 + max(max(choice) for choice in choices)
+    parents = tuple(index[choice[:-1]] if len(choice) > 1 else -1 for choice in choices)
+    flat_index = tuple((len(choice) - 1) * width + choice[-1] for choice in choices)
+    return MedusaTree(parents, flat_index, depth, width)
 
 
 class MedusaDrafter(Drafter):
@@ -83,17 +109,21 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.heads = heads
         self.nodes = nodes
+        self._on_device: dict = {}  # (nodes, depth, device) -> (flat_index on the device, parents on the host)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = state.extras.get("last_hidden")
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        depth = min(k, self.heads.count)
-        choices = default_choices(self.nodes or 2 * k, depth)
-        head_logits = self.heads.logits(self.target, hidden)[:, :state.vocab_size]  # [D, V]
-        width = 1 + max(max(c) for c in choices)
-        ranked = torch.topk(head_logits[:depth], width, dim=-1).indices.tolist()  # [depth, width]
-        paths = [[ranked[d][r] for d, r in enumerate(choice)] for choice in choices]
-        tokens, parents = build_trie(paths)
-        tok, par = as_tensors(tokens, parents, state.device)
-        return Draft(tokens=tok, parents=par)
+        tree = medusa_tree(self.nodes or 2 * k, min(k, self.heads.count))
+        flat_index, parents = self._tree_tensors(tree, state.device)
+        head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
+        ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
+        return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
+
+    def _tree_tensors(self, tree: MedusaTree, device) -> tuple:
+        key = (tree, str(device))
+        if key not in self._on_device:
+            self._on_device[key] = (to_device(list(tree.flat_index), device),
+                                    torch.tensor(tree.parents, dtype=torch.long))
+        return self._on_device[key]
