@@ -576,11 +576,13 @@ def test_garbage_is_collected_on_the_gui_thread_only(qtbot, make_window):
             collecting_threads.add(threading.get_ident())
 
     gc.disable()  # keep the cycle below as garbage until the window's own collection
-    menu = QMenu()
-    menu.cycle = menu  # a reference cycle holding a Qt object, like a closed window's lambdas
-    dead_menu = weakref.ref(menu)
-    del menu
-    gc.enable()
+    try:
+        menu = QMenu()
+        menu.cycle = menu  # a reference cycle holding a Qt object, like a closed window's lambdas
+        dead_menu = weakref.ref(menu)
+        del menu
+    finally:
+        gc.enable()
     gc.callbacks.append(on_gc)
     try:
         window.prompt.setPlainText("def f(x):")
