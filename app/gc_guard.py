@@ -9,8 +9,9 @@ and waited for that lock (a CI run hung for 90 minutes; reproduced here and read
 So while any worker runs, automatic collection is off and the GUI thread collects the young generations on its UI
 tick (`collect_young`). Before a worker starts, the GUI thread collects everything once, so no Qt garbage is left for
 the worker to free. To keep that collection cheap, the long-lived objects (modules, models, the window) are frozen
-out of the collector after start-up and after each model load (`collect_and_freeze`): a full collection then costs
-well under a millisecond instead of a quarter of a second.
+out of the collector after each model load (`collect_and_freeze`). With the shipped pair loaded on this project's
+2-core machine, that freeze costs ~0.35 s once per load (338k objects), and the collection before each generation
+then takes 0.04 ms instead of ~0.35 s.
 
 No Qt here: this module only deals with `gc` and is used by app/workers.py and the window.
 """
