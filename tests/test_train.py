@@ -88,6 +88,13 @@ def test_medusa_heads_load_and_predict(tiny_run):
     d = tiny_run / "export" / "target"
     cfg = json.loads((d / "medusa_config.json").read_text())
     assert cfg["num_heads"] == 4 and cfg["offsets"] == [2, 3, 4, 5]
+    chances = {tuple(path): chance for path, chance in cfg["path_accuracy"]}  # the drafter's tree comes from it
+    assert 0 < len(chances) <= heads.PATHS_KEPT and all(0.0 < c <= 1.0 for c in chances.values())
+    assert all(len(p) == 1 or chances[p[:-1]] >= c for p, c in chances.items())  # parents kept, never less right
+    assert all(len(p) <= 4 and max(p) < heads.RANKS for p in chances)
+    from engine.drafters.medusa import MedusaHeads
+
+    assert MedusaHeads.load(d, "cpu", torch.float32).path_accuracy is not None  # the drafter reads it back
     keys = set(load_file(str(d / "medusa_heads.safetensors")))
     assert keys == {f"heads.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
     target = AutoModelForCausalLM.from_pretrained(str(d)).float()
@@ -155,3 +162,14 @@ def test_prompt_cut_at_line_boundaries():
     text = "".join(f"line_{i} = {i} * 2\n" for i in range(100))
     p = corpus.cut_prompt(text, 0, 100, 300)
     assert p is not None and 100 <= len(p) <= 300 and p.endswith("\n") and text.startswith(p)
+
+
+def test_path_hits_count_positions_where_the_whole_path_is_right():
+    hits = torch.zeros(2, 2, 5, dtype=torch.bool)  # [heads, ranks, positions]
+    hits[0, 0, [0, 1, 2]] = True  # head 1, rank 0 right at positions 0, 1, 2
+    hits[0, 1, [3]] = True
+    hits[1, 0, [1, 2, 3]] = True
+    hits[1, 1, [0]] = True
+    counts = heads.path_hits(hits)
+    assert counts == {(0,): 3, (1,): 1, (0, 0): 2, (0, 1): 1, (1, 0): 1}
+    assert heads.top_paths(counts, 5, keep=3) == [((0,), 0.6), ((0, 0), 0.4), ((1,), 0.2)]

@@ -7,7 +7,9 @@ from safetensors.torch import save_file
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
-from engine.drafters.medusa import default_choices, medusa_tree
+import itertools
+
+from engine.drafters.medusa import assumed_chances, default_choices, medusa_tree
 from engine.drafters.tree import build_trie
 from engine.lossless import check_sampling
 from engine.models import load_pair
@@ -66,17 +68,46 @@ def test_build_trie_merges_prefixes():
 
 
 def test_medusa_default_choices_are_prefix_closed():
-    choices = default_choices(8, 4)
+    choices = default_choices(8, assumed_chances(4))
     assert len(choices) == 8 and choices[0] == (0,)
     assert all(len(c) == 1 or c[:-1] in choices for c in choices)
+
+
+def random_path_chances(generator, heads=2, ranks=3):
+    """Chances of paths that are right all the way (a child never more likely than its parent)."""
+    chances = {}
+    for path in itertools.chain.from_iterable(itertools.product(range(ranks), repeat=d) for d in range(1, heads + 1)):
+        parent = chances.get(path[:-1], 1.0)
+        chances[path] = parent * float(torch.rand(1, generator=generator)) * 0.6
+    return tuple(chances.items())
+
+
+def test_medusa_tree_maximises_the_expected_accepted_drafts():
+    """The expected number of accepted drafts is the sum of the tree's path chances (siblings differ, so at most one
+    is right): check the chosen tree against every prefix-closed tree of 4 nodes (brute force)."""
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(10):
+        chances = random_path_chances(generator)
+        table = dict(chances)
+        closed = [tree for tree in itertools.combinations(table, 4)
+                  if all(len(c) == 1 or c[:-1] in tree for c in tree)]
+        best = max(sum(table[c] for c in tree) for tree in closed)
+        assert sum(table[c] for c in default_choices(4, chances)) == pytest.approx(best)
+
+
+def test_measured_path_chances_change_the_medusa_tree():
+    """Measured heads whose first guesses are often right together grow a deep tree; assumed ones a bushy one."""
+    deep = (((0,), 0.3), ((1,), 0.08), ((0, 0), 0.2), ((0, 0, 0), 0.15), ((0, 0, 0, 0), 0.1), ((2,), 0.05))
+    assert default_choices(4, deep) == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+    assert default_choices(4, assumed_chances(4)) == ((0,), (0, 0), (1,), (0, 0, 0))
 
 
 @pytest.mark.parametrize("nodes, depth", [(8, 4), (16, 4), (3, 2), (1, 1), (64, 4)])
 def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
     """Medusa's tree is built once per choice set and its tokens gathered on the device; it must be exactly the
     trie of the candidate paths for any ranking of the heads."""
-    tree = medusa_tree(nodes, depth)
-    choices = default_choices(nodes, depth)
+    tree = medusa_tree(nodes, assumed_chances(depth))
+    choices = default_choices(nodes, assumed_chances(depth))
     generator = torch.Generator().manual_seed(nodes * 10 + depth)
     for _ in range(20):
         # each head's top ranks are distinct tokens; different heads may share tokens

@@ -20,15 +20,18 @@ from engine.runner import to_device
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
-# Assumed chance that the rank-r candidate of a head is right, used only to order tree choices.
-RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05, 0.03, 0.02)
+# For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
+# right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
+RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05)
 DEPTH_DECAY = 0.8
 
 
 class MedusaHeads:
-    def __init__(self, weights: list, biases: list):
+    def __init__(self, weights: list, biases: list, path_accuracy: tuple | None = None):
         self.weights = weights  # D x [H, H]
         self.biases = biases  # D x [H]
+        # ((r_1, ..., r_d), chance): measured chance that every step of the path is right (None: not measured)
+        self.path_accuracy = path_accuracy
 
     @classmethod
     def load(cls, model_dir, device, dtype) -> "MedusaHeads":
@@ -41,15 +44,22 @@ class MedusaHeads:
             count = int(config["num_heads"])
             weights = [tensors[f"heads.{i}.weight"].to(dtype) for i in range(count)]
             biases = [tensors[f"heads.{i}.bias"].to(dtype) for i in range(count)]
+            path_accuracy = _read_path_accuracy(config.get("path_accuracy"), count)
         except FileNotFoundError:
             raise SpecplayError(f"{model_dir} has no Medusa heads ({HEADS_FILE} + {CONFIG_FILE})") from None
-        except (KeyError, ValueError, OSError, RuntimeError) as exc:
+        except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:
             raise SpecplayError(f"{model_dir}: cannot read Medusa heads ({exc})") from None
-        return cls(weights, biases)
+        return cls(weights, biases, path_accuracy)
 
     @property
     def count(self) -> int:
         return len(self.weights)
+
+    def path_chances(self, depth: int) -> tuple:
+        """((r_1, ..., r_d), chance) for paths of at most `depth` heads: measured when the config has them."""
+        if self.path_accuracy is None:
+            return assumed_chances(depth)
+        return tuple(item for item in self.path_accuracy if len(item[0]) <= depth)
 
     def logits(self, runner, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head."""
@@ -59,24 +69,45 @@ class MedusaHeads:
 
 
 @functools.lru_cache(maxsize=None)
-def default_choices(nodes: int, depth: int, width: int = 4) -> tuple:
-    """The `nodes` most promising rank tuples (r_1, ..., r_d), closed under prefixes, best first.
-    Cached: building it took ~0.4 ms, once a round, before (docs/measurements/profile_rounds_gpu.txt)."""
-    scored = []
+def assumed_chances(depth: int) -> tuple:
+    """Every path of up to `depth` heads with its chance under RANK_WEIGHTS and DEPTH_DECAY."""
+    chances = []
 
-    def grow(prefix, score):
-        if len(prefix) == depth:
-            return
-        for rank in range(min(width, len(RANK_WEIGHTS))):
-            choice = prefix + (rank,)
-            s = score * RANK_WEIGHTS[rank] * (DEPTH_DECAY ** len(prefix))
-            scored.append((s, choice))
-            grow(choice, s)
+    def grow(prefix: tuple, chance: float) -> None:
+        for rank, weight in enumerate(RANK_WEIGHTS):
+            path, right = prefix + (rank,), chance * weight * DEPTH_DECAY ** len(prefix)
+            chances.append((path, right))
+            if len(path) < depth:
+                grow(path, right)
 
     grow((), 1.0)
-    scored.sort(key=lambda item: (-item[0], item[1]))
-    chosen = tuple(c for _, c in scored[:nodes])
-    assert all(c[:-1] in chosen or len(c) == 1 for c in chosen)  # a child scores below its parent
+    return tuple(chances)
+
+
+def _read_path_accuracy(values, heads: int) -> tuple | None:
+    if values is None:
+        return None
+    table = tuple((tuple(int(r) for r in path), float(chance)) for path, chance in values)
+    known = {path: chance for path, chance in table}
+    for path, chance in table:
+        if not 0 < len(path) <= heads or min(path) < 0 or not 0.0 <= chance <= 1.0:
+            raise ValueError(f"bad path_accuracy entry {list(path)}: {chance}")
+        if len(path) > 1 and known.get(path[:-1], -1.0) < chance:
+            raise ValueError(f"path_accuracy has {list(path)} without its parent, or more often right than it")
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def default_choices(nodes: int, chances: tuple) -> tuple:
+    """The `nodes` paths (r_1, ..., r_d) most likely to be right all the way, best first.
+
+    Siblings carry different tokens, so at most one of them can be right, and the expected number of accepted
+    drafts is the sum of the chances over the tree: the top `nodes` maximise it. A path is never more likely than
+    its parent and ties go to the shorter path, so the set is closed under prefixes.
+    Cached: building it once a round took ~0.4 ms (docs/measurements/profile_rounds_gpu.txt)."""
+    ranked = sorted(chances, key=lambda item: (-item[1], len(item[0]), item[0]))
+    chosen = tuple(path for path, _ in ranked[:nodes])
+    assert all(len(c) == 1 or c[:-1] in chosen for c in chosen)
     return chosen
 
 
@@ -93,8 +124,10 @@ class MedusaTree:
 
 
 @functools.lru_cache(maxsize=None)
-def medusa_tree(nodes: int, depth: int) -> MedusaTree:
-    choices = default_choices(nodes, depth)
+def medusa_tree(nodes: int, chances: tuple) -> MedusaTree:
+    """The tree of the `nodes` best paths for these path chances (see default_choices)."""
+    choices = default_choices(nodes, chances)
+    depth = max(len(choice) for choice in choices)
     index = {choice: i for i, choice in enumerate(choices)}
     width = 1 + max(max(choice) for choice in choices)
     parents = tuple(index[choice[:-1]] if len(choice) > 1 else -1 for choice in choices)
@@ -109,13 +142,13 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        self._on_device: dict = {}  # (nodes, depth, device) -> (flat_index on the device, parents on the host)
+        self._on_device: dict = {}  # (tree, device) -> (flat_index on the device, parents on the host)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = state.extras.get("last_hidden")
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        tree = medusa_tree(self.nodes or 2 * k, min(k, self.heads.count))
+        tree = medusa_tree(self.nodes or 2 * k, self.heads.path_chances(min(k, self.heads.count)))
         flat_index, parents = self._tree_tensors(tree, state.device)
         head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device

@@ -88,7 +88,8 @@ def heldout_sample_losses(models_dir: Path, device="cpu") -> dict:
 def export_heads(ctx, dst: Path) -> None:
     """Medusa and EAGLE heads beside the target, in fp16."""
     mh = heads.load_medusa(ctx.stage_dir("medusa"))
-    heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16)
+    path_accuracy = heads.medusa_path_accuracy(ctx.stage_dir("medusa"))
+    heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16, path_accuracy=path_accuracy)
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(str(ctx.stage_dir("target") / "model"))

@@ -65,12 +65,48 @@ class MedusaHeads(nn.Module):
         return torch.stack([x + F.silu(h(x)) for h in self.heads])
 
 
-def medusa_config(heads: MedusaHeads, hidden_size: int) -> dict:
+RANKS = 6  # candidates per head that a Medusa tree may use
+PATHS_KEPT = 64  # the most often right paths saved with the heads (a tree has at most 64 nodes)
+
+
+def medusa_config(heads: MedusaHeads, hidden_size: int, path_accuracy: list | None = None) -> dict:
     n = len(heads.heads)
-    return {"num_heads": n, "hidden_size": hidden_size, "offsets": [k + 1 for k in range(1, n + 1)],
-            "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts the "
-                               "token at t+offset (the lm_head itself predicts t+1)",
-            "residual": "h = x + SiLU(W x + b); logits = target.lm_head(h)"}
+    config = {"num_heads": n, "hidden_size": hidden_size, "offsets": [k + 1 for k in range(1, n + 1)],
+              "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts the "
+                                 "token at t+offset (the lm_head itself predicts t+1)",
+              "residual": "h = x + SiLU(W x + b); logits = target.lm_head(h)"}
+    if path_accuracy is not None:
+        config["path_accuracy"] = [[list(path), round(chance, 6)] for path, chance in path_accuracy]
+        config["path_accuracy_meaning"] = (
+            "[[r_1, ..., r_d], f]: on held-out text, the fraction of positions where the rank-r_1 candidate of head 1 "
+            "and ... and the rank-r_d candidate of head d were all right; the drafter's tree is the top entries")
+    return config
+
+
+def path_hits(hits: torch.Tensor) -> dict:
+    """hits [D, R, P] bool: head d's rank-r candidate is right at position p -> {(r_1, ..., r_d): the number of
+    positions where every step of that path is right}, for the paths right at least once."""
+    hits = hits.cpu()
+    counts: dict = {}
+
+    def grow(prefix: tuple, right: torch.Tensor) -> None:
+        for rank in range(hits.shape[1]):
+            both = right & hits[len(prefix), rank]
+            count = int(both.sum())
+            if count:
+                counts[prefix + (rank,)] = count
+                if len(prefix) + 1 < hits.shape[0]:
+                    grow(prefix + (rank,), both)
+
+    grow((), torch.ones(hits.shape[2], dtype=torch.bool))
+    return counts
+
+
+def top_paths(counts: dict, positions: int, keep: int = PATHS_KEPT) -> list:
+    """The `keep` most often right paths as [(path, fraction)], best first; ties go to the shorter path, so a
+    path's parent always comes before it (a parent is right wherever its child is)."""
+    best = sorted(counts.items(), key=lambda item: (-item[1], len(item[0]), item[0]))[:keep]
+    return [(path, count / positions) for path, count in best]
 
 
 def medusa_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
@@ -88,11 +124,16 @@ def medusa_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: int = 8) -> dict:
-    """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1]."""
+    """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1], and `path_accuracy`: how often
+    each path of head candidates is right all the way (see top_paths), over the positions every head can see."""
     n = len(heads.heads)
     hit1, hit5, loss, count = [0] * n, [0] * n, [0.0] * n, [0] * n
+    paths: dict = {}
+    positions = 0
     for w in chunks(windows, bs):
         T = w.shape[1] - 1
+        shared = T - n  # positions t < T - n have a label for every head
+        hits = []  # n x [RANKS, B * shared]
         with autocast(device):
             _, x = target_features(target, w[:, :T])
             hs = heads(x)
@@ -100,27 +141,33 @@ def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: i
                 k = i + 1
                 logits = target.lm_head(hs[i, :, : T - k]).float()   # [B, T-k, V]
                 labels = w[:, 1 + k:]                                # [B, T-k]
-                top5 = logits.topk(5, dim=-1).indices
-                hit1[i] += (top5[..., 0] == labels).sum().item()
-                hit5[i] += (top5 == labels[..., None]).any(-1).sum().item()
+                right = logits.topk(RANKS, dim=-1).indices == labels[..., None]  # [B, T-k, RANKS]
+                hit1[i] += right[..., 0].sum().item()
+                hit5[i] += right[..., :5].any(-1).sum().item()
+                hits.append(right[:, :shared].flatten(0, 1).T)
                 loss[i] += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()
                 count[i] += labels.numel()
+        for path, hit_count in path_hits(torch.stack(hits)).items():
+            paths[path] = paths.get(path, 0) + hit_count
+        positions += w.shape[0] * shared
     out = {}
     for i in range(n):
         out[f"head{i + 1}_top1"] = hit1[i] / count[i]
         out[f"head{i + 1}_top5"] = hit5[i] / count[i]
         out[f"head{i + 1}_loss"] = loss[i] / count[i]
     out["mean_loss"] = sum(loss[i] / count[i] for i in range(n)) / n
+    out["path_accuracy"] = top_paths(paths, positions)
     return out
 
 
-def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch.float16) -> None:
+def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch.float16,
+                path_accuracy: list | None = None) -> None:
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(out_dir / "medusa_heads.safetensors"), metadata={"format": "pt"})
-    cfg = medusa_config(heads, hidden_size)
+    cfg = medusa_config(heads, hidden_size, path_accuracy)
     (out_dir / "medusa_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
@@ -132,6 +179,12 @@ def load_medusa(dir_: Path) -> MedusaHeads:
     state = load_file(str(dir_ / "medusa_heads.safetensors"))
     heads.load_state_dict({k: v.float() for k, v in state.items()})
     return heads
+
+
+def medusa_path_accuracy(dir_: Path) -> list | None:
+    """The path accuracies saved beside the heads as [(path, fraction)], or None (not measured)."""
+    saved = json.loads((Path(dir_) / "medusa_config.json").read_text()).get("path_accuracy")
+    return None if saved is None else [(tuple(path), chance) for path, chance in saved]
 
 
 # ----------------------------------------------------------------------------- EAGLE

@@ -175,9 +175,9 @@ def stage_medusa(ctx: Context) -> dict:
         loss_fn=lambda step: heads.medusa_loss(mh, target, ctx.data.batch(sched.batch_size, p.seq_len)),
         eval_fn=lambda: heads.eval_medusa(mh, target, val, ctx.device), device=ctx.device, log=ctx.log,
         key="mean_loss")
-    heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32)
-    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len),
-                   final=heads.eval_medusa(mh, target, val, ctx.device), params=lm.count_params(mh))
+    final = heads.eval_medusa(mh, target, val, ctx.device)
+    heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32, path_accuracy=final["path_accuracy"])
+    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=final, params=lm.count_params(mh))
     return finish(ctx, "medusa", metrics, t0)
 
 
