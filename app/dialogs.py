@@ -1,6 +1,7 @@
-"""Small dialogs: sampling parameters and the analytic-model help page."""
+"""Small dialogs: sampling parameters, the analytic-model help page, the K sweep and the lossless check."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
                                QSpinBox, QTableWidget, QTableWidgetItem, QTextBrowser, QVBoxLayout)
 
@@ -154,3 +155,35 @@ class SweepDialog(QDialog):
         layout.addWidget(table)
         layout.addWidget(buttons)
         self.resize(620, 120 + 30 * len(rows))
+
+
+class LosslessDialog(QDialog):
+    """The result of Method → Check lossless: the greedy comparison and the chi-squared test, each PASS or FAIL."""
+
+    def __init__(self, parent, title: str, greedy, sampling, sampled_params: SamplingParams, describe_token):
+        from engine.lossless import greedy_summary, sampling_summary
+
+        super().__init__(parent)
+        self.setWindowTitle("Lossless check")
+        self.passed = greedy.passed and sampling is not None and sampling.passed
+        lines = [greedy_summary(greedy, describe_token),
+                 sampling_summary(sampling, sampled_params) if sampling is not None
+                 else "sampling: stopped before the end (no verdict)"]
+        if not greedy.passed and greedy.top2_logit_gap is not None and greedy.top2_logit_gap < 1e-2:
+            lines.append("The target's two best tokens were tied there: in low precision a tie can flip between "
+                         "a one-token and a multi-token forward, so this is not proof of a bug.")
+        verdict = "<b>Lossless</b>" if self.passed else "<b>Not shown lossless</b>"
+        self.text = "\n".join(lines)
+        label = QLabel(f"{title}<br>{verdict}<br><br>" + "<br>".join(_escape(line) for line in lines))
+        label.setWordWrap(True)
+        label.setTextInteractionFlags(label.textInteractionFlags() | Qt.TextSelectableByMouse)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(label)
+        layout.addWidget(buttons)
+        self.resize(620, 200)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

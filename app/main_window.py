@@ -6,6 +6,7 @@ emit. Every user-facing error goes through `show_error`, which tests replace.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Optional
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
@@ -16,7 +17,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayo
                                QWidget)
 
 from app import backend, gc_guard
-from app.dialogs import HelpDialog, SamplingDialog, SweepDialog
+from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
 from app.plot_data import PlotBuffers
 from app.plots import REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
@@ -24,11 +25,14 @@ from app.tree_view import DraftTreeView
 from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
 from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
 from app.style import colors_for, dark_palette, system_is_dark
-from app.workers import GenerationWorker, Job, LoadWorker, SweepWorker
+from app.workers import GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
+from engine.config import SamplingParams
 from engine.errors import SpecplayError
 
 K_CHOICES = range(1, 17)
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
+CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
+CHECK_TEMPERATURE = 0.8  # the sampled check's temperature while the Sampling menu is on greedy
 
 
 def no_model_text(reason: str = "") -> str:
@@ -96,6 +100,10 @@ class MainWindow(QMainWindow):
         self.sweep_job: Optional[Job] = None  # a measured K sweep (uses the decoder like a generation)
         self.sweep_rows: list = []
         self.sweep_dialog = None
+        self.check_job: Optional[Job] = None  # "Check lossless" (uses the decoder like a generation)
+        self.check_reports: dict = {}
+        self.check_dialog = None
+        self.check_samples = CHECK_SAMPLES
         self.load_job: Optional[Job] = None
         self.current: Optional[Generation] = None  # the running generation
         self.shown: Optional[Generation] = None  # the generation in the view and plots
@@ -217,6 +225,10 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda _=False, m=method: self.set_method(m))
             self.method_group.addAction(action)
             self.method_actions[method] = action
+        menu.addSeparator()
+        self.check_action = menu.addAction("Check lossless…", self.check_lossless)
+        self.check_action.setShortcut("Ctrl+L")
+        self.check_action.setToolTip("Prove on the prompt that the method did not change the output; Esc stops")
 
     def _build_k_menu(self) -> None:
         menu = self.menuBar().addMenu("&K")
@@ -486,38 +498,62 @@ class MainWindow(QMainWindow):
         self._refresh_controls()
 
     def stop(self) -> None:
-        for job in (self.gen_job, self.sweep_job):
+        for job in self._decoder_jobs:
             if job is not None:
                 job.stop()
                 self.statusBar().showMessage("Stopping…", 2000)
 
     @property
     def running(self) -> bool:
-        """A generation or a K sweep is using the decoder."""
-        return self.gen_job is not None or self.sweep_job is not None
+        """A generation, a K sweep or a lossless check is using the decoder."""
+        return any(job is not None for job in self._decoder_jobs)
+
+    @property
+    def _decoder_jobs(self) -> tuple:
+        return self.gen_job, self.sweep_job, self.check_job
 
     # ============================================================================================= K sweep
-    def find_fastest_k(self) -> None:
-        """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
-        then show the table and offer the fastest K."""
+    def _drafting_task_inputs(self, why_a_method: str) -> Optional[tuple]:
+        """(prompt, config) for a task that runs the drafting method on the prompt (a K sweep, a lossless check),
+        or None after a dialog has said what is missing."""
         if self.running:
-            return
+            return None
         prompt = self.prompt.toPlainText()
         problem = self._generation_problem(prompt)
         config = self.settings.config()
         if problem is None and config.method == "none":
-            problem = ("No drafting method", "Pick a method in the Method menu first: K is the number of tokens "
-                       "it drafts per round.")
+            problem = ("No drafting method", f"Pick a method in the Method menu first: {why_a_method}")
         if problem:
             self.show_error(*problem)
+            return None
+        return prompt, config
+
+    def _start_task(self, job: Job, status: str) -> None:
+        """Start a K sweep or lossless check that is already the window's sweep_job or check_job."""
+        job.start()
+        self.progress.setVisible(True)
+        self.statusBar().showMessage(status)
+        self._refresh_controls()
+
+    def _end_task(self, job: Job) -> None:
+        """A K sweep or lossless check has posted its last message: join it and give the controls back."""
+        job.finish()
+        self.progress.setVisible(self.load_job is not None)
+        self.statusBar().clearMessage()
+        self._refresh_controls()
+        self._flush_pending_error()
+
+    def find_fastest_k(self) -> None:
+        """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
+        then show the table and offer the fastest K."""
+        inputs = self._drafting_task_inputs("K is the number of tokens it drafts per round.")
+        if inputs is None:
             return
         self.sweep_rows = []
-        self.sweep_job = Job(SweepWorker(self.decoder, prompt, config, SWEEP_KS),
-                             row=self._on_sweep_row, failed=self._on_sweep_failed, done=self._on_sweep_done)
-        self.sweep_job.start()
-        self.progress.setVisible(True)
-        self.statusBar().showMessage(f"Measuring K = {SWEEP_KS[0]}…")
-        self._refresh_controls()
+        job = Job(SweepWorker(self.decoder, *inputs, SWEEP_KS),
+                  row=self._on_sweep_row, failed=self._on_sweep_failed, done=self._on_sweep_done)
+        self.sweep_job = job
+        self._start_task(job, f"Measuring K = {SWEEP_KS[0]}…")
 
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)
@@ -530,12 +566,8 @@ class MainWindow(QMainWindow):
     def _on_sweep_done(self) -> None:
         if self.sweep_job is None:  # closeEvent already joined the thread
             return
-        self.sweep_job.finish()
-        self.sweep_job = None
-        self.progress.setVisible(self.load_job is not None)
-        self.statusBar().clearMessage()
-        self._refresh_controls()
-        self._flush_pending_error()
+        job, self.sweep_job = self.sweep_job, None
+        self._end_task(job)
         if self.sweep_rows:
             config = self.settings.config()
             title = (f"{METHOD_LABELS.get(config.method, config.method)}, "
@@ -543,6 +575,50 @@ class MainWindow(QMainWindow):
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
             self.sweep_dialog.show()
+
+    # ======================================================================================= lossless check
+    def check_lossless(self) -> None:
+        """On the prompt, off the GUI thread: the method's greedy output against plain greedy decoding, token for
+        token, then a chi-squared test of its sampled first two tokens against the target's exact distribution."""
+        inputs = self._drafting_task_inputs("the check compares its output with plain decoding.")
+        if inputs is None:
+            return
+        prompt, config = inputs
+        sampled = config if not config.sampling.greedy else replace(
+            config, sampling=SamplingParams(temperature=CHECK_TEMPERATURE))
+        self.check_reports = {}
+        job = Job(LosslessWorker(self.decoder, prompt, config, sampled, self.check_samples),
+                  greedy=self._on_check_report("greedy"), sampling=self._on_check_report("sampling"),
+                  failed=self._on_check_failed, done=self._on_check_done)
+        self.check_job = job
+        self._start_task(job, "Checking greedy output against plain decoding…")
+
+    def _on_check_report(self, kind: str):
+        def store(report) -> None:
+            self.check_reports[kind] = report
+            if kind == "greedy":
+                self.statusBar().showMessage(f"Greedy check done; sampling {self.check_samples} seeds…")
+        return store
+
+    def _on_check_failed(self, message: str) -> None:
+        self._pending_error = ("Lossless check failed", message)
+
+    def _on_check_done(self) -> None:
+        if self.check_job is None:  # closeEvent already joined the thread
+            return
+        job, self.check_job = self.check_job, None
+        self._end_task(job)
+        sampled = job.worker.sampled_config.sampling
+        if "greedy" in self.check_reports:
+            config = self.settings.config()
+            title = (f"{METHOD_LABELS.get(config.method, config.method)}, K={config.k}, "
+                     f"{self.max_tokens.value()} new tokens")
+            self.check_dialog = LosslessDialog(self, title, self.check_reports["greedy"],
+                                               self.check_reports.get("sampling"), sampled, self._describe_token)
+            self.check_dialog.show()
+
+    def _describe_token(self, token: int) -> str:
+        return f"{token} {self.decoder.tokenizer.decode([token])!r}" if self.decoder is not None else str(token)
 
     def _on_event(self, event) -> None:
         """Record the round at once; draw it on the next UI tick (see _flush_rounds)."""
@@ -565,7 +641,7 @@ class MainWindow(QMainWindow):
             self.plots.redraw_if_dirty()
 
     def _deliver_messages(self) -> None:
-        for job in (self.load_job, self.gen_job, self.sweep_job):
+        for job in (self.load_job,) + self._decoder_jobs:
             if job is not None:
                 job.deliver()
 
@@ -718,6 +794,7 @@ class MainWindow(QMainWindow):
         for action in self.model_actions:
             action.setEnabled(not self.running and not busy)
         self.sweep_action.setEnabled(not self.running and not busy)
+        self.check_action.setEnabled(not self.running and not busy)
         self.clear_action.setEnabled(not self.running)
 
     def _refresh_status(self) -> None:
@@ -745,11 +822,11 @@ class MainWindow(QMainWindow):
         self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
         self.current = None
-        for job in (self.gen_job, self.sweep_job, self.load_job):
+        for job in self._decoder_jobs + (self.load_job,):
             if job is not None:
                 job.stop()
                 job.finish()
-        self.gen_job = self.sweep_job = self.load_job = None
+        self.gen_job = self.sweep_job = self.check_job = self.load_job = None
         self.ui_timer.stop()
         super().closeEvent(event)
 

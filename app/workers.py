@@ -94,6 +94,23 @@ class SweepWorker(DecoderWorker):
         bench_k_sweep(self.decoder, [self.prompt], self.config, self.ks, progress=self._report)
 
 
+class LosslessWorker(DecoderWorker):
+    """Checks that the method did not change the output (engine.lossless): posts ("greedy", GreedyReport), then
+    ("sampling", ChiSquareReport, or None when stopped) for `sampled_config` over `samples` seeds."""
+
+    def __init__(self, decoder, prompt: str, config, sampled_config, samples: int):
+        super().__init__(decoder, prompt, config)
+        self.sampled_config = sampled_config
+        self.samples = samples
+
+    def work(self) -> None:
+        from engine.lossless import check_greedy, check_sampling
+
+        self.post("greedy", check_greedy(self.decoder, self.prompt, self.config))
+        self.post("sampling", check_sampling(self.decoder, self.prompt, self.sampled_config, self.samples,
+                                             should_stop=self._stop.is_set))
+
+
 class LoadWorker(Worker):
     """Loads a decoder with `loader(target, draft, device)`, calibrates it for K and posts
     ("loaded", decoder, calibration); calibration is None when it failed. Loading cannot be interrupted."""

@@ -183,7 +183,7 @@ DEFAULT_CHECK_PROMPT = "def fibonacci(n):\n    "
 
 
 def cmd_check_lossless(args) -> int:
-    from engine.lossless import check_greedy, check_sampling
+    from engine.lossless import check_greedy, check_sampling, greedy_summary, sampling_summary
 
     if args.prompt is not None and not args.prompt.strip():
         raise SpecplayError("the prompt is empty")
@@ -193,20 +193,13 @@ def cmd_check_lossless(args) -> int:
     prompt = args.prompt or DEFAULT_CHECK_PROMPT
     decoder = load_decoder(args, config.method)
     greedy = check_greedy(decoder, prompt, config)
-    if greedy.passed:
-        print(f"greedy: PASS ({greedy.tokens_compared} tokens identical, method={config.method}, K={config.k})")
-    else:
-        print(f"greedy: FAIL first divergence at generated position {greedy.first_divergence}: plain "
-              f"{greedy.plain_token} vs speculative {greedy.speculative_token}; target top-2 logit gap there "
-              f"{greedy.top2_logit_gap}")
+    print(f"{greedy_summary(greedy)} method={config.method}, K={config.k}")
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
                                       tree_nodes=config.tree_nodes)
     sampled_config.validate(METHOD_CHOICES)
     chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
-    verdict = "PASS" if chi.passed else "FAIL"
-    print(f"sampling (T={sampling.temperature}, top-p={sampling.top_p}, first two tokens, {chi.samples} seeds): "
-          f"{verdict} chi2={chi.statistic:.2f} dof={chi.dof} p={chi.p_value:.4f} (fail below {chi.alpha})")
+    print(sampling_summary(chi, sampling))
     return 0 if greedy.passed and chi.passed else 1
 
 

@@ -5,7 +5,7 @@ over many seeds, follow the target's exact joint distribution p(x1) p(x2 | x1) (
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -68,8 +68,9 @@ def target_next_logits(decoder: SpeculativeDecoder, ids: list) -> torch.Tensor:
 
 
 def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampling: SamplingParams,
-                                 min_prob: float = 1e-6) -> dict:
-    """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob."""
+                                 min_prob: float = 1e-6, should_stop: Optional[Callable[[], bool]] = None) -> dict:
+    """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob
+    (empty when should_stop() turned true before the end)."""
     from kernels.reference import warp_probs
 
     ids = decoder.tokenizer.encode(prompt)
@@ -77,6 +78,8 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
     p1 = warp(target_next_logits(decoder, ids))
     joint = {}
     for x1 in torch.nonzero(p1 > min_prob).flatten().tolist():
+        if should_stop is not None and should_stop():
+            return {}
         p2 = warp(target_next_logits(decoder, ids + [x1])) * p1[x1]
         for x2 in torch.nonzero(p2 > min_prob).flatten().tolist():
             joint[(x1, x2)] = float(p2[x2])
@@ -84,11 +87,16 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
 
 
 def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig, samples: int = 2000,
-                   significance: float = 0.001) -> ChiSquareReport:
-    """Chi-squared goodness of fit of the first two speculative tokens (seeds config.seed ... + samples)."""
-    expected = exact_two_token_distribution(decoder, prompt, config.sampling)
+                   significance: float = 0.001,
+                   should_stop: Optional[Callable[[], bool]] = None) -> Optional[ChiSquareReport]:
+    """Chi-squared goodness of fit of the first two speculative tokens (seeds config.seed ... + samples).
+    None when should_stop() turned true before the end."""
+    stopped = should_stop or (lambda: False)
+    expected = exact_two_token_distribution(decoder, prompt, config.sampling, should_stop=stopped)
     counts: dict = {}
     for i in range(samples):
+        if stopped():
+            return None
         run = replace(config, seed=config.seed + i, max_new_tokens=2, stop_at_eos=False)
         pair = tuple(decoder.generate_ids(prompt, run)[:2])
         counts[pair] = counts.get(pair, 0) + 1
@@ -97,6 +105,25 @@ def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationC
     p_value = chi2_sf(statistic, dof)
     return ChiSquareReport(p_value >= significance, samples, bins, statistic, dof, p_value, significance,
                            {f"{a},{b}": n for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]})
+
+
+def greedy_summary(report: GreedyReport, describe_token: Callable[[int], str] = str) -> str:
+    """One line for people: PASS with the tokens compared, or where and how plain and speculative output differ."""
+    if report.passed:
+        return f"greedy: PASS ({report.tokens_compared} generated tokens identical to plain greedy decoding)"
+    if report.plain_token is None:
+        return (f"greedy: FAIL the outputs have different lengths after {report.first_divergence} identical "
+                "tokens")
+    return (f"greedy: FAIL first divergence at generated position {report.first_divergence}: plain "
+            f"{describe_token(report.plain_token)} vs speculative {describe_token(report.speculative_token)}; "
+            f"target top-2 logit gap there {report.top2_logit_gap:.4g}")
+
+
+def sampling_summary(report: ChiSquareReport, sampling: SamplingParams) -> str:
+    verdict = "PASS" if report.passed else "FAIL"
+    return (f"sampling (T={sampling.temperature}, top-k={sampling.top_k}, top-p={sampling.top_p}, first two tokens, "
+            f"{report.samples} seeds): {verdict} chi2={report.statistic:.2f} dof={report.dof} "
+            f"p={report.p_value:.4f} (fail below {report.alpha})")
 
 
 def chi_square(counts: dict, probabilities: dict, samples: int) -> tuple[float, int]:

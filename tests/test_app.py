@@ -321,15 +321,16 @@ def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_wind
     assert window.settings.get("decode/k") == best and window.k_actions[best].isChecked()
 
 
-def test_find_the_fastest_k_needs_a_drafting_method_and_a_prompt(qtbot, make_window):
+@pytest.mark.parametrize("task", ["sweep_action", "check_action"])  # Find the fastest K, Check lossless
+def test_drafting_tasks_need_a_drafting_method_and_a_prompt(qtbot, make_window, task):
     window = make_window()
     window.method_actions["none"].trigger()
     window.prompt.setPlainText("def f(x):")
-    window.sweep_action.trigger()
+    getattr(window, task).trigger()
     assert window.errors[-1][0] == "No drafting method" and not window.running
     window.method_actions["draft"].trigger()
     window.prompt.setPlainText("   ")
-    window.sweep_action.trigger()
+    getattr(window, task).trigger()
     assert window.errors[-1][0] == "Empty prompt" and not window.running
 
 
@@ -702,3 +703,61 @@ def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
     stopped = window.session.generations[1]
     assert stopped.finish == "stopped" and stopped.tokens < 200
     assert window.errors == []
+
+
+def test_check_lossless_proves_the_method_on_the_prompt(qtbot, real_window):
+    """Method → Check lossless: greedy output equals plain greedy, and the sampled first two tokens pass the
+    chi-squared test against the target's exact distribution (both on the tiny pair, off the GUI thread)."""
+    window = real_window
+    window.method_actions["draft"].trigger()
+    window.max_tokens.setValue(24)
+    window.prompt.setPlainText("def add(a, b):\n    return a + b\n")
+    window.check_samples = 300
+    window.check_action.trigger()
+    assert window.running and not window.check_action.isEnabled() and not window.generate_button.isEnabled()
+    qtbot.waitUntil(lambda: window.check_dialog is not None, timeout=120000)
+    assert not window.running and window.errors == []
+    dialog = window.check_dialog
+    greedy, sampling = window.check_reports["greedy"], window.check_reports["sampling"]
+    assert greedy.passed and greedy.tokens_compared == 24
+    assert sampling.samples == 300 and sampling.passed
+    assert dialog.passed and "greedy: PASS (24 generated" in dialog.text and "T=0.8" in dialog.text
+
+
+def test_check_lossless_shows_where_a_broken_method_diverges(qtbot, real_window, monkeypatch):
+    """A decoder whose speculative output differs from plain decoding must fail, at the right position."""
+    window = real_window
+    decoder = window.decoder
+    honest = decoder.generate_ids
+
+    def broken(prompt, config, *args, **kwargs):
+        ids = honest(prompt, config, *args, **kwargs)
+        if config.method != "none" and len(ids) > 5:
+            ids[5] = (ids[5] + 1) % decoder.vocab_size
+        return ids
+
+    monkeypatch.setattr(decoder, "generate_ids", broken)
+    window.method_actions["draft"].trigger()
+    window.max_tokens.setValue(12)
+    window.prompt.setPlainText("x = 1\n")
+    window.check_samples = 50
+    window.check_action.trigger()
+    qtbot.waitUntil(lambda: window.check_dialog is not None, timeout=120000)
+    greedy = window.check_reports["greedy"]
+    assert not greedy.passed and greedy.first_divergence == 5
+    assert not window.check_dialog.passed and "greedy: FAIL first divergence at generated position 5" in \
+        window.check_dialog.text
+
+
+def test_check_lossless_stops_on_escape(qtbot, real_window):
+    window = real_window
+    window.method_actions["draft"].trigger()
+    window.max_tokens.setValue(8)
+    window.prompt.setPlainText("x = 1\n")
+    window.check_samples = 10 ** 6
+    window.check_action.trigger()
+    qtbot.waitUntil(lambda: "greedy" in window.check_reports, timeout=60000)
+    qtbot.keyClick(window.prompt, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: not window.running, timeout=20000)
+    assert window.check_reports["sampling"] is None and not window.check_dialog.passed
+    assert "sampling: stopped before the end" in window.check_dialog.text
