@@ -569,9 +569,9 @@ class MainWindow(QMainWindow):
         job, self.sweep_job = self.sweep_job, None
         self._end_task(job)
         if self.sweep_rows:
-            config = self.settings.config()
+            config = job.worker.config  # as measured, whatever the menus say now
             title = (f"{METHOD_LABELS.get(config.method, config.method)}, "
-                     f"{sampling_label(config.sampling, config.seed)}, {self.max_tokens.value()} new tokens")
+                     f"{sampling_label(config.sampling, config.seed)}, {config.max_new_tokens} new tokens")
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
             self.sweep_dialog.show()
@@ -608,13 +608,13 @@ class MainWindow(QMainWindow):
             return
         job, self.check_job = self.check_job, None
         self._end_task(job)
-        sampled = job.worker.sampled_config.sampling
         if "greedy" in self.check_reports:
-            config = self.settings.config()
+            config = job.worker.config  # as checked, whatever the menus say now
             title = (f"{METHOD_LABELS.get(config.method, config.method)}, K={config.k}, "
-                     f"{self.max_tokens.value()} new tokens")
+                     f"{config.max_new_tokens} new tokens")
             self.check_dialog = LosslessDialog(self, title, self.check_reports["greedy"],
-                                               self.check_reports.get("sampling"), sampled, self._describe_token)
+                                               self.check_reports.get("sampling"), job.worker.sampled_config.sampling,
+                                               self._describe_token)
             self.check_dialog.show()
 
     def _describe_token(self, token: int) -> str:
