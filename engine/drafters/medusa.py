@@ -2,8 +2,9 @@
 
 Head d (d = 1..D) reads x = the target's final-normed feature at position t and predicts token t+1+d through
 the target's own LM head: logits_d = lm_head(x + SiLU(W_d x + b_d)). No extra target forward is needed: the
-feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head,
-verified in one target forward with a tree mask (one-hot q, so lossless under recursive rejection sampling)."""
+feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head (the
+paths most often right on validation text, saved with the heads), verified in one target forward with a tree mask
+(one-hot q, so lossless under recursive rejection sampling)."""
 from __future__ import annotations
 
 import functools
@@ -142,21 +143,21 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        self._on_device: dict = {}  # (tree, device) -> (flat_index on the device, parents on the host)
+        self._trees: dict = {}  # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = state.extras.get("last_hidden")
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        tree = medusa_tree(self.nodes or 2 * k, self.heads.path_chances(min(k, self.heads.count)))
-        flat_index, parents = self._tree_tensors(tree, state.device)
+        tree, flat_index, parents = self._tree(self.nodes or 2 * k, min(k, self.heads.count), state.device)
         head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
 
-    def _tree_tensors(self, tree: MedusaTree, device) -> tuple:
-        key = (tree, str(device))
-        if key not in self._on_device:
-            self._on_device[key] = (to_device(list(tree.flat_index), device),
-                                    torch.tensor(tree.parents, dtype=torch.long))
-        return self._on_device[key]
+    def _tree(self, nodes: int, heads: int, device) -> tuple:
+        key = (nodes, heads, str(device))
+        if key not in self._trees:
+            tree = medusa_tree(nodes, self.heads.path_chances(heads))
+            self._trees[key] = (tree, to_device(list(tree.flat_index), device),
+                                torch.tensor(tree.parents, dtype=torch.long))
+        return self._trees[key]
