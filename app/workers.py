@@ -1,13 +1,14 @@
-"""Work that runs off the GUI thread: model loading (+ calibration), generation and K sweeps.
+"""Work that runs off the GUI thread: model loading (+ calibration), generation, K sweeps and lossless checks.
 
 A worker runs on a plain Python thread and never touches Qt. It posts messages `(kind, args)` to its mailbox (a
 `queue.SimpleQueue`), and the window hands them to their handlers on its UI tick (`Job.deliver`), so every Qt
-object is only ever touched on the GUI thread. The last message of every worker is `("done", ())`.
+object is only ever created, used and freed on the GUI thread. The last message of every worker is `("done", ())`.
 
-Why not a QThread with queued signals: emitting Qt signals with Python arguments from a busy Python thread, and
-waiting on a QThread from the GUI thread, are the places where PySide can deadlock on the GIL; a CI run once hung
-for 90 minutes in a GUI test that emitted 300 rounds as fast as it could. A mailbox polled at 40 Hz costs nothing
-here: the window draws at 20 Hz anyway.
+Why not QObject workers on QThreads: then the worker thread owns Qt objects and emits signals, and anything that
+frees Qt objects there can deadlock Shiboken against the GUI thread. The CI hang of 2026-11-30 was such a case (a
+garbage collection on the decoding thread freeing dead menus; app/gc_guard.py keeps collections off workers). Here
+a worker holds no Qt object of its own, so its own references never free one on its thread. A mailbox polled at
+40 Hz costs nothing here: the window draws at 20 Hz anyway.
 """
 from __future__ import annotations
 
