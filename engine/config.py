@@ -1,11 +1,11 @@
 """What a generation is asked to do."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from engine import methods
 from engine.errors import SpecplayError
 
-METHODS = ("none", "draft", "ngram", "medusa", "eagle", "lookahead")
 MAX_K = 32
 
 
@@ -41,15 +41,16 @@ class GenerationConfig:
     tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
 
-    def validate(self, available_methods=METHODS) -> None:
-        if self.method not in available_methods:
-            raise SpecplayError(f"unknown method {self.method!r}; choose one of: {', '.join(available_methods)}")
+    def validate(self) -> None:
+        method = methods.get(self.method)  # unknown names raise here
         if not 1 <= self.k <= MAX_K:
             raise SpecplayError(f"K must be between 1 and {MAX_K} (got {self.k})")
         if self.max_new_tokens <= 0:
             raise SpecplayError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
-        if not 0 <= self.tree_nodes <= 64:
-            raise SpecplayError(f"tree nodes must be between 0 and 64 (got {self.tree_nodes})")
+        if not 0 <= self.tree_nodes <= methods.MAX_TREE_NODES:
+            raise SpecplayError(f"tree nodes must be between 0 and {methods.MAX_TREE_NODES} (got {self.tree_nodes})")
+        if self.tree_nodes and not method.takes_tree_size:
+            raise SpecplayError(f"method {self.method!r} drafts a chain and takes no tree size")
         if self.ngram_n < 1:
             raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
         self.sampling.validate()
@@ -58,6 +59,16 @@ class GenerationConfig:
     def drafts(self) -> int:
         """Tokens drafted per round (0 for plain decoding)."""
         return 0 if self.method == "none" else self.k
+
+    @property
+    def spec(self) -> str:
+        """The method as one spelling: 'eagle:8', 'draft'."""
+        return str(methods.MethodSpec(self.method, self.tree_nodes))
+
+    def with_spec(self, spec: str) -> "GenerationConfig":
+        """This config with the method (and tree size) of a spec such as 'eagle:8'."""
+        parsed = methods.parse_spec(spec)
+        return replace(self, method=parsed.name, tree_nodes=parsed.tree_nodes)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,7 +15,8 @@ from kernels import reference
 _FUNCTIONS = ("warp_probs", "sample_from_probs", "sample", "verify_chain_greedy", "verify_chain_stochastic",
               "verify_tree_greedy", "verify_tree_stochastic")
 
-REFERENCE = SimpleNamespace(name="torch-reference", **{f: getattr(reference, f) for f in _FUNCTIONS})
+REFERENCE = SimpleNamespace(name="torch-reference", compiles_kernels=False, flags_nan_on_device=False,
+                            warm_up=lambda device=None: None, check_nan=lambda sync=True: None, **{f: getattr(reference, f) for f in _FUNCTIONS})
 
 
 def select_backend(device: torch.device):

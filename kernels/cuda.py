@@ -498,7 +498,7 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
 
 
 BACKEND = SimpleNamespace(
-    name="cupy-raw-kernels", warp_probs=warp_probs, sample_from_probs=sample_from_probs, sample=sample,
+    name="cupy-raw-kernels", compiles_kernels=True, flags_nan_on_device=True, warp_probs=warp_probs, sample_from_probs=sample_from_probs, sample=sample,
     verify_chain_greedy=verify_chain_greedy, verify_chain_stochastic=verify_chain_stochastic,
     verify_tree_greedy=verify_tree_greedy, verify_tree_stochastic=verify_tree_stochastic,
     warm_up=warm_up, check_nan=check_nan)
