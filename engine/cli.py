@@ -84,7 +84,7 @@ def config_from_args(args) -> GenerationConfig:
     config = GenerationConfig(method=args.method, k=args.k,
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
                               seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes)
-    config.validate(METHOD_CHOICES)
+    config.validate()
     return config
 
 
@@ -197,7 +197,7 @@ def cmd_check_lossless(args) -> int:
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
                                       tree_nodes=config.tree_nodes)
-    sampled_config.validate(METHOD_CHOICES)
+    sampled_config.validate()
     chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
     print(sampling_summary(chi, sampling))
     return 0 if greedy.passed and chi.passed else 1

@@ -102,7 +102,7 @@ class SpeculativeDecoder:
     def generate(self, prompt: str, config: GenerationConfig,
                  should_stop: Optional[Callable[[], bool]] = None) -> Iterator[RoundEvent]:
         """Decode prompt with config; yields one RoundEvent per round. should_stop is polled once a round."""
-        config.validate(ALL_METHODS)
+        config.validate()
         reason = self.method_availability()[config.method]
         if reason is not None:
             raise SpecplayError(f"method {config.method!r} is not available: {reason}")
