@@ -6,18 +6,13 @@ baseline is measured exactly like the speculative runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
 
+from engine import methods
 from engine.config import GenerationConfig
-from engine.drafters.base import DecodeState, Draft, Drafter, NoDrafter
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.lookahead import LookaheadDrafter
-from engine.drafters.medusa import HEADS_FILE as MEDUSA_FILE
-from engine.drafters.medusa import MedusaDrafter, MedusaHeads
-from engine.drafters.ngram import NgramDrafter
+from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
@@ -27,8 +22,6 @@ from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
-ALL_METHODS = ("none", "draft", "medusa", "eagle", "lookahead", "ngram")
-EAGLE_FILE = "eagle_head.safetensors"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 
 
@@ -82,19 +75,26 @@ class SpeculativeDecoder:
                 runner.use_graphs = self.cuda_graphs
 
     def method_availability(self) -> dict:
-        """Method name -> None when available, else the reason it is not."""
-        reasons = {m: None for m in ALL_METHODS}
-        if self.pair.draft is None:
-            reasons["draft"] = "no draft model loaded"
-        tree_reason = None if self.target.supports_tree else "tree drafts need a Llama-family target"
-        reasons["lookahead"] = tree_reason
-        reasons["medusa"] = tree_reason or self._heads_reason(MEDUSA_FILE, "Medusa heads")
-        reasons["eagle"] = tree_reason or self._heads_reason(EAGLE_FILE, "an EAGLE head")
-        return reasons
+        """Method name -> None when available, else the reason it is not (engine.methods decides)."""
+        return methods.availability(self.pair.draft is not None, self.target.supports_tree,
+                                    str(self.pair.target_name))
 
-    def _heads_reason(self, filename: str, what: str):
-        model_dir = Path(str(self.pair.target_name))
-        return None if (model_dir / filename).exists() else f"the target has no {what} ({filename})"
+    def medusa_heads(self):
+        """The target's Medusa heads, loaded on first use."""
+        if self._medusa is None:
+            from engine.drafters.medusa import MedusaHeads
+
+            self._medusa = MedusaHeads.load(self.pair.target_name, self.device, self.target.dtype)
+        return self._medusa
+
+    def eagle_head(self):
+        """The target's EAGLE head, loaded on first use (its runner follows the CUDA-graph setting)."""
+        if self._eagle is None:
+            from engine.drafters.eagle import EagleHead
+
+            self._eagle = EagleHead.load(self.pair.target_name, self.target)
+            self.set_cuda_graphs(self.cuda_graphs)
+        return self._eagle
 
     def available_methods(self) -> tuple:
         return tuple(m for m, reason in self.method_availability().items() if reason is None)
@@ -111,8 +111,7 @@ class SpeculativeDecoder:
         state = DecodeState(tokens=list(prompt_ids), prompt_len=len(prompt_ids), config=config,
                             generator=torch.Generator().manual_seed(config.seed), backend=self.backend,
                             vocab_size=self.vocab_size, device=self.device)
-        state.extras["prefill_hidden"] = None
-        drafter = self._drafter(config)
+        drafter = methods.get(config.method).build(self, config)
         with torch.inference_mode():
             self._prefill(state, drafter)
             yield from self._rounds(state, drafter, config, should_stop)
@@ -144,42 +143,21 @@ class SpeculativeDecoder:
     def _check_length(self, prompt_len: int, config: GenerationConfig) -> None:
         needed = prompt_len + config.max_new_tokens + config.k + 2
         limit = self.target.max_length
-        if self.pair.draft is not None and config.method == "draft":
+        if self.pair.draft is not None and methods.get(config.method).needs_draft_model:
             limit = min(limit, self.pair.draft.max_length)
         if needed > limit:
             raise SpecplayError(f"prompt ({prompt_len} tokens) + max-new-tokens ({config.max_new_tokens}) + K "
                                 f"exceeds the model's context of {limit} tokens")
 
-    def _drafter(self, config: GenerationConfig) -> Drafter:
-        method = config.method
-        if method == "none":
-            return NoDrafter()
-        if method == "ngram":
-            return NgramDrafter()
-        if method == "draft":
-            return DraftModelDrafter(self.pair.draft)
-        if method == "lookahead":
-            return LookaheadDrafter()
-        if method == "medusa":
-            if self._medusa is None:
-                self._medusa = MedusaHeads.load(self.pair.target_name, self.device, self.target.dtype)
-            return MedusaDrafter(self.target, self._medusa, nodes=config.tree_nodes or None)
-        if method == "eagle":
-            from engine.drafters.eagle import EagleDrafter, EagleHead
-
-            if self._eagle is None:
-                self._eagle = EagleHead.load(self.pair.target_name, self.target)
-                self.set_cuda_graphs(self.cuda_graphs)
-            return EagleDrafter(self.target, self._eagle, tree_nodes=config.tree_nodes)
-        raise SpecplayError(f"method {method!r} is not available")
-
     def _prefill(self, state: DecodeState, drafter: Drafter) -> None:
+        """Fill the target's cache with the prompt but its last token (fed first by the first round)."""
         self.target.reset()
         prefix = state.tokens[:-1]
+        features = None
         if prefix:
             out = self.target.forward(torch.tensor(prefix, dtype=torch.long, device=self.device))
-            state.extras["prefill_hidden"] = out.hidden  # [P-1, H] (EAGLE starts from these features)
-        drafter.start(state)
+            features = out.hidden if drafter.needs.prefill_features else None  # [P-1, H]
+        drafter.start(state, DraftStart(prompt=list(state.tokens), prefill_features=features))
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
         metrics = MetricsAccumulator(config.drafts)
@@ -193,25 +171,25 @@ class SpeculativeDecoder:
             draft = drafter.propose(state, config.k)
             clock.mark()  # drafting queued
             block_start = self.target.length  # the cache row of the last committed token, fed first
-            logits, result, uniforms = self._verify(state, draft, config)
+            logits, features, result, uniforms = self._verify(state, draft, config)
             clock.mark()  # verification queued
             # the one host sync a round needs: accepted count, next token and the accepted path together
             n = draft.size
             head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
             if head[0] < 0 or head[1] < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
                 raise SpecplayError(NAN_MESSAGE)
-            next_token, path = head[1], head[2:2 + head[0]]
-            state.extras["draft_tokens"] = head[2 + n:2 + 2 * n]
-            outcome = self._accept(state, draft, path, next_token, len(generated), config)
+            next_token, path, draft_tokens = head[1], head[2:2 + head[0]], head[2 + n:2 + 2 * n]
+            outcome = self._accept(state, draft_tokens, path, next_token, len(generated), config)
             self._roll_back(draft, outcome, block_start)
-            last_row = outcome.path[-1] + 1 if outcome.path else 0
-            state.extras["accepted_rows"] = [0] + [i + 1 for i in outcome.path]  # block rows now committed
-            state.extras["last_hidden"] = state.extras["block_hidden"][last_row]  # feature that gave next token
-            drafter.commit(state, outcome.accepted)
+            needs = drafter.needs
+            drafter.commit(state, RoundCommit(
+                accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
+                draft_tokens=draft_tokens, block_features=features if needs.block_features else None,
+                block_logits=logits if needs.block_logits else None))
             position = len(generated)
             generated.extend(outcome.emitted)
             emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
-            details = self._details(draft, state.extras["draft_tokens"], result, uniforms, logits, outcome, config)
+            details = self._details(draft, draft_tokens, result, uniforms, logits, outcome, config)
             draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after _details' host copy: events are done
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
                                               1 + max((t.depth for t in details["drafted"]), default=-1),
@@ -229,7 +207,8 @@ class SpeculativeDecoder:
             round_index += 1
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
-        """One target forward over [last committed token] + draft, then the verification kernel."""
+        """One target forward over [last committed token] + draft, then the verification kernel.
+        Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
         last = to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         block_parents = None
@@ -237,14 +216,13 @@ class SpeculativeDecoder:
             block_parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # host, like draft.parents
         out = self.target.forward(block, block_parents)
         logits = out.logits[:, :state.vocab_size]  # [N+1, V]
-        if self.backend.name == "torch-reference" and torch.isnan(logits).any():
+        if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
-        state.extras["block_logits"], state.extras["block_hidden"] = logits, out.hidden
         sampling, backend, tokens = config.sampling, self.backend, draft.tokens[None]  # tokens [1, N]
         if sampling.greedy:
             result = (backend.verify_tree_greedy(logits[None], tokens, draft.parents) if draft.is_tree
                       else backend.verify_chain_greedy(logits[None], tokens))
-            return logits, result, None
+            return logits, out.hidden, result, None
         uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
         device_uniforms = to_device(uniforms, self.device, torch.float32)[None]  # [1, N+1]
         probs = draft.probs[None] if draft.probs is not None else None  # [1, N, V] or one-hot
@@ -253,10 +231,9 @@ class SpeculativeDecoder:
             result = backend.verify_tree_stochastic(logits[None], tokens, draft.parents, probs, device_uniforms, *warp)
         else:
             result = backend.verify_chain_stochastic(logits[None], tokens, probs, device_uniforms, *warp)
-        return logits, result, uniforms
+        return logits, out.hidden, result, uniforms
 
-    def _accept(self, state, draft, path, next_token, generated_len, config) -> _RoundOutcome:
-        draft_tokens = state.extras["draft_tokens"]
+    def _accept(self, state, draft_tokens: list, path, next_token, generated_len, config) -> _RoundOutcome:
         emitted = [draft_tokens[i] for i in path] + [next_token]
         finish = None
         for i, token in enumerate(emitted):

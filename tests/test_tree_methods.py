@@ -117,15 +117,13 @@ def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
         assert list(tree.parents) == parents
 
 
-TREE_METHODS = ["medusa", "lookahead", "eagle-tree"]
+TREE_METHODS = ["medusa", "lookahead", "eagle:8"]
 ALL_NEW = TREE_METHODS + ["eagle"]
 
 
-def config_for(method, **kw):
-    """'eagle-tree' is EAGLE with a dynamic tree of 2K nodes; 'eagle' a chain of K."""
-    if method == "eagle-tree":
-        return GenerationConfig(method="eagle", tree_nodes=2 * kw.get("k", 4), **kw)
-    return GenerationConfig(method=method, **kw)
+def config_for(spec, **kw):
+    """'eagle:8' is EAGLE with a dynamic tree of 8 nodes; 'eagle' a chain of K."""
+    return GenerationConfig(**kw).with_spec(spec)
 
 
 @pytest.mark.parametrize("method", ALL_NEW)

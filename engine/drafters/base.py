@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 
@@ -39,7 +39,6 @@ class DecodeState:
     backend: object  # kernels backend (sampling / verification functions)
     vocab_size: int
     device: torch.device
-    extras: dict = field(default_factory=dict)  # e.g. the target's last features for Medusa / EAGLE
 
     def uniforms(self, n: int) -> torch.Tensor:
         """n uniforms in [0, 1) from the run's generator, on the decoding device."""
@@ -58,18 +57,54 @@ def draw_token(state: DecodeState, logits: torch.Tensor, uniform: torch.Tensor):
     return state.backend.sample_from_probs(q, uniform), q
 
 
+@dataclass(frozen=True)
+class DrafterNeeds:
+    """What a drafter reads from the target besides the tokens; the decoder hands over only these."""
+
+    prefill_features: bool = False  # the target's features over the prompt (EAGLE starts from them)
+    block_features: bool = False  # the verified block's features (EAGLE feeds them, Medusa reads the last one)
+    block_logits: bool = False  # the verified block's logits (lookahead's Jacobi update)
+
+
+@dataclass(frozen=True)
+class DraftStart:
+    """What a drafter gets when a generation begins."""
+
+    prompt: list  # prompt token ids (== state.tokens at the start)
+    prefill_features: Optional[torch.Tensor] = None  # [P-1, H] target features of positions 0..P-2 (if needed)
+
+
+@dataclass(frozen=True)
+class RoundCommit:
+    """What a drafter gets after verification: the outcome of its last draft. state.tokens already holds the
+    round's emitted tokens. Rows index the verified block: row 0 is the last committed token, row i + 1 is
+    draft node i."""
+
+    accepted: int  # drafted tokens accepted (the accepted path's length)
+    accepted_rows: list  # [accepted + 1] block rows now committed: 0 and the accepted path's rows
+    draft_tokens: list  # the round's draft token ids, on the host
+    block_features: Optional[torch.Tensor] = None  # [N+1, H] the target's last-layer features (if needed)
+    block_logits: Optional[torch.Tensor] = None  # [N+1, V] the target's logits (if needed)
+
+    @property
+    def last_feature(self) -> Optional[torch.Tensor]:
+        """[H] the feature of the last accepted row: the one that gave the round's correction or bonus token."""
+        return None if self.block_features is None else self.block_features[self.accepted_rows[-1]]
+
+
 class Drafter(ABC):
     name: str = ""
+    needs: ClassVar[DrafterNeeds] = DrafterNeeds()
 
-    def start(self, state: DecodeState) -> None:
+    def start(self, state: DecodeState, start: DraftStart) -> None:
         """A new generation begins (state.tokens is the prompt): reset and prefill any caches."""
 
     @abstractmethod
     def propose(self, state: DecodeState, k: int) -> Draft:
         """Draft up to k tokens (a chain) or a tree after state.tokens."""
 
-    def commit(self, state: DecodeState, accepted: int) -> None:
-        """The last draft's first `accepted` tokens (the accepted path) were kept and state.tokens extended."""
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        """The last draft's accepted path was kept and state.tokens extended."""
 
 
 class NoDrafter(Drafter):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
+from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, to_device
 
 
@@ -16,7 +16,7 @@ class DraftModelDrafter(Drafter):
         self.base = 0  # committed tokens when the last draft was made
         self.last_k = 0
 
-    def start(self, state: DecodeState) -> None:
+    def start(self, state: DecodeState, start: DraftStart) -> None:
         self.runner.reset()
         prefix = state.tokens[:-1]
         if prefix:
@@ -36,8 +36,8 @@ class DraftModelDrafter(Drafter):
         self.base, self.last_k = len(state.tokens), k
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
-    def commit(self, state: DecodeState, accepted: int) -> None:
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         # the cache holds the committed tokens plus drafts 1..K-1; keep the accepted ones among those
-        valid = self.base + min(accepted, self.last_k - 1)
+        valid = self.base + min(commit.accepted, self.last_k - 1)
         self.runner.rollback(valid)
         self.cached = valid

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.drafters.base import DecodeState, Draft, Drafter, draw_token
+from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.runner import to_device
@@ -74,6 +74,7 @@ class EagleHead:
 
 class EagleDrafter(Drafter):
     name = "eagle"
+    needs = DrafterNeeds(prefill_features=True, block_features=True)
 
     def __init__(self, target, head: EagleHead, tree_nodes: int = 0):
         self.target = target
@@ -82,10 +83,10 @@ class EagleDrafter(Drafter):
         self.true_length = 0  # head cache rows built from the target's true features
         self.pending = None  # (features [m, H], next tokens [m]) not yet fed to the head
 
-    def start(self, state: DecodeState) -> None:
+    def start(self, state: DecodeState, start: DraftStart) -> None:
         self.head.runner.reset()
         self.true_length = 0
-        features = state.extras.get("prefill_hidden")  # [P-1, H] for positions 0..P-2
+        features = start.prefill_features  # [P-1, H] for positions 0..P-2
         if features is None:
             self.pending = None
             return
@@ -155,10 +156,10 @@ class EagleDrafter(Drafter):
         self.head.runner.rollback(self.true_length)
         return list(out)
 
-    def commit(self, state: DecodeState, accepted: int) -> None:
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.head.runner.rollback(self.true_length)
-        rows = state.extras["accepted_rows"]  # block rows of the root and the accepted path
-        features = state.extras["block_hidden"][rows]  # [a+1, H] true target features
+        rows = commit.accepted_rows  # block rows of the root and the accepted path
+        features = commit.block_features[rows]  # [a+1, H] true target features
         start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
         next_tokens = to_device(state.tokens[start:start + len(rows)], state.device)
         if next_tokens.numel() < len(rows):  # generation ended mid-path (EOS or length)

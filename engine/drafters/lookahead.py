@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.drafters.tree import as_tensors, build_trie
 
 POOL_PER_KEY = 8  # n-grams kept per first token (most recent first)
@@ -17,6 +17,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token (most recent first)
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
+    needs = DrafterNeeds(block_logits=True)
 
     def __init__(self, window: int = 4, ngram: int = 4, max_candidates: int = 3):
         self.window_size = window
@@ -26,7 +27,7 @@ class LookaheadDrafter(Drafter):
         self.window: list = []
         self._window_nodes: list = []
 
-    def start(self, state: DecodeState) -> None:
+    def start(self, state: DecodeState, start: DraftStart) -> None:
         self.pool = {}
         self._add_ngrams(state.tokens)
         # initial guesses: the most recent context tokens (any tokens work; Jacobi iterations refine them)
@@ -53,10 +54,9 @@ class LookaheadDrafter(Drafter):
             parent = node
         return nodes
 
-    def commit(self, state: DecodeState, accepted: int) -> None:
-        block_logits = state.extras.get("block_logits")  # [N+1, V], row 0 = root
-        if block_logits is None:
-            return
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        block_logits = commit.block_logits  # [N+1, V], row 0 = root
+        accepted = commit.accepted
         # Jacobi step: the target's argmax after the root and after each window node
         rows = [0] + [n + 1 for n in self._window_nodes]
         predictions = block_logits[rows].argmax(-1).tolist()  # [W+1] guesses for positions L+1 .. L+W+1

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.drafters.base import DecodeState, Draft, Drafter
+from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
 from engine.runner import to_device
 
@@ -138,15 +138,23 @@ def medusa_tree(nodes: int, chances: tuple) -> MedusaTree:
 
 class MedusaDrafter(Drafter):
     name = "medusa"
+    needs = DrafterNeeds(block_features=True)
 
     def __init__(self, target, heads: MedusaHeads, nodes: int | None = None):
         self.target = target
         self.heads = heads
         self.nodes = nodes
         self._trees: dict = {}  # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
+        self.last_feature = None  # [H] the verified feature that gave the last committed token
+
+    def start(self, state: DecodeState, start: DraftStart) -> None:
+        self.last_feature = None
+
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        self.last_feature = commit.last_feature
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        hidden = state.extras.get("last_hidden")
+        hidden = self.last_feature
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
         tree, flat_index, parents = self._tree(self.nodes or 2 * k, min(k, self.heads.count), state.device)
