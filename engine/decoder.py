@@ -58,6 +58,8 @@ class SpeculativeDecoder:
         self._medusa = None  # heads load on first use
         self._eagle = None
         self.cuda_graphs = self.device.type == "cuda"
+        if self.device.type == "cuda":
+            _attention_without_plans()
 
     # ------------------------------------------------------------------------------------------ public API
     @property
@@ -295,6 +297,13 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
+
+
+def _attention_without_plans() -> None:
+    """Keep SDPA off its cuDNN backend: in bf16 it builds a plan for every new prompt length (48-95 ms on the
+    first prefill of each length, measured on an H200), where the memory-efficient kernel costs what the
+    forward costs. Process-wide, which is what a playground that owns its process wants."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _eos_ids(tokenizer) -> set:
