@@ -44,6 +44,38 @@ class _RoundOutcome:
     finish_reason: Optional[str]
 
 
+@dataclass
+class _RoundReadout:
+    """A round's figures on the host (see SpeculativeDecoder._read_round)."""
+
+    next_token: int
+    path: list  # accepted node indices
+    draft_tokens: list
+    p: list  # [N] target probability of each drafted token
+    q: list  # [N] its draft probability
+    accept_prob: list  # [N]
+    tested: list  # [N] 0/1
+    next_p: float
+    top_p: list  # [N+1][T]
+    top_i: list  # [N+1][T] token ids
+
+    @classmethod
+    def unpack(cls, values: list, n: int, width: int) -> "_RoundReadout":
+        """values: the flat copy _read_round makes (ids travel as float32: exact below 2**24)."""
+        accepted, next_token = int(values[0]), int(values[1])
+        if accepted < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+            raise SpecplayError(NAN_MESSAGE)
+        rows, rest, part = n + 1, values[2:], {}
+        for name, size in (("path", n), ("draft_tokens", n), ("p", n), ("q", n), ("accept_prob", n),
+                           ("tested", n), ("next_p", 1), ("top_p", rows * width), ("top_i", rows * width)):
+            part[name], rest = rest[:size], rest[size:]
+        return cls(next_token=next_token, path=[int(i) for i in part["path"][:accepted]],
+                   draft_tokens=[int(t) for t in part["draft_tokens"]], p=part["p"], q=part["q"],
+                   accept_prob=part["accept_prob"], tested=part["tested"], next_p=part["next_p"][0],
+                   top_p=[part["top_p"][r * width:(r + 1) * width] for r in range(rows)],
+                   top_i=[[int(i) for i in part["top_i"][r * width:(r + 1) * width]] for r in range(rows)])
+
+
 class SpeculativeDecoder:
     def __init__(self, pair, backend=None):
         """pair: engine.models.ModelPair (target runner, optional draft runner, tokenizer)."""
@@ -175,24 +207,20 @@ class SpeculativeDecoder:
             block_start = self.target.length  # the cache row of the last committed token, fed first
             logits, features, result, uniforms = self._verify(state, draft, config)
             clock.mark()  # verification queued
-            # the one host sync a round needs: accepted count, next token and the accepted path together
-            n = draft.size
-            head = torch.cat([result.accepted[:1], result.next_token[:1], result.path[0], draft.tokens]).tolist()
-            if head[0] < 0 or head[1] < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
-                raise SpecplayError(NAN_MESSAGE)
-            next_token, path, draft_tokens = head[1], head[2:2 + head[0]], head[2 + n:2 + 2 * n]
-            outcome = self._accept(state, draft_tokens, path, next_token, len(generated), config)
+            round_ = self._read_round(draft, result, logits, config)  # the round's one device-to-host copy
+            outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
+                                   config)
             self._roll_back(draft, outcome, block_start)
             needs = drafter.needs
             drafter.commit(state, RoundCommit(
                 accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
-                draft_tokens=draft_tokens, block_features=features if needs.block_features else None,
+                draft_tokens=round_.draft_tokens, block_features=features if needs.block_features else None,
                 block_logits=logits if needs.block_logits else None))
             position = len(generated)
             generated.extend(outcome.emitted)
             emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
-            details = self._details(draft, draft_tokens, result, uniforms, logits, outcome, config)
-            draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after _details' host copy: events are done
+            details = self._details(draft, round_, uniforms, outcome)
+            draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after the readout's host copy: events are done
             round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
                                               1 + max((t.depth for t in details["drafted"]), default=-1),
                                               draft_ms, verify_ms, overhead_ms)
@@ -257,35 +285,45 @@ class SpeculativeDecoder:
         else:
             self.target.rollback(start + 1 + outcome.accepted)
 
-    def _details(self, draft: Draft, draft_tokens: list, result, uniforms, logits, outcome, config) -> dict:
-        """Per-token figures for the event, copied to the host in one go."""
+    def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":
+        """Everything the host needs from the round, in one copy: the verdict (accepted count, next token, path),
+        the draft's tokens, and the per-token figures of the event (p, q, min(1, p/q), tested, p of the next
+        token, the target's top alternatives per row). Computed on the device first, so the GPU never waits for
+        the host between the verdict and the details."""
+        n = draft.size
         soft = torch.softmax(logits.float() if config.sampling.greedy else
                              logits.float() / config.sampling.temperature, dim=-1)  # [N+1, V]
         top_p, top_i = torch.topk(soft, min(TOP_ALTERNATIVES, soft.shape[-1]), dim=-1)  # [N+1, T]
+        accepted, next_token = result.accepted[:1], result.next_token[:1]  # [1] each
+        next_row = torch.zeros_like(accepted)  # [1]: the block row whose distribution gave the next token
+        if n:
+            last = result.path[0].gather(0, (accepted - 1).clamp(0, n - 1))
+            next_row = torch.where(accepted > 0, last + 1, next_row)
+        next_p = soft[next_row, next_token.clamp(0, soft.shape[-1] - 1)]  # [1]
+        values = torch.cat([accepted.float(), next_token.float(), result.path[0].float(), draft.tokens.float(),
+                            result.p_draft[0], result.q_draft[0], result.accept_prob[0], result.tested[0].float(),
+                            next_p, top_p.flatten(), top_i.flatten().float()]).tolist()
+        return _RoundReadout.unpack(values, n, top_p.shape[-1])
+
+    def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
+        """The event's DraftedTokens and the next token's figures, from the round's readout."""
         n = draft.size
-        next_row = outcome.path[-1] + 1 if outcome.path else 0
-        packed = torch.cat([result.p_draft[0], result.q_draft[0], result.accept_prob[0],
-                            result.tested[0].float(), soft[next_row, outcome.next_token].reshape(1),
-                            top_p.flatten(), top_i.flatten().float()]).tolist()  # one device-to-host copy
-        p, q, accept_prob, tested = (packed[i * n:(i + 1) * n] for i in range(4))
-        next_p = packed[4 * n]
-        width = top_p.shape[-1]
-        tops = packed[4 * n + 1:]
-        top_p = [tops[r * width:(r + 1) * width] for r in range(n + 1)]
-        top_i = [[int(i) for i in tops[(n + 1 + r) * width:(n + 2 + r) * width]] for r in range(n + 1)]
         parents = draft.parents.tolist() if draft.is_tree else list(range(-1, n - 1))
+        next_row = outcome.path[-1] + 1 if outcome.path else 0
         on_path = set(outcome.path)
         drafted, depths = [], []
-        for i, token in enumerate(draft_tokens):
+        for i, token in enumerate(round_.draft_tokens):
             depth = 0 if parents[i] < 0 else depths[parents[i]] + 1
             depths.append(depth)
+            tested = bool(round_.tested[i])
             drafted.append(DraftedToken(
-                token_id=token, text=self._token_text(token), parent=parents[i], depth=depth, p=float(p[i]),
-                q=float(q[i]), accept_prob=float(accept_prob[i]),
-                u=None if uniforms is None or not bool(tested[i]) else float(uniforms[i]),
-                accepted=i in on_path, tested=bool(tested[i]),
-                top=self._top_list(top_p[parents[i] + 1], top_i[parents[i] + 1])))
-        return {"drafted": drafted, "next_p": next_p, "next_top": self._top_list(top_p[next_row], top_i[next_row])}
+                token_id=token, text=self._token_text(token), parent=parents[i], depth=depth, p=round_.p[i],
+                q=round_.q[i], accept_prob=round_.accept_prob[i],
+                u=None if uniforms is None or not tested else float(uniforms[i]),
+                accepted=i in on_path, tested=tested,
+                top=self._top_list(round_.top_p[parents[i] + 1], round_.top_i[parents[i] + 1])))
+        return {"drafted": drafted, "next_p": round_.next_p,
+                "next_top": self._top_list(round_.top_p[next_row], round_.top_i[next_row])}
 
     def _top_list(self, probs: list, ids: list) -> list:
         return [(self._token_text(i), p) for p, i in zip(probs, ids)]
