@@ -112,8 +112,9 @@ class HelpDialog(QDialog):
         layout.addWidget(buttons)
 
 
-SWEEP_COLUMNS = (("k", "K", "{}"), ("alpha", "α", "{:.3f}"), ("tokens_per_forward", "tokens / forward", "{:.2f}"),
-                 ("tokens_per_s", "tokens/s", "{:.0f}"), ("speedup", "measured speedup", "{:.2f}×"),
+SWEEP_COLUMNS = (("k", "K", "{}"), ("alpha", "α", "{:.3f}"),
+                 ("tokens_per_forward", "tokens / forward", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
+                 ("speedup", "measured speedup", "{:.2f}×"),
                  ("predicted_speedup", "predicted E/(1+cK)", "{:.2f}×"))
 
 
@@ -143,8 +144,8 @@ class SweepDialog(QDialog):
                 table.setItem(r, c, item)
         table.resizeColumnsToContents()
         self.table = table
-        summary = QLabel(f"{title}<br>Fastest measured: <b>K = {self.best}</b>, {best_row['speedup']:.2f}× the "
-                         f"tokens/s of plain decoding on this machine.")
+        summary = QLabel(f"{title}<br>Fastest measured: <b>K = {self.best}</b>, "
+                         f"{best_row['speedup']:.2f}× the tokens/s of plain decoding on this machine.")
         summary.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
         self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
@@ -158,7 +159,8 @@ class SweepDialog(QDialog):
 
 
 class LosslessDialog(QDialog):
-    """The result of Method → Check lossless: the greedy comparison and the chi-squared test, each PASS or FAIL."""
+    """The result of Method → Check lossless: the greedy comparison and the chi-squared test, each PASS or
+    FAIL."""
 
     def __init__(self, parent, title: str, greedy, sampling, sampled_params: SamplingParams, describe_token):
         from engine.lossless import greedy_summary, sampling_summary
@@ -170,8 +172,8 @@ class LosslessDialog(QDialog):
                  sampling_summary(sampling, sampled_params) if sampling is not None
                  else "sampling: stopped before the end (no verdict)"]
         if not greedy.passed and greedy.top2_logit_gap is not None and greedy.top2_logit_gap < 1e-2:
-            lines.append("The target's two best tokens were tied there: in low precision a tie can flip between "
-                         "a one-token and a multi-token forward, so this is not proof of a bug.")
+            lines.append("The target's two best tokens were tied there: in low precision a tie can flip "
+                         "between a one-token and a multi-token forward, so this is not proof of a bug.")
         verdict = "<b>Lossless</b>" if self.passed else "<b>Not shown lossless</b>"
         self.text = "\n".join(lines)
         label = QLabel(f"{title}<br>{verdict}<br><br>" + "<br>".join(_escape(line) for line in lines))

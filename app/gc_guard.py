@@ -1,17 +1,18 @@
 """Keep Python's cyclic garbage collector on the GUI thread while a worker runs.
 
 CPython collects in whichever thread trips the allocation threshold, and torch's CUDA-graph capture calls
-`gc.collect()` itself. A decoding thread allocates every round, so a collection often ran there, and it destroyed
-dead Qt objects (closed windows and their menus, caught in reference cycles) off the GUI thread. Shiboken then
-deadlocked: the worker sat in ~QObject holding a Qt lock and waited for the GIL, while the GUI thread held the GIL
-and waited for that lock (a CI run hung for 90 minutes; reproduced here and read with gdb on 2026-11-30).
+`gc.collect()` itself. A decoding thread allocates every round, so a collection often ran there, and it
+destroyed dead Qt objects (closed windows and their menus, caught in reference cycles) off the GUI thread.
+Shiboken then deadlocked: the worker sat in ~QObject holding a Qt lock and waited for the GIL, while the GUI
+thread held the GIL and waited for that lock (a CI run hung for 90 minutes; reproduced here and read with gdb
+on 2026-11-30).
 
-So while any worker runs, automatic collection is off and the GUI thread collects the young generations on its UI
-tick (`collect_young`). Before a worker starts, the GUI thread collects everything once, so no Qt garbage is left for
-the worker to free. To keep that collection cheap, the long-lived objects (modules, models, the window) are frozen
-out of the collector after each model load (`collect_and_freeze`). With the shipped pair loaded on this project's
-2-core machine, that freeze costs ~0.35 s once per load (338k objects), and the collection before each generation
-then takes 0.04 ms instead of ~0.35 s.
+So while any worker runs, automatic collection is off and the GUI thread collects the young generations on its
+UI tick (`collect_young`). Before a worker starts, the GUI thread collects everything once, so no Qt garbage
+is left for the worker to free. To keep that collection cheap, the long-lived objects (modules, models, the
+window) are frozen out of the collector after each model load (`collect_and_freeze`). With the shipped pair
+loaded on this project's 2-core machine, that freeze costs ~0.35 s once per load (338k objects), and the
+collection before each generation then takes 0.04 ms instead of ~0.35 s.
 
 No Qt here: this module only deals with `gc` and is used by app/workers.py and the window.
 """
@@ -26,8 +27,9 @@ _was_enabled = True
 
 
 def collect_and_freeze() -> None:
-    """On the GUI thread, when nothing runs: collect all garbage, then move every live object to the permanent
-    generation so later collections skip it (gc.freeze). Unfreezing first lets a replaced model be collected."""
+    """On the GUI thread, when nothing runs: collect all garbage, then move every live object to the
+    permanent generation so later collections skip it (gc.freeze). Unfreezing first lets a replaced model
+    be collected."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

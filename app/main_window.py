@@ -1,7 +1,9 @@
-"""The main window: prompt, live round view, plots, history, menus, status bar.
+"""The main window: prompt, live round view, plots, history, menus, status bar; the wiring between them.
 
-All decoding happens in the engine; the window starts workers (app.workers) and consumes the RoundEvents they
-emit. Every user-facing error goes through `show_error`, which tests replace.
+All decoding happens in the engine. The window runs each kind of background job (model loading, generation,
+K sweep, lossless check) in its own slot (app.jobs), which hands the workers' messages to the window's
+handlers on the UI tick. The menu bar is built by app.menus, the exports live in app.exports. Every
+user-facing error goes through `show_error`, which tests replace.
 """
 from __future__ import annotations
 
@@ -9,27 +11,28 @@ import sys
 from dataclasses import replace
 from typing import Optional
 
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
-from PySide6.QtGui import QActionGroup, QFontDatabase, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar,
-                               QPushButton, QScrollArea, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout,
-                               QWidget)
+                               QListWidgetItem, QMainWindow, QMessageBox, QProgressBar, QPushButton,
+                               QScrollArea, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
 
-from app import backend, gc_guard
+from app import backend, exports, gc_guard, style
 from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
+from app.jobs import JobSlot
+from app.menus import Menus
 from app.plot_data import PlotBuffers
 from app.plots import REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
+from app.session import Generation, Session, method_label, sampling_label
+from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import DraftTreeView
-from app.session import METHOD_LABELS, Generation, Session, engine_method, sampling_label, tree_label
-from app.settings import APPLICATION, DEFAULTS, ORGANIZATION, AppSettings
-from app.style import colors_for, dark_palette, system_is_dark
+from app.widgets import PromptEdit, SteadyLabel
 from app.workers import GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
+from engine.methods import parse_spec
 
-K_CHOICES = range(1, 17)
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
 CHECK_TEMPERATURE = 0.8  # the sampled check's temperature while the Sampling menu is on greedy
@@ -47,40 +50,6 @@ HOW_TO_OPEN = (
 )
 
 
-class PromptEdit(QPlainTextEdit):
-    """The prompt editor: Ctrl+Enter generates, Esc stops."""
-
-    submitted = Signal()
-    stopRequested = Signal()
-
-    def keyPressEvent(self, event) -> None:
-        enter = event.key() in (Qt.Key_Return, Qt.Key_Enter)
-        if enter and event.modifiers() & Qt.ControlModifier:
-            self.submitted.emit()
-        elif event.key() == Qt.Key_Escape:
-            self.stopRequested.emit()
-        else:
-            super().keyPressEvent(event)
-
-
-class SteadyLabel(QLabel):
-    """A status-bar label whose width only grows: live text that changes every tick would otherwise
-    relayout (and repaint) the status bar each time."""
-
-    def __init__(self):
-        super().__init__()
-        self._widest = 0
-
-    def sizeHint(self):
-        hint = super().sizeHint()
-        self._widest = max(self._widest, hint.width())
-        hint.setWidth(self._widest)
-        return hint
-
-    def minimumSizeHint(self):
-        return self.sizeHint()
-
-
 class MainWindow(QMainWindow):
     def __init__(self, loader=backend.load_decoder, device: str = "auto",
                  settings: Optional[AppSettings] = None):
@@ -96,15 +65,15 @@ class MainWindow(QMainWindow):
         self.target_path: Optional[str] = None
         self.draft_path: Optional[str] = None
         self.models = "none"
-        self.gen_job: Optional[Job] = None
-        self.sweep_job: Optional[Job] = None  # a measured K sweep (uses the decoder like a generation)
+        self.load_slot = JobSlot("model loading")
+        self.gen_slot = JobSlot("generation")
+        self.sweep_slot = JobSlot("K sweep")  # "Find the fastest K" (uses the decoder like a generation)
+        self.check_slot = JobSlot("lossless check")  # "Check lossless" (uses the decoder like a generation)
         self.sweep_rows: list = []
         self.sweep_dialog = None
-        self.check_job: Optional[Job] = None  # "Check lossless" (uses the decoder like a generation)
         self.check_reports: dict = {}
         self.check_dialog = None
         self.check_samples = CHECK_SAMPLES
-        self.load_job: Optional[Job] = None
         self.current: Optional[Generation] = None  # the running generation
         self.shown: Optional[Generation] = None  # the generation in the view and plots
         self._pending: tuple = (None, None, True)  # the (target, draft, quiet) being loaded
@@ -204,87 +173,12 @@ class MainWindow(QMainWindow):
         return dock
 
     def _build_menus(self) -> None:
-        self._build_method_menu()
-        self._build_k_menu()
-        self._build_sampling_menu()
-        self._build_models_menu()
-        self._build_session_menu()
-        self._build_view_menu()
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.addAction("The analytic model…", self.show_help)
-
-    def _build_method_menu(self) -> None:
-        menu = self.menuBar().addMenu("&Method")
-        menu.setToolTipsVisible(True)
-        self.method_group = QActionGroup(self)
-        self.method_actions = {}
-        for method, label in METHOD_LABELS.items():
-            action = menu.addAction(label)
-            action.setCheckable(True)
-            action.setData(method)
-            action.triggered.connect(lambda _=False, m=method: self.set_method(m))
-            self.method_group.addAction(action)
-            self.method_actions[method] = action
-        menu.addSeparator()
-        self.check_action = menu.addAction("Check lossless…", self.check_lossless)
-        self.check_action.setShortcut("Ctrl+L")
-        self.check_action.setToolTip("Prove on the prompt that the method did not change the output; Esc stops")
-
-    def _build_k_menu(self) -> None:
-        menu = self.menuBar().addMenu("&K")
-        group = QActionGroup(self)
-        self.k_actions = {}
-        for k in K_CHOICES:
-            action = menu.addAction(f"K = {k}")
-            action.setCheckable(True)
-            action.triggered.connect(lambda _=False, value=k: self.set_k(value))
-            group.addAction(action)
-            self.k_actions[k] = action
-        menu.addSeparator()
-        self.sweep_action = menu.addAction("Find the fastest K…", self.find_fastest_k)
-        self.sweep_action.setToolTip("Measure K = " + ", ".join(map(str, SWEEP_KS)) + " on the prompt; Esc stops")
-
-    def _build_sampling_menu(self) -> None:
-        menu = self.menuBar().addMenu("&Sampling")
-        self.greedy_action = menu.addAction("Greedy")
-        self.greedy_action.setCheckable(True)
-        self.greedy_action.triggered.connect(self.set_greedy)
-        menu.addAction("Temperature, top-k, top-p, seed…", self.edit_sampling)
-
-    def _build_models_menu(self) -> None:
-        menu = self.menuBar().addMenu("M&odels")
-        self.model_actions = [
-            menu.addAction("Open target folder…", self.open_target_folder),
-            menu.addAction("Open draft folder…", self.open_draft_folder),
-            menu.addAction("Back to the shipped pair", self.use_shipped_pair),
-        ]
-
-    def _build_session_menu(self) -> None:
-        menu = self.menuBar().addMenu("S&ession")
-        export_csv = menu.addAction("Export metrics CSV…", self.export_csv)
-        export_csv.setShortcut(QKeySequence.Save)
-        menu.addAction("Export trace JSONL…", self.export_jsonl)
-        menu.addAction("Export plots PNG/SVG…", self.export_plots)
-        menu.addSeparator()
-        self.clear_action = menu.addAction("Clear", self.clear_session)
-
-    def _build_view_menu(self) -> None:
-        menu = self.menuBar().addMenu("&View")
-        menu.addAction(self.plots_action)
-        menu.addAction(self.tree_action)
-        menu.addAction(self.history_dock.toggleViewAction())
-        menu.addAction(self.inspector_dock.toggleViewAction())
-        theme_menu = menu.addMenu("Theme")
-        group = QActionGroup(self)
-        self.theme_actions = {}
-        for theme, label in (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark")):
-            action = theme_menu.addAction(label)
-            action.setCheckable(True)
-            action.triggered.connect(lambda _=False, t=theme: self.apply_theme(t))
-            group.addAction(action)
-            self.theme_actions[theme] = action
-        menu.addSeparator()
-        menu.addAction("Reset settings to defaults", self.reset_settings)
+        view_actions = [self.plots_action, self.tree_action, self.history_dock.toggleViewAction(),
+                        self.inspector_dock.toggleViewAction()]
+        m = self.menus = Menus(self, view_actions, SWEEP_KS)
+        self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
+        self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
+        self.check_action, self.sweep_action = m.check_action, m.sweep_action
 
     def _build_status(self) -> None:
         names = ("device", "models", "method", "live", "calibration")
@@ -320,6 +214,75 @@ class MainWindow(QMainWindow):
     def show_help(self) -> None:
         HelpDialog(self).exec()
 
+    def show_status(self, message: str, timeout_ms: int = 0) -> None:
+        self.statusBar().showMessage(message, timeout_ms)
+
+    # ================================================================================================ jobs
+    @property
+    def running(self) -> bool:
+        """A generation, a K sweep or a lossless check is using the decoder."""
+        return any(slot.busy for slot in self._decoder_slots)
+
+    @property
+    def _decoder_slots(self) -> tuple:
+        return self.gen_slot, self.sweep_slot, self.check_slot
+
+    @property
+    def load_job(self) -> Optional[Job]:
+        """The model load in progress, or None (tests and scripts wait for None)."""
+        return self.load_slot.job
+
+    @property
+    def gen_job(self) -> Optional[Job]:
+        return self.gen_slot.job
+
+    def _start_job(self, slot: JobSlot, worker, status: Optional[str] = None, **handlers) -> None:
+        """Start a job in its slot. Loads, sweeps and checks show `status` beside the busy bar; a generation
+        shows its progress in the view instead."""
+        slot.start(worker, **handlers)
+        if status:
+            self.show_status(status)
+        self._sync_progress()
+        self._refresh_controls()
+
+    def _job_ended(self) -> None:
+        """A job has been joined (its slot is idle): give the controls back, then show the error it left."""
+        self._sync_progress()
+        self._refresh_controls()
+        self._flush_pending_error()
+
+    def _sync_progress(self) -> None:
+        self.progress.setVisible(self.load_slot.busy or self.sweep_slot.busy or self.check_slot.busy)
+
+    def _fail_later(self, title: str):
+        """A "failed" handler: keep the message for a dialog once the job has been joined."""
+        def keep(message: str) -> None:
+            self._pending_error = (title, message)
+        return keep
+
+    def _flush_pending_error(self) -> None:
+        error, self._pending_error = self._pending_error, None
+        if error:
+            self.show_error(*error)
+
+    def _ui_tick(self) -> None:
+        """Take the workers' messages, then draw. Ticks alternate between the text view and one plot, so one
+        event-loop pass never paints both: together they made the longest gaps (~35 ms on a 2-core machine,
+        scripts/stall_probe.py)."""
+        for slot in (self.load_slot,) + self._decoder_slots:
+            slot.deliver()
+        gc_guard.collect_young()
+        self._ticks += 1
+        if self._ticks % 2:
+            self._flush_rounds()
+        else:
+            self.plots.redraw_if_dirty()
+
+    def stop(self) -> None:
+        for slot in self._decoder_slots:
+            if slot.stop():
+                self.show_status("Stopping…", 2000)
+
     # ============================================================================================== models
     def start(self, target: Optional[str] = None, draft: Optional[str] = None) -> None:
         """First load: the given pair, else the saved one, else the shipped pair (quietly: no dialog)."""
@@ -330,16 +293,13 @@ class MainWindow(QMainWindow):
                              self.settings.optional_path("models/draft"), quiet=True)
 
     def load_models(self, target: Optional[str], draft: Optional[str], quiet: bool = False) -> bool:
-        if self.load_job is not None or self.running:
+        if self.load_slot.busy or self.running:
             self.show_error("Busy", "Wait for the current generation or model load to finish.")
             return False
         self._pending = (target, draft, quiet)
         worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
-        self.load_job = Job(worker, loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
-        self.progress.setVisible(True)
-        self.statusBar().showMessage(f"Loading {backend.models_label(target, draft)}…")
-        self.load_job.start()
-        self._refresh_controls()
+        self._start_job(self.load_slot, worker, f"Loading {backend.models_label(target, draft)}…",
+                        loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
         return True
 
     def _models_loaded(self, decoder, calibration) -> None:
@@ -354,7 +314,7 @@ class MainWindow(QMainWindow):
         if self.shown is None:
             self.view.show_message(f"Loaded {self.models} on {decoder.device_name}. Type a prompt and press "
                                    "Ctrl+Enter.")
-        self.statusBar().showMessage(f"Loaded {self.models}", 5000)
+        self.show_status(f"Loaded {self.models}", 5000)
 
     def _models_failed(self, message: str) -> None:
         quiet = self._pending[2]
@@ -362,23 +322,19 @@ class MainWindow(QMainWindow):
             self.view.show_message(no_model_text(message))
         if not quiet:
             self._pending_error = ("Could not load the models", message)
-        self.statusBar().showMessage("Model loading failed", 5000)
+        self.show_status("Model loading failed", 5000)
 
-    def _load_done(self) -> None:
-        if self.load_job is None:
-            return
-        self.load_job.finish()
-        self.load_job = None
+    def _load_done(self, _job: Job) -> None:
         gc_guard.collect_and_freeze()  # the models and the window are long-lived: later collections skip them
-        self.progress.setVisible(False)
-        self._refresh_all()
-        self._flush_pending_error()
+        self._refresh_menus()
+        self._refresh_status()
+        self._job_ended()
 
     def _fall_back_if_unavailable(self) -> None:
-        method = self.settings.get("decode/method")
-        if self.availability.get(engine_method(method), "unknown") is not None:
+        method = parse_spec(self.settings.get(METHOD_KEY)).name
+        if self.availability.get(method, "unknown") is not None:
             fallback = "draft" if self.availability.get("draft", "x") is None else "none"
-            self.settings.set("decode/method", fallback)
+            self.settings.set(METHOD_KEY, fallback)
 
     def open_target_folder(self) -> None:
         path = self.ask_directory("Open target model folder")
@@ -394,8 +350,9 @@ class MainWindow(QMainWindow):
         self.load_models(None, None)
 
     # ============================================================================================ settings
-    def set_method(self, method: str) -> None:
-        self.settings.set("decode/method", method)
+    def set_method(self, spec: str) -> None:
+        """Pick a method spec of the Method menu ('draft', 'eagle:8')."""
+        self.settings.set(METHOD_KEY, spec)
         self._refresh_all()
 
     def set_k(self, k: int) -> None:
@@ -421,21 +378,9 @@ class MainWindow(QMainWindow):
     def apply_theme(self, theme: str, save: bool = True) -> None:
         if save:
             self.settings.set("view/theme", theme)
-        app = QApplication.instance()
-        schemes = {"light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark,
-                   "system": Qt.ColorScheme.Unknown}
-        if self._forced_palette:
-            app.setPalette(QPalette())  # back to the platform's palette
-            self._forced_palette = False
-        if save or theme != "system":
-            app.styleHints().setColorScheme(schemes[theme])
-        dark = system_is_dark() if theme == "system" else theme == "dark"
-        if dark != (app.palette().color(QPalette.Window).lightness() < 128):
-            app.setPalette(dark_palette() if dark else app.style().standardPalette())
-            self._forced_palette = True
-        self._set_colors(colors_for(dark))
-        for name, action in self.theme_actions.items():
-            action.setChecked(name == theme)
+        dark, self._forced_palette = style.apply_theme(theme, save or theme != "system", self._forced_palette)
+        self._set_colors(style.colors_for(dark))
+        self.menus.check_theme(theme)
 
     def _system_scheme_changed(self, _scheme) -> None:
         if self.settings.get("view/theme") == "system":
@@ -480,7 +425,7 @@ class MainWindow(QMainWindow):
     def _generation_problem(self, prompt: str) -> Optional[tuple]:
         if not prompt.strip():
             return "Empty prompt", "Type a prompt first, then press Ctrl+Enter."
-        if self.load_job is not None:
+        if self.load_slot.busy:
             return "Models are loading", "Wait for the models to finish loading."
         if self.decoder is None:
             return "No model loaded", no_model_text()
@@ -489,136 +434,10 @@ class MainWindow(QMainWindow):
     def _start_generation(self, prompt: str, config) -> None:
         self.current = self.session.new(prompt, config, self.models, self.calibration)
         self._pending_error = None
-        item = QListWidgetItem(self.current.summary())
-        self.history.addItem(item)
+        self.history.addItem(QListWidgetItem(self.current.summary()))
         self.history.setCurrentRow(self.history.count() - 1)  # shows it
-        self.gen_job = Job(GenerationWorker(self.decoder, prompt, config),
-                           event=self._on_event, failed=self._on_failed, done=self._on_done)
-        self.gen_job.start()
-        self._refresh_controls()
-
-    def stop(self) -> None:
-        for job in self._decoder_jobs:
-            if job is not None:
-                job.stop()
-                self.statusBar().showMessage("Stopping…", 2000)
-
-    @property
-    def running(self) -> bool:
-        """A generation, a K sweep or a lossless check is using the decoder."""
-        return any(job is not None for job in self._decoder_jobs)
-
-    @property
-    def _decoder_jobs(self) -> tuple:
-        return self.gen_job, self.sweep_job, self.check_job
-
-    # ============================================================================================= K sweep
-    def _drafting_task_inputs(self, why_a_method: str) -> Optional[tuple]:
-        """(prompt, config) for a task that runs the drafting method on the prompt (a K sweep, a lossless check),
-        or None after a dialog has said what is missing."""
-        if self.running:
-            return None
-        prompt = self.prompt.toPlainText()
-        problem = self._generation_problem(prompt)
-        config = self.settings.config()
-        if problem is None and config.method == "none":
-            problem = ("No drafting method", f"Pick a method in the Method menu first: {why_a_method}")
-        if problem:
-            self.show_error(*problem)
-            return None
-        return prompt, config
-
-    def _start_task(self, job: Job, status: str) -> None:
-        """Start a K sweep or lossless check that is already the window's sweep_job or check_job."""
-        job.start()
-        self.progress.setVisible(True)
-        self.statusBar().showMessage(status)
-        self._refresh_controls()
-
-    def _end_task(self, job: Job) -> None:
-        """A K sweep or lossless check has posted its last message: join it and give the controls back."""
-        job.finish()
-        self.progress.setVisible(self.load_job is not None)
-        self.statusBar().clearMessage()
-        self._refresh_controls()
-        self._flush_pending_error()
-
-    def find_fastest_k(self) -> None:
-        """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
-        then show the table and offer the fastest K."""
-        inputs = self._drafting_task_inputs("K is the number of tokens it drafts per round.")
-        if inputs is None:
-            return
-        self.sweep_rows = []
-        job = Job(SweepWorker(self.decoder, *inputs, SWEEP_KS),
-                  row=self._on_sweep_row, failed=self._on_sweep_failed, done=self._on_sweep_done)
-        self.sweep_job = job
-        self._start_task(job, f"Measuring K = {SWEEP_KS[0]}…")
-
-    def _on_sweep_row(self, row: dict) -> None:
-        self.sweep_rows.append(row)
-        measured = ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows)
-        self.statusBar().showMessage(f"Measured {measured}")
-
-    def _on_sweep_failed(self, message: str) -> None:
-        self._pending_error = ("K sweep failed", message)
-
-    def _on_sweep_done(self) -> None:
-        if self.sweep_job is None:  # closeEvent already joined the thread
-            return
-        job, self.sweep_job = self.sweep_job, None
-        self._end_task(job)
-        if self.sweep_rows:
-            config = job.worker.config  # as measured, whatever the menus say now
-            title = (f"{METHOD_LABELS.get(config.method, config.method)}, "
-                     f"{sampling_label(config.sampling, config.seed)}, {config.max_new_tokens} new tokens")
-            self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
-            self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
-            self.sweep_dialog.show()
-
-    # ======================================================================================= lossless check
-    def check_lossless(self) -> None:
-        """On the prompt, off the GUI thread: the method's greedy output against plain greedy decoding, token for
-        token, then a chi-squared test of its sampled first two tokens against the target's exact distribution."""
-        inputs = self._drafting_task_inputs("the check compares its output with plain decoding.")
-        if inputs is None:
-            return
-        prompt, config = inputs
-        sampled = config if not config.sampling.greedy else replace(
-            config, sampling=SamplingParams(temperature=CHECK_TEMPERATURE))
-        self.check_reports = {}
-        job = Job(LosslessWorker(self.decoder, prompt, config, sampled, self.check_samples),
-                  greedy=self._on_check_report("greedy"), sampling=self._on_check_report("sampling"),
-                  failed=self._on_check_failed, done=self._on_check_done)
-        self.check_job = job
-        self._start_task(job, "Checking greedy output against plain decoding…")
-
-    def _on_check_report(self, kind: str):
-        def store(report) -> None:
-            self.check_reports[kind] = report
-            if kind == "greedy":
-                self.statusBar().showMessage(f"Greedy check done; sampling {self.check_samples} seeds…")
-        return store
-
-    def _on_check_failed(self, message: str) -> None:
-        self._pending_error = ("Lossless check failed", message)
-
-    def _on_check_done(self) -> None:
-        if self.check_job is None:  # closeEvent already joined the thread
-            return
-        job, self.check_job = self.check_job, None
-        self._end_task(job)
-        if "greedy" in self.check_reports:
-            config = job.worker.config  # as checked, whatever the menus say now
-            title = (f"{METHOD_LABELS.get(config.method, config.method)}, K={config.k}, "
-                     f"{config.max_new_tokens} new tokens")
-            self.check_dialog = LosslessDialog(self, title, self.check_reports["greedy"],
-                                               self.check_reports.get("sampling"), job.worker.sampled_config.sampling,
-                                               self._describe_token)
-            self.check_dialog.show()
-
-    def _describe_token(self, token: int) -> str:
-        return f"{token} {self.decoder.tokenizer.decode([token])!r}" if self.decoder is not None else str(token)
+        self._start_job(self.gen_slot, GenerationWorker(self.decoder, prompt, config),
+                        event=self._on_event, failed=self._on_failed, done=self._on_done)
 
     def _on_event(self, event) -> None:
         """Record the round at once; draw it on the next UI tick (see _flush_rounds)."""
@@ -627,23 +446,6 @@ class MainWindow(QMainWindow):
             return
         gen.add(event)
         self._unrendered.append(event)
-
-    def _ui_tick(self) -> None:
-        """Take the workers' messages, then draw. Ticks alternate between the text view and one plot, so one
-        event-loop pass never paints both: together they made the longest gaps (~35 ms on a 2-core machine,
-        scripts/stall_probe.py)."""
-        self._deliver_messages()
-        gc_guard.collect_young()
-        self._ticks += 1
-        if self._ticks % 2:
-            self._flush_rounds()
-        else:
-            self.plots.redraw_if_dirty()
-
-    def _deliver_messages(self) -> None:
-        for job in (self.load_job,) + self._decoder_jobs:
-            if job is not None:
-                job.deliver()
 
     def _flush_rounds(self) -> None:
         """Every other UI tick (20 Hz): draw the rounds that arrived since the last time, so the text view,
@@ -663,20 +465,14 @@ class MainWindow(QMainWindow):
             self.current.error = message
         self._pending_error = ("Generation failed", message)
 
-    def _on_done(self) -> None:
-        if self.gen_job is None:  # closeEvent already joined the thread
-            return
-        stopped = self.gen_job.worker.stop_requested
-        self.gen_job.finish()
-        self.gen_job = None
+    def _on_done(self, job: Job) -> None:
         self._flush_rounds()
         gen, self.current = self.current, None
-        gen.finish = self._finish_reason(gen, stopped)
+        gen.finish = self._finish_reason(gen, job.worker.stop_requested)
         if self.shown is gen:
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
-        self._refresh_controls()
-        self._flush_pending_error()
+        self._job_ended()
 
     @staticmethod
     def _finish_reason(gen: Generation, stopped: bool) -> str:
@@ -685,10 +481,88 @@ class MainWindow(QMainWindow):
         last = gen.events[-1].finish_reason if gen.events else None
         return last or ("stopped" if stopped else "ended")
 
-    def _flush_pending_error(self) -> None:
-        error, self._pending_error = self._pending_error, None
-        if error:
-            self.show_error(*error)
+    # ===================================================================== drafting tasks: K sweep, lossless
+    def _drafting_task_inputs(self, why_a_method: str) -> Optional[tuple]:
+        """(prompt, config) for a task that runs the drafting method on the prompt (a K sweep, a lossless
+        check), or None after a dialog has said what is missing."""
+        if self.running:
+            return None
+        prompt = self.prompt.toPlainText()
+        problem = self._generation_problem(prompt)
+        config = self.settings.config()
+        if problem is None and config.method == "none":
+            problem = ("No drafting method", f"Pick a method in the Method menu first: {why_a_method}")
+        if problem:
+            self.show_error(*problem)
+            return None
+        return prompt, config
+
+    def _task_ended(self) -> None:
+        self.statusBar().clearMessage()
+        self._job_ended()
+
+    def find_fastest_k(self) -> None:
+        """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
+        then show the table and offer the fastest K."""
+        inputs = self._drafting_task_inputs("K is the number of tokens it drafts per round.")
+        if inputs is None:
+            return
+        self.sweep_rows = []
+        self._start_job(self.sweep_slot, SweepWorker(self.decoder, *inputs, SWEEP_KS),
+                        f"Measuring K = {SWEEP_KS[0]}…", row=self._on_sweep_row,
+                        failed=self._fail_later("K sweep failed"), done=self._on_sweep_done)
+
+    def _on_sweep_row(self, row: dict) -> None:
+        self.sweep_rows.append(row)
+        self.show_status("Measured " + ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows))
+
+    def _on_sweep_done(self, job: Job) -> None:
+        self._task_ended()
+        if self.sweep_rows:
+            config = job.worker.config  # as measured, whatever the menus say now
+            title = (f"{method_label(config)}, {sampling_label(config.sampling, config.seed)}, "
+                     f"{config.max_new_tokens} new tokens")
+            self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
+            self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
+            self.sweep_dialog.show()
+
+    def check_lossless(self) -> None:
+        """On the prompt, off the GUI thread: the method's greedy output against plain greedy decoding, token
+        for token, then a chi-squared test of its sampled first two tokens against the target's exact
+        distribution."""
+        inputs = self._drafting_task_inputs("the check compares its output with plain decoding.")
+        if inputs is None:
+            return
+        prompt, config = inputs
+        sampled = config if not config.sampling.greedy else replace(
+            config, sampling=SamplingParams(temperature=CHECK_TEMPERATURE))
+        self.check_reports = {}
+        worker = LosslessWorker(self.decoder, prompt, config, sampled, self.check_samples)
+        self._start_job(self.check_slot, worker, "Checking greedy output against plain decoding…",
+                        greedy=self._on_check_report("greedy"), sampling=self._on_check_report("sampling"),
+                        failed=self._fail_later("Lossless check failed"), done=self._on_check_done)
+
+    def _on_check_report(self, kind: str):
+        def store(report) -> None:
+            self.check_reports[kind] = report
+            if kind == "greedy":
+                self.show_status(f"Greedy check done; sampling {self.check_samples} seeds…")
+        return store
+
+    def _on_check_done(self, job: Job) -> None:
+        self._task_ended()
+        if "greedy" in self.check_reports:
+            config = job.worker.config  # as checked, whatever the menus say now
+            title = f"{method_label(config)}, K={config.k}, {config.max_new_tokens} new tokens"
+            reports = self.check_reports
+            self.check_dialog = LosslessDialog(self, title, reports["greedy"], reports.get("sampling"),
+                                               job.worker.sampled_config.sampling, self._describe_token)
+            self.check_dialog.show()
+
+    def _describe_token(self, token: int) -> str:
+        if self.decoder is None:
+            return str(token)
+        return f"{token} {self.decoder.tokenizer.decode([token])!r}"
 
     # ============================================================================================= history
     def _history_selected(self, row: int) -> None:
@@ -729,45 +603,13 @@ class MainWindow(QMainWindow):
 
     # ============================================================================================== export
     def export_csv(self) -> None:
-        self._export("Export metrics CSV", "CSV (*.csv)", ".csv", "write_csv")
+        exports.export_rounds(self, self.session.all_events(), "csv")
 
     def export_jsonl(self) -> None:
-        self._export("Export trace JSONL", "JSON Lines (*.jsonl)", ".jsonl", "write_jsonl")
-
-    def _export(self, title: str, file_filter: str, suffix: str, writer_name: str) -> None:
-        events = self.session.all_events()
-        if not events:
-            self.show_error(title, "Nothing to export yet: generate something first.")
-            return
-        path = self.ask_save_path(title, file_filter)
-        if not path:
-            return
-        from engine import metrics
-
-        try:
-            rows = getattr(metrics, writer_name)(events, path)
-        except SpecplayError as exc:
-            self.show_error(title, str(exc))
-            return
-        self.statusBar().showMessage(f"Wrote {rows} rounds to {path}", 5000)
+        exports.export_rounds(self, self.session.all_events(), "jsonl")
 
     def export_plots(self) -> None:
-        if self.shown is None:
-            self.show_error("Export plots", "Nothing to plot yet: generate something first.")
-            return
-        path = self.ask_save_path("Export plots", "PNG image (*.png);;SVG drawing (*.svg)")
-        if not path:
-            return
-        if not path.lower().endswith((".png", ".svg")):
-            path += ".png"
-        try:
-            with open(path, "ab"):
-                pass
-            self.plots.export(path)
-        except OSError as exc:
-            self.show_error("Export plots", f"cannot write {path}: {exc.strerror or exc}")
-            return
-        self.statusBar().showMessage(f"Wrote plots to {path}", 5000)
+        exports.export_plots(self, self.plots, self.shown is not None)
 
     # ============================================================================================== status
     def _refresh_all(self) -> None:
@@ -777,34 +619,22 @@ class MainWindow(QMainWindow):
 
     def _refresh_menus(self) -> None:
         s = self.settings
-        method = s.get("decode/method")
-        for name, action in self.method_actions.items():
-            reason = self.availability.get(engine_method(name), "not offered by the engine") if self.decoder else None
-            action.setEnabled(reason is None)
-            action.setToolTip(f"Unavailable: {reason}" if reason else METHOD_LABELS[name])
-            action.setChecked(name == method)
-        for k, action in self.k_actions.items():
-            action.setChecked(k == s.get("decode/k"))
-        self.greedy_action.setChecked(s.get("decode/greedy"))
+        self.menus.refresh(s.get(METHOD_KEY), s.get("decode/k"), s.get("decode/greedy"),
+                           self.availability if self.decoder else None)
 
     def _refresh_controls(self) -> None:
-        busy = self.load_job is not None
-        self.generate_button.setEnabled(not self.running and not busy)
+        loading = self.load_slot.busy
+        self.generate_button.setEnabled(not self.running and not loading)
         self.stop_button.setEnabled(self.running)
-        for action in self.model_actions:
-            action.setEnabled(not self.running and not busy)
-        self.sweep_action.setEnabled(not self.running and not busy)
-        self.check_action.setEnabled(not self.running and not busy)
-        self.clear_action.setEnabled(not self.running)
+        self.menus.set_busy(self.running, loading)
 
     def _refresh_status(self) -> None:
         s, labels = self.settings, self.status_labels
         labels["device"].setText(f"Device: {self.decoder.device_name}" if self.decoder else "Device: —")
         labels["models"].setText(f"Models: {self.models}")
         config = s.config()
-        k = "" if config.method == "none" else f", K={config.k}{tree_label(config)}"
-        labels["method"].setText(f"{METHOD_LABELS.get(config.method, config.method)}{k}, "
-                                 f"{sampling_label(config.sampling, config.seed)}")
+        k = "" if config.method == "none" else f", K={config.k}"
+        labels["method"].setText(f"{method_label(config)}{k}, {sampling_label(config.sampling, config.seed)}")
         cal = self.calibration
         labels["calibration"].setText(f"TPOT_plain {cal.target_step_ms:.2f} ms · c {cal.c:.2f}" if cal else
                                       "TPOT_plain — · c —")
@@ -822,18 +652,17 @@ class MainWindow(QMainWindow):
         self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
         self.current = None
-        for job in self._decoder_jobs + (self.load_job,):
-            if job is not None:
-                job.stop()
-                job.finish()
-        self.gen_job = self.sweep_job = self.check_job = self.load_job = None
+        for slot in self._decoder_slots + (self.load_slot,):
+            slot.stop()
+            slot.finish()  # joined here: its "done" handler never runs
         self.ui_timer.stop()
         super().closeEvent(event)
 
 
-# The decoding thread shares the GIL with this one. Qt calls release the GIL, and taking it back waits up to the
-# switch interval while the decoder runs Python. With the default 5 ms, a plot repaint next to a busy Python
-# thread took a median 34 ms instead of 2.4 ms; 0.5 ms brings it to 7.6 ms (scripts/plot_paint_bench.py).
+# The decoding thread shares the GIL with this one. Qt calls release the GIL, and taking it back waits up to
+# the switch interval while the decoder runs Python. With the default 5 ms, a plot repaint next to a busy
+# Python thread took a median 34 ms instead of 2.4 ms; 0.5 ms brings it to 7.6 ms
+# (scripts/plot_paint_bench.py).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

@@ -1,4 +1,4 @@
-"""Live plots (pyqtgraph), redrawn from PlotBuffers one plot per UI tick, at no more than REDRAW_HZ ticks/s."""
+"""Live plots (pyqtgraph), redrawn from PlotBuffers one plot per UI tick, at most REDRAW_HZ ticks a second."""
 from __future__ import annotations
 
 import math
@@ -125,7 +125,8 @@ class PlotPanel(QWidget):
         plot.setClipToView(True)
         plot.setDownsampling(auto=True, mode="peak")
         plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
-        for name in ("left", "bottom"):  # axes that never resize with their tick labels never relayout the plot
+        # axes that never resize with their tick labels never relayout the plot
+        for name in ("left", "bottom"):
             plot.getAxis(name).setStyle(autoExpandTextSpace=False, autoReduceTextSpace=False)
         plot.getAxis("left").setWidth(AXIS_WIDTH)
         plot.disableAutoRange()  # ranges are set with the data: auto-range would paint every update twice
@@ -168,7 +169,8 @@ class PlotPanel(QWidget):
 
     # ---------------------------------------------------------------------------------------------- data
     def set_buffers(self, buffers: PlotBuffers) -> None:
-        """Show other data; the timer redraws the plots one a tick (a full redraw here would stall a frame)."""
+        """Show other data; the timer redraws the plots one a tick (a full redraw here would stall a
+        frame)."""
         self.buffers = buffers
         self._drawn = [-1] * len(self._painters)
 

@@ -5,7 +5,8 @@ a reference to it, and SignalInstance.emit() does the same with the True it retu
 None, True or False (they are immortal, PEP 683), so nothing happens there; on 3.11 their counts drain with
 every call until the interpreter aborts with "none_dealloc: deallocating None" or "bool_dealloc" (after
 seconds of live plotting). When the bug is detected, we give these singletons a reference count they
-cannot drain, which makes them as immortal as 3.12 would. The real fix is Python >= 3.12 or a PySide6 without the bug.
+cannot drain, which makes them as immortal as 3.12 would. The real fix is Python >= 3.12 or a PySide6
+without the bug.
 """
 from __future__ import annotations
 

@@ -5,28 +5,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from app.plot_data import PlotBuffers
-
-EAGLE_TREE = "eagle-tree"  # a menu entry, not an engine method: EAGLE with tree_nodes = 2K
-
-
-def engine_method(menu_method: str) -> str:
-    """The engine's method name behind a Method-menu entry."""
-    return "eagle" if menu_method == EAGLE_TREE else menu_method
+from engine.methods import spec_label
 
 
-def tree_label(config) -> str:
-    return f", tree {config.tree_nodes}" if config.tree_nodes else ""
-
-
-METHOD_LABELS = {
-    "none": "Off (plain autoregressive)",
-    "draft": "Draft model",
-    "medusa": "Medusa",
-    "eagle": "EAGLE",
-    EAGLE_TREE: "EAGLE, dynamic tree (2K nodes)",
-    "lookahead": "Lookahead",
-    "ngram": "N-gram prompt lookup",
-}
+def method_label(config) -> str:
+    """A config's method as the registry names it: 'Draft model', 'EAGLE, dynamic tree of 8 nodes'."""
+    return spec_label(config.method, config.tree_nodes)
 
 
 def sampling_label(sampling, seed: int) -> str:
@@ -69,8 +53,8 @@ class Generation:
 
     def settings_label(self) -> str:
         c = self.config
-        k = "" if c.method == "none" else f" K={c.k}{tree_label(c)}"
-        return f"{METHOD_LABELS.get(c.method, c.method)}{k} · {sampling_label(c.sampling, c.seed)}"
+        k = "" if c.method == "none" else f" K={c.k}"
+        return f"{method_label(c)}{k} · {sampling_label(c.sampling, c.seed)}"
 
     def summary(self) -> str:
         status = self.finish or "running…"

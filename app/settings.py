@@ -6,14 +6,17 @@ from typing import Optional
 from PySide6.QtCore import QByteArray, QSettings
 
 from engine.config import GenerationConfig, SamplingParams
+from engine.errors import SpecplayError
+from engine.methods import parse_spec
 
 ORGANIZATION = "specplay"
 APPLICATION = "specplay"
 
+METHOD_KEY = "decode/method"  # a method spec of engine.methods: 'draft', 'eagle:8'
 DEFAULTS = {
     "models/target": "",
     "models/draft": "",
-    "decode/method": "draft",
+    METHOD_KEY: "draft",
     "decode/k": 4,
     "decode/greedy": True,
     "decode/temperature": 0.8,
@@ -24,6 +27,7 @@ DEFAULTS = {
     "view/plots": True,
     "view/theme": "system",  # system | light | dark
 }
+RENAMED_SPECS = {"eagle-tree": "eagle:8"}  # a stored method's old spelling -> the registry's
 
 
 class AppSettings:
@@ -36,9 +40,21 @@ class AppSettings:
         default = DEFAULTS[key]
         value = self.q.value(key, default)
         try:
-            return _coerce(value, type(default))
+            value = _coerce(value, type(default))
         except (TypeError, ValueError):
             return default
+        return self._method_spec(value) if key == METHOD_KEY else value
+
+    def _method_spec(self, spec: str) -> str:
+        """The stored method in the registry's spelling. An old spelling is rewritten in the file as it is
+        read; one the registry does not know (a removed method, a hand edit) reads as the default."""
+        if spec in RENAMED_SPECS:
+            spec = RENAMED_SPECS[spec]
+            self.set(METHOD_KEY, spec)
+        try:
+            return str(parse_spec(spec))
+        except SpecplayError:
+            return DEFAULTS[METHOD_KEY]
 
     def set(self, key: str, value) -> None:
         self.q.setValue(key, value)
@@ -52,12 +68,11 @@ class AppSettings:
                               top_p=self.get("decode/top_p"))
 
     def config(self) -> GenerationConfig:
-        from app.session import EAGLE_TREE, engine_method
-
-        menu_method, k = self.get("decode/method"), self.get("decode/k")
-        return GenerationConfig(method=engine_method(menu_method), k=k, sampling=self.sampling(),
-                                seed=self.get("decode/seed"), max_new_tokens=self.get("decode/max_new_tokens"),
-                                tree_nodes=2 * k if menu_method == EAGLE_TREE else 0)
+        """What the next generation runs: the stored method spec (tree size included), K and sampling."""
+        get = self.get
+        config = GenerationConfig(k=get("decode/k"), sampling=self.sampling(), seed=get("decode/seed"),
+                                  max_new_tokens=get("decode/max_new_tokens"))
+        return config.with_spec(get(METHOD_KEY))
 
     def layout(self) -> tuple:
         return self.q.value("window/geometry", QByteArray()), self.q.value("window/state", QByteArray())

@@ -1,10 +1,11 @@
-"""Colours for the round view and the plots, in a light and a dark variant."""
+"""Colours for the round view and the plots, in a light and a dark variant, and the application's theme."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,22 @@ def dark_palette() -> QPalette:
     for role in (QPalette.WindowText, QPalette.Text, QPalette.ButtonText):
         pal.setColor(QPalette.Disabled, role, QColor("#6e7681"))
     return pal
+
+
+SCHEMES = {"light": Qt.ColorScheme.Light, "dark": Qt.ColorScheme.Dark, "system": Qt.ColorScheme.Unknown}
+
+
+def apply_theme(theme: str, request_scheme: bool, forced: bool) -> tuple:
+    """Make the application 'light', 'dark' or follow the 'system'. With `request_scheme`, ask the platform
+    for the theme's colour scheme; where the platform ignores it, force a palette instead. `forced` says
+    whether a palette is forced now (it is dropped first). Returns (dark, forced)."""
+    app = QApplication.instance()
+    if forced:
+        app.setPalette(QPalette())  # back to the platform's palette
+    if request_scheme:
+        app.styleHints().setColorScheme(SCHEMES[theme])
+    dark = system_is_dark() if theme == "system" else theme == "dark"
+    forced = dark != (app.palette().color(QPalette.Window).lightness() < 128)
+    if forced:
+        app.setPalette(dark_palette() if dark else app.style().standardPalette())
+    return dark, forced

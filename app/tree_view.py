@@ -1,5 +1,6 @@
-"""One round's draft drawn as a tree: the committed context at the root, every drafted token a box linked to its
-parent, the accepted path ending in the target's correction or bonus token. Chains draw as a straight line."""
+"""One round's draft drawn as a tree: the committed context at the root, every drafted token a box linked to
+its parent, the accepted path ending in the target's correction or bonus token. Chains draw as a straight
+line."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ class TreeNode:
 
 
 def tree_layout(event) -> list:
-    """Nodes of one round: the root, the drafted tokens, then the next token hanging off the last accepted draft
-    (or the root). Leaves take consecutive rows in depth-first order; a parent sits on its first child's row."""
+    """Nodes of one round: the root, the drafted tokens, then the next token hanging off the last accepted
+    draft (or the root). Leaves take consecutive rows in depth-first order; a parent sits on its first child's
+    row."""
     nodes = [TreeNode(None, 0, 0, None)]
     index_of = {}  # drafted index -> node index
     for i, d in enumerate(event.drafted):

@@ -1,14 +1,15 @@
 """Work that runs off the GUI thread: model loading (+ calibration), generation, K sweeps and lossless checks.
 
-A worker runs on a plain Python thread and never touches Qt. It posts messages `(kind, args)` to its mailbox (a
-`queue.SimpleQueue`), and the window hands them to their handlers on its UI tick (`Job.deliver`), so every Qt
-object is only ever created, used and freed on the GUI thread. The last message of every worker is `("done", ())`.
+A worker runs on a plain Python thread and never touches Qt. It posts messages `(kind, args)` to its mailbox
+(a `queue.SimpleQueue`), and the window hands them to their handlers on its UI tick (`Job.deliver`, through
+its job slots, app/jobs.py), so every Qt object is only ever created, used and freed on the GUI thread. The
+last message of every worker is `("done", ())`.
 
-Why not QObject workers on QThreads: then the worker thread owns Qt objects and emits signals, and anything that
-frees Qt objects there can deadlock Shiboken against the GUI thread. The CI hang of 2026-11-30 was such a case (a
-garbage collection on the decoding thread freeing dead menus; app/gc_guard.py keeps collections off workers). Here
-a worker holds no Qt object of its own, so its own references never free one on its thread. A mailbox polled at
-40 Hz costs nothing here: the window draws at 20 Hz anyway.
+Why not QObject workers on QThreads: then the worker thread owns Qt objects and emits signals, and anything
+that frees Qt objects there can deadlock Shiboken against the GUI thread. The CI hang of 2026-11-30 was such a
+case (a garbage collection on the decoding thread freeing dead menus; app/gc_guard.py keeps collections off
+workers). Here a worker holds no Qt object of its own, so its own references never free one on its thread. A
+mailbox polled at 40 Hz costs nothing here: the window draws at 20 Hz anyway.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class Worker:
 
 
 class DecoderWorker(Worker):
-    """A worker that uses the decoder on one prompt and config (the decoder polls the stop flag once a round)."""
+    """Uses the decoder on one prompt and config (the decoder polls the stop flag once a round)."""
 
     def __init__(self, decoder, prompt: str, config):
         super().__init__()
@@ -96,8 +97,8 @@ class SweepWorker(DecoderWorker):
 
 
 class LosslessWorker(DecoderWorker):
-    """Checks that the method did not change the output (engine.lossless): posts ("greedy", GreedyReport), then
-    ("sampling", ChiSquareReport, or None when stopped) for `sampled_config` over `samples` seeds."""
+    """Checks that the method did not change the output (engine.lossless): posts ("greedy", GreedyReport),
+    then ("sampling", ChiSquareReport, or None when stopped) for `sampled_config` over `samples` seeds."""
 
     def __init__(self, decoder, prompt: str, config, sampled_config, samples: int):
         super().__init__(decoder, prompt, config)
@@ -135,8 +136,8 @@ class LoadWorker(Worker):
 
 
 class Job:
-    """A worker on its own daemon thread, with the GUI-thread handlers of its messages by kind. While it runs, the
-    garbage collector stays on the GUI thread (app/gc_guard.py)."""
+    """A worker on its own daemon thread, with the GUI-thread handlers of its messages by kind. While it runs,
+    the garbage collector stays on the GUI thread (app/gc_guard.py)."""
 
     def __init__(self, worker: Worker, **handlers: Callable):
         self.worker = worker

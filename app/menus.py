@@ -1,0 +1,129 @@
+"""The window's menu bar. `Menus` builds it from the window's commands and keeps the actions the window
+checks, enables and disables. The Method menu's entries come from the method registry
+(engine.methods.MENU_SPECS), keyed by their spec string ('draft', 'eagle:8')."""
+from __future__ import annotations
+
+from typing import Optional
+
+from PySide6.QtGui import QActionGroup, QKeySequence
+
+from engine.methods import MENU_SPECS, parse_spec
+
+K_CHOICES = range(1, 17)
+THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
+UNOFFERED = "not offered by the engine"  # a menu entry whose method the loaded decoder does not list
+
+
+def spec_text(spec: str) -> str:
+    """The menu label of a method spec ('EAGLE, dynamic tree of 8 nodes')."""
+    return parse_spec(spec).label
+
+
+class Menus:
+    """Builds the menu bar of `window`, whose methods the actions trigger. `view_actions` are the docks'
+    show/hide actions; `sweep_ks` the Ks that "Find the fastest K" measures (for its tooltip)."""
+
+    def __init__(self, window, view_actions: list, sweep_ks: tuple):
+        self.window = window
+        bar = window.menuBar()
+        self._method_menu(bar.addMenu("&Method"))
+        self._k_menu(bar.addMenu("&K"), sweep_ks)
+        self._sampling_menu(bar.addMenu("&Sampling"))
+        self._models_menu(bar.addMenu("M&odels"))
+        self._session_menu(bar.addMenu("S&ession"))
+        self._view_menu(bar.addMenu("&View"), view_actions)
+        bar.addMenu("&Help").addAction("The analytic model…", window.show_help)
+
+    def _method_menu(self, menu) -> None:
+        w = self.window
+        menu.setToolTipsVisible(True)
+        self.method_group = QActionGroup(w)
+        self.method_actions = {}
+        for spec in MENU_SPECS:
+            action = menu.addAction(spec_text(spec))
+            action.setCheckable(True)
+            action.setData(spec)
+            action.triggered.connect(lambda _=False, s=spec: w.set_method(s))
+            self.method_group.addAction(action)
+            self.method_actions[spec] = action
+        menu.addSeparator()
+        self.check_action = menu.addAction("Check lossless…", w.check_lossless)
+        self.check_action.setShortcut("Ctrl+L")
+        self.check_action.setToolTip("Prove on the prompt that the method did not change the output; "
+                                     "Esc stops")
+
+    def _k_menu(self, menu, sweep_ks: tuple) -> None:
+        w = self.window
+        group = QActionGroup(w)
+        self.k_actions = {}
+        for k in K_CHOICES:
+            action = menu.addAction(f"K = {k}")
+            action.setCheckable(True)
+            action.triggered.connect(lambda _=False, value=k: w.set_k(value))
+            group.addAction(action)
+            self.k_actions[k] = action
+        menu.addSeparator()
+        self.sweep_action = menu.addAction("Find the fastest K…", w.find_fastest_k)
+        ks = ", ".join(map(str, sweep_ks))
+        self.sweep_action.setToolTip(f"Measure K = {ks} on the prompt; Esc stops")
+
+    def _sampling_menu(self, menu) -> None:
+        self.greedy_action = menu.addAction("Greedy")
+        self.greedy_action.setCheckable(True)
+        self.greedy_action.triggered.connect(self.window.set_greedy)
+        menu.addAction("Temperature, top-k, top-p, seed…", self.window.edit_sampling)
+
+    def _models_menu(self, menu) -> None:
+        w = self.window
+        self.model_actions = [
+            menu.addAction("Open target folder…", w.open_target_folder),
+            menu.addAction("Open draft folder…", w.open_draft_folder),
+            menu.addAction("Back to the shipped pair", w.use_shipped_pair),
+        ]
+
+    def _session_menu(self, menu) -> None:
+        w = self.window
+        menu.addAction("Export metrics CSV…", w.export_csv).setShortcut(QKeySequence.Save)
+        menu.addAction("Export trace JSONL…", w.export_jsonl)
+        menu.addAction("Export plots PNG/SVG…", w.export_plots)
+        menu.addSeparator()
+        self.clear_action = menu.addAction("Clear", w.clear_session)
+
+    def _view_menu(self, menu, view_actions: list) -> None:
+        w = self.window
+        for action in view_actions:
+            menu.addAction(action)
+        theme_menu = menu.addMenu("Theme")
+        group = QActionGroup(w)
+        self.theme_actions = {}
+        for theme, label in THEMES:
+            action = theme_menu.addAction(label)
+            action.setCheckable(True)
+            action.triggered.connect(lambda _=False, t=theme: w.apply_theme(t))
+            group.addAction(action)
+            self.theme_actions[theme] = action
+        menu.addSeparator()
+        menu.addAction("Reset settings to defaults", w.reset_settings)
+
+    # ============================================================================================= refresh
+    def refresh(self, method: str, k: int, greedy: bool, availability: Optional[dict]) -> None:
+        """Check the chosen method spec, K and greedy. `availability` (method name -> None or why not)
+        disables what the loaded pair cannot run; None (no decoder yet) leaves every method enabled."""
+        for spec, action in self.method_actions.items():
+            reason = None if availability is None else availability.get(parse_spec(spec).name, UNOFFERED)
+            action.setEnabled(reason is None)
+            action.setToolTip(f"Unavailable: {reason}" if reason else spec_text(spec))
+            action.setChecked(spec == method)
+        for value, action in self.k_actions.items():
+            action.setChecked(value == k)
+        self.greedy_action.setChecked(greedy)
+
+    def set_busy(self, running: bool, loading: bool) -> None:
+        """While the decoder runs a job or models load, nothing may start another one or swap the models."""
+        for action in self.model_actions + [self.sweep_action, self.check_action]:
+            action.setEnabled(not running and not loading)
+        self.clear_action.setEnabled(not running)
+
+    def check_theme(self, theme: str) -> None:
+        for name, action in self.theme_actions.items():
+            action.setChecked(name == theme)
