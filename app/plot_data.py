@@ -5,16 +5,12 @@ import math
 from typing import Optional
 
 from engine import analytic
-
-
-def per_round_acceptance(event) -> float:
-    """Accepted / drafted positions this round (NaN when nothing was drafted)."""
-    depths = 1 + max((d.depth for d in event.drafted), default=-1)
-    return event.accepted_count / depths if depths else math.nan
+from engine.metrics import histogram_bars, round_acceptance, round_tokens, round_tpot_ms
 
 
 class PlotBuffers:
-    """Everything the live plots show for one generation."""
+    """Everything the live plots show for one generation. Per-round values come from engine.metrics' functions
+    and running ones from each event's RoundMetrics: nothing is recounted here."""
 
     def __init__(self, calibration=None):
         self.calibration = calibration
@@ -31,39 +27,32 @@ class PlotBuffers:
         self.round_tpot: list = []
         self.running_tpot: list = []
         self.predicted_tpot: list = []
-        self.length_counts: list = []  # rounds by accepted count
-        self.position_reached: list = []  # rounds whose draft reached depth i (all earlier ones accepted)
-        self.position_accepted: list = []
         self.last_event = None
         self.version = 0  # bumped by every change; the plots redraw what is stale
 
     def add(self, event) -> None:
         m = event.metrics
         self.rounds.append(event.round)
-        self.round_alpha.append(per_round_acceptance(event))
+        self.round_alpha.append(round_acceptance(event))
         self.running_alpha.append(m.acceptance_rate if m.drafted else math.nan)
-        self.round_tpf.append(float(len(event.emitted_ids)))
+        self.round_tpf.append(round_tokens(event))
         self.running_tpf.append(m.tokens_per_forward)
         self.analytic_tpf.append(m.analytic_tokens_per_forward)
         self.per_position_tpf.append(m.per_position_tokens_per_forward)
-        self.round_tpot.append(event.round_ms / max(1, len(event.emitted_ids)))
+        self.round_tpot.append(round_tpot_ms(event))
         self.running_tpot.append(m.tpot_ms)
         self.predicted_tpot.append(self._predict_tpot(event))
-        self._count_positions(event)
         self.last_event = event
         self.version += 1
 
-    def _count_positions(self, event) -> None:
-        depths = 1 + max((d.depth for d in event.drafted), default=-1)
-        while len(self.length_counts) <= max(event.accepted_count, depths):
-            self.length_counts.append(0)
-        self.length_counts[event.accepted_count] += 1
-        while len(self.position_reached) < depths:
-            self.position_reached.append(0)
-            self.position_accepted.append(0)
-        for depth in range(min(depths, event.accepted_count + 1)):
-            self.position_reached[depth] += 1
-            self.position_accepted[depth] += int(event.accepted_count > depth)
+    @property
+    def length_counts(self) -> list:
+        """Rounds by accepted count, a bar for every length up to the deepest draft."""
+        return histogram_bars(self.last_event.metrics) if self.last_event is not None else []
+
+    @property
+    def per_position_acceptance(self) -> list:
+        return list(self.last_event.metrics.per_position_acceptance) if self.last_event is not None else []
 
     def _predict_tpot(self, event) -> float:
         """TPOT_plain x (1 + cK) / E at the running alpha, with TPOT_plain and c from the calibration.
@@ -76,10 +65,6 @@ class PlotBuffers:
         c = cal.c if event.method == "draft" else 0.0
         expected = event.metrics.analytic_tokens_per_forward if k else 1.0
         return analytic.predicted_tpot(cal.target_step_ms, c, k, max(expected, 1e-9))
-
-    @property
-    def per_position_acceptance(self) -> list:
-        return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
 
     def latest(self, name: str) -> Optional[float]:
         values = getattr(self, name)

@@ -1,17 +1,25 @@
-"""Headless command line: run, check-lossless, bench, train. Bad input -> one line on stderr, exit 2."""
+"""Headless command line: run, check-lossless, bench, train. Bad input -> one line on stderr, exit 2.
+
+The `gui` command is parsed here but launched by the caller (main.py passes `gui=`): the engine never imports
+the app."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
-from typing import Optional
+from dataclasses import asdict
+from typing import Callable, Optional
 
+from engine import bench, methods
 from engine.config import MAX_K, GenerationConfig, SamplingParams
 from engine.errors import SpecplayError
+from engine.methods import MethodSpec
+from engine.metrics import final_metrics, write_csv, write_jsonl
 
-METHOD_CHOICES = ("none", "draft", "ngram", "medusa", "eagle", "lookahead")
 EXIT_BAD_INPUT = 2
+METHOD_HELP = (f"{' | '.join(methods.NAMES)}; NAME:NODES for a tree of NODES nodes "
+               f"(e.g. eagle:8, medusa:16)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,22 +34,24 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                                     "(default: the shipped pair in assets/models)")
     p.add_argument("--draft", help="draft model (same forms as --target)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--dtype", default=None,
+                   help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run the GPU forwards eagerly instead of replaying captured CUDA graphs")
 
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
     p.add_argument("--prompt", required=prompt_required, help="the prompt text")
-    p.add_argument("--method", default="draft", help="none | draft | ngram | medusa | eagle | lookahead")
+    p.add_argument("--method", default="draft", help=METHOD_HELP)
     p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree-nodes", type=int, default=0,
-                   help="medusa: tree node budget (0 = 2K); eagle: 0 = a chain of K, N = a dynamic tree of N nodes")
+    p.add_argument("--tree-nodes", type=int, default=None,
+                   help="the tree size, as --method NAME:NODES gives it (medusa: node budget, default 2K; "
+                        "eagle: 0 = a chain of K, N = a dynamic tree of N nodes)")
     _add_model_args(p)
 
 
@@ -67,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels"))
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
-    bench.add_argument("--methods", default="none,draft,ngram", help="methods for `bench methods`")
+    bench.add_argument("--methods", default="none,draft,ngram",
+                       help=f"comma-separated methods for `bench methods` and `bench graphs`: {METHOD_HELP}")
     bench.add_argument("--prompts", type=int, default=4, help="held-out prompts to average over")
     bench.add_argument("--repeats", type=int, default=1)
 
@@ -80,33 +91,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def method_from_args(args) -> MethodSpec:
+    """--method's spec; --tree-nodes sizes it when the spec does not (both sizes, differing: an error)."""
+    spec = methods.parse_spec(args.method)
+    nodes = args.tree_nodes
+    if nodes is None or nodes == spec.tree_nodes:
+        return spec
+    if spec.tree_nodes:
+        raise SpecplayError(f"--method {args.method} and --tree-nodes {nodes} give two tree sizes: give one")
+    return MethodSpec(spec.name, nodes)
+
+
 def config_from_args(args) -> GenerationConfig:
-    config = GenerationConfig(method=args.method, k=args.k,
+    spec = method_from_args(args)
+    config = GenerationConfig(method=spec.name, k=args.k,
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
-                              seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes)
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes)
     config.validate()
     return config
 
 
-def load_decoder(args, method: str):
-    """Load the model pair (the draft only when the method needs it) and build the decoder."""
+def load_decoder(args, *method_names: str):
+    """Load the model pair (the draft only when one of the methods needs it) and build the decoder."""
     from engine.decoder import SpeculativeDecoder
     from engine.models import load_pair, resolve_device
 
     device = resolve_device(args.device)  # a missing GPU is reported before any model is read
-    pair = load_pair(args.target, args.draft, device=device, need_draft=(method == "draft"),
-                     dtype=args.dtype)
+    need_draft = any(methods.get(name).needs_draft_model for name in method_names)
+    pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
     decoder = SpeculativeDecoder(pair)
     decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
-    _warm_backend(decoder)
-    return decoder
-
-
-def _warm_backend(decoder) -> None:
-    warm = getattr(decoder.backend, "warm_up", None)
-    if warm is not None:
+    if decoder.backend.compiles_kernels:
         print("compiling CUDA kernels…", file=sys.stderr, flush=True)
-        warm()
+        decoder.backend.warm_up()
+    return decoder
 
 
 def _check_writable(path: Optional[str]) -> None:
@@ -120,8 +138,6 @@ def _check_writable(path: Optional[str]) -> None:
 
 
 def cmd_run(args) -> int:
-    from engine.metrics import write_csv, write_jsonl
-
     config = config_from_args(args)
     if not args.prompt.strip():
         raise SpecplayError("the prompt is empty")
@@ -146,35 +162,24 @@ def cmd_run(args) -> int:
 
 
 def summarize(events: list, config: GenerationConfig) -> dict:
-    last = events[-1].metrics if events else None
-    return {
-        "method": config.method, "k": config.k, "tree_nodes": config.tree_nodes,
-        "temperature": config.sampling.temperature,
-        "rounds": last.rounds if last else 0, "drafted": last.drafted if last else 0,
-        "accepted": last.accepted if last else 0, "emitted": last.emitted if last else 0,
-        "acceptance_rate": last.acceptance_rate if last else 0.0,
-        "mean_acceptance_length": last.mean_acceptance_length if last else 0.0,
-        "tokens_per_forward": last.tokens_per_forward if last else 0.0,
-        "analytic_tokens_per_forward": last.analytic_tokens_per_forward if last else 0.0,
-        "per_position_tokens_per_forward": last.per_position_tokens_per_forward if last else 0.0,
-        "tpot_ms": last.tpot_ms if last else 0.0, "tokens_per_s": last.tokens_per_s if last else 0.0,
-        "per_position_acceptance": last.per_position_acceptance if last else [],
-        "accepted_length_histogram": last.accepted_length_histogram if last else [],
-        "draft_ms": last.draft_ms if last else 0.0, "verify_ms": last.verify_ms if last else 0.0,
-        "overhead_ms": last.overhead_ms if last else 0.0,
-        "finish_reason": events[-1].finish_reason if events else None,
-    }
+    """The settings, the generation's RoundMetrics and how it finished, as one flat dict."""
+    settings = {"method": config.method, "k": config.k, "tree_nodes": config.tree_nodes,
+                "temperature": config.sampling.temperature}
+    finish = events[-1].finish_reason if events else None
+    return {**settings, **asdict(final_metrics(events)), "finish_reason": finish}
 
 
 def format_summary(s: dict) -> str:
     tree = f" tree={s['tree_nodes']}" if s.get("tree_nodes") else ""
     return (f"method={s['method']} K={s['k']}{tree} T={s['temperature']} device={s.get('device', '?')}\n"
             f"rounds={s['rounds']} drafted={s['drafted']} accepted={s['accepted']} emitted={s['emitted']}\n"
-            f"acceptance rate α={s['acceptance_rate']:.3f}  mean acceptance length={s['mean_acceptance_length']:.2f}\n"
+            f"acceptance rate α={s['acceptance_rate']:.3f}  "
+            f"mean acceptance length={s['mean_acceptance_length']:.2f}\n"
             f"tokens/forward={s['tokens_per_forward']:.2f} (analytic {s['analytic_tokens_per_forward']:.2f}, "
             f"per-position {s['per_position_tokens_per_forward']:.2f})\n"
             f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}\n"
-            f"time: draft {s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms, overhead {s['overhead_ms']:.1f} ms\n"
+            f"time: draft {s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms, "
+            f"overhead {s['overhead_ms']:.1f} ms\n"
             f"per-position acceptance: {' '.join(f'{a:.2f}' for a in s['per_position_acceptance']) or '-'}\n"
             f"accepted-length histogram: {s['accepted_length_histogram']}")
 
@@ -203,33 +208,72 @@ def cmd_check_lossless(args) -> int:
     return 0 if greedy.passed and chi.passed else 1
 
 
+BENCH_COLUMNS = {
+    "methods": ["method", "k", "alpha", "mean_acceptance_length", "tokens_per_forward",
+                "analytic_tokens_per_forward", "tokens_per_s", "speedup"],
+    "graphs": ["method", "k", "alpha", "eager_tokens_per_s", "graph_tokens_per_s", "graph_gain",
+               "eager_speedup", "graph_speedup"],
+    "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",
+                "predicted_speedup"],
+}
+
+
 def cmd_bench(args) -> int:
-    from engine import bench
+    """Parse, load, run one engine.bench function, print its table."""
+    if args.what == "kernels":
+        return _bench_kernels()
+    config = config_from_args(args)
+    prompts = [args.prompt] if args.prompt else bench.heldout_prompts(args.prompts)
+    if args.what == "k-sweep":
+        ks = _parse_ks(args.ks)
+        decoder = load_decoder(args, config.method)
+        rows = bench.bench_k_sweep(decoder, prompts, config, ks, args.repeats)
+        best = max(rows, key=lambda r: r["speedup"])
+        print(f"fastest measured K = {best['k']} ({best['speedup']:.2f}x over plain decoding)",
+              file=sys.stderr)
+    else:
+        specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+        decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
+        run = bench.bench_graphs if args.what == "graphs" else bench.bench_methods
+        rows = run(decoder, prompts, config, specs, args.repeats)
+    print(f"device={decoder.device_name} prompts={len(prompts)} max_new_tokens={config.max_new_tokens} "
+          f"T={config.sampling.temperature}")
+    print(bench.format_rows(rows, BENCH_COLUMNS[args.what]))
+    return 0
 
-    return bench.run_bench_command(args)
 
-
-def cmd_gui(args) -> int:
-    if sys.platform.startswith("linux") and not any(
-            os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")):
-        raise SpecplayError("no display found for the window: run it in a desktop session, or use the headless "
-                            "commands (python main.py --help)")
+def _parse_ks(text: str) -> list:
     try:
-        from app.main_window import run_gui
+        ks = sorted({int(k) for k in text.split(",") if k.strip()})
+    except ValueError:
+        raise SpecplayError(f"--ks must be a comma-separated list of integers (got {text!r})") from None
+    if not ks or ks[0] < 1 or ks[-1] > MAX_K:
+        raise SpecplayError(f"--ks values must be between 1 and {MAX_K}")
+    return ks
+
+
+def _bench_kernels() -> int:
+    try:
+        from kernels.bench_kernels import format_table, run_kernel_bench
     except ImportError as exc:
-        raise SpecplayError(f"the GUI cannot start: {exc}") from None
-    return run_gui(target=args.target, draft=args.draft, device=args.device)
+        raise SpecplayError(f"kernel benchmark unavailable: {exc}") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecplayError("bench kernels needs a CUDA GPU")
+    print(format_table(run_kernel_bench()))
+    return 0
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[list] = None, gui: Optional[Callable] = None) -> int:
+    """Run one command. gui(args) -> exit code launches the desktop playground (main.py passes it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
-        if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
-            argv = ["gui"] + argv
-        args = parser.parse_args(argv)
-        handlers = {"gui": cmd_gui, "run": cmd_run, "check-lossless": cmd_check_lossless, "bench": cmd_bench,
-                    "train": _cmd_train}
+        args = build_parser().parse_args(argv)
+        handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
+                    "bench": cmd_bench, "train": _cmd_train}
+        if args.command is None:
+            raise SpecplayError("no command given (python main.py --help lists them)")
         return handlers[args.command](args)
     except SpecplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -243,6 +287,10 @@ def main(argv: Optional[list] = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc} (set SPECPLAY_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _no_gui(args) -> int:
+    raise SpecplayError("the desktop playground starts from main.py (python main.py gui)")
 
 
 def _cmd_train(args) -> int:

@@ -1,4 +1,4 @@
-"""The RoundEvent stream: one event per decoding round, consumed alike by the GUI, the CLI and the exporters."""
+"""The RoundEvent stream: one event per decoding round, read alike by the GUI, the CLI and the exporters."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -37,11 +37,18 @@ class RoundMetrics:
     tokens_per_s: float
     analytic_tokens_per_forward: float
     per_position_tokens_per_forward: float
-    per_position_acceptance: list = field(default_factory=list)  # alpha_i: accepted at depth i / reached depth i
+    per_position_acceptance: list = field(default_factory=list)  # alpha_i: accepted / reached at depth i
     accepted_length_histogram: list = field(default_factory=list)  # rounds by accepted count 0, 1, 2, ...
     draft_ms: float = 0.0  # totals over the generation so far
     verify_ms: float = 0.0
     overhead_ms: float = 0.0
+
+    @classmethod
+    def empty(cls) -> "RoundMetrics":
+        """The metrics of a generation that ran no round."""
+        return cls(rounds=0, drafted=0, accepted=0, emitted=0, acceptance_rate=0.0,
+                   mean_acceptance_length=0.0, tokens_per_forward=0.0, tpot_ms=0.0, tokens_per_s=0.0,
+                   analytic_tokens_per_forward=0.0, per_position_tokens_per_forward=0.0)
 
 
 @dataclass

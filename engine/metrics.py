@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from typing import Iterable
 
 from engine import analytic
@@ -10,11 +11,11 @@ from engine.errors import SpecplayError
 from engine.events import RoundEvent, RoundMetrics
 
 
-class MetricsAccumulator:
-    """Aggregates rounds of one generation into RoundMetrics (vLLM's names where they exist)."""
+class Totals:
+    """Counts and times added up over rounds, and the one formula for each rate derived from them."""
 
     def __init__(self, k: int):
-        self.k = k
+        self.k = k  # tokens drafted a round (0 for plain decoding)
         self.rounds = 0
         self.drafted = 0
         self.accepted = 0
@@ -23,29 +24,71 @@ class MetricsAccumulator:
         self.draft_ms = 0.0
         self.verify_ms = 0.0
         self.overhead_ms = 0.0
-        self.position_reached: list[int] = []  # rounds whose draft reached depth i
-        self.position_accepted: list[int] = []  # rounds that accepted a token at depth i
         self.length_histogram: list[int] = []  # rounds by accepted count
 
-    def add_round(self, drafted: int, accepted: int, emitted: int, max_depth: int, draft_ms: float,
-                  verify_ms: float, overhead_ms: float) -> RoundMetrics:
-        """max_depth: number of draft positions (depths) this round proposed."""
-        self.rounds += 1
+    def _add(self, rounds: int, drafted: int, accepted: int, emitted: int, draft_ms: float, verify_ms: float,
+             overhead_ms: float, time_ms: float) -> None:
+        self.rounds += rounds
         self.drafted += drafted
         self.accepted += accepted
         self.emitted += emitted
         self.draft_ms += draft_ms
         self.verify_ms += verify_ms
         self.overhead_ms += overhead_ms
-        self.time_ms += draft_ms + verify_ms + overhead_ms
+        self.time_ms += time_ms
+
+    def _count_lengths(self, histogram: list) -> None:
+        """Add a histogram of rounds by accepted count to this one."""
+        while len(self.length_histogram) < len(histogram):
+            self.length_histogram.append(0)
+        for accepted, rounds in enumerate(histogram):
+            self.length_histogram[accepted] += rounds
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.time_ms / self.emitted if self.emitted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 * self.emitted / self.time_ms if self.time_ms > 0 else 0.0
+
+    @property
+    def analytic_tokens_per_forward(self) -> float:
+        """(1 - alpha^(K+1)) / (1 - alpha) at the measured alpha (1 when nothing was drafted)."""
+        return analytic.expected_tokens(self.acceptance_rate, self.k if self.drafted else 0)
+
+
+class MetricsAccumulator(Totals):
+    """Aggregates rounds of one generation into RoundMetrics (vLLM's names where they exist)."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.position_reached: list[int] = []  # rounds whose draft reached depth i
+        self.position_accepted: list[int] = []  # rounds that accepted a token at depth i
+
+    def add_round(self, drafted: int, accepted: int, emitted: int, max_depth: int, draft_ms: float,
+                  verify_ms: float, overhead_ms: float) -> RoundMetrics:
+        """max_depth: number of draft positions (depths) this round proposed."""
+        self._add(1, drafted, accepted, emitted, draft_ms, verify_ms, overhead_ms,
+                  draft_ms + verify_ms + overhead_ms)
         for depth in range(max_depth):
             self._grow(depth)
             if accepted >= depth:  # every earlier position was accepted, so this one was tested
                 self.position_reached[depth] += 1
                 self.position_accepted[depth] += int(accepted > depth)
-        while len(self.length_histogram) <= accepted:
-            self.length_histogram.append(0)
-        self.length_histogram[accepted] += 1
+        self._count_lengths([0] * accepted + [1])
         return self.snapshot()
 
     def _grow(self, depth: int) -> None:
@@ -54,32 +97,80 @@ class MetricsAccumulator:
             self.position_accepted.append(0)
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
     def per_position_acceptance(self) -> list[float]:
         return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
 
     def snapshot(self) -> RoundMetrics:
-        alpha = self.acceptance_rate
-        k = self.k if self.drafted else 0
         return RoundMetrics(
             rounds=self.rounds,
             drafted=self.drafted,
             accepted=self.accepted,
             emitted=self.emitted,
-            acceptance_rate=alpha,
-            mean_acceptance_length=1.0 + self.accepted / self.rounds if self.rounds else 0.0,
-            tokens_per_forward=self.emitted / self.rounds if self.rounds else 0.0,
-            tpot_ms=self.time_ms / self.emitted if self.emitted else 0.0,
-            tokens_per_s=1000.0 * self.emitted / self.time_ms if self.time_ms > 0 else 0.0,
-            analytic_tokens_per_forward=analytic.expected_tokens(alpha, k),
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+            tokens_per_forward=self.tokens_per_forward,
+            tpot_ms=self.tpot_ms,
+            tokens_per_s=self.tokens_per_s,
+            analytic_tokens_per_forward=self.analytic_tokens_per_forward,
             per_position_tokens_per_forward=analytic.expected_tokens_per_position(self.per_position_acceptance),
             per_position_acceptance=self.per_position_acceptance,
             accepted_length_histogram=list(self.length_histogram),
             draft_ms=self.draft_ms, verify_ms=self.verify_ms, overhead_ms=self.overhead_ms,
         )
+
+
+class RunTotals(Totals):
+    """Several whole generations of one configuration added up from their final RoundMetrics (what bench
+    reports). Per-position rates cannot be added from rates, so it has none."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.generations = 0
+
+    def add(self, metrics: RoundMetrics) -> None:
+        """Add one generation: the RoundMetrics of its last round."""
+        self.generations += 1
+        self._add(metrics.rounds, metrics.drafted, metrics.accepted, metrics.emitted, metrics.draft_ms,
+                  metrics.verify_ms, metrics.overhead_ms,
+                  metrics.draft_ms + metrics.verify_ms + metrics.overhead_ms)
+        self._count_lengths(metrics.accepted_length_histogram)
+
+    @property
+    def seconds(self) -> float:
+        return self.time_ms / 1000.0
+
+
+def final_metrics(events: list) -> RoundMetrics:
+    """A generation's metrics: its last round's running ones (all zero when it had no round)."""
+    return events[-1].metrics if events else RoundMetrics.empty()
+
+
+# ------------------------------------------------------------------------------------------------ one round
+def round_depth(event: RoundEvent) -> int:
+    """Draft positions this round proposed (a tree's depth, a chain's length; 0 when nothing was drafted)."""
+    return 1 + max((d.depth for d in event.drafted), default=-1)
+
+
+def round_acceptance(event: RoundEvent) -> float:
+    """This round's alpha: accepted / drafted positions (NaN when nothing was drafted)."""
+    depths = round_depth(event)
+    return event.accepted_count / depths if depths else math.nan
+
+
+def round_tokens(event: RoundEvent) -> float:
+    """Tokens this one target forward emitted."""
+    return float(len(event.emitted_ids))
+
+
+def round_tpot_ms(event: RoundEvent) -> float:
+    """This round's time a token it emitted."""
+    return event.round_ms / max(1, len(event.emitted_ids))
+
+
+def histogram_bars(metrics: RoundMetrics) -> list:
+    """The accepted-length histogram, a bar for every length up to the deepest draft so far (zeros too)."""
+    bars = list(metrics.accepted_length_histogram)
+    return bars + [0] * (len(metrics.per_position_acceptance) + 1 - len(bars))
 
 
 # ------------------------------------------------------------------------------------------------ export

@@ -22,6 +22,7 @@ from app.settings import AppSettings
 from app.workers import Worker
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent, RoundMetrics
+from engine.metrics import MetricsAccumulator
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
 backend.preload_engine()  # as run_gui does: torch is imported once, on the main thread
@@ -40,16 +41,11 @@ class FakeCalibration:
 
 
 def make_metrics(events, drafted, accepted, emitted) -> RoundMetrics:
-    rounds = len(events) + 1
-    drafted += sum(len(e.drafted) for e in events)
-    accepted += sum(e.accepted_count for e in events)
-    emitted += sum(len(e.emitted_ids) for e in events)
-    alpha = accepted / drafted if drafted else 0.0
-    return RoundMetrics(rounds=rounds, drafted=drafted, accepted=accepted, emitted=emitted,
-                        acceptance_rate=alpha,
-                        mean_acceptance_length=1 + accepted / rounds, tokens_per_forward=emitted / rounds,
-                        tpot_ms=3.0 * rounds / emitted, tokens_per_s=1000 * emitted / (3.0 * rounds),
-                        analytic_tokens_per_forward=1 + alpha, per_position_tokens_per_forward=1 + alpha)
+    """The running metrics after this chain round, from the engine's accumulator (3 ms a round)."""
+    metrics = MetricsAccumulator(drafted)
+    for e in events:
+        metrics.add_round(len(e.drafted), e.accepted_count, len(e.emitted_ids), len(e.drafted), 1.0, 1.5, 0.5)
+    return metrics.add_round(drafted, accepted, emitted, drafted, 1.0, 1.5, 0.5)
 
 
 def make_event(events, index: int, config, accepted: int, last: bool) -> RoundEvent:

@@ -31,8 +31,8 @@ def run_cli(capsys, *argv):
 
 def test_run_json_has_the_promised_fields(pair, capsys):
     target, draft = pair
-    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft, "--k", "3",
-                             "--max-new-tokens", "20", "--json")
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
+                             "--k", "3", "--max-new-tokens", "20", "--json")
     assert code == 0, err
     result = json.loads(out)
     for key in ("text", "method", "k", "rounds", "drafted", "accepted", "acceptance_rate",
@@ -47,7 +47,8 @@ def test_run_writes_csv_and_trace(pair, capsys, tmp_path):
     target, draft = pair
     csv_path, trace_path = tmp_path / "m.csv", tmp_path / "t.jsonl"
     code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
-                             "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "16",
+                             "--temperature", "0.8", "--top-p", "0.9", "--seed", "3",
+                             "--max-new-tokens", "16",
                              "--csv", str(csv_path), "--trace", str(trace_path))
     assert code == 0, err
     assert "acceptance rate" in err and out.strip()
@@ -100,11 +101,12 @@ def bad_inputs(pair, mismatched, tmp_path):
         "K too small": (["run", "--prompt", "x", "--k", "0", *models], "K"),
         "K too large": (["run", "--prompt", "x", "--k", "33", *models], "K"),
         "unknown method": (["run", "--prompt", "x", "--method", "magic", *models], "method"),
-        "missing dir": (["run", "--prompt", "x", "--target", str(tmp_path / "nope"), "--draft", draft], "nope"),
+        "missing dir": (["run", "--prompt", "x", "--target", str(tmp_path / "nope"), "--draft", draft],
+                        "nope"),
         "not a model": (["run", "--prompt", "x", "--target", str(not_a_model), "--draft", draft], "empty"),
         "corrupt config": (["run", "--prompt", "x", "--target", str(corrupt), "--draft", draft], "corrupt"),
-        "mismatched tokenizers": (["run", "--prompt", "x", "--target", mismatched[0], "--draft", mismatched[1]],
-                                  "/a"),
+        "mismatched tokenizers": (["run", "--prompt", "x", "--target", mismatched[0],
+                                   "--draft", mismatched[1]], "/a"),
         "negative temperature": (["run", "--prompt", "x", "--temperature", "-1", *models], "temperature"),
         "top-p zero": (["run", "--prompt", "x", "--temperature", "1", "--top-p", "0", *models], "top-p"),
         "top-p above one": (["run", "--prompt", "x", "--top-p", "1.5", *models], "top-p"),
@@ -144,7 +146,8 @@ def test_subprocess_bad_input_exit_code(pair):
 
 def test_bench_methods_and_k_sweep(pair, capsys):
     target, draft = pair
-    code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--draft", draft, "--prompt", PROMPT,
+    code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--draft", draft,
+                             "--prompt", PROMPT,
                              "--max-new-tokens", "12", "--methods", "none,draft,ngram")
     assert code == 0, err
     lines = out.splitlines()
@@ -153,7 +156,8 @@ def test_bench_methods_and_k_sweep(pair, capsys):
     assert methods == ["none", "draft", "ngram"]
     none_row = lines[3].split("|")
     assert float(none_row[-1]) == pytest.approx(1.0)
-    code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--draft", draft, "--prompt", PROMPT,
+    code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--draft", draft,
+                             "--prompt", PROMPT,
                              "--max-new-tokens", "12", "--ks", "1,2")
     assert code == 0, err
     assert "fastest measured K" in err and "predicted_speedup" in out
@@ -176,9 +180,11 @@ class RecordingDecoder:
         return Calibration(target_step_ms=2.0, draft_step_ms=0.5)
 
     def generate(self, prompt, config, should_stop=None):
-        k = config.k if config.method != "none" else 0
+        from engine.metrics import MetricsAccumulator
+
+        k = config.drafts
         self.runs.append(k)
-        metrics = SimpleNamespace(emitted=k + 1, rounds=1, drafted=k, accepted=k)
+        metrics = MetricsAccumulator(k).add_round(k, k, k + 1, k, 0.25, 0.5, 0.25)
         yield SimpleNamespace(metrics=metrics, round_ms=1.0)
 
 
@@ -193,7 +199,8 @@ def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
     assert [row["k"] for row in rows] == [1, 3]
     timed = [1, 1, 3, 3]  # two prompts per K
     expected = [4, 0, 0] + ([1] + timed[:2] + [3] + timed[2:] if warmed else timed)
-    assert decoder.runs == expected  # warm-up, plain baseline (2 prompts), then each K (warm-up first on CUDA)
+    # warm-up, plain baseline (2 prompts), then each K (warm-up first on CUDA)
+    assert decoder.runs == expected
 
 
 def test_bench_graphs_needs_a_gpu(pair, capsys):
@@ -209,6 +216,16 @@ def test_heldout_prompts_are_real_code_prompts():
     assert len(prompts) == 8 and all(isinstance(p, str) and len(p) >= 50 for p in prompts)
 
 
+def load_main_py():
+    """The top-level main.py as a module (it is a script, not part of a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specplay_main", REPO / "main.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_gui_without_a_display_is_a_clear_error(capsys, monkeypatch):
     import sys as _sys
 
@@ -216,5 +233,99 @@ def test_gui_without_a_display_is_a_clear_error(capsys, monkeypatch):
         pytest.skip("display detection is for Linux")
     for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
         monkeypatch.delenv(var, raising=False)
+    entry = load_main_py()
+    for argv in ([], ["gui"], ["--device", "cpu"]):
+        code = entry.main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2 and "no display" in err and len(err.strip().splitlines()) == 1, argv
+
+
+def test_main_py_chooses_the_gui_only_without_a_command(monkeypatch):
+    entry = load_main_py()
+    launched = []
+    monkeypatch.setattr(entry, "launch_gui", lambda args: launched.append(args.target) or 0)
+    assert entry.main(["--target", "somewhere"]) == 0 and launched == ["somewhere"]
+    assert entry.wants_gui([]) and entry.wants_gui(["--target", "x"])
+    assert not entry.wants_gui(["run", "--prompt", "x"]) and not entry.wants_gui(["--help"])
+
+
+def test_the_engine_cli_alone_starts_no_gui(capsys):
+    """engine.cli never imports the app: without main.py's launcher `gui` is a clear error."""
+    code, out, err = run_cli(capsys, "gui")
+    assert code == 2 and "main.py" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(capsys)
-    assert code == 2 and "no display" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "no command" in err
+
+
+def parse_config(*argv):
+    from engine.cli import build_parser, config_from_args
+
+    return config_from_args(build_parser().parse_args(["run", "--prompt", "x", *argv]))
+
+
+def test_method_takes_a_spec_with_a_tree_size():
+    config = parse_config("--method", "eagle:8")
+    assert (config.method, config.tree_nodes) == ("eagle", 8)
+    assert parse_config("--method", "eagle:8", "--tree-nodes", "8").tree_nodes == 8
+    assert parse_config("--method", "medusa", "--tree-nodes", "16").tree_nodes == 16
+    assert parse_config("--method", "eagle").tree_nodes == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--method", "eagle:8", "--tree-nodes", "4"], "--tree-nodes 4"),
+    (["--method", "draft:3"], "chain"),
+    (["--method", "eagle:x"], "NAME:TREE_NODES"),
+    (["--method", "draft", "--tree-nodes", "3"], "chain"),
+    (["--method", "wizard"], "unknown method"),
+])
+def test_bad_method_specs_give_one_line(capsys, argv, needle):
+    code, out, err = run_cli(capsys, "run", "--prompt", "x", *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_method_help_lists_the_registry(capsys):
+    from engine import methods
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert " | ".join(methods.NAMES) in out
+
+
+class FakeBackend:
+    def __init__(self, compiles):
+        self.compiles_kernels = compiles
+        self.warmed = 0
+
+    def warm_up(self):
+        self.warmed += 1
+
+
+@pytest.mark.parametrize("names, need_draft", [(("draft",), True), (("none", "ngram", "eagle"), False),
+                                               (("none", "draft"), True)])
+@pytest.mark.parametrize("compiles", [True, False])
+def test_load_decoder_asks_the_registry_and_warms_compiling_backends(monkeypatch, capsys, names, need_draft,
+                                                                    compiles):
+    from engine import cli, decoder, models
+
+    asked = []
+    backend = FakeBackend(compiles)
+    monkeypatch.setattr(models, "resolve_device", lambda device: "cpu")
+    monkeypatch.setattr(models, "load_pair", lambda *a, need_draft, **kw: asked.append(need_draft))
+    monkeypatch.setattr(decoder, "SpeculativeDecoder",
+                        lambda pair: SimpleNamespace(backend=backend, set_cuda_graphs=lambda on: None))
+    args = cli.build_parser().parse_args(["run", "--prompt", "x"])
+    assert cli.load_decoder(args, *names).backend is backend
+    assert asked == [need_draft]
+    assert backend.warmed == int(compiles)
+    assert ("compiling CUDA kernels" in capsys.readouterr().err) == compiles
+
+
+def test_bench_methods_takes_specs(pair, capsys):
+    target = pair[0]
+    code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--prompt", PROMPT,
+                             "--max-new-tokens", "6", "--methods", "ngram,lookahead:5")
+    assert code == 0, err
+    assert [line.split("|")[0].strip() for line in out.splitlines()[3:]] == ["none", "ngram", "lookahead:5"]
+    code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--methods", "magic")
+    assert code == 2 and "unknown method" in err
