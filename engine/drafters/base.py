@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 
-from engine.config import GenerationConfig
 from engine.runner import to_device
+
+if TYPE_CHECKING:  # a type only: engine.config -> engine.methods -> the drafters -> here
+    from engine.config import GenerationConfig
 
 
 @dataclass

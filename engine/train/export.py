@@ -96,10 +96,8 @@ def export_heads(ctx, dst: Path) -> None:
     heads.save_eagle(heads.load_eagle(ctx.stage_dir("eagle"), cfg), dst, dtype=torch.float16)
 
 
-def collect_report(ctx, sample_losses: dict) -> dict:
-    from engine.train.stages import STAGES, load_metrics
-
-    stages = {s: load_metrics(ctx, s) for s in STAGES[:-1] if (ctx.stage_dir(s) / "metrics.json").exists()}
+def collect_report(ctx, sample_losses: dict, stages: dict) -> dict:
+    """stages: each finished stage's metrics (the caller, engine.train.stages, reads them)."""
     return {"preset": ctx.preset.to_dict(), "stages": stages, "heldout_sample_losses": sample_losses,
             "exported": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -113,7 +111,7 @@ def file_table(root: Path) -> list[dict]:
     return rows
 
 
-def export_all(ctx) -> dict:
+def export_all(ctx, stage_metrics: dict) -> dict:
     dst = ctx.export_dir
     dst.mkdir(parents=True, exist_ok=True)
     data = ctx.stage_dir("tokenizer")
@@ -127,7 +125,7 @@ def export_all(ctx) -> dict:
     for name in ("manifest.json", "heldout_prompts.json", "heldout_sample.txt"):
         shutil.copy2(data / name, dst / name)
     losses = heldout_sample_losses(dst, ctx.device)
-    report = collect_report(ctx, losses)
+    report = collect_report(ctx, losses, stage_metrics)
     report["draft_source"] = draft_src.name
     (dst / "train_report.json").write_text(json.dumps(report, indent=1))
     files = file_table(dst)

@@ -208,7 +208,8 @@ def stage_export(ctx: Context) -> dict:
     from engine.train import export
 
     t0 = time.time()
-    report = export.export_all(ctx)
+    finished = {s: load_metrics(ctx, s) for s in STAGES[:-1] if (ctx.stage_dir(s) / "metrics.json").exists()}
+    report = export.export_all(ctx, finished)
     return finish(ctx, "export", {"export_dir": str(ctx.export_dir), "files": report["files"]}, t0)
 
 
