@@ -52,8 +52,9 @@ def test_physical_cores_are_at_most_the_usable_cpus():
 
 
 def test_count_weights_counts_the_model_not_its_cache(pair):
-    from engine.models import load_pair
     from tiny_models import load_hf_reference
+
+    from engine.models import load_pair
 
     loaded = load_pair(pair[0], pair[1], device="cpu")
     expected = sum(p.numel() for p in load_hf_reference(pair[0]).parameters())
