@@ -18,6 +18,8 @@ The formats come from engine.metrics (csv_header, csv_row, RoundEvent.to_dict): 
 from __future__ import annotations
 
 import csv
+import errno
+import hashlib
 import json
 import os
 import stat
@@ -79,7 +81,7 @@ class StreamingExport:
     def __init__(self, path, fmt: ExportFormat):
         if not str(path).strip():
             raise SpecplayError("an export path is empty")
-        self.path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+        self.path = Path(path)
         self.fmt = fmt
         self.rows = 0
         self._pending: Optional[tuple] = None  # (event, generation): the row held back
@@ -101,10 +103,10 @@ class StreamingExport:
 
     def open(self) -> None:
         """Claim the path, create the temporary file and write the header (all errors: SpecplayError)."""
-        if _is_special(self.path):
-            self._handle = self._guard(lambda: open(self.path, "w", newline="", encoding="utf-8"))
+        if self._guard(lambda: _is_special(self.path)):
+            self._handle = self._guard(lambda: _open_special(self.path))
         else:
-            self._check_target()
+            self._guard(self._check_target)
             self._lock = _PathLock.acquire(self.path)
             try:
                 self._handle = self._guard(self._create_temp)
@@ -155,13 +157,15 @@ class StreamingExport:
 
     # --------------------------------------------------------------------------------------- internals
     def _check_target(self) -> None:
+        if self.path.is_symlink():  # a link to a file: replace the file, keep the link
+            self.path = Path(os.path.realpath(self.path))
         if self.path.is_dir():
             raise SpecplayError(f"cannot write {self.path}: it is a directory")
         if not self.path.parent.is_dir():
             raise SpecplayError(f"cannot write {self.path}: its folder {self.path.parent} does not exist")
 
     def _create_temp(self) -> IO:
-        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
+        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{_short(self.path.name)}.", suffix=".part")
         self._temp = Path(name)
         try:
             os.fchmod(fd, _file_mode(self.path))
@@ -203,11 +207,33 @@ class StreamingExport:
             self._lock = None
 
 
+def _short(name: str) -> str:
+    """A file name short enough to take a prefix and a suffix (names are at most 255 bytes)."""
+    if len(name.encode("utf-8", "surrogateescape")) <= 200:
+        return name
+    return hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _open_special(path: Path) -> IO:
+    """Open a device or a pipe for writing; a pipe nobody reads is an error (ENXIO), not a wait forever."""
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(exc.errno, "it is a pipe that no process reads") from None
+        raise
+    try:
+        os.set_blocking(fd, True)
+    except (AttributeError, OSError):
+        pass
+    return os.fdopen(fd, "w", newline="", encoding="utf-8")
+
+
 def _is_special(path: Path) -> bool:
     """An existing path that is not a regular file or a directory (a device, a pipe, a socket)."""
     try:
         mode = path.stat().st_mode
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
@@ -231,7 +257,7 @@ class _PathLock:
 
     @classmethod
     def acquire(cls, target: Path) -> "_PathLock":
-        lock_path = target.parent / f".{target.name}.lock"
+        lock_path = target.parent / f".{_short(target.name)}.lock"
         for _ in range(5):  # the file may be unlinked by its last holder between our open and our lock
             fd = _open_lock(lock_path, target)
             if _locked_exclusively(fd):

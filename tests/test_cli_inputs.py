@@ -3,6 +3,7 @@ and (where it can be checked before) before any model is loaded."""
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ def files(tmp_path_factory):
     (root / "plain.txt").write_text("hello")
     (root / "a_dir").mkdir()
     (root / "empty_model").mkdir()
+    os.mkfifo(root / "fifo")
     return root
 
 
@@ -94,6 +96,9 @@ def run_cases():
         "csv in a missing folder": (["--prompt", "x", "--csv", "{tmp}/no/dir/m.csv"], "does not exist"),
         "csv under a file": (["--prompt", "x", "--csv", "{tmp}/plain.txt/m.csv"], "m.csv"),
         "csv empty path": (["--prompt", "x", "--csv", ""], "path is empty"),
+        "csv a pipe nobody reads": (["--prompt", "x", "--csv", "{tmp}/fifo"], "no process reads"),
+        "csv name too long": (["--prompt", "x", "--csv", "{tmp}/" + "n" * 300], "too long"),
+        "csv in /proc": (["--prompt", "x", "--csv", "/proc/version"], "/proc/version"),
         "csv and trace one file": (["--prompt", "x", "--csv", "{tmp}/same", "--trace", "{tmp}/same"],
                                    "same file"),
         "threads zero": (["--prompt", "x", "--threads", "0"], "--threads"),
