@@ -165,7 +165,8 @@ class StreamingExport:
             raise SpecplayError(f"cannot write {self.path}: its folder {self.path.parent} does not exist")
 
     def _create_temp(self) -> IO:
-        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{_short(self.path.name)}.", suffix=".part")
+        prefix = f".{_short(self.path.name)}."
+        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=prefix, suffix=".part")
         self._temp = Path(name)
         try:
             os.fchmod(fd, _file_mode(self.path))
