@@ -236,15 +236,16 @@ def cmd_run(args) -> int:
     events: list = []
     targets = export_targets(args)
     try:
-        with contextlib.ExitStack() as stack:
+        with signals_as_interrupts(), contextlib.ExitStack() as stack:
             exports = [stack.enter_context(StreamingExport(path, FORMATS[fmt]())) for path, fmt in targets]
             decoder = load_decoder(args, config.method)
-            with signals_as_interrupts():
-                for event in decoder.generate(prompt, config):
-                    events.append(event)
-                    for export in exports:
-                        export.add(event)
+            for event in decoder.generate(prompt, config):
+                events.append(event)
+                for export in exports:
+                    export.add(event)
     except KeyboardInterrupt:
+        if events and not args.json:  # the text so far is the user's too
+            print("".join(e.emitted_text for e in events), flush=True)
         kept = f"; kept in {', '.join(path for path, _ in targets)}" if targets and events else ""
         print(f"interrupted after {len(events)} rounds{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -108,6 +108,7 @@ class StreamingExport:
         else:
             self._guard(self._check_target)
             self._lock = _PathLock.acquire(self.path)
+            _remove_orphans(self.path)
             try:
                 self._handle = self._guard(self._create_temp)
             except BaseException:
@@ -228,6 +229,26 @@ def _open_special(path: Path) -> IO:
     except (AttributeError, OSError):
         pass
     return os.fdopen(fd, "w", newline="", encoding="utf-8")
+
+
+def _remove_orphans(target: Path) -> None:
+    """Delete temporary files an earlier writer of `target` left when it was killed (we hold the lock now,
+    so no live writer owns one)."""
+    prefix, suffix = f".{_short(target.name)}.", ".part"
+
+    def is_ours(name: str) -> bool:  # prefix + mkstemp's 8 random characters + suffix
+        middle = name[len(prefix):-len(suffix)]
+        return name.startswith(prefix) and name.endswith(suffix) and len(middle) == 8 and "." not in middle
+
+    try:
+        orphans = [p for p in target.parent.iterdir() if is_ours(p.name)]
+    except OSError:
+        return
+    for path in orphans:
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def _is_special(path: Path) -> bool:

@@ -218,3 +218,14 @@ def test_sigterm_stops_a_run_and_keeps_its_rounds(pair, tmp_path, capsys, monkey
     rows = read_csv(csv_path)
     assert 3 <= len(rows) < 30 and rows[-1][FINISH] == "stopped"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the run
+
+
+def test_a_killed_writers_temp_file_is_removed_by_the_next_writer(tmp_path, events):
+    target = tmp_path / "m.csv"
+    orphan = tmp_path / ".m.csv.abc_1234.part"
+    orphan.write_text("half a run\n")
+    others = [tmp_path / ".other.csv.abc_1234.part", tmp_path / ".m.csv.x.abc_1234.part"]
+    for other in others:
+        other.write_text("another target's\n")
+    export_events(target, "csv", events[:2])
+    assert not orphan.exists() and all(o.exists() for o in others) and len(read_csv(target)) == 2
