@@ -128,9 +128,10 @@ def config_from_args(args) -> GenerationConfig:
 def load_decoder(args, *method_names: str):
     """Load the model pair (the draft only when one of the methods needs it) and build the decoder."""
     from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair, resolve_device
+    from engine.models import load_pair, resolve_device, resolve_dtype
 
     device = resolve_device(args.device)  # a missing GPU is reported before any model is read
+    resolve_dtype(args.dtype, device)  # so is an unknown dtype
     need_draft = any(methods.get(name).needs_draft_model for name in method_names)
     requested = getattr(args, "threads", None)
     if requested is not None:  # loading computes too

@@ -103,18 +103,18 @@ class StreamingExport:
 
     def open(self) -> None:
         """Claim the path, create the temporary file and write the header (all errors: SpecplayError)."""
-        if self._guard(lambda: _is_special(self.path)):
-            self._handle = self._guard(lambda: _open_special(self.path))
-        else:
-            self._guard(self._check_target)
-            self._lock = _PathLock.acquire(self.path)
-            _remove_orphans(self.path)
-            try:
+        try:
+            if self._guard(lambda: _is_special(self.path)):
+                self._handle = self._guard(lambda: _open_special(self.path))
+            else:
+                self._guard(self._check_target)
+                self._lock = _PathLock.acquire(self.path)
+                _remove_orphans(self.path)
                 self._handle = self._guard(self._create_temp)
-            except BaseException:
-                self._lock.release()
-                raise
-        self._write(lambda: (self.fmt.begin(self._handle), self._handle.flush()))
+            self._write(lambda: (self.fmt.begin(self._handle), self._handle.flush()))
+        except BaseException:
+            self.abort()
+            raise
 
     def add(self, event, generation: int = 0) -> None:
         """Queue one round; the one before it is written and flushed now."""

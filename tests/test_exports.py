@@ -229,3 +229,15 @@ def test_a_killed_writers_temp_file_is_removed_by_the_next_writer(tmp_path, even
         other.write_text("another target's\n")
     export_events(target, "csv", events[:2])
     assert not orphan.exists() and all(o.exists() for o in others) and len(read_csv(target)) == 2
+
+
+def test_a_header_that_cannot_be_written_leaves_nothing_behind(tmp_path):
+    def begin(handle):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = tmp_path / "m.csv"
+    with pytest.raises(SpecplayError, match="No space left"):
+        StreamingExport(target, ExportFormat(begin=begin, row=lambda h, e, g: None)).open()
+    assert list(tmp_path.iterdir()) == []
+    export_events(target, "csv", [])  # and the path is free
+    assert target.read_text().startswith("generation")
