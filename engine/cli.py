@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -27,6 +29,63 @@ EXIT_INTERRUPTED = 130
 MAX_PROMPT_BYTES = 16 * 1024 * 1024
 MAX_SAMPLES = 1_000_000
 MAX_BENCH_COUNT = 10_000
+MAX_CHATTER_CHARS = 300
+
+
+class Chatter(logging.Handler):
+    """Warnings third-party code (transformers' logging, Python warnings) gives during a command. They are
+    held back, so that a failure ends in one line with them folded in; after a success they are replayed."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self._hf = None
+        self.reset()
+
+    def reset(self, caught: Optional[list] = None) -> None:
+        self.logged: list = []
+        self.caught = caught if caught is not None else []  # warnings.catch_warnings(record=True)'s list
+        self.folded_in = False  # True once a failure's line has carried them
+
+    @property
+    def lines(self) -> list:
+        return self.logged + [str(w.message) for w in self.caught]
+
+    def emit(self, record) -> None:
+        self.logged.append(record.getMessage())
+
+    def hold_transformers(self) -> None:
+        """Route transformers' logging here instead of stderr (called once transformers is imported)."""
+        if self._hf is not None:
+            return
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            return
+        self._hf = hf_logging
+        hf_logging.disable_default_handler()
+        hf_logging.add_handler(self)
+
+    def stop_holding(self) -> None:
+        if self._hf is not None:
+            self._hf.remove_handler(self)
+            self._hf.enable_default_handler()
+            self._hf = None
+
+    def folded(self) -> str:
+        """The held warnings as one short clause ('' when there were none)."""
+        text = one_line(" ".join(line for line in self.lines if line.strip()))
+        if not text:
+            return ""
+        self.folded_in = True
+        cut = text if len(text) <= MAX_CHATTER_CHARS else text[:MAX_CHATTER_CHARS - 1] + "…"
+        return f" (reported on the way: {cut})"
+
+    def replay(self) -> None:
+        for line in self.lines:
+            _say(line)
+
+
+CHATTER = Chatter()
 METHOD_HELP = (f"{' | '.join(methods.NAMES)}; NAME:NODES for a tree of NODES nodes "
                f"(e.g. eagle:8, medusa:16)")
 
@@ -130,6 +189,7 @@ def load_decoder(args, *method_names: str):
     from engine.decoder import SpeculativeDecoder
     from engine.models import load_pair, resolve_device, resolve_dtype
 
+    CHATTER.hold_transformers()
     device = resolve_device(args.device)  # a missing GPU is reported before any model is read
     resolve_dtype(args.dtype, device)  # so is an unknown dtype
     need_draft = any(methods.get(name).needs_draft_model for name in method_names)
@@ -373,6 +433,20 @@ def _bench_kernels() -> int:
 def main(argv: Optional[list] = None, gui: Optional[Callable] = None) -> int:
     """Run one command. gui(args) -> exit code launches the desktop playground (main.py passes it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["gui"], ["train"]):  # long-lived: their warnings go out as they come
+        return _run_command(argv, gui)
+    with warnings.catch_warnings(record=True) as caught:
+        CHATTER.reset(caught)
+        try:
+            code = _run_command(argv, gui)
+        finally:
+            CHATTER.stop_holding()
+    if not CHATTER.folded_in:
+        CHATTER.replay()
+    return code
+
+
+def _run_command(argv: list, gui: Optional[Callable]) -> int:
     try:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
@@ -382,7 +456,7 @@ def main(argv: Optional[list] = None, gui: Optional[Callable] = None) -> int:
         check_common_args(args)
         return handlers[args.command](args)
     except SpecplayError as exc:
-        _say(f"error: {exc}")
+        _say(f"error: {exc}{CHATTER.folded()}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         _say("interrupted")
@@ -390,7 +464,8 @@ def main(argv: Optional[list] = None, gui: Optional[Callable] = None) -> int:
     except Exception as exc:  # a bug, not bad input: one line, full traceback on request
         if os.environ.get("SPECPLAY_DEBUG"):
             raise
-        _say(f"internal error: {type(exc).__name__}: {exc} (set SPECPLAY_DEBUG=1 for the traceback)")
+        _say(f"internal error: {type(exc).__name__}: {exc}{CHATTER.folded()} "
+             f"(set SPECPLAY_DEBUG=1 for the traceback)")
         return 1
 
 

@@ -236,3 +236,38 @@ def test_one_line_folds_breaks_and_escapes_surrogates():
 
     assert one_line("a\n  b\r\nc\n") == "a | b | c"
     assert one_line("bad \udcff") == "bad \\udcff"
+
+
+def test_third_party_warnings_are_folded_into_the_error_line(pair, capsys, monkeypatch):
+    import warnings
+
+    from engine import models
+
+    def noisy_load(*args, **kwargs):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.get_logger("transformers.modeling_utils").warning("a load report\nover\nthree lines")
+        warnings.warn("a library grumbles", UserWarning, stacklevel=1)
+        raise models.SpecplayError("the checkpoint does not match config.json")
+
+    monkeypatch.setattr(models, "load_pair", noisy_load)
+    code = main(["run", "--prompt", "x", "--target", pair[0]])
+    err = capsys.readouterr().err
+    assert_clean("noisy loader", code, err, "does not match config.json")
+    assert "a load report | over | three lines" in err and "a library grumbles" in err
+
+
+def test_third_party_warnings_of_a_successful_run_still_show(pair, capsys, monkeypatch):
+    from engine import models
+
+    real = models.load_pair
+
+    def noisy_load(*args, **kwargs):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.get_logger("transformers.modeling_utils").warning("worth knowing")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(models, "load_pair", noisy_load)
+    assert main(["run", "--prompt", "x", "--target", pair[0], "--method", "none", "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().err.strip().endswith("worth knowing")
