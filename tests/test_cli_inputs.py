@@ -269,5 +269,6 @@ def test_third_party_warnings_of_a_successful_run_still_show(pair, capsys, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(models, "load_pair", noisy_load)
-    assert main(["run", "--prompt", "x", "--target", pair[0], "--method", "none", "--max-new-tokens", "2"]) == 0
+    argv = ["run", "--prompt", "x", "--target", pair[0], "--method", "none", "--max-new-tokens", "2"]
+    assert main(argv) == 0
     assert capsys.readouterr().err.strip().endswith("worth knowing")
