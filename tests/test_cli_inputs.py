@@ -35,6 +35,9 @@ def files(tmp_path_factory):
     (root / "a_dir").mkdir()
     (root / "empty_model").mkdir()
     os.mkfifo(root / "fifo")
+    (root / "bom.txt").write_bytes(b"\xef\xbb\xbf")
+    with open(root / "huge.txt", "wb") as handle:
+        handle.truncate(17 << 20)  # sparse: 17 MiB of NULs without writing them
     return root
 
 
@@ -53,6 +56,9 @@ def run_cases():
         "prompt-file empty": (["--prompt-file", "{tmp}/empty.txt"], "prompt is empty"),
         "prompt-file blank": (["--prompt-file", "{tmp}/blank.txt"], "prompt is empty"),
         "prompt-file /dev/null": (["--prompt-file", "/dev/null"], "prompt is empty"),
+        "prompt-file a BOM only": (["--prompt-file", "{tmp}/bom.txt"], "prompt is empty"),
+        "prompt-file too large": (["--prompt-file", "{tmp}/huge.txt"], "larger than 16 MiB"),
+        "prompt-file /dev/zero": (["--prompt-file", "/dev/zero"], "larger than 16 MiB"),
         "K zero": (["--prompt", "x", "--k", "0"], "K"),
         "K negative": (["--prompt", "x", "--k", "-1"], "K"),
         "K too large": (["--prompt", "x", "--k", "33"], "K"),
