@@ -278,3 +278,35 @@ def test_third_party_warnings_of_a_successful_run_still_show(pair, capsys, monke
     argv = ["run", "--prompt", "x", "--target", pair[0], "--method", "none", "--max-new-tokens", "2"]
     assert main(argv) == 0
     assert capsys.readouterr().err.strip().endswith("worth knowing")
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"k": True}, "K must be an integer"),
+    ({"k": 4.0}, "K must be an integer"),
+    ({"seed": 2**64}, "seed"),
+    ({"max_new_tokens": "128"}, "max-new-tokens must be an integer"),
+    ({"ngram_n": 0}, "n-gram size"),
+    ({"method": None}, "method must be a name"),
+    ({"sampling": (0.8, 0, 1.0)}, "SamplingParams"),
+    ({"sampling_fields": {"temperature": float("nan")}}, "temperature"),
+    ({"sampling_fields": {"temperature": "0.8"}}, "temperature must be a number"),
+    ({"sampling_fields": {"top_p": float("inf")}}, "top-p"),
+    ({"sampling_fields": {"top_k": 2.5}}, "top-k must be an integer"),
+])
+def test_the_engine_api_refuses_what_the_cli_refuses(fields, needle):
+    """The checks live in GenerationConfig.validate, so the GUI and library callers get them too."""
+    from engine.config import GenerationConfig, SamplingParams
+    from engine.errors import SpecplayError
+
+    sampling = SamplingParams(**fields.pop("sampling_fields", {}))
+    config = GenerationConfig(**{"sampling": sampling, **fields})
+    with pytest.raises(SpecplayError, match=needle):
+        config.validate()
+
+
+def test_numpy_numbers_are_numbers():
+    import numpy as np
+
+    from engine.config import GenerationConfig, SamplingParams
+
+    GenerationConfig(k=np.int64(4), seed=np.int32(7), sampling=SamplingParams(np.float32(0.5))).validate()
