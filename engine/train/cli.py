@@ -13,8 +13,7 @@ from pathlib import Path
 
 from engine.errors import SpecplayError
 from engine.threads import check_threads, env_threads
-from engine.train.presets import PRESETS
-from engine.train.stages import STAGES
+from engine.train.presets import PRESETS, STAGES  # not engine.train.stages: it imports torch
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
