@@ -314,8 +314,8 @@ def test_numpy_numbers_are_numbers():
 
 def test_bad_input_is_refused_without_importing_torch():
     """Fail fast: parsing and checking the arguments imports neither torch nor transformers."""
-    code = (f"import sys; from engine.cli import main; rc = main(['run', '--prompt', 'x', '--seed', '{HUGE}'])"
-            "; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
+    code = (f"import sys; from engine.cli import main; rc = main(['run', '--prompt', 'x', '--seed', '{HUGE}']"
+            "); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
     assert_clean("seed 2**70", proc.returncode, proc.stderr, "seed")
