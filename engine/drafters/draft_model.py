@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.chain_graph import ChainGraphs, draft_model_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, to_device
 
@@ -15,6 +16,7 @@ class DraftModelDrafter(Drafter):
         self.cached = 0  # committed tokens in the draft cache
         self.base = 0  # committed tokens when the last draft was made
         self.last_k = 0
+        self.graphs = ChainGraphs()  # greedy K-step chains captured on GPU
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.runner.reset()
@@ -25,15 +27,24 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         feed = to_device(state.tokens[self.cached:], self.runner.device)
+        self.base, self.last_k = len(state.tokens), k
+        logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
+        if ChainGraphs.available(self.runner, state.config.sampling.greedy, k):
+            tokens = draft_model_chain(self.graphs, self.runner, logits, k, state.vocab_size)
+            if tokens is not None:
+                return Draft(tokens=tokens)
+        return self._eager_chain(state, logits, k)
+
+    def _eager_chain(self, state: DecodeState, logits: torch.Tensor, k: int) -> Draft:
+        """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
         uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
-            logits = self.runner.forward(feed).logits[-1:, :state.vocab_size]  # [1, V]
-            token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
+            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
-            feed = token
-        self.base, self.last_k = len(state.tokens), k
+            if i < k - 1:
+                logits = self.runner.forward(token).logits[-1:]
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.chain_graph import ChainGraphs, eagle_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
@@ -82,6 +83,7 @@ class EagleDrafter(Drafter):
         self.tree_nodes = tree_nodes  # 0: a chain of K
         self.true_length = 0  # head cache rows built from the target's true features
         self.pending = None  # (features [m, H], next tokens [m]) not yet fed to the head
+        self.graphs = ChainGraphs()  # greedy K-step chains captured on GPU
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.head.runner.reset()
@@ -107,15 +109,20 @@ class EagleDrafter(Drafter):
         return draft
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
+        if ChainGraphs.available(self.head.runner, state.config.sampling.greedy, k):
+            tokens = eagle_chain(self.graphs, self.head, feature, k, state.vocab_size)
+            if tokens is not None:
+                return Draft(tokens=tokens)
         uniforms = state.uniforms(k)
         tokens, probs = [], []
+        logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
-            logits = self.head.logits(feature)[:, :state.vocab_size]  # [1, V]
-            token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
+            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
-            if i < k - 1:
-                feature = self.head.step(feature, token)[-1:]
+            if i < k - 1:  # the head's runner shares the target's norm and LM head: its logits are the next ones
+                out = self.head.runner.forward_embeds(self.head.fuse(feature, token))
+                feature, logits = out.hidden[-1:], out.logits[-1:]
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
