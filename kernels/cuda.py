@@ -23,12 +23,12 @@ import pathlib
 import sys
 import threading
 import warnings
-from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
 import torch
 
+from kernels.backend import ModuleBackend
 from kernels.reference import VerifyResult
 
 try:
@@ -497,8 +497,12 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
                    greedy_verify=False, chain=True)
 
 
-BACKEND = SimpleNamespace(
-    name="cupy-raw-kernels", compiles_kernels=True, flags_nan_on_device=True, warp_probs=warp_probs, sample_from_probs=sample_from_probs, sample=sample,
-    verify_chain_greedy=verify_chain_greedy, verify_chain_stochastic=verify_chain_stochastic,
-    verify_tree_greedy=verify_tree_greedy, verify_tree_stochastic=verify_tree_stochastic,
-    warm_up=warm_up, check_nan=check_nan)
+class CudaBackend(ModuleBackend):
+    """The CuPy raw kernels of this module as a `kernels.Backend`."""
+
+    def __init__(self):
+        super().__init__("cupy-raw-kernels", sys.modules[__name__], compiles_kernels=True,
+                         flags_nan_on_device=True, warm_up=warm_up, check_nan=check_nan)
+
+
+BACKEND = CudaBackend()
