@@ -50,10 +50,21 @@ def _one_step(runner, x: torch.Tensor, start: torch.Tensor, kv: int):
 
 
 class ChainGraphs:
-    """The captured chains of one drafter, by (K, kv). `available(runner)` says whether capture applies."""
+    """The captured chains of one runner, by (K, kv, ...), kept on the runner so that every generation (each
+    builds its own drafter) reuses them. `available` says whether capture applies."""
 
     def __init__(self):
         self._graphs: Dict[tuple, CapturedChain] = {}
+
+    @classmethod
+    def of(cls, runner) -> "ChainGraphs":
+        graphs = getattr(runner, "_chain_graphs", None)
+        if graphs is None:
+            graphs = runner._chain_graphs = cls()
+        return graphs
+
+    def __len__(self) -> int:
+        return len(self._graphs)
 
     @staticmethod
     def available(runner, greedy: bool, k: int) -> bool:
@@ -75,7 +86,7 @@ def _pool(runner):
     return runner._graph_pool
 
 
-def draft_model_chain(graphs: ChainGraphs, runner, first_logits: torch.Tensor, k: int, vocab: int):
+def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int):
     """Greedy chain of k tokens from a draft model whose last forward gave first_logits [1, V] (cache length L):
     token 0 is its argmax, tokens 1..k-1 each come from one more step. Appends k-1 rows; returns tokens [k] or
     None when no graph could be made (the caller drafts eagerly)."""
@@ -98,7 +109,7 @@ def draft_model_chain(graphs: ChainGraphs, runner, first_logits: torch.Tensor, k
 
         return CapturedChain(chain, (logits_in, start), device, _pool(runner))
 
-    graph = graphs.get((k, kv, vocab, first_logits.shape[-1]), build)
+    graph = ChainGraphs.of(runner).get((k, kv, vocab, first_logits.shape[-1]), build)
     if graph is None:
         return None
     tokens = graph.run(first_logits, start_row)
@@ -106,7 +117,7 @@ def draft_model_chain(graphs: ChainGraphs, runner, first_logits: torch.Tensor, k
     return tokens
 
 
-def eagle_chain(graphs: ChainGraphs, head, feature: torch.Tensor, k: int, vocab: int):
+def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int):
     """Greedy EAGLE chain of k tokens from the predicted feature [1, H] after the root: token i is the argmax
     of the target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's
     runner shares the target's final norm and LM head, so its step's logits are the next token's logits (no
@@ -132,7 +143,7 @@ def eagle_chain(graphs: ChainGraphs, head, feature: torch.Tensor, k: int, vocab:
 
         return CapturedChain(chain, (feature_in, start), device, _pool(runner))
 
-    graph = graphs.get((k, kv, vocab), build)
+    graph = ChainGraphs.of(runner).get((k, kv, vocab), build)
     if graph is None:
         return None
     tokens = graph.run(feature, start_row)

@@ -84,3 +84,24 @@ def test_captured_outputs_survive_later_replays(decoder):
         target.forward(torch.tensor([7], device="cuda"))
     assert torch.equal(first, kept)
     assert (1, 256) in target._graphs
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+@pytest.mark.parametrize("k", [2, 4, 7])
+def test_greedy_chains_replay_as_one_graph(decoder, method, k):
+    """The draft model's and EAGLE's greedy K-step chains are captured once (engine/chain_graph.py), reused by
+    later generations, and give the eager chain's tokens."""
+    from engine.chain_graph import ChainGraphs
+
+    config = GenerationConfig(method=method, k=k, max_new_tokens=40)
+    decoder.set_cuda_graphs(False)
+    try:
+        eager = decoder.generate_ids(PROMPT, config)
+    finally:
+        decoder.set_cuda_graphs(True)
+    graphed = decoder.generate_ids(PROMPT, config)
+    runner = decoder.pair.draft if method == "draft" else decoder.eagle_head().runner
+    captured = len(ChainGraphs.of(runner))
+    again = decoder.generate_ids(PROMPT, config)
+    assert graphed == eager == again
+    assert captured > 0 and len(ChainGraphs.of(runner)) == captured, "chains were not captured, or not reused"

@@ -16,7 +16,6 @@ class DraftModelDrafter(Drafter):
         self.cached = 0  # committed tokens in the draft cache
         self.base = 0  # committed tokens when the last draft was made
         self.last_k = 0
-        self.graphs = ChainGraphs()  # greedy K-step chains captured on GPU
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.runner.reset()
@@ -30,7 +29,7 @@ class DraftModelDrafter(Drafter):
         self.base, self.last_k = len(state.tokens), k
         logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
         if ChainGraphs.available(self.runner, state.config.sampling.greedy, k):
-            tokens = draft_model_chain(self.graphs, self.runner, logits, k, state.vocab_size)
+            tokens = draft_model_chain(self.runner, logits, k, state.vocab_size)
             if tokens is not None:
                 return Draft(tokens=tokens)
         return self._eager_chain(state, logits, k)

@@ -83,7 +83,6 @@ class EagleDrafter(Drafter):
         self.tree_nodes = tree_nodes  # 0: a chain of K
         self.true_length = 0  # head cache rows built from the target's true features
         self.pending = None  # (features [m, H], next tokens [m]) not yet fed to the head
-        self.graphs = ChainGraphs()  # greedy K-step chains captured on GPU
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.head.runner.reset()
@@ -110,7 +109,7 @@ class EagleDrafter(Drafter):
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
         if ChainGraphs.available(self.head.runner, state.config.sampling.greedy, k):
-            tokens = eagle_chain(self.graphs, self.head, feature, k, state.vocab_size)
+            tokens = eagle_chain(self.head, feature, k, state.vocab_size)
             if tokens is not None:
                 return Draft(tokens=tokens)
         uniforms = state.uniforms(k)
