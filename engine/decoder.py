@@ -45,6 +45,19 @@ class _RoundOutcome:
 
 
 @dataclass
+class _Launched:
+    """A round queued on the device, not yet read back."""
+
+    clock: RoundClock
+    draft: Draft
+    block_start: int  # the target cache row of the block's first token
+    logits: torch.Tensor  # [N+1, V]
+    features: torch.Tensor  # [N+1, H]
+    result: object  # kernels' VerifyResult (device tensors)
+    uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
+
+
+@dataclass
 class _RoundReadout:
     """A round's figures on the host (see SpeculativeDecoder._read_round)."""
 
@@ -90,6 +103,7 @@ class SpeculativeDecoder:
         self._medusa = None  # heads load on first use
         self._eagle = None
         self.cuda_graphs = self.device.type == "cuda"
+        self.pipelined = self.device.type == "cuda"  # see _rounds
         if self.device.type == "cuda":
             _attention_without_plans()
 
@@ -194,47 +208,75 @@ class SpeculativeDecoder:
         drafter.start(state, DraftStart(prompt=list(state.tokens), prefill_features=features))
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
+        """Rounds. On the GPU they are pipelined by one: as soon as a round's outcome is known and the caches are
+        rolled back, the next round is queued on the device, and only then is the finished round's event built
+        and yielded, so that the host's event work (and the consumer's) overlaps the GPU's next round. The events
+        are the same. On the CPU work is synchronous, nothing would overlap, and rounds run one after another."""
         metrics = MetricsAccumulator(config.drafts)
         generated: list = []
         text = IncrementalText(self.tokenizer)
         round_index = 0
+
+        def stopped() -> bool:
+            return should_stop is not None and should_stop()
+
+        if stopped():
+            return
+        launched = self._launch_round(state, drafter, config)
         while True:
-            if should_stop is not None and should_stop():
+            if self.pipelined and round_index > 0 and stopped():  # a round queued before the stop is dropped
                 return
-            clock = RoundClock(self.device)
-            draft = drafter.propose(state, config.k)
-            clock.mark()  # drafting queued
-            block_start = self.target.length  # the cache row of the last committed token, fed first
-            logits, features, result, uniforms = self._verify(state, draft, config)
-            clock.mark()  # verification queued
-            round_ = self._read_round(draft, result, logits, config)  # the round's one device-to-host copy
+            round_ = self._read_round(launched.draft, launched.result, launched.logits, config)  # one copy
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
                                    config)
-            self._roll_back(draft, outcome, block_start)
-            needs = drafter.needs
-            drafter.commit(state, RoundCommit(
-                accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
-                draft_tokens=round_.draft_tokens, block_features=features if needs.block_features else None,
-                block_logits=logits if needs.block_logits else None))
+            self._commit(state, drafter, launched, round_, outcome)
+            launched.clock.stop()
+            go_on = outcome.finish_reason is None
+            following = self._launch_round(state, drafter, config) if go_on and self.pipelined else None
             position = len(generated)
             generated.extend(outcome.emitted)
             emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
-            details = self._details(draft, round_, uniforms, outcome)
-            draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after the readout's host copy: events are done
-            round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
-                                              1 + max((t.depth for t in details["drafted"]), default=-1),
-                                              draft_ms, verify_ms, overhead_ms)
-            yield RoundEvent(
-                round=round_index, method=config.method, k=config.k, drafted=details["drafted"],
-                accepted_count=outcome.accepted, next_token_id=outcome.next_token,
-                next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
-                next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
-                emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
-                overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
-                finish_reason=outcome.finish_reason, metrics=round_metrics)
-            if outcome.finish_reason is not None:
-                return
-            round_index += 1
+            yield self._event(round_index, launched, round_, outcome, position, emitted_text, metrics, config)
+            if following is None:
+                if not go_on or stopped():
+                    return
+                following = self._launch_round(state, drafter, config)
+            launched, round_index = following, round_index + 1
+
+    def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig) -> "_Launched":
+        """Queue a round's drafting and verification; nothing here waits for the device."""
+        clock = RoundClock(self.device)
+        draft = drafter.propose(state, config.k)
+        clock.mark()  # drafting queued
+        block_start = self.target.length  # the cache row of the last committed token, fed first
+        logits, features, result, uniforms = self._verify(state, draft, config)
+        clock.mark()  # verification queued
+        return _Launched(clock, draft, block_start, logits, features, result, uniforms)
+
+    def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
+        """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
+        self._roll_back(launched.draft, outcome, launched.block_start)
+        needs = drafter.needs
+        drafter.commit(state, RoundCommit(
+            accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
+            draft_tokens=round_.draft_tokens, block_features=launched.features if needs.block_features else None,
+            block_logits=launched.logits if needs.block_logits else None))
+
+    def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
+        draft = launched.draft
+        details = self._details(draft, round_, launched.uniforms, outcome)
+        draft_ms, verify_ms, overhead_ms = launched.clock.phases_ms()  # the readout's copy waited for the events
+        round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
+                                          1 + max((t.depth for t in details["drafted"]), default=-1),
+                                          draft_ms, verify_ms, overhead_ms)
+        return RoundEvent(
+            round=index, method=config.method, k=config.k, drafted=details["drafted"],
+            accepted_count=outcome.accepted, next_token_id=outcome.next_token,
+            next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
+            next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
+            emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
+            overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
+            finish_reason=outcome.finish_reason, metrics=round_metrics)
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
         """One target forward over [last committed token] + draft, then the verification kernel.

@@ -507,8 +507,8 @@ class LlamaRunner(CausalRunner):
 
     def _captured_step(self, n: int, start: int) -> Optional["CapturedStep"]:
         """The captured step for n tokens at this length, capturing it on first use; None runs eagerly."""
-        if not self.use_graphs or n > GRAPH_MAX_BLOCK:
-            return None
+        if not self.use_graphs or n > GRAPH_MAX_BLOCK or start == 0:
+            return None  # a block at the cache's start is a prefill: capturing one per prompt length stalls
         key = (n, self._kv_width(start + n))
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:

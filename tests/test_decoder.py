@@ -210,3 +210,38 @@ def test_nan_logits_are_a_clear_error(decoder, monkeypatch):
     monkeypatch.setattr(decoder.target, "forward", nan_forward)
     with pytest.raises(SpecplayError, match="NaN"):
         list(decoder.generate(PROMPT, GenerationConfig(method="ngram", max_new_tokens=5)))
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_pipelined_rounds_give_the_same_events(close_decoder, method, temperature):
+    """The GPU's one-round pipelining (the next round queued before an event is built) changes no event:
+    forced on here, on the CPU, it must reproduce the synchronous loop's tokens, verdicts and uniforms."""
+    decoder = close_decoder
+    config = GenerationConfig(method=method, k=4, sampling=SamplingParams(temperature), max_new_tokens=40, seed=5)
+
+    def run(pipelined):
+        decoder.pipelined = pipelined
+        try:
+            return [(e.emitted_ids, e.accepted_count, [(t.token_id, t.u) for t in e.drafted], e.finish_reason)
+                    for e in decoder.generate(PROMPT, config)]
+        finally:
+            decoder.pipelined = False
+
+    assert run(True) == run(False)
+
+
+def test_pipelined_rounds_stop_when_asked(close_decoder):
+    decoder = close_decoder
+    decoder.pipelined = True
+    try:
+        rounds = 0
+
+        def stop():
+            return rounds >= 3
+
+        for _ in decoder.generate(PROMPT, GenerationConfig(method="draft", k=2, max_new_tokens=60), stop):
+            rounds += 1
+    finally:
+        decoder.pipelined = False
+    assert rounds == 3
