@@ -68,6 +68,7 @@ class StepKernels:
         self.device = device
         self._kernels = {f"{name}<{t}>": module.get_function(f"{name}<{t}>") for name in SPECS
                          for t in _DTYPES.values()}
+        self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
@@ -94,13 +95,23 @@ class StepKernels:
             return cls(module, device)
 
     def _launch(self, name: str, dtype: torch.dtype, count: int, **args) -> None:
-        import cupy
-
         spec = SPECS[name]
         values = [_NUMPY[fmt](v) for fmt, v in zip(spec.layout, spec.values(args))]
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        stream = self._stream(torch.cuda.current_stream(self.device).cuda_stream)
         grid = ((count + THREADS - 1) // THREADS,)
         self._kernels[f"{name}<{_DTYPES[dtype]}>"](grid, (THREADS,), tuple(values), stream=stream)
+
+    def _stream(self, pointer: int):
+        stream = self._streams.get(pointer)
+        if stream is None:
+            import warnings
+
+            import cupy
+
+            with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; 13 lacks its successor
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = self._streams[pointer] = cupy.cuda.ExternalStream(pointer)
+        return stream
 
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
                  kv_heads: int) -> torch.Tensor:
