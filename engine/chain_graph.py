@@ -149,3 +149,20 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int):
     tokens = graph.run(feature, start_row)
     runner._length = start_row + k - 1
     return tokens
+
+
+def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+    """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's tokens)
+    as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it eagerly)."""
+    if not ChainGraphs.available(target, True, 2):
+        return None
+
+    def build() -> CapturedChain:
+        def propose(feature):
+            logits = heads.logits(target, feature)[:tree.depth, :vocab]  # [depth, V]
+            return torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]  # [N]
+
+        return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, _pool(target))
+
+    graph = ChainGraphs.of(target).get(("medusa", id(heads), tree, vocab), build)
+    return None if graph is None else graph.run(hidden)

@@ -105,3 +105,16 @@ def test_greedy_chains_replay_as_one_graph(decoder, method, k):
     again = decoder.generate_ids(PROMPT, config)
     assert graphed == eager == again
     assert captured > 0 and len(ChainGraphs.of(runner)) == captured, "chains were not captured, or not reused"
+
+
+def test_medusa_proposal_replays_as_one_graph(decoder):
+    from engine.chain_graph import ChainGraphs
+
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
+    decoder.set_cuda_graphs(False)
+    try:
+        eager = decoder.generate_ids(PROMPT, config)
+    finally:
+        decoder.set_cuda_graphs(True)
+    assert decoder.generate_ids(PROMPT, config) == eager
+    assert any(key[0] == "medusa" for key in ChainGraphs.of(decoder.target)._graphs)
