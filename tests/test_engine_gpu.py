@@ -88,12 +88,14 @@ def test_captured_outputs_survive_later_replays(decoder):
 
 @pytest.mark.parametrize("method", ["draft", "eagle"])
 @pytest.mark.parametrize("k", [2, 4, 7])
-def test_greedy_chains_replay_as_one_graph(decoder, method, k):
-    """The draft model's and EAGLE's greedy K-step chains are captured once (engine/chain_graph.py), reused by
-    later generations, and give the eager chain's tokens."""
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_chains_replay_as_one_graph(decoder, method, k, temperature):
+    """The draft model's and EAGLE's K-step chains (greedy, or sampled with the round's uniforms) are captured
+    once (engine/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
     from engine.chain_graph import ChainGraphs
 
-    config = GenerationConfig(method=method, k=k, max_new_tokens=40)
+    config = GenerationConfig(method=method, k=k, max_new_tokens=40, sampling=SamplingParams(temperature, 0, 0.9),
+                              seed=7)
     decoder.set_cuda_graphs(False)
     try:
         eager = decoder.generate_ids(PROMPT, config)

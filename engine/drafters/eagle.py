@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import ChainGraphs, eagle_chain
+from engine.chain_graph import ChainGraphs, chain_sampling, eagle_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
@@ -108,11 +108,12 @@ class EagleDrafter(Drafter):
         return draft
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
-        if ChainGraphs.available(self.head.runner, state.config.sampling.greedy, k):
-            tokens = eagle_chain(self.head, feature, k, state.vocab_size)
-            if tokens is not None:
-                return Draft(tokens=tokens)
-        uniforms = state.uniforms(k)
+        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
+        sampling = chain_sampling(state)
+        if ChainGraphs.available(self.head.runner, k, sampling):
+            drafted = eagle_chain(self.head, feature, k, state.vocab_size, sampling, uniforms)
+            if drafted is not None:
+                return Draft(tokens=drafted[0], probs=drafted[1])
         tokens, probs = [], []
         logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
