@@ -24,6 +24,7 @@ class CapturedChain:
 
     def __init__(self, fn: Callable, inputs: tuple, device: torch.device, pool):
         self.inputs = inputs
+        self.fn = fn  # keeps alive every tensor the graph reads that fn's closure holds (a tree's index, say)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -118,7 +119,8 @@ def _stack(tokens: list, probs: list) -> tuple:
     return torch.cat(tokens), (None if probs[0] is None else torch.cat(probs))  # [k], [k, V] or None
 
 
-def _pool(runner):
+def graph_pool(runner):
+    """The runner's memory pool for captured graphs (made on first use)."""
     if runner._graph_pool is None:
         runner._graph_pool = torch.cuda.graph_pool_handle()
     return runner._graph_pool
@@ -149,7 +151,7 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
                 probs.append(q)
             return _stack(tokens, probs)
 
-        return CapturedChain(chain, (logits_in, start, u_in), device, _pool(runner))
+        return CapturedChain(chain, (logits_in, start, u_in), device, graph_pool(runner))
 
     key = ("draft", k, kv, vocab, first_logits.shape[-1], None if sampling is None else sampling.key)
     graph = ChainGraphs.of(runner).get(key, build)
@@ -187,7 +189,7 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optio
                 probs.append(q)
             return _stack(tokens, probs)
 
-        return CapturedChain(chain, (feature_in, start, u_in), device, _pool(runner))
+        return CapturedChain(chain, (feature_in, start, u_in), device, graph_pool(runner))
 
     key = ("eagle", k, kv, vocab, None if sampling is None else sampling.key)
     graph = ChainGraphs.of(runner).get(key, build)
@@ -209,7 +211,7 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
             logits = heads.logits(target, feature)[:tree.depth, :vocab]  # [depth, V]
             return torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]  # [N]
 
-        return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, _pool(target))
+        return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, graph_pool(target))
 
     graph = ChainGraphs.of(target).get(("medusa", id(heads), tree, vocab), build)
     return None if graph is None else graph.run(hidden)

@@ -118,6 +118,9 @@ class StepKernels:
         """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device."""
         n, d = qkv.shape[0], k_cache.shape[-1]
         _check(qkv, cos_table, sin_table, k_cache, v_cache)
+        for index in (positions, cache_index):
+            if index.dtype != torch.long or not index.is_contiguous() or index.numel() != n:
+                raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries")
         q_out = torch.empty(heads, n, d, dtype=qkv.dtype, device=qkv.device)
         self._launch("sp_rope_qkv", qkv.dtype, n * (heads + 2 * kv_heads) * d, qkv=qkv.data_ptr(),
                      cos_table=cos_table.data_ptr(), sin_table=sin_table.data_ptr(),

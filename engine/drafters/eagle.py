@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import ChainGraphs, chain_sampling, eagle_chain
+from engine.chain_graph import CapturedChain, ChainGraphs, chain_sampling, eagle_chain, graph_pool
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
@@ -130,7 +130,7 @@ class EagleDrafter(Drafter):
         TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its parent).
         Grown on the device level by level (each level's nodes appended to the head's cache, seeing their
         ancestors), with one host copy at the end for the tree's shape."""
-        grown = _grow_tree(self.head, root_feature, depth, state.vocab_size, self.true_length)
+        grown = grow_tree(self.head, root_feature, depth, state.vocab_size, self.true_length)
         tokens, parents, scores = grown  # device [T] each
         count = tokens.numel()
         chosen = torch.topk(scores, min(self.tree_nodes, count)).indices  # [nodes] best first
@@ -155,17 +155,20 @@ class EagleDrafter(Drafter):
         self.pending = (features, next_tokens)
 
 
-def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int) -> tuple:
+def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int):
     """The candidate tree on the device: (tokens, parents, cumulative log-probs), each [T] in level order
     (parents index earlier nodes, -1 = the root). Level d's nodes are written to the head's cache after its
     true rows (cache row true_length + node, position true_length + d) and see the true rows and their own
-    ancestors; the head's length is left as it was (later levels and the next round overwrite those rows)."""
+    ancestors; the head's length is left as it was (later levels and the next round overwrite those rows).
+    true_length: [1] on the device and kv a fixed attention width, so that the whole growth is one graph."""
     runner = head.runner
     device = root_feature.device
-    total = min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
-    kv = runner._kv_width(true_length + total)
+    total = _tree_size(depth)
     ancestors = torch.zeros(total, total, dtype=torch.bool, device=device)  # [T, T] ancestor-or-self
-    feats, frontier, frontier_scores = root_feature, torch.full((1,), -1, device=device), torch.zeros(1, device=device)
+    node_of_col = torch.arange(kv, device=device) - true_length  # [kv]: the tree node a cache column holds
+    in_tree = (node_of_col >= 0) & (node_of_col < total)
+    feats, frontier = root_feature, torch.full((1,), -1, dtype=torch.long, device=device)
+    frontier_scores = torch.zeros(1, dtype=torch.float32, device=device)
     levels, count = [], 0
     for level in range(depth):
         logp = torch.log_softmax(head.logits(feats)[:, :vocab], dim=-1)  # [F, V]
@@ -178,18 +181,41 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
         levels.append((tokens, parents, best.values))
         if level < depth - 1:
             rows = torch.arange(count, count + width, device=device)  # [W] node ids
-            inherited = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]  # [W, T]
-            ancestors[rows] = inherited
+            ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
             ancestors[rows, rows] = True
-            visible = torch.zeros(width, kv, dtype=torch.bool, device=device)  # [W, kv]
-            visible[:, :true_length] = True
-            visible[:, true_length:true_length + total] = ancestors[rows]
+            sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
+            visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
             mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible, float("-inf"))
-            positions = torch.full((width,), true_length + level, dtype=torch.long, device=device)
+            positions = (true_length + level).repeat(width)  # [W]
             feats = runner.step_embeds(head.fuse(feats[local_parent], tokens), positions, true_length + rows, mask)
             frontier, frontier_scores = rows, best.values
         count += width
     return tuple(torch.cat(parts) for parts in zip(*levels))
+
+
+def _tree_size(depth: int) -> int:
+    return min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
+
+
+def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int) -> tuple:
+    """_grow_tree, replayed as one CUDA graph per (depth, attention width) where graphs apply."""
+    runner = head.runner
+    kv = runner._kv_width(true_length + _tree_size(depth))
+    length = torch.full((1,), true_length, dtype=torch.long, device=root_feature.device)
+    if not ChainGraphs.available(runner, 2):
+        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+
+    def build() -> CapturedChain:
+        def grow(feature, length):
+            return _grow_tree(head, feature, depth, vocab, length, kv)
+
+        return CapturedChain(grow, (torch.zeros_like(root_feature), length.clone()), runner.device,
+                             graph_pool(runner))
+
+    graph = ChainGraphs.of(runner).get(("tree", depth, kv, vocab), build)
+    if graph is None:
+        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+    return graph.run(root_feature, true_length)
 
 
 def _close_under_ancestors(keep: list, parents: list) -> list:
