@@ -20,9 +20,7 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     pair = load_pair(target, draft, device=device, need_draft=need_draft)
     set_threads(pair)
     decoder = SpeculativeDecoder(pair)
-    warm_up = getattr(decoder.backend, "warm_up", None)
-    if warm_up is not None:  # compile the CUDA kernels now, while the window says "loading"
-        warm_up()
+    decoder.backend.warm_up()  # compiles the CUDA kernels now, while the window says "loading" (CPU: no-op)
     return decoder
 
 

@@ -147,13 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--sample-top-p", type=float, default=0.9)
 
     bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)")
-    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels"))
+    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels", "runtimes"))
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
     bench.add_argument("--methods", default="none,draft,ngram",
                        help=f"comma-separated methods for `bench methods` and `bench graphs`: {METHOD_HELP}")
     bench.add_argument("--prompts", type=int, default=4, help="held-out prompts to average over")
     bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--hf", default="hf-eager,hf-assisted,hf-lookup",
+                       help="runtimes: transformers generate variants beside specplay's methods "
+                            "(hf-eager, hf-assisted, hf-lookup, hf-compile; 'none' for none)")
+    bench.add_argument("--synthetic", default=None,
+                       help="runtimes: a random-weight pair of a real shape instead of --target/--draft, "
+                            "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
+    bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
 
     try:
         from engine.train.cli import add_train_parser
@@ -384,6 +391,8 @@ def cmd_bench(args) -> int:
     """Parse, load, run one engine.bench function, print its table."""
     if args.what == "kernels":
         return _bench_kernels()
+    if args.what == "runtimes":
+        return _bench_runtimes(args)
     config = config_from_args(args)
     check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
     check_int("--repeats", args.repeats, 1, MAX_BENCH_COUNT)
@@ -404,6 +413,50 @@ def cmd_bench(args) -> int:
     print(f"device={decoder.device_name} prompts={len(prompts)} max_new_tokens={config.max_new_tokens} "
           f"T={config.sampling.temperature}")
     print(bench.format_rows(rows, BENCH_COLUMNS[args.what]))
+    return 0
+
+
+def _bench_runtimes(args) -> int:
+    """specplay's methods and HF generate on one pair (a synthetic one with --synthetic), end to end."""
+    import torch
+
+    from engine import runtimes
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import resolve_device, resolve_dtype
+
+    config = config_from_args(args)
+    specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    for spec in specs:
+        methods.parse_spec(spec)
+    hf = [] if args.hf.strip() in ("", "none") else [h.strip() for h in args.hf.split(",") if h.strip()]
+    unknown = [h for h in hf if h not in runtimes.HF_RUNTIMES]
+    if unknown:
+        raise SpecplayError(f"unknown --hf runtime {unknown[0]!r}; choose from {', '.join(runtimes.HF_RUNTIMES)}")
+    check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
+    prompt = prompt_from_args(args)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.synthetic:
+        from engine.synthetic import build_synthetic_pair
+
+        print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
+        built = build_synthetic_pair(args.synthetic, device, dtype)
+        apply_threads((built.pair.target, built.pair.draft), args.threads)
+        decoder, hf_target, hf_draft = SpeculativeDecoder(built.pair), built.hf_target, built.hf_draft
+    else:
+        decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
+        hf_target, hf_draft = (runtimes.load_hf_models(decoder.pair.target_name, decoder.pair.draft_name,
+                                                       device, dtype) if hf else (None, None))
+    decoder.set_cuda_graphs(not args.no_cuda_graphs)
+    if decoder.backend.compiles_kernels:
+        decoder.backend.warm_up()
+    prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
+    progress = (lambda row: print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr))
+    with torch.inference_mode():
+        report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, progress)
+    if args.synthetic:
+        print(f"synthetic {args.synthetic}: random weights, timing only", file=sys.stderr)
+    print(json.dumps(report.as_dict()) if args.json else runtimes.format_report(report))
     return 0
 
 

@@ -5,6 +5,7 @@ baseline is measured exactly like the speculative runs.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -12,7 +13,7 @@ import torch
 
 from engine import methods
 from engine.config import GenerationConfig
-from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit
+from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
@@ -42,6 +43,25 @@ class _RoundOutcome:
     path: list  # accepted node indices
     emitted: list  # token ids appended to the output this round
     finish_reason: Optional[str]
+
+
+@dataclass
+class _Launched:
+    """A round queued on the device, not yet read back."""
+
+    clock: RoundClock
+    draft: Draft
+    block_start: int  # the target cache row of the block's first token
+    logits: torch.Tensor  # [N+1, V]
+    features: torch.Tensor  # [N+1, H]
+    result: object  # kernels' VerifyResult (device tensors)
+    uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
+
+    @property
+    def next_token_on_device(self) -> torch.Tensor:
+        """[1] the round's correction or bonus token, still on the device (-1, the NaN flag, made 0 so that a
+        round queued after it stays valid; reading this round raises)."""
+        return self.result.next_token[:1].clamp_min(0)
 
 
 @dataclass
@@ -90,6 +110,7 @@ class SpeculativeDecoder:
         self._medusa = None  # heads load on first use
         self._eagle = None
         self.cuda_graphs = self.device.type == "cuda"
+        self.pipelined = self.device.type == "cuda"  # see _rounds
         if self.device.type == "cuda":
             _attention_without_plans()
 
@@ -194,52 +215,93 @@ class SpeculativeDecoder:
         drafter.start(state, DraftStart(prompt=list(state.tokens), prefill_features=features))
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
+        """Rounds. On the GPU they are pipelined by one: as soon as a round's outcome is known and the caches are
+        rolled back, the next round is queued on the device, and only then is the finished round's event built
+        and yielded, so that the host's event work (and the consumer's) overlaps the GPU's next round. The events
+        are the same. On the CPU work is synchronous, nothing would overlap, and rounds run one after another."""
         metrics = MetricsAccumulator(config.drafts)
         generated: list = []
         text = IncrementalText(self.tokenizer)
         round_index = 0
+
+        def stopped() -> bool:
+            return should_stop is not None and should_stop()
+
+        if stopped():
+            return
+        # plain decoding keeps two rounds in flight: its next input is the last round's next token, still on the
+        # device, and it never rolls a cache back, so a round can be queued before the last one is read
+        ahead = self.pipelined and isinstance(drafter, NoDrafter)
+        inflight = deque([self._launch_round(state, drafter, config)])
+        last_end = None
         while True:
-            if should_stop is not None and should_stop():
+            if self.pipelined and round_index > 0 and stopped():  # rounds queued before the stop are dropped
                 return
-            clock = RoundClock(self.device)
-            draft = drafter.propose(state, config.k)
-            clock.mark()  # drafting queued
-            block_start = self.target.length  # the cache row of the last committed token, fed first
-            logits, features, result, uniforms = self._verify(state, draft, config)
-            clock.mark()  # verification queued
-            round_ = self._read_round(draft, result, logits, config)  # the round's one device-to-host copy
+            if ahead and len(inflight) == 1 and len(generated) + 1 < config.max_new_tokens:
+                inflight.append(self._launch_round(state, drafter, config, inflight[-1].next_token_on_device))
+            launched = inflight.popleft()
+            round_ = self._read_round(launched.draft, launched.result, launched.logits, config)  # one copy
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
                                    config)
-            self._roll_back(draft, outcome, block_start)
-            needs = drafter.needs
-            drafter.commit(state, RoundCommit(
-                accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
-                draft_tokens=round_.draft_tokens, block_features=features if needs.block_features else None,
-                block_logits=logits if needs.block_logits else None))
+            self._commit(state, drafter, launched, round_, outcome)
+            last_end = launched.clock.stop(since=last_end)
+            go_on = outcome.finish_reason is None
+            if go_on and self.pipelined and not inflight:
+                inflight.append(self._launch_round(state, drafter, config))
             position = len(generated)
             generated.extend(outcome.emitted)
             emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
-            details = self._details(draft, round_, uniforms, outcome)
-            draft_ms, verify_ms, overhead_ms = clock.phases_ms()  # after the readout's host copy: events are done
-            round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
-                                              1 + max((t.depth for t in details["drafted"]), default=-1),
-                                              draft_ms, verify_ms, overhead_ms)
-            yield RoundEvent(
-                round=round_index, method=config.method, k=config.k, drafted=details["drafted"],
-                accepted_count=outcome.accepted, next_token_id=outcome.next_token,
-                next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
-                next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
-                emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
-                overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
-                finish_reason=outcome.finish_reason, metrics=round_metrics)
-            if outcome.finish_reason is not None:
+            yield self._event(round_index, launched, round_, outcome, position, emitted_text, metrics, config)
+            if not go_on:
                 return
+            if not inflight:  # the synchronous loop (CPU)
+                if stopped():
+                    return
+                inflight.append(self._launch_round(state, drafter, config))
             round_index += 1
 
-    def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
+    def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig,
+                      first_token: Optional[torch.Tensor] = None) -> "_Launched":
+        """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
+        block's first token [1] on the device when the host does not know it yet (plain decoding ahead)."""
+        clock = RoundClock(self.device)
+        draft = drafter.propose(state, config.k)
+        clock.mark()  # drafting queued
+        block_start = self.target.length  # the cache row of the last committed token, fed first
+        logits, features, result, uniforms = self._verify(state, draft, config, first_token)
+        clock.mark()  # verification queued
+        return _Launched(clock, draft, block_start, logits, features, result, uniforms)
+
+    def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
+        """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
+        self._roll_back(launched.draft, outcome, launched.block_start)
+        needs = drafter.needs
+        drafter.commit(state, RoundCommit(
+            accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
+            draft_tokens=round_.draft_tokens, block_features=launched.features if needs.block_features else None,
+            block_logits=launched.logits if needs.block_logits else None))
+
+    def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
+        draft = launched.draft
+        details = self._details(draft, round_, launched.uniforms, outcome)
+        draft_ms, verify_ms, overhead_ms = launched.clock.phases_ms()  # the readout's copy waited for the events
+        round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
+                                          1 + max((t.depth for t in details["drafted"]), default=-1),
+                                          draft_ms, verify_ms, overhead_ms)
+        return RoundEvent(
+            round=index, method=config.method, k=config.k, drafted=details["drafted"],
+            accepted_count=outcome.accepted, next_token_id=outcome.next_token,
+            next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
+            next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
+            emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
+            overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
+            finish_reason=outcome.finish_reason, metrics=round_metrics)
+
+    def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
+                first_token: Optional[torch.Tensor] = None):
         """One target forward over [last committed token] + draft, then the verification kernel.
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
-        last = to_device(state.tokens[-1:], self.device)
+        last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         block_parents = None
         if draft.is_tree:
@@ -282,7 +344,7 @@ class SpeculativeDecoder:
         if draft.is_tree:
             keep = to_device([0] + [i + 1 for i in outcome.path], self.device)
             self.target.compact(start, keep)
-        else:
+        elif draft.size:  # an empty draft's block is kept whole (and a plain round queued after it stays)
             self.target.rollback(start + 1 + outcome.accepted)
 
     def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":

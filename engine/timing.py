@@ -8,6 +8,7 @@ phase itself once steps are replayed CUDA graphs.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import torch
 
@@ -33,6 +34,7 @@ class RoundClock:
     def __init__(self, device: torch.device):
         self.cuda = torch.device(device).type == "cuda"
         self.start = time.perf_counter()
+        self.end = None  # host time the round ended (stop), None: still running
         self.marks: list = [self._event()] if self.cuda else [self.start]
 
     def _event(self):
@@ -43,11 +45,20 @@ class RoundClock:
     def mark(self) -> None:
         self.marks.append(self._event() if self.cuda else time.perf_counter())
 
+    def stop(self, since: Optional[float] = None) -> float:
+        """The round's host work is over (what the host does next belongs to the next round); returns the time.
+        since: the previous round's end, when this round was queued before it ended (rounds in flight
+        together): this round's host time then starts there, so that rounds never count the same time twice."""
+        self.end = time.perf_counter()
+        if since is not None and since > self.start:
+            self.start = since
+        return self.end
+
     def phases_ms(self) -> list:
-        """Milliseconds between consecutive marks, then the rest of the round until now (host time)."""
+        """Milliseconds between consecutive marks, then the rest of the round until stop() (or now)."""
         if self.cuda:
             phases = [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
         else:
             phases = [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]
-        total = (time.perf_counter() - self.start) * 1000.0
+        total = ((self.end or time.perf_counter()) - self.start) * 1000.0
         return phases + [max(0.0, total - sum(phases))]

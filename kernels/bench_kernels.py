@@ -3,8 +3,8 @@
 A round is `verify_chain_stochastic` on target logits [1, K+1, V] with draft distributions [1, K, V] (fp32
 logits) followed by `sample` of one row [1, V] (T = 1, no top-k / top-p).  Times are CUDA-event medians of
 back-to-back calls (launch and Python overhead included, no CUDA graphs).  The bytes floor is the logits and
-draft-probability bytes read once, over the HBM bandwidth (nominal 4.8 TB/s for an H200).  Host syncs per round
-are counted with torch's sync debug mode.
+draft-probability bytes read once, over the HBM bandwidth (nominal 4.8 TB/s for an H200).  Host syncs per
+round are counted with torch's sync debug mode.
 """
 from __future__ import annotations
 

@@ -6,29 +6,37 @@ Importing this module without CuPy, or with CuPy but no usable CUDA device, rais
 * Sources: `kernels/specplay_kernels.cu`, compiled once per process and device with `cupy.RawModule` (NVRTC,
   architecture of the current device, `--fmad=false` so that no multiply-add is contracted: the kernels must
   round like torch's separate ops).  `warm_up()` compiles every kernel up front and says so.
-* Tensors: torch in, torch out.  The kernels take raw device pointers of the (validated, contiguous) torch tensors,
-  which is the same zero-copy hand-over as DLPack without its per-tensor Python cost; they are launched on torch's
-  current stream (`cupy.cuda.ExternalStream`).  No call synchronises with the host.
-* NaN: the kernels set a flag in pinned host memory (no sync) and mark their outputs (-1 tokens / accepted, NaN
-  probs).  The flag is checked at the start of every later call, which then raises ValueError, and by
-  `check_nan()`, which synchronises the current stream first.  Set `EAGER_NAN_CHECK = True` to synchronise and
-  raise inside every call instead (one host sync per call).
-* Workspace (row statistics, a residual row per sequence, completion counters) is kept per (device, stream):
-  calls on one stream are ordered; calls issued concurrently on one stream from several threads are not supported.
+* Tensors: torch in, torch out.  The kernels take raw device pointers of the (validated, contiguous) torch
+  tensors, which is the same zero-copy hand-over as DLPack without its per-tensor Python cost; they are
+  launched on torch's current stream.  No call synchronises with the host.
+* Launches name every kernel argument; `kernels.launch_spec` holds each kernel's parameter list (checked
+  against the .cu by the CPU tests), the shared constants and the workspace sizes.
+* NaN: the kernels set a flag in pinned host memory (no sync) and mark their outputs (-1 tokens / accepted,
+  NaN probs).  The flag is checked at the start of every later call, which then raises ValueError, and by
+  `check_nan()`, which synchronises the current stream first.  Set `EAGER_NAN_CHECK = True` to synchronise
+  and raise inside every call instead (one host sync per call).
+* Per-device state (kernels, launchers, workspaces, caches) lives in one `DeviceState` per device, from
+  `_device(index)`.  Workspaces are kept per stream: calls on one stream are ordered; calls issued
+  concurrently on one stream from several threads are not supported.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
-import pathlib
+import os
+import struct
 import sys
 import threading
 import warnings
-from types import SimpleNamespace
-from typing import Optional
+from collections import namedtuple
+from typing import Mapping, Optional
 
 import numpy as np
 import torch
 
+from kernels.backend import ModuleBackend
+from kernels.launch_spec import (BLOCK, MAX_N, MAX_V, NULL, SOURCE, SPECS, WARP_ARGS, row_stats_bytes,
+                                 wide_chunks, wide_sync_words, wide_workspace_bytes)
 from kernels.reference import VerifyResult
 
 try:
@@ -44,106 +52,23 @@ if not _available:
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1024
-MAX_V = 262144
-MAX_N = 64
 EAGER_NAN_CHECK = False
-_SOURCE = pathlib.Path(__file__).with_name("specplay_kernels.cu")
 _OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_BLOCK={BLOCK}")
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
-_TEMPLATES = ([f"sp_sample<{t}>" for t in _DTYPES.values()] + [f"sp_verify<{t}>" for t in _DTYPES.values()]
-              + [f"sp_wide<{t}>" for t in _DTYPES.values()])
-_NAMES = _TEMPLATES + ["sp_sample_probs"]
+_TEMPLATES = [f"{spec.name}<{t}>" for spec in SPECS.values() if spec.templated for t in _DTYPES.values()]
+_NAMES = _TEMPLATES + [spec.name for spec in SPECS.values() if not spec.templated]
+_NUMPY_TYPES = {"Q": np.uint64, "i": np.int32, "f": np.float32}  # CuPy's own launch takes numpy scalars
 
-_lock = threading.Lock()
-_modules: dict = {}  # device index -> {name: RawKernel}
-_streams: dict = {}  # stream pointer -> cupy ExternalStream
-_work: dict = {}  # (device index, stream pointer) -> workspace
-_parents_cache: dict = {}  # (device index, tuple of parents) -> device tensor
 # Wide path (rows split over many blocks, one persistent launch): sampling and chain verification without
 # top-k / top-p, for vocabularies of at least WIDE_MIN_V tokens (0 disables it).
-WIDE_MIN_V = int(__import__("os").environ.get("SPECPLAY_WIDE_MIN_V", "4096"))
-_TILE = BLOCK * 4
-# kernel argument layouts for the direct driver launch: Q = pointer / uint64, i = int32, f = float32
-_ARGS = {"sp_sample": "QiiQfiiiQiQQQQ", "sp_sample_probs": "QiiQQ",
-         "sp_verify": "QiiiQQQQfiiiQiQQQQQQQ", "sp_wide": "QiiiQQQfiiQQQQQQQQ"}
-_fast = {"on": True}  # cleared if the direct launch fails its self-check
-_tls = threading.local()
-_sms: dict = {}
-_wide_ws: dict = {}  # (device index, stream pointer) -> (bytes, ws tensor, sync tensor, batch capacity)
+WIDE_MIN_V = int(os.environ.get("SPECPLAY_WIDE_MIN_V", "4096"))
+# sp_sample's `mode`, sp_wide's `kind`
+_MODE_SAMPLE, _MODE_WARP = 0, 1
+_KIND_SAMPLE, _KIND_VERIFY_STOCHASTIC, _KIND_VERIFY_GREEDY = 0, 1, 2
+
 _nan_host = torch.zeros(1, dtype=torch.int32).pin_memory()  # written by the kernels through UVA
 _nan_view = _nan_host.numpy()
 _NAN_INT = int(_nan_host.data_ptr())
-
-
-def _kernels(device_index: int) -> dict:
-    mods = _modules.get(device_index)
-    if mods is not None:
-        return mods
-    with _lock:
-        mods = _modules.get(device_index)
-        if mods is None:
-            msg = f"compiling CUDA kernels… ({_SOURCE.name}, device {device_index})"
-            log.info(msg)
-            print(msg, file=sys.stderr, flush=True)
-            with cupy.cuda.Device(device_index):
-                module = cupy.RawModule(code=_SOURCE.read_text(), options=_OPTIONS, name_expressions=_TEMPLATES)
-                mods = {name: module.get_function(name) for name in _NAMES}
-            _modules[device_index] = mods
-            _sms[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
-            _self_check(device_index)
-    return mods
-
-
-class _Launcher:
-    """Direct cuLaunchKernel with a preallocated, per-thread argument block (no per-argument Python work)."""
-
-    def __init__(self, kernel, layout: str):
-        import ctypes
-        import struct
-        self.kernel = kernel
-        fn = getattr(kernel, "kernel", kernel)
-        self.fn = int(fn.ptr)
-        fmt, off, offs = "<", 0, []
-        for ch in layout:
-            size = 8 if ch == "Q" else 4
-            pad = (-off) % size
-            fmt += "x" * pad
-            off += pad
-            offs.append(off)
-            fmt += ch
-            off += size
-        self.struct = struct.Struct(fmt)
-        self.buf = ctypes.create_string_buffer(max(off, 8))
-        base = ctypes.addressof(self.buf)
-        self.params = (ctypes.c_void_p * len(offs))(*[base + o for o in offs])
-        self.params_ptr = ctypes.addressof(self.params)
-        self.conv = [np.uint64 if ch == "Q" else (np.int32 if ch == "i" else np.float32) for ch in layout]
-        self.launch_driver = cupy.cuda.driver.launchKernel
-
-    def __call__(self, grid, args, stream_ptr: int, device_index: int) -> None:
-        if _fast["on"]:
-            self.struct.pack_into(self.buf, 0, *args)
-            try:
-                self.launch_driver(self.fn, grid[0], grid[1], 1, BLOCK, 1, 1, 0, stream_ptr, self.params_ptr, 0)
-                return
-            except Exception:  # e.g. no current context in this thread: take CuPy's launch
-                pass
-        st = _cupy_stream(stream_ptr, device_index)
-        with st:
-            self.kernel(grid, (BLOCK,), tuple(cv(a) for cv, a in zip(self.conv, args)))
-
-
-def _launcher(device_index: int, name: str) -> _Launcher:
-    cache = getattr(_tls, "launchers", None)
-    if cache is None:
-        cache = _tls.launchers = {}
-    key = (device_index, name)
-    ln = cache.get(key)
-    if ln is None:
-        ln = cache[key] = _Launcher(_kernels(device_index)[name], _ARGS[name.split("<")[0]])
-    return ln
-
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -152,48 +77,193 @@ except AttributeError:  # pragma: no cover - older torch
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _cupy_stream(ptr: int, device_index: int):
-    st = _streams.get(ptr)
-    if st is None:
-        with warnings.catch_warnings():  # deprecated in CuPy 14 in favour of Stream.from_external
-            warnings.simplefilter("ignore", DeprecationWarning)
-            st = cupy.cuda.ExternalStream(ptr, device_index)
-        _streams[ptr] = st
-    return st
+# ----------------------------------------------------------------------------------------------- per device
+class DeviceState:
+    """Everything kept for one CUDA device: compiled kernels, launchers, workspaces and caches.
+
+    Built by `_device(index)`, which compiles the kernels.  Workspaces are kept per stream pointer.
+    """
+
+    def __init__(self, index: int):
+        self.index = index
+        self.device = torch.device("cuda", index)
+        self.streams: dict = {}  # stream pointer -> cupy ExternalStream (for CuPy's own launch)
+        self.work: dict = {}  # stream pointer -> _VerifyWorkspace
+        self.wide: dict = {}  # stream pointer -> _WideWorkspace
+        self.parents: dict = {}  # tuple of parents, or ("chain", n) -> int64 device tensor
+        self._threads = threading.local()  # .launchers: this thread's {kernel name: _Launcher}
+        self.kernels = _compile(index)  # kernel name ("sp_wide<float>", ...) -> cupy RawKernel
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+        self.fast_launch = _self_check(self)  # direct cuLaunchKernel (else CuPy's launch)
+
+    def launcher(self, name: str) -> _Launcher:
+        """This thread's launcher of kernel `name` (each owns its argument block)."""
+        cache = getattr(self._threads, "launchers", None)
+        if cache is None:
+            cache = self._threads.launchers = {}
+        ln = cache.get(name)
+        if ln is None:
+            ln = cache[name] = _Launcher(self, name)
+        return ln
+
+    def cupy_stream(self, ptr: int):
+        st = self.streams.get(ptr)
+        if st is None:
+            with warnings.catch_warnings():  # deprecated in CuPy 14 in favour of Stream.from_external
+                warnings.simplefilter("ignore", DeprecationWarning)
+                st = cupy.cuda.ExternalStream(ptr, self.index)
+            self.streams[ptr] = st
+        return st
+
+    def verify_workspace(self, stream_ptr: int, rows: int, batch: int, vocab: int) -> _VerifyWorkspace:
+        vocab_batch = batch * vocab
+        ws = self.work.get(stream_ptr)
+        if ws is None or ws.rows < rows or ws.batch < batch or ws.vocab_batch < vocab_batch:
+            if ws is not None:  # grow, never shrink
+                rows, batch, vocab_batch = (max(rows, ws.rows), max(batch, ws.batch),
+                                            max(vocab_batch, ws.vocab_batch))
+            ws = self.work[stream_ptr] = _VerifyWorkspace(self.device, rows, batch, vocab_batch)
+        return ws
+
+    def wide_workspace(self, stream_ptr: int, batch: int, rows_per_seq: int, chunks: int) -> _WideWorkspace:
+        nbytes = wide_workspace_bytes(batch, rows_per_seq, chunks)
+        ws = self.wide.get(stream_ptr)
+        if ws is None or ws.nbytes < nbytes or ws.batch < batch:
+            if ws is not None:  # grow, never shrink
+                nbytes, batch = max(nbytes, ws.nbytes), max(batch, ws.batch)
+            ws = self.wide[stream_ptr] = _WideWorkspace(self.device, nbytes, batch)
+        return ws
+
+    def wide_grid(self, tasks: int) -> int:
+        """sp_wide's grid: at most one block per SM, so that all blocks are co-resident (grid barriers)."""
+        return max(1, min(self.sms, tasks))
 
 
-def _self_check(device_index: int) -> None:
-    """Run one small kernel through the direct launch and through CuPy's; keep the direct one if they agree."""
+_lock = threading.Lock()
+_devices: dict = {}  # device index -> DeviceState
+
+
+def _device(index: int) -> DeviceState:
+    """The state of CUDA device `index`, built (kernels compiled) on first use."""
+    state = _devices.get(index)
+    if state is not None:
+        return state
+    with _lock:
+        state = _devices.get(index)
+        if state is None:
+            state = _devices[index] = DeviceState(index)
+    return state
+
+
+def _compile(index: int) -> dict:
+    msg = f"compiling CUDA kernels… ({SOURCE.name}, device {index})"
+    log.info(msg)
+    print(msg, file=sys.stderr, flush=True)
+    with cupy.cuda.Device(index):
+        module = cupy.RawModule(code=SOURCE.read_text(), options=_OPTIONS, name_expressions=_TEMPLATES)
+        return {name: module.get_function(name) for name in _NAMES}
+
+
+class _VerifyWorkspace:
+    """sp_verify's scratch: a RowStats per row, a completion counter per sequence (zeroed; the kernel leaves
+    it zeroed) and a residual row per sequence."""
+
+    def __init__(self, device: torch.device, rows: int, batch: int, vocab_batch: int):
+        self.rows, self.batch, self.vocab_batch = rows, batch, vocab_batch
+        self.stats = torch.empty(row_stats_bytes(rows), dtype=torch.uint8, device=device)
+        self.counters = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.scratch = torch.empty(vocab_batch, dtype=torch.float32, device=device)
+        self.stats_ptr = self.stats.data_ptr()
+        self.counters_ptr = self.counters.data_ptr()
+        self.scratch_ptr = self.scratch.data_ptr()
+
+
+class _WideWorkspace:
+    """sp_wide's `ws` (bytes) and `sync` (zeroed; the kernel leaves it zeroed), for `batch` sequences."""
+
+    def __init__(self, device: torch.device, nbytes: int, batch: int):
+        self.nbytes, self.batch = nbytes, batch
+        self.ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.sync = torch.zeros(wide_sync_words(batch), dtype=torch.int32, device=device)
+        self.ws_ptr = self.ws.data_ptr()
+        self.sync_ptr = self.sync.data_ptr()
+
+
+# ----------------------------------------------------------------------------------------------- launching
+class _Launcher:
+    """Launches one kernel: direct cuLaunchKernel from a preallocated argument block (one `pack_into`, no
+    per-argument Python work), or CuPy's launch when the direct one is off or raises."""
+
+    def __init__(self, state: DeviceState, name: str):
+        self.state = state
+        self.kernel = state.kernels[name]
+        self.spec = SPECS[name.split("<")[0]]
+        self.fn = int(getattr(self.kernel, "kernel", self.kernel).ptr)
+        fmt, offsets, size = self.spec.packing()
+        self.struct = struct.Struct(fmt)
+        self.buf = ctypes.create_string_buffer(max(size, 8))
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
+        self.params_ptr = ctypes.addressof(self.params)
+        self.conv = [_NUMPY_TYPES[ch] for ch in self.spec.layout]
+        self.launch_driver = cupy.cuda.driver.launchKernel
+
+    def __call__(self, grid, stream_ptr: int, args: Mapping) -> None:
+        """Launch on `grid` (x, y) blocks with `args` naming every kernel argument."""
+        values = self.spec.values(args)
+        if self.state.fast_launch:
+            self.struct.pack_into(self.buf, 0, *values)
+            try:
+                self.launch_packed(grid, stream_ptr)
+                return
+            except Exception:  # e.g. no current context in this thread: take CuPy's launch
+                pass
+        self.launch_cupy(grid, stream_ptr, values)
+
+    def launch_packed(self, grid, stream_ptr: int) -> None:
+        """cuLaunchKernel with the values last packed into the argument block."""
+        self.launch_driver(self.fn, grid[0], grid[1], 1, BLOCK, 1, 1, 0, stream_ptr, self.params_ptr, 0)
+
+    def launch_cupy(self, grid, stream_ptr: int, values: tuple) -> None:
+        with self.state.cupy_stream(stream_ptr):
+            self.kernel(grid, (BLOCK,), tuple(cv(v) for cv, v in zip(self.conv, values)))
+
+
+def _launch(state: DeviceState, name: str, grid, stream_ptr: int, /, **args) -> None:
+    """Launch kernel `name` with every argument named (checked against its KernelSpec)."""
+    state.launcher(name)(grid, stream_ptr, args)
+
+
+def _self_check(state: DeviceState) -> bool:
+    """Run one small kernel through the direct launch and through CuPy's: True if they agree."""
     try:
-        dev = torch.device("cuda", device_index)
+        dev = state.device
         with torch.cuda.device(dev):
-            probs = torch.softmax(torch.arange(37, dtype=torch.float32, device=dev).reshape(1, 37).repeat(5, 1) * 0.1, -1)
+            ramp = torch.arange(37, dtype=torch.float32, device=dev).reshape(1, 37).repeat(5, 1)
+            probs = torch.softmax(ramp * 0.1, -1)
             u = torch.tensor([0.01, 0.3, 0.5, 0.8, 0.999], dtype=torch.float32, device=dev)
-            a = torch.full((5,), -7, dtype=torch.long, device=dev)
-            bb = torch.full((5,), -7, dtype=torch.long, device=dev)
-            ln = _Launcher(_modules[device_index]["sp_sample_probs"], _ARGS["sp_sample_probs"])
-            sp = _raw_stream(device_index)
-            ln.struct.pack_into(ln.buf, 0, probs.data_ptr(), 5, 37, u.data_ptr(), a.data_ptr())
-            ln.launch_driver(ln.fn, 5, 1, 1, BLOCK, 1, 1, 0, sp, ln.params_ptr, 0)
-            with _cupy_stream(sp, device_index):
-                ln.kernel((5,), (BLOCK,), (np.uint64(probs.data_ptr()), np.int32(5), np.int32(37),
-                                           np.uint64(u.data_ptr()), np.uint64(bb.data_ptr())))
-            ok = bool(torch.equal(a, bb)) and int(a.min()) >= 0
+            direct = torch.full((5,), -7, dtype=torch.long, device=dev)
+            via_cupy = torch.full((5,), -7, dtype=torch.long, device=dev)
+            ln = _Launcher(state, "sp_sample_probs")
+            sp = _raw_stream(state.index)
+            args = {"probs": probs.data_ptr(), "R": 5, "V": 37, "uniforms": u.data_ptr()}
+            ln.struct.pack_into(ln.buf, 0, *ln.spec.values({**args, "tok_out": direct.data_ptr()}))
+            ln.launch_packed((5, 1), sp)
+            ln.launch_cupy((5, 1), sp, ln.spec.values({**args, "tok_out": via_cupy.data_ptr()}))
+            return bool(torch.equal(direct, via_cupy)) and int(direct.min()) >= 0
     except Exception as exc:  # pragma: no cover - depends on the CuPy build
         log.warning("direct kernel launch unavailable (%s); using CuPy's launch", exc)
-        ok = False
-    if not ok:
-        _fast["on"] = False
+        return False
 
 
 def warm_up(device=None) -> None:
-    """Compile (or load from CuPy's cache) every kernel for `device` (default: torch's current CUDA device)."""
+    """Compile (or load from CuPy's cache) every kernel for `device` (default: torch's current device)."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    _kernels(dev.index if dev.index is not None else torch.cuda.current_device())
+    _device(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def check_nan(sync: bool = True) -> None:
-    """Raise ValueError if a kernel has seen NaN logits since the last check (synchronises first if `sync`)."""
+    """Raise ValueError if a kernel has seen NaN logits since the last check (synchronises first if sync)."""
     if sync:
         torch.cuda.current_stream().synchronize()
     _raise_pending_nan()
@@ -205,21 +275,12 @@ def _raise_pending_nan() -> None:
         raise ValueError("NaN in logits (seen by a CUDA sampling/verification kernel; outputs marked -1/NaN)")
 
 
-def _workspace(device: torch.device, stream_ptr: int, rows: int, batch: int, vocab: int):
-    key = (device.index, stream_ptr)
-    ws = _work.get(key)
-    if ws is None or ws["rows"] < rows or ws["batch"] < batch or ws["vocab_batch"] < batch * vocab:
-        r = max(rows, ws["rows"] if ws else 0)
-        b = max(batch, ws["batch"] if ws else 0)
-        vb = max(batch * vocab, ws["vocab_batch"] if ws else 0)
-        ws = {"rows": r, "batch": b, "vocab_batch": vb,
-              "stats": torch.empty(r * 8, dtype=torch.int32, device=device),
-              "counters": torch.zeros(b, dtype=torch.int32, device=device),
-              "scratch": torch.empty(vb, dtype=torch.float32, device=device)}
-        _work[key] = ws
-    return ws
+def _after_call() -> None:
+    if EAGER_NAN_CHECK:
+        check_nan(sync=True)
 
 
+# ----------------------------------------------------------------------------------------------- arguments
 def _check_logits(logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
     if not isinstance(logits, torch.Tensor) or not logits.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor")
@@ -251,11 +312,13 @@ def _check_long(t: torch.Tensor, shape: tuple, dev_index: int, name: str) -> tor
     return t if t.is_contiguous() else t.contiguous()
 
 
-_cfg_cache: dict = {}
+# The kernels' warp arguments (the .cu's struct Cfg) as plain Python numbers
+_WarpCfg = namedtuple("_WarpCfg", WARP_ARGS)
+_cfg_cache: dict = {}  # (temperature, top_k, top_p, vocab) -> _WarpCfg
 
 
-def _warp_cfg(temperature: float, top_k: int, top_p: float, vocab: int):
-    """(inv_t, greedy, top_k, use_topp, tp_fixed) as plain Python numbers (cached per setting)."""
+def _warp_cfg(temperature: float, top_k: int, top_p: float, vocab: int) -> _WarpCfg:
+    """The warp arguments of a sampling setting (cached per setting)."""
     key = (temperature, top_k, top_p, vocab)
     cfg = _cfg_cache.get(key)
     if cfg is not None:
@@ -273,35 +336,19 @@ def _warp_cfg(temperature: float, top_k: int, top_p: float, vocab: int):
     use_k = 0 < k < vocab and not greedy
     use_p = top_p < 1.0 and not greedy
     tp_fixed = int(float(np.float32(top_p)) * 2.0 ** 62) if use_p else 0
-    cfg = (float(inv_t), 1 if greedy else 0, k if use_k else 0, 1 if use_p else 0, tp_fixed)
+    cfg = _WarpCfg(float(inv_t), 1 if greedy else 0, k if use_k else 0, 1 if use_p else 0, tp_fixed)
     if len(_cfg_cache) > 4096:
         _cfg_cache.clear()
     _cfg_cache[key] = cfg
     return cfg
 
 
-def _after_call() -> None:
-    if EAGER_NAN_CHECK:
-        check_nan(sync=True)
+_GREEDY_CFG = _WarpCfg(1.0, 0, 0, 0, 0)  # greedy verification: the kernels want T = 1 without top-k / top-p
 
 
-def _wide_workspace(dev_index: int, stream_ptr: int, batch: int, n1: int, vocab: int, device):
-    chunks = (vocab + _TILE - 1) // _TILE
-    need = batch * n1 * chunks * 24 + batch * n1 * 32 + (batch + 1) * 16 + batch * chunks * 20 + 64
-    key = (dev_index, stream_ptr)
-    ent = _wide_ws.get(key)
-    if ent is None or ent[0] < need or ent[3] < batch:
-        nb = max(need, ent[0] if ent else 0)
-        cap = max(batch, ent[3] if ent else 0)
-        ws = torch.empty(nb, dtype=torch.uint8, device=device)
-        sync = torch.zeros(cap + 2, dtype=torch.int32, device=device)
-        ent = (nb, ws.data_ptr(), sync.data_ptr(), cap, ws, sync)
-        _wide_ws[key] = ent
-    return ent, chunks
-
-
-def _grid_wide(dev_index: int, tasks: int) -> int:
-    return max(1, min(_sms[dev_index], tasks))
+def _use_wide(cfg: _WarpCfg, vocab: int) -> bool:
+    """The wide kernel does no top-k / top-p, and pays off from WIDE_MIN_V tokens (read at call time)."""
+    return bool(WIDE_MIN_V) and vocab >= WIDE_MIN_V and cfg.top_k == 0 and cfg.use_topp == 0
 
 
 # ----------------------------------------------------------------------------------------------- sampling
@@ -317,35 +364,41 @@ def _sample_rows(logits: torch.Tensor, uniforms: Optional[torch.Tensor], tempera
     rows = flat.shape[0]
     cfg = _warp_cfg(temperature, top_k, top_p, vocab)
     tname = _DTYPES[logits.dtype]
-    if mode == 0:
+    if mode == _MODE_SAMPLE:
         u = _check_f32(uniforms, (rows,), di, "uniforms")
         tokens = torch.empty(rows, dtype=torch.long, device=dev)
         probs = torch.empty(rows, dtype=torch.float32, device=dev)
         if rows > 0:
-            sp = _raw_stream(di)
-            if WIDE_MIN_V and vocab >= WIDE_MIN_V and cfg[2] == 0 and cfg[3] == 0:
-                ent, chunks = _wide_workspace(di, sp, rows, 1, vocab, dev)
-                _launcher(di, f"sp_wide<{tname}>")((_grid_wide(di, rows * chunks), 1), (
-                    flat.data_ptr(), rows, 0, vocab, 0, 0, u.data_ptr(), cfg[0], cfg[1], 0, ent[1], ent[2],
-                    0, 0, 0, tokens.data_ptr(), probs.data_ptr(), _NAN_INT), sp, di)
+            state, sp = _device(di), _raw_stream(di)
+            if _use_wide(cfg, vocab):
+                chunks = wide_chunks(vocab)
+                ws = state.wide_workspace(sp, rows, 1, chunks)
+                _launch(state, f"sp_wide<{tname}>", (state.wide_grid(rows * chunks), 1), sp,
+                        logits=flat.data_ptr(), B=rows, N=0, V=vocab, draft=NULL, q=NULL,
+                        uniforms=u.data_ptr(), inv_t=cfg.inv_t, greedy=cfg.greedy, kind=_KIND_SAMPLE,
+                        ws=ws.ws_ptr, sync=ws.sync_ptr, out_i=NULL, out_f=NULL, tested=NULL,
+                        tok_out=tokens.data_ptr(), prob_out=probs.data_ptr(), nan_flag=_NAN_INT)
             else:
-                _launcher(di, f"sp_sample<{tname}>")((rows, 1), (
-                    flat.data_ptr(), rows, vocab, u.data_ptr(), *cfg, 0, tokens.data_ptr(), probs.data_ptr(), 0,
-                    _NAN_INT), sp, di)
+                _launch(state, f"sp_sample<{tname}>", (rows, 1), sp,
+                        logits=flat.data_ptr(), R=rows, V=vocab, uniforms=u.data_ptr(), inv_t=cfg.inv_t,
+                        greedy=cfg.greedy, top_k=cfg.top_k, use_topp=cfg.use_topp, tp_fixed=cfg.tp_fixed,
+                        mode=_MODE_SAMPLE, tok_out=tokens.data_ptr(), prob_out=probs.data_ptr(),
+                        probs_out=NULL, nan_flag=_NAN_INT)
         _after_call()
         return tokens, probs
     out = torch.empty(flat.shape, dtype=torch.float32, device=dev)
     if rows > 0:
-        sp = _raw_stream(di)
-        _launcher(di, f"sp_sample<{tname}>")((rows, 1), (
-            flat.data_ptr(), rows, vocab, 0, *cfg, 1, 0, 0, out.data_ptr(), _NAN_INT), sp, di)
+        _launch(_device(di), f"sp_sample<{tname}>", (rows, 1), _raw_stream(di),
+                logits=flat.data_ptr(), R=rows, V=vocab, uniforms=NULL, inv_t=cfg.inv_t, greedy=cfg.greedy,
+                top_k=cfg.top_k, use_topp=cfg.use_topp, tp_fixed=cfg.tp_fixed, mode=_MODE_WARP, tok_out=NULL,
+                prob_out=NULL, probs_out=out.data_ptr(), nan_flag=_NAN_INT)
     _after_call()
     return out.reshape(logits.shape)
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Sampling distribution of logits [..., V] -> probs [..., V] float32 (see reference.warp_probs)."""
-    return _sample_rows(logits, None, temperature, top_k, top_p, mode=1)
+    return _sample_rows(logits, None, temperature, top_k, top_p, mode=_MODE_WARP)
 
 
 def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int = 0,
@@ -353,7 +406,7 @@ def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top
     """logits [R, V], uniforms [R] -> (tokens [R] int64, token_probs [R] float32) (see reference.sample)."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits must be [R, V], got {tuple(getattr(logits, 'shape', ()))}")
-    return _sample_rows(logits, uniforms, temperature, top_k, top_p, mode=0)
+    return _sample_rows(logits, uniforms, temperature, top_k, top_p, mode=_MODE_SAMPLE)
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -370,41 +423,38 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     u = _check_f32(uniforms, (rows,), di, "uniforms")
     tokens = torch.empty(rows, dtype=torch.long, device=probs.device)
     if rows > 0:
-        _launcher(di, "sp_sample_probs")((rows, 1), (probs.data_ptr(), rows, vocab, u.data_ptr(),
-                                                     tokens.data_ptr()), _raw_stream(di), di)
+        _launch(_device(di), "sp_sample_probs", (rows, 1), _raw_stream(di),
+                probs=probs.data_ptr(), R=rows, V=vocab, uniforms=u.data_ptr(), tok_out=tokens.data_ptr())
     return tokens
 
 
 # ----------------------------------------------------------------------------------------------- verification
-def _device_parents(parents: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+def _device_parents(state: DeviceState, parents: torch.Tensor, n: int) -> torch.Tensor:
     if not isinstance(parents, torch.Tensor) or tuple(parents.shape) != (n,):
         raise ValueError(f"parents must have shape ({n},)")
     if parents.device.type == "cuda":  # used as given (validating it would need a host sync)
-        if parents.device != device:
-            raise ValueError(f"parents must be on {device} or the CPU")
-        return parents if parents.dtype == torch.int64 and parents.is_contiguous() else parents.long().contiguous()
+        if parents.device != state.device:
+            raise ValueError(f"parents must be on {state.device} or the CPU")
+        if parents.dtype == torch.int64 and parents.is_contiguous():
+            return parents
+        return parents.long().contiguous()
     plist = tuple(int(p) for p in parents.tolist())
-    key = (device.index, plist)
-    t = _parents_cache.get(key)
+    t = state.parents.get(plist)
     if t is None:
         for i, p in enumerate(plist):
             if not -1 <= p < i:
-                raise ValueError(f"parents must be topologically ordered (-1 <= parents[i] < i); parents[{i}] = {p}")
-        t = torch.tensor(plist, dtype=torch.int64, device=device)
-        _parents_cache[key] = t
+                raise ValueError("parents must be topologically ordered (-1 <= parents[i] < i); "
+                                 f"parents[{i}] = {p}")
+        t = state.parents[plist] = torch.tensor(plist, dtype=torch.int64, device=state.device)
     return t
 
 
-def _chain_parents(n: int, device: torch.device) -> torch.Tensor:
-    key = (device.index, "chain", n)
-    t = _parents_cache.get(key)
+def _chain_parents(state: DeviceState, n: int) -> torch.Tensor:
+    key = ("chain", n)
+    t = state.parents.get(key)
     if t is None:
-        t = torch.arange(-1, n - 1, dtype=torch.int64, device=device)
-        _parents_cache[key] = t
+        t = state.parents[key] = torch.arange(-1, n - 1, dtype=torch.int64, device=state.device)
     return t
-
-
-_GREEDY_CFG = (1.0, 0, 0, 0, 0)
 
 
 def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, temperature, top_k, top_p,
@@ -433,25 +483,32 @@ def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, tempera
     ints = torch.empty(batch, 2 + n, dtype=torch.long, device=dev)
     floats = torch.empty(3, batch, n, dtype=torch.float32, device=dev)
     tested = torch.empty(batch, n, dtype=torch.bool, device=dev)
-    wide = chain and WIDE_MIN_V and vocab >= WIDE_MIN_V and cfg[2] == 0 and cfg[3] == 0
-    par = None if wide else (_chain_parents(n, dev) if chain else _device_parents(parents, n, dev))
+    wide = chain and _use_wide(cfg, vocab)
+    state = _device(di)
+    par = None if wide else (_chain_parents(state, n) if chain else _device_parents(state, parents, n))
     if batch > 0:
         sp = _raw_stream(di)
-        qp = 0 if q is None else q.data_ptr()
-        up = 0 if u is None else u.data_ptr()
+        qp = NULL if q is None else q.data_ptr()
+        up = NULL if u is None else u.data_ptr()
         tname = _DTYPES[logits.dtype]
         if wide:
-            ent, chunks = _wide_workspace(di, sp, batch, n1, vocab, dev)
-            _launcher(di, f"sp_wide<{tname}>")((_grid_wide(di, batch * n1 * chunks), 1), (
-                logits.data_ptr(), batch, n, vocab, draft.data_ptr(), qp, up, cfg[0], cfg[1],
-                2 if greedy_verify else 1, ent[1], ent[2], ints.data_ptr(), floats.data_ptr(), tested.data_ptr(),
-                0, 0, _NAN_INT), sp, di)
+            chunks = wide_chunks(vocab)
+            ws = state.wide_workspace(sp, batch, n1, chunks)
+            kind = _KIND_VERIFY_GREEDY if greedy_verify else _KIND_VERIFY_STOCHASTIC
+            _launch(state, f"sp_wide<{tname}>", (state.wide_grid(batch * n1 * chunks), 1), sp,
+                    logits=logits.data_ptr(), B=batch, N=n, V=vocab, draft=draft.data_ptr(), q=qp,
+                    uniforms=up, inv_t=cfg.inv_t, greedy=cfg.greedy, kind=kind, ws=ws.ws_ptr,
+                    sync=ws.sync_ptr, out_i=ints.data_ptr(), out_f=floats.data_ptr(),
+                    tested=tested.data_ptr(), tok_out=NULL, prob_out=NULL, nan_flag=_NAN_INT)
         else:
-            ws = _workspace(dev, sp, batch * n1, batch, vocab)
-            _launcher(di, f"sp_verify<{tname}>")((n1, batch), (
-                logits.data_ptr(), batch, n, vocab, draft.data_ptr(), par.data_ptr(), qp, up, *cfg,
-                1 if greedy_verify else 0, ws["stats"].data_ptr(), ws["counters"].data_ptr(),
-                ws["scratch"].data_ptr(), ints.data_ptr(), floats.data_ptr(), tested.data_ptr(), _NAN_INT), sp, di)
+            ws = state.verify_workspace(sp, batch * n1, batch, vocab)
+            _launch(state, f"sp_verify<{tname}>", (n1, batch), sp,
+                    logits=logits.data_ptr(), B=batch, N=n, V=vocab, draft=draft.data_ptr(),
+                    parents=par.data_ptr(), q=qp, uniforms=up, inv_t=cfg.inv_t, greedy=cfg.greedy,
+                    top_k=cfg.top_k, use_topp=cfg.use_topp, tp_fixed=cfg.tp_fixed,
+                    greedy_verify=1 if greedy_verify else 0, stats=ws.stats_ptr, counters=ws.counters_ptr,
+                    scratch=ws.scratch_ptr, out_i=ints.data_ptr(), out_f=floats.data_ptr(),
+                    tested=tested.data_ptr(), nan_flag=_NAN_INT)
     _after_call()
     return VerifyResult(accepted=ints[:, 0], next_token=ints[:, 1], path=ints[:, 2:], p_draft=floats[0],
                         q_draft=floats[1], accept_prob=floats[2], tested=tested)
@@ -466,14 +523,16 @@ def _verify_nothing_drafted(logits, greedy_verify, uniforms, temperature, top_k,
         token, _ = sample(logits[:, 0].contiguous(), uniforms[:, 0].contiguous(), temperature, top_k, top_p)
     empty_f = torch.empty(batch, 0, dtype=torch.float32, device=dev)
     return VerifyResult(accepted=torch.zeros(batch, dtype=torch.long, device=dev), next_token=token.long(),
-                        path=torch.empty(batch, 0, dtype=torch.long, device=dev), p_draft=empty_f, q_draft=empty_f,
-                        accept_prob=empty_f, tested=torch.empty(batch, 0, dtype=torch.bool, device=dev))
+                        path=torch.empty(batch, 0, dtype=torch.long, device=dev), p_draft=empty_f,
+                        q_draft=empty_f, accept_prob=empty_f,
+                        tested=torch.empty(batch, 0, dtype=torch.bool, device=dev))
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                        parents: torch.Tensor) -> VerifyResult:
     """Greedy tree verification (see reference.verify_tree_greedy)."""
-    return _verify(target_logits, draft_tokens, parents, None, None, 1.0, 0, 1.0, greedy_verify=True, chain=False)
+    return _verify(target_logits, draft_tokens, parents, None, None, 1.0, 0, 1.0, greedy_verify=True,
+                   chain=False)
 
 
 def verify_tree_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Tensor, parents: torch.Tensor,
@@ -497,8 +556,13 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
                    greedy_verify=False, chain=True)
 
 
-BACKEND = SimpleNamespace(
-    name="cupy-raw-kernels", compiles_kernels=True, flags_nan_on_device=True, warp_probs=warp_probs, sample_from_probs=sample_from_probs, sample=sample,
-    verify_chain_greedy=verify_chain_greedy, verify_chain_stochastic=verify_chain_stochastic,
-    verify_tree_greedy=verify_tree_greedy, verify_tree_stochastic=verify_tree_stochastic,
-    warm_up=warm_up, check_nan=check_nan)
+# ----------------------------------------------------------------------------------------------- backend
+class CudaBackend(ModuleBackend):
+    """The CuPy raw kernels of this module as a `kernels.Backend`."""
+
+    def __init__(self):
+        super().__init__("cupy-raw-kernels", sys.modules[__name__], compiles_kernels=True,
+                         flags_nan_on_device=True, warm_up=warm_up, check_nan=check_nan)
+
+
+BACKEND = CudaBackend()

@@ -34,10 +34,10 @@ def chain_parents(k: int, device=None) -> torch.Tensor:
 def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Sampling distribution of logits [..., V] -> probs [..., V] float32.
 
-    temperature 0 gives the one-hot argmax (first index on ties). top_k keeps tokens whose logit is >= the k-th
-    largest (ties kept); top_p keeps the smallest set of most likely tokens whose mass reaches top_p (every
-    token as likely as the last one kept is kept too); the rest get probability 0 and the kept mass is
-    renormalised. NaN logits raise ValueError.
+    temperature 0 gives the one-hot argmax (first index on ties). top_k keeps tokens whose logit is >= the
+    k-th largest (ties kept); top_p keeps the smallest set of most likely tokens whose mass reaches top_p
+    (every token as likely as the last one kept is kept too); the rest get probability 0 and the kept mass
+    is renormalised. NaN logits raise ValueError.
     """
     logits = logits.float()
     if torch.isnan(logits).any():
@@ -139,8 +139,8 @@ def verify_tree_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Tens
                            top_k: int = 0, top_p: float = 1.0) -> VerifyResult:
     """Lossless recursive rejection sampling over a token tree (speculative sampling for a chain).
 
-    target_logits [B, N+1, V]; draft_tokens [B, N]; parents [N]; draft_probs [B, N, V]: the distribution node i
-    was drawn from (None: one-hot, a deterministic drafter); uniforms [B, N+1]: u[:, i] tests node i,
+    target_logits [B, N+1, V]; draft_tokens [B, N]; parents [N]; draft_probs [B, N, V]: the distribution
+    node i was drawn from (None: one-hot, a deterministic drafter); uniforms [B, N+1]: u[:, i] tests node i,
     u[:, N] samples the correction / bonus token. At a node, children are tried in index order: child x is
     accepted with probability min(1, p(x)/q(x)); on rejection p becomes normalize(max(p - q, 0)) before the
     next sibling is tried; when no child is accepted the next token is sampled from the current p (the

@@ -31,8 +31,7 @@ def main() -> int:
 
     device = resolve_device(args.device)
     decoder = SpeculativeDecoder(load_pair(None, None, device=device, need_draft=args.method == "draft"))
-    if hasattr(decoder.backend, "warm_up"):
-        decoder.backend.warm_up()
+    decoder.backend.warm_up()
     config = GenerationConfig(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens,
                               tree_nodes=args.tree_nodes)
     prompt = heldout_prompts(1)[0]

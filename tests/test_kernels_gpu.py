@@ -1,9 +1,9 @@
 """CUDA kernels (kernels/cuda.py) against the torch reference on the same GPU tensors.
 
-Marked `gpu`; skipped with a reason when CUDA or CuPy is missing.  SPECPLAY_FUZZ_CASES sets the number of fuzz
-cases per kernel (default 10,000).  Token/accept decisions must be identical; a case may differ only when it is
-numerically ambiguous (the reference's fp32 sums put top_p, u * total or u itself within rounding distance of a
-boundary), and such cases must stay rare (<= 0.2 % of cases).
+Marked `gpu`; skipped with a reason when CUDA or CuPy is missing.  SPECPLAY_FUZZ_CASES sets the number of
+fuzz cases per kernel (default 10,000).  Token/accept decisions must be identical; a case may differ only when
+it is numerically ambiguous (the reference's fp32 sums put top_p, u * total or u itself within rounding
+distance of a boundary), and such cases must stay rare (<= 0.2 % of cases).
 """
 from __future__ import annotations
 
@@ -128,14 +128,18 @@ def _verify_fuzz(tree: bool, stochastic: bool, seed: int, n_cases: int = N_CASES
     gc = torch.Generator().manual_seed(seed + 1)
     done = mism = 0
     while done < n_cases:
-        vocab = _fuzz_vocab(gc) if float(torch.rand(1, generator=gc)) < 0.7 else int(torch.randint(2, 64, (1,), generator=gc))
+        if float(torch.rand(1, generator=gc)) < 0.7:
+            vocab = _fuzz_vocab(gc)
+        else:
+            vocab = int(torch.randint(2, 64, (1,), generator=gc))
         batch = int(torch.randint(1, 40, (1,), generator=gc))
         n = int(torch.randint(1, 12, (1,), generator=gc))
         dtype = DTYPES[int(torch.randint(0, 3, (1,), generator=gc))]
         kind = int(torch.randint(0, 4, (1,), generator=gc))
         temp, top_k, top_p = _rand_cfg(gc)
         if tree:
-            parents = torch.tensor([-1] + [int(torch.randint(-1, i, (1,), generator=gc)) for i in range(1, n)])
+            parents = torch.tensor([-1] + [int(torch.randint(-1, i, (1,), generator=gc))
+                                           for i in range(1, n)])
         else:
             parents = ref.chain_parents(n)
         x = _logits(g, batch * (n + 1), vocab, dtype, kind).reshape(batch, n + 1, vocab)
@@ -176,8 +180,9 @@ def _verify_fuzz(tree: bool, stochastic: bool, seed: int, n_cases: int = N_CASES
             mism += int(bad.sum())
             unexplained = int((bad & ~amb).sum())
             assert unexplained <= 1, (
-                f"mismatch: tree={tree} stoch={stochastic} V={vocab} B={batch} N={n} {dtype} kind={kind} T={temp} "
-                f"k={top_k} p={top_p} q={use_q} ref acc={r.accepted[bad].tolist()[:4]} next={r.next_token[bad].tolist()[:4]}"
+                f"mismatch: tree={tree} stoch={stochastic} V={vocab} B={batch} N={n} {dtype} kind={kind} "
+                f"T={temp} k={top_k} p={top_p} q={use_q} ref acc={r.accepted[bad].tolist()[:4]} "
+                f"next={r.next_token[bad].tolist()[:4]}"
                 f" kernel acc={k.accepted[bad].tolist()[:4]} next={k.next_token[bad].tolist()[:4]}")
         done += batch
     assert mism <= max(2, AMBIG_FRACTION * done), f"{mism} ambiguous mismatches out of {done}"
@@ -279,7 +284,8 @@ def test_sample_statistics_top_p():
     nz = exp > 0
     e = exp[nz] * rows
     stat = ((counts[nz] - e) ** 2 / e).sum()
-    pval = float(torch.special.gammaincc(torch.tensor((int(nz.sum()) - 1) / 2.0, dtype=torch.float64), stat / 2))
+    dof = torch.tensor((int(nz.sum()) - 1) / 2.0, dtype=torch.float64)
+    pval = float(torch.special.gammaincc(dof, stat / 2))
     assert pval > 1e-3
 
 
@@ -318,13 +324,26 @@ def test_input_validation():
     u = torch.rand(2, device=DEV)
     assert torch.equal(kc.sample(xt, u, 0.0)[0], ref.sample(xt, u, 0.0)[0])
     with pytest.raises(ValueError):
-        kc.verify_tree_greedy(torch.randn(1, 3, 10, device=DEV), torch.zeros(1, 2, dtype=torch.long, device=DEV),
-                              torch.tensor([-1, 1]))
+        kc.verify_tree_greedy(torch.randn(1, 3, 10, device=DEV),
+                              torch.zeros(1, 2, dtype=torch.long, device=DEV), torch.tensor([-1, 1]))
 
 
 def test_select_backend():
-    from kernels import select_backend
-    assert select_backend(torch.device("cuda")).name == "cupy-raw-kernels"
+    from kernels import Backend, select_backend
+    from kernels.backend import MEMBERS
+    backend = select_backend(torch.device("cuda"))
+    assert backend is kc.BACKEND and backend.name == "cupy-raw-kernels"
+    assert isinstance(backend, Backend) and backend.compiles_kernels and backend.flags_nan_on_device
+    assert set(vars(backend)) == set(MEMBERS)
+
+
+def test_device_state_is_built_once_and_launches_directly():
+    kc.warm_up(DEV)
+    index = torch.cuda.current_device()
+    state = kc._device(index)
+    assert state is kc._device(index) and state.index == index
+    assert set(state.kernels) == set(kc._NAMES)
+    assert state.fast_launch  # the self-check passed: launches go straight to cuLaunchKernel
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])

@@ -1,6 +1,7 @@
 """Properties of the torch reference (kernels/reference.py): the contract the CUDA kernels are tested against.
 
-CPU only; runs in CI.  Statistical tests use fixed seeds and a chi-square p-value from torch.special.gammaincc.
+CPU only; runs in CI.  Statistical tests use fixed seeds and a chi-square p-value from
+torch.special.gammaincc.
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def test_chain_stochastic_with_top_p_and_one_hot_drafts():
     V, K, B = 10, 3, 6000
     target = torch.randn(K + 1, V, generator=g) * 1.5
     draft = torch.randint(0, V, (B, K), generator=g)
-    res = ref.verify_chain_stochastic(target.expand(B, K + 1, V), draft, None, torch.rand(B, K + 1, generator=g),
+    uniforms = torch.rand(B, K + 1, generator=g)
+    res = ref.verify_chain_stochastic(target.expand(B, K + 1, V), draft, None, uniforms,
                                       temperature=0.7, top_k=0, top_p=0.8)
     p = ref.warp_probs(target[0:1], 0.7, 0, 0.8)[0]
     assert chi2_pvalue(torch.bincount(first_emitted(res, draft), minlength=V), p) > 1e-3

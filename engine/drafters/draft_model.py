@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, to_device
 
@@ -25,15 +26,25 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         feed = to_device(state.tokens[self.cached:], self.runner.device)
-        uniforms = state.uniforms(k)
+        self.base, self.last_k = len(state.tokens), k
+        logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
+        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
+        sampling = chain_sampling(state)
+        if ChainGraphs.available(self.runner, k, sampling):
+            drafted = draft_model_chain(self.runner, logits, k, state.vocab_size, sampling, uniforms)
+            if drafted is not None:
+                return Draft(tokens=drafted[0], probs=drafted[1])
+        return self._eager_chain(state, logits, k, uniforms)
+
+    def _eager_chain(self, state: DecodeState, logits: torch.Tensor, k: int, uniforms: torch.Tensor) -> Draft:
+        """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
         tokens, probs = [], []
         for i in range(k):
-            logits = self.runner.forward(feed).logits[-1:, :state.vocab_size]  # [1, V]
-            token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
+            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
-            feed = token
-        self.base, self.last_k = len(state.tokens), k
+            if i < k - 1:
+                logits = self.runner.forward(token).logits[-1:]
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
