@@ -126,9 +126,10 @@ def fastest_k(rows: list) -> int:
 class SweepDialog(QDialog):
     """The measured K sweep: a table, the fastest K, and a button that makes it the K of the next runs."""
 
-    def __init__(self, parent, rows: list, title: str):
+    def __init__(self, parent, rows: list, title: str, complete: bool = True):
         super().__init__(parent)
-        self.setWindowTitle("Fastest K")
+        self.setWindowTitle("Fastest K" if complete else "K sweep (stopped)")
+        self.complete = complete
         self.best = fastest_k(rows)
         best_row = next(row for row in rows if row["k"] == self.best)
         table = QTableWidget(len(rows), len(SWEEP_COLUMNS))
@@ -137,18 +138,27 @@ class SweepDialog(QDialog):
         for r, row in enumerate(rows):
             for c, (key, _, fmt) in enumerate(SWEEP_COLUMNS):
                 item = QTableWidgetItem(fmt.format(row[key]))
-                if row["k"] == self.best:
+                if complete and row["k"] == self.best:
                     font = item.font()
                     font.setBold(True)
                     item.setFont(font)
                 table.setItem(r, c, item)
         table.resizeColumnsToContents()
         self.table = table
-        summary = QLabel(f"{title}<br>Fastest measured: <b>K = {self.best}</b>, "
-                         f"{best_row['speedup']:.2f}× the tokens/s of plain decoding on this machine.")
+        if complete:
+            verdict = (f"Fastest measured: <b>K = {self.best}</b>, {best_row['speedup']:.2f}× the tokens/s of "
+                       "plain decoding on this machine.")
+        else:  # a stopped sweep: what it measured, no recommendation from a partial sweep
+            measured = ", ".join(str(row["k"]) for row in rows)
+            verdict = (f"Stopped after K = {measured}: the sweep did not measure every K, so it recommends "
+                       "none.")
+        summary = QLabel(f"{title}<br>{verdict}")
         summary.setWordWrap(True)
+        self.summary = summary
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
-        self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
+        self.use_button = None
+        if complete:
+            self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)

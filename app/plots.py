@@ -7,13 +7,20 @@ import numpy as np
 import pyqtgraph as pg
 
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QWidget
+from PySide6.QtGui import QPixmap
+from PySide6.QtWidgets import (QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QStackedLayout,
+                               QTabWidget, QWidget)
 
-from app.plot_data import PlotBuffers, summary_html
+from app.plot_data import PlotBuffers, robust_top, summary_html
 from app.style import LIGHT, TokenColors
 
 REDRAW_HZ = 20
 AXIS_WIDTH = 52  # px for the y axis: its label and tick labels up to five characters ("12.50", "1000")
+PNG_SCALE = 2  # exported PNGs have twice the screen's pixels
+OVERLAY_COLORS = ("#e8590c", "#2f9e44", "#9c36b5", "#1098ad", "#f08c00", "#c2255c", "#5c940d")
+NUMBERING = "Rounds, generations and draft positions count from 1."
+# the running curve each plot overlays for a compared run (PlotBuffers attribute)
+OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot"}
 
 
 def nice_ceiling(value: float) -> float:
@@ -29,6 +36,12 @@ def nice_ceiling(value: float) -> float:
 
 def _array(values) -> np.ndarray:
     return np.asarray(values, dtype=float)
+
+
+def clip_outliers(y: np.ndarray, top: float) -> tuple:
+    """(y with values above `top` removed, mask of the clipped ones) for a scatter on a robust range."""
+    over = np.isfinite(y) & (y > top)
+    return np.where(over, np.nan, y), over
 
 
 class SummaryLabel(QLabel):
@@ -56,28 +69,40 @@ class PlotPanel(QWidget):
         self.buffers = PlotBuffers()
         self.redraws = 0  # single-plot redraws, for tests
         self.colors = LIGHT
-        self.grid = QGridLayout(self)
+        self.overlays: list = []  # [(label, PlotBuffers)] of compared runs
+        self.reference = None  # (TPOT ms, label) of a plain run: the reference line on the TPOT plot
+        self.compact = False  # True: one plot at a time, in tabs (small windows)
+        self.stack = QStackedLayout(self)
+        self.grid_page = QWidget()
+        self.grid = QGridLayout(self.grid_page)
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.grid.setSpacing(2)
         for column in range(3):
             self.grid.setColumnStretch(column, 1)
         for row in range(2):
             self.grid.setRowStretch(row, 1)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.currentChanged.connect(lambda _: self.redraw_if_dirty())
+        self.stack.addWidget(self.grid_page)
+        self.stack.addWidget(self.tabs)
         self._widgets: list = []
+        self.plot_widgets: list = []
         self._build()
         self._next = 0
 
     # ---------------------------------------------------------------------------------------------- build
     def _build(self) -> None:
+        self.tabs.clear()
         for widget in self._widgets:
             self.grid.removeWidget(widget)
             widget.deleteLater()
-        self._widgets = []
+        self._widgets, self.plot_widgets = [], []
         self.alpha_plot = self._plot(0, 0, "Acceptance rate α per round", "α", y_range=(0, 1.05))
         self.tpf_plot = self._plot(0, 1, "Tokens per target forward", "tokens")
         self.tpot_plot = self._plot(0, 2, "Time per output token", "ms")
         self.hist_plot = self._plot(1, 0, "Accepted length (rounds)", "rounds", x_label="accepted drafts")
-        self.pos_plot = self._plot(1, 1, "Acceptance by draft position", "α_i", x_label="position",
+        self.pos_plot = self._plot(1, 1, "Acceptance by draft position", "α_i", x_label="draft position",
                                    y_range=(0, 1.05))
         c = self.colors
         self.curves = {
@@ -91,6 +116,13 @@ class PlotPanel(QWidget):
             "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
             "predicted_tpot": self._line(self.tpot_plot, c.predicted, "TPOT_plain·(1+cK)/E", dash=True),
         }
+        self.clipped = {name: self._clipped_marks(plot) for name, plot in
+                        (("round_tpf", self.tpf_plot), ("round_tpot", self.tpot_plot))}
+        self.reference_line = pg.InfiniteLine(angle=0, movable=False,
+                                              pen=pg.mkPen(c.plot_fg, width=1, style=Qt.DotLine))
+        self.reference_line.setVisible(False)
+        self.tpot_plot.addItem(self.reference_line)
+        self.overlay_curves: dict = {}  # (plot key, overlay index) -> curve
         self.hist_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.running)
         self.hist_plot.addItem(self.hist_bars)
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
@@ -100,13 +132,13 @@ class PlotPanel(QWidget):
         self.summary = SummaryLabel()
         self.summary.setAlignment(Qt.AlignTop | Qt.AlignLeft)
         self.summary.setStyleSheet(f"background:{c.plot_bg}; color:{c.plot_fg}; padding:8px")
-        self.grid.addWidget(self.summary, 1, 2)
         self._widgets.append(self.summary)
+        self._place_widgets()
         self._painters = [
-            lambda: self._draw_curves(self.alpha_plot, "round_alpha", "running_alpha"),
-            lambda: self._draw_curves(self.tpf_plot, "round_tpf", "running_tpf", "analytic_tpf",
+            lambda: self._draw_curves(self.alpha_plot, "alpha", "round_alpha", "running_alpha"),
+            lambda: self._draw_curves(self.tpf_plot, "tpf", "round_tpf", "running_tpf", "analytic_tpf",
                                       "per_position_tpf"),
-            lambda: self._draw_curves(self.tpot_plot, "round_tpot", "running_tpot", "predicted_tpot"),
+            lambda: self._draw_curves(self.tpot_plot, "tpot", "round_tpot", "running_tpot", "predicted_tpot"),
             self._draw_histogram,
             self._draw_positions,
             self._draw_summary,
@@ -116,23 +148,84 @@ class PlotPanel(QWidget):
     def _plot(self, row, col, title, y_label, x_label="round", y_range=None):
         widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
         widget.setFrameShape(QFrame.NoFrame)
-        self.grid.addWidget(widget, row, col)
+        widget.grid_cell = (row, col)
         self._widgets.append(widget)
+        self.plot_widgets.append(widget)
         plot = widget.getPlotItem()
         plot.setLabel("left", y_label)
         plot.setLabel("bottom", x_label)
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setClipToView(True)
         plot.setDownsampling(auto=True, mode="peak")
-        plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
-        # axes that never resize with their tick labels never relayout the plot
+        plot.legend = pg.LegendItem(colCount=2, labelTextSize="8pt", verSpacing=-6)
+        plot.layout.addItem(plot.legend, 4, 1)  # below the x axis: never over the data
+        # axes that never resize with their tick labels never relayout the plot; no "(x0.001)" multipliers
         for name in ("left", "bottom"):
             plot.getAxis(name).setStyle(autoExpandTextSpace=False, autoReduceTextSpace=False)
+            plot.getAxis(name).enableAutoSIPrefix(False)
         plot.getAxis("left").setWidth(AXIS_WIDTH)
         plot.disableAutoRange()  # ranges are set with the data: auto-range would paint every update twice
         plot.fixed_y = y_range
+        plot.readout = pg.TextItem(color=self.colors.plot_fg, anchor=(0, 0))
+        plot.readout.setZValue(10)
+        plot.addItem(plot.readout, ignoreBounds=True)
+        plot.scene().sigMouseMoved.connect(lambda pos, p=plot: self._hover(p, pos))
         self._fit(plot, 10, 1)
         return plot
+
+    def _place_widgets(self) -> None:
+        """The plots and the summary in the grid (a large panel) or in tabs (compact)."""
+        for widget in self._widgets:
+            if self.compact:
+                title = widget.getPlotItem().titleLabel.text if widget is not self.summary else "Summary"
+                self.tabs.addTab(widget, title)
+            else:
+                self.grid.addWidget(widget, *getattr(widget, "grid_cell", (1, 2)))
+        self.stack.setCurrentIndex(1 if self.compact else 0)
+
+    def set_compact(self, compact: bool) -> None:
+        """Small windows: one plot at a time in tabs; large ones: all five and the summary in a grid."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        if not compact:
+            self.tabs.clear()
+        self._place_widgets()
+        self._drawn = [-1] * len(self._painters)
+
+    def _clipped_marks(self, plot):
+        """Where a round's value lies above the robust range: a triangle at the top edge."""
+        return plot.plot([], [], pen=None, symbol="t1", symbolSize=7, symbolPen=None,
+                         symbolBrush=self.colors.analytic)
+
+    # ---------------------------------------------------------------------------------------------- hover
+    def _hover(self, plot, scene_pos) -> None:
+        """A readout of the values at the round (or bar) under the mouse, in the plot's top-left corner."""
+        box = plot.vb
+        if not box.sceneBoundingRect().contains(scene_pos):
+            plot.readout.setText("")
+            return
+        x = box.mapSceneToView(scene_pos).x()
+        plot.readout.setText(self.readout(plot, x))
+        (x_low, _), (_, y_high) = box.viewRange()
+        plot.readout.setPos(x_low, y_high)
+
+    def readout(self, plot, x: float) -> str:
+        """The text the hover readout shows at x on `plot`."""
+        index = int(round(x))
+        if plot is self.hist_plot:
+            counts = self.buffers.length_counts
+            return f"{index} accepted: {counts[index]} rounds" if 0 <= index < len(counts) else ""
+        if plot is self.pos_plot:
+            alphas = self.buffers.per_position_acceptance
+            return f"position {index}: α_i = {alphas[index - 1]:.3f}" if 1 <= index <= len(alphas) else ""
+        names = {self.alpha_plot: ("round_alpha", "running_alpha"), self.tpf_plot: ("round_tpf", "running_tpf"),
+                 self.tpot_plot: ("round_tpot", "running_tpot")}[plot]
+        values = [getattr(self.buffers, name) for name in names]
+        if not 1 <= index <= len(values[0]):
+            return ""
+        this, running = (v[index - 1] for v in values)
+        return f"round {index}: {this:.3g} (running {running:.3g})"
 
     @staticmethod
     def _cache_static_items(plot) -> None:
@@ -145,22 +238,26 @@ class PlotPanel(QWidget):
             static.extend(item.childItems())
 
     @staticmethod
-    def _fit(plot, x_max: float, y_max: float, x_min: float = 0.0) -> None:
-        """Set the view range, rounded up to 1-2-5 steps and only when it changes: a new range relabels
-        the axes, and axis painting is the most expensive part of a redraw."""
-        y_low, y_high = plot.fixed_y or (0.0, nice_ceiling(max(y_max, 1e-3) * 1.1))
-        wanted = (x_min, max(nice_ceiling(x_max), x_min + 1), y_low, y_high)
+    def _fit(plot, x_max: float, y_max: float, x_min: float = 0.5) -> None:
+        """Set the view range to the data (x) and to a robust top (y), only when it changes: a new range
+        relabels the axes, and axis painting is the most expensive part of a redraw. The y top is rounded to
+        two significant digits so that it changes rarely."""
+        y_low, y_high = plot.fixed_y or (0.0, float(f"{max(y_max, 1e-3):.2g}"))
+        wanted = (x_min, max(x_max, x_min + 1), y_low, y_high)
         if getattr(plot, "applied_range", None) != wanted:
-            plot.setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0.02)
+            plot.setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0.01)
             plot.applied_range = wanted
 
     def _scatter(self, plot, color, name):
-        return plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color,
-                         name=name)
+        curve = plot.plot([], [], pen=None, symbol="o", symbolSize=4, symbolPen=None, symbolBrush=color)
+        plot.legend.addItem(curve, name)
+        return curve
 
     def _line(self, plot, color, name, dash=False):
         pen = pg.mkPen(color, width=2, style=Qt.DashLine if dash else Qt.SolidLine)
-        return plot.plot([], [], pen=pen, name=name)
+        curve = plot.plot([], [], pen=pen)
+        plot.legend.addItem(curve, name)
+        return curve
 
     def set_colors(self, colors: TokenColors) -> None:
         self.colors = colors
@@ -168,11 +265,37 @@ class PlotPanel(QWidget):
         self.redraw()
 
     # ---------------------------------------------------------------------------------------------- data
-    def set_buffers(self, buffers: PlotBuffers) -> None:
-        """Show other data; the timer redraws the plots one a tick (a full redraw here would stall a
-        frame)."""
+    def set_buffers(self, buffers: PlotBuffers, overlays: list = ()) -> None:
+        """Show other data, and the running curves of `overlays` ([(label, PlotBuffers)], compared runs) over
+        it; the timer redraws the plots one a tick (a full redraw here would stall a frame)."""
         self.buffers = buffers
+        if list(overlays) != self.overlays:
+            self._set_overlays(list(overlays))
         self._drawn = [-1] * len(self._painters)
+
+    def set_reference(self, tpot_ms, label: str = "plain decoding") -> None:
+        """A horizontal line at a plain run's TPOT (None hides it)."""
+        self.reference = None if tpot_ms is None else (float(tpot_ms), label)
+        self.reference_line.setVisible(self.reference is not None)
+        if self.reference is not None:
+            self.reference_line.setPos(self.reference[0])
+            self.reference_line.label = label
+        self._drawn = [-1] * len(self._painters)
+
+    def _set_overlays(self, overlays: list) -> None:
+        for (key, _), curve in self.overlay_curves.items():
+            plot = self._plots_by_key()[key]
+            plot.removeItem(curve)
+            plot.legend.removeItem(curve)
+        self.overlay_curves = {}
+        self.overlays = overlays
+        for index, (label, _) in enumerate(overlays):
+            color = OVERLAY_COLORS[index % len(OVERLAY_COLORS)]
+            for key, plot in self._plots_by_key().items():
+                self.overlay_curves[(key, index)] = self._line(plot, color, label)
+
+    def _plots_by_key(self) -> dict:
+        return {"alpha": self.alpha_plot, "tpf": self.tpf_plot, "tpot": self.tpot_plot}
 
     def redraw_if_dirty(self) -> None:
         """One UI tick: redraw the next plot (round-robin) whose data changed since it was drawn."""
@@ -195,20 +318,33 @@ class PlotPanel(QWidget):
         self.redraws += 1
         self._painters[index]()
 
-    def _draw_curves(self, plot, *names) -> None:
-        x = _array(self.buffers.rounds)
-        y_max = 0.0
-        for name in names:
-            y = _array(getattr(self.buffers, name))
+    def _draw_curves(self, plot, key: str, *names) -> None:
+        """A plot's curves over rounds counted from 1; scatter outliers above the robust top are clipped and
+        marked with a triangle at the top edge."""
+        x = _array(self.buffers.rounds) + 1
+        x_max = float(x[-1]) if len(x) else 1.0
+        values = {name: _array(getattr(self.buffers, name)) for name in names}
+        overlays = [_array(getattr(b, OVERLAY_SERIES[key])) for _, b in self.overlays]
+        top = robust_top(np.concatenate([v for v in values.values()] + overlays + [np.zeros(1)]).tolist())
+        if self.reference is not None and key == "tpot":
+            top = max(top, self.reference[0] * 1.1)
+        for name, y in values.items():
+            if name in self.clipped:
+                y, over = clip_outliers(y, top)
+                self.clipped[name].setData(x[over], np.full(int(over.sum()), top * 0.98))
             finite = np.isfinite(y)
             self.curves[name].setData(x[finite], y[finite])
-            y_max = max(y_max, float(y[finite].max(initial=0.0)))
-        self._fit(plot, len(x), y_max)
+        for index, y in enumerate(overlays):
+            ox = np.arange(1, len(y) + 1, dtype=float)
+            finite = np.isfinite(y)
+            self.overlay_curves[(key, index)].setData(ox[finite], y[finite])
+            x_max = max(x_max, float(len(y)))
+        self._fit(plot, x_max + 0.5, top)
 
     def _draw_histogram(self) -> None:
         lengths = _array(self.buffers.length_counts)
         self.hist_bars.setOpts(x=np.arange(len(lengths)), height=lengths)
-        self._fit(self.hist_plot, len(lengths) - 0.5, float(lengths.max(initial=1.0)), x_min=-0.5)
+        self._fit(self.hist_plot, len(lengths) - 0.5, 1.1 * float(lengths.max(initial=1.0)), x_min=-0.5)
         self._integer_ticks(self.hist_plot, len(lengths))
 
     def _draw_positions(self) -> None:
@@ -229,25 +365,25 @@ class PlotPanel(QWidget):
         self.summary.setText(summary_html(self.buffers))
 
     def export(self, path: str) -> None:
-        """Save the panel as PNG or SVG (by extension); OSError when the file cannot be written."""
+        """Save the panel as PNG (at PNG_SCALE times the screen's pixels) or SVG (by extension); OSError
+        when the file cannot be written."""
         self.redraw()
         if path.lower().endswith(".svg"):
-            self._export_svg(path)
-        elif not self.grab().save(path):
+            from app.svg_export import plots_svg
+
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(plots_svg(self.buffers, self.colors))
+        elif not self.render_png(PNG_SCALE).save(path):
             raise OSError(f"cannot write {path}")
 
-    def _export_svg(self, path: str) -> None:
-        """The whole panel as vector graphics."""
-        from PySide6.QtGui import QPainter
-        from PySide6.QtSvg import QSvgGenerator
-
-        generator = QSvgGenerator()
-        generator.setFileName(path)
-        generator.setSize(self.size())
-        generator.setViewBox(self.rect())
-        generator.setTitle("specplay plots")
-        painter = QPainter(generator)
-        try:
-            self.render(painter, QPoint())
-        finally:
-            painter.end()
+    def render_png(self, scale: int) -> QPixmap:
+        """The grid of plots drawn at `scale` times its size (tabs or not)."""
+        compact = self.compact
+        self.set_compact(False)
+        page = self.grid_page
+        pixmap = QPixmap(page.size() * scale)
+        pixmap.setDevicePixelRatio(scale)
+        pixmap.fill(Qt.white)
+        page.render(pixmap, QPoint())
+        self.set_compact(compact)
+        return pixmap

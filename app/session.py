@@ -6,6 +6,7 @@ from typing import Optional
 
 from app.plot_data import PlotBuffers
 from engine.methods import spec_label
+from engine.trace import Run, make_header
 
 
 def method_label(config) -> str:
@@ -35,6 +36,8 @@ class Generation:
     events: list = field(default_factory=list)
     finish: Optional[str] = None  # "eos" | "length" | "stopped" | "error" | None while running
     error: Optional[str] = None
+    origin: dict = field(default_factory=dict)  # target, draft, device, dtype (a trace's header fields)
+    replayed_from: Optional[str] = None  # the trace file it was read from
 
     def __post_init__(self):
         self.buffers = PlotBuffers(self.calibration)
@@ -51,6 +54,19 @@ class Generation:
     def tokens(self) -> int:
         return sum(len(e.emitted_ids) for e in self.events)
 
+    @property
+    def finished_ok(self) -> bool:
+        return self.finish in ("eos", "length")
+
+    def header(self) -> dict:
+        """This generation's trace header (engine.trace): prompt, settings, models, device, versions."""
+        o = self.origin
+        return make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
+                           o.get("dtype"), self.index)
+
+    def to_run(self) -> Run:
+        return Run(header=self.header(), events=list(self.events), finish=self.finish or "running")
+
     def settings_label(self) -> str:
         c = self.config
         k = "" if c.method == "none" else f" K={c.k}"
@@ -58,10 +74,11 @@ class Generation:
 
     def summary(self) -> str:
         status = self.finish or "running…"
-        text = f"#{self.index}  {self.settings_label()} · {self.tokens} tok · {status}"
+        replay = "  (replayed)" if self.replayed_from else ""
+        text = f"#{self.index}  {self.settings_label()} · {self.tokens} tok · {status}{replay}"
         if self.events:
             m = self.events[-1].metrics
-            alpha = f"α={m.acceptance_rate:.2f} · " if m.drafted else ""
+            alpha = f"α={m.acceptance_rate:.2f} · " if m.drafted and self.config.method != "none" else ""
             rates = f"{m.tokens_per_forward:.2f} tok/fwd · {m.tokens_per_s:.0f} tok/s"
             text += f"\n     {alpha}{rates} · {self.models}"
         return text
@@ -71,10 +88,27 @@ class Session:
     def __init__(self):
         self.generations: list = []
 
-    def new(self, prompt: str, config, models: str, calibration) -> Generation:
-        gen = Generation(len(self.generations) + 1, prompt, config, models, calibration)
+    def new(self, prompt: str, config, models: str, calibration, origin: Optional[dict] = None) -> Generation:
+        gen = Generation(len(self.generations) + 1, prompt, config, models, calibration, origin=origin or {})
         self.generations.append(gen)
         return gen
+
+    def add_run(self, run: Run, source: str, calibration=None) -> Generation:
+        """A generation read back from a trace: every round added as if it had just arrived."""
+        models = run.models
+        origin = {"target": models.get("target"), "draft": models.get("draft"),
+                  "device": run.header.get("device"), "dtype": run.header.get("dtype")}
+        label = " + ".join(str(m) for m in (models.get("target"), models.get("draft")) if m) or "from a trace"
+        gen = self.new(run.prompt, run.config, label, calibration, origin)
+        gen.replayed_from = source
+        for event in run.events:
+            gen.add(event)
+        gen.finish = run.finish or "ended"
+        return gen
+
+    def runs(self) -> list:
+        """Every generation as an engine.trace.Run: what the exporters take."""
+        return [g.to_run() for g in self.generations if g.events]
 
     def clear(self) -> None:
         self.generations = []

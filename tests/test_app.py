@@ -180,8 +180,10 @@ def test_hover_and_click_show_token_details(qtbot, make_window):
     rect = view.cursorRect(_cursor_for_token(view, index))
     qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=QPoint(rect.right() + 2, rect.center().y()))
     html = window.inspector.toPlainText()
-    assert "p(x) = 0.5000" in html and "q(x) = 0.9000" in html and "min(1, p/q) = 0.5000" in html
-    assert "rejected" in html and "alt<1>" in html and f"round {view.tokens[index].round}" in html
+    # greedy: the argmax rule; q and min(1, p/q) are not shown beside p (they play no part)
+    assert "p(x) = 0.5000" in html and "q(x)" not in html and "min(1, p/q)" not in html
+    assert "is not the target's argmax" in html and "Greedy (T = 0)" in html
+    assert "rejected" in html and "alt<1>" in html and f"round {view.tokens[index].round + 1}" in html
 
 
 def _cursor_for_token(view, index: int) -> QTextCursor:
@@ -247,7 +249,7 @@ def test_draft_tree_follows_the_run_and_the_clicked_round(qtbot, make_window):
     assert tree.event is gen.events[1]
     box = tree._boxes[-1]  # the round's correction or bonus token
     qtbot.mouseClick(tree, Qt.LeftButton, pos=box.center().toPoint())
-    assert "round 1" in window.inspector.toPlainText() and tree.nodes[-1].info.kind in (CORRECTION, BONUS)
+    assert "round 2" in window.inspector.toPlainText() and tree.nodes[-1].info.kind in (CORRECTION, BONUS)
     assert not tree.grab().isNull()
 
 
@@ -260,6 +262,7 @@ def test_sampled_round_shows_uniform(qtbot, make_window):
     info = next(i for i in window.view.tokens if i.kind == ACCEPTED)
     from app.round_view import describe
     assert "u = 0.1000" in describe(info) and "accepted" in describe(info)
+    assert "q(x) = 0.2500" in describe(info) and "min(1, p/q) = 1.0000" in describe(info)
 
 
 def test_method_and_k_from_menus_apply_to_next_run(qtbot, make_window):
@@ -365,7 +368,7 @@ def test_export_csv_and_jsonl(qtbot, make_window, tmp_path):
     assert [r[0] for r in rows[1:]] == ["1"] * window.fake.rounds + ["2"] * window.fake.rounds
     window.ask_save_path = lambda title, file_filter: str(tmp_path / "trace.jsonl")
     window.export_jsonl()
-    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2 * window.fake.rounds
+    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2 + 2 * window.fake.rounds
     window.ask_save_path = lambda title, file_filter: str(tmp_path / "plots.png")
     window.export_plots()
     assert (tmp_path / "plots.png").stat().st_size > 0
