@@ -513,8 +513,8 @@ class MainWindow(QMainWindow):
         if needed <= self.context_limit:
             return None
         room = max(0, self.context_limit - prompt_tokens - config.drafts - 2)
-        return (f"The prompt ({prompt_tokens} tokens) + max new tokens ({config.max_new_tokens}) + K does not "
-                f"fit the models' context of {self.context_limit} tokens: at most {room} new tokens fit.")
+        return (f"The prompt ({prompt_tokens} tokens) + max new tokens ({config.max_new_tokens}) + K does "
+                f"not fit the models' context of {self.context_limit} tokens: at most {room} new tokens fit.")
 
     def _generation_problem(self, prompt: str) -> Optional[tuple]:
         if not prompt.strip():
@@ -528,7 +528,8 @@ class MainWindow(QMainWindow):
     def _start_generation(self, prompt: str, config) -> None:
         origin = {"target": self.target_path or "shipped", "draft": self.draft_path or
                   ("shipped" if self.target_path is None else None),
-                  "device": getattr(self.decoder, "device_name", None), "dtype": backend.dtype_name(self.decoder)}
+                  "device": getattr(self.decoder, "device_name", None),
+                  "dtype": backend.dtype_name(self.decoder)}
         self.current = self.session.new(prompt, config, self.models, self.calibration, origin)
         self._pending_error = None
         self.history.addItem(QListWidgetItem(self.current.summary()))

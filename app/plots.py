@@ -219,7 +219,8 @@ class PlotPanel(QWidget):
         if plot is self.pos_plot:
             alphas = self.buffers.per_position_acceptance
             return f"position {index}: α_i = {alphas[index - 1]:.3f}" if 1 <= index <= len(alphas) else ""
-        names = {self.alpha_plot: ("round_alpha", "running_alpha"), self.tpf_plot: ("round_tpf", "running_tpf"),
+        names = {self.alpha_plot: ("round_alpha", "running_alpha"),
+                 self.tpf_plot: ("round_tpf", "running_tpf"),
                  self.tpot_plot: ("round_tpot", "running_tpot")}[plot]
         values = [getattr(self.buffers, name) for name in names]
         if not 1 <= index <= len(values[0]):

@@ -203,6 +203,8 @@ class RoundView(QTextEdit):
         self.document().setDefaultFont(font)
         self.setTabStopDistance(4 * self.fontMetrics().horizontalAdvance(" "))
         self.tokens: list = []
+        self._token_ranges: list = []  # (start, end) document positions of each token in `tokens`
+        self._prompt_range = (0, 0)
         self._boundaries: list = []  # document positions where rounds 1, 2, ... begin
         self._formats: dict = {}
         self.clean = False  # True: the clean text (what the model produced), no drafts, no marks
@@ -252,6 +254,8 @@ class RoundView(QTextEdit):
     def clear_view(self) -> None:
         self.clear()
         self.tokens = []
+        self._token_ranges = []
+        self._prompt_range = (0, 0)
         self._boundaries = []
 
     def show_message(self, text: str) -> None:
@@ -268,7 +272,8 @@ class RoundView(QTextEdit):
             self.append_finish(finish)
 
     def append_prompt(self, prompt: str) -> None:
-        self._insert(display_text(TokenInfo(PROMPT, -1, prompt), self.clean), self._formats[PROMPT])
+        self._prompt_range = self._insert(display_text(TokenInfo(PROMPT, -1, prompt), self.clean),
+                                          self._formats[PROMPT])
 
     def append_event(self, event, scroll: bool = True) -> None:
         self.append_events([event], scroll)
@@ -298,13 +303,16 @@ class RoundView(QTextEdit):
         fmt.setAnchor(True)
         fmt.setAnchorHref(f"t{len(self.tokens)}")
         self.tokens.append(info)
-        self._insert(display_text(info, self.clean), fmt, cursor)
+        self._token_ranges.append(self._insert(display_text(info, self.clean), fmt, cursor))
 
-    def _insert(self, text: str, fmt: QTextCharFormat, cursor: Optional[QTextCursor] = None) -> None:
+    def _insert(self, text: str, fmt: QTextCharFormat, cursor: Optional[QTextCursor] = None) -> tuple:
+        """Insert at the end; returns the (start, end) document positions of the text."""
         if cursor is None:
             cursor = QTextCursor(self.document())
             cursor.movePosition(QTextCursor.End)
+        start = cursor.position()
         cursor.insertText(text, fmt)
+        return start, cursor.position()
 
     def _at_bottom(self) -> bool:
         bar = self.verticalScrollBar()
@@ -340,43 +348,23 @@ class RoundView(QTextEdit):
 
     def selected_clean_text(self) -> str:
         """The selection as clean text: the prompt's and the emitted tokens' text, never rejected drafts,
-        markers or ↵ glyphs."""
+        markers or ↵ glyphs. A partly selected token copies whole."""
         cursor = self.textCursor()
         start, end = cursor.selectionStart(), cursor.selectionEnd()
-        pieces: list = []
-        seen: set = set()
-        block = self.document().findBlock(start)
-        while block.isValid() and block.position() <= end:
-            it, last = block.begin(), ""
-            while not it.atEnd():
-                frag = it.fragment()
-                it += 1
-                if frag.position() + frag.length() <= start or frag.position() >= end:
-                    continue
-                pieces.append(self._clean_piece(frag, start, end, seen))
-                last = _property(frag.charFormat(), KIND_PROP, "")
-            following = block.next()
-            if last == PROMPT and following.isValid() and following.position() <= end:
-                pieces.append("\n")  # a line break of the prompt (a token's own text has its newline)
-            block = following
+        pieces = []
+        low, high = max(start, self._prompt_range[0]), min(end, self._prompt_range[1])
+        if low < high:
+            pieces.append(self._document_text(low, high).replace("↵", ""))
+        for info, (first, last) in zip(self.tokens, self._token_ranges, strict=True):
+            if info.kind in EMITTED_KINDS and first < end and last > start:
+                pieces.append(info.text)
         return "".join(pieces)
 
-    def _clean_piece(self, frag, start: int, end: int, seen: set) -> str:
-        fmt = frag.charFormat()
-        kind = _property(fmt, KIND_PROP, "")
-        href = fmt.anchorHref() if fmt.isAnchor() else ""
-        if href.startswith("t") and href[1:].isdigit():
-            index = int(href[1:])
-            info = self.tokens[index] if index < len(self.tokens) else None
-            if info is None or info.kind not in EMITTED_KINDS or index in seen:
-                return ""
-            seen.add(index)
-            return info.text  # a partly selected token copies whole
-        if kind != PROMPT:
-            return ""
-        low, high = max(start, frag.position()), min(end, frag.position() + frag.length())
-        text = frag.text()[low - frag.position():high - frag.position()]
-        return text.replace("↵", "")
+    def _document_text(self, low: int, high: int) -> str:
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(low)
+        cursor.setPosition(high, QTextCursor.KeepAnchor)
+        return cursor.selectedText().replace("\u2029", "\n")
 
     def createMimeDataFromSelection(self):
         from PySide6.QtCore import QMimeData

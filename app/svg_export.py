@@ -18,7 +18,7 @@ COLUMNS = 3
 
 
 def _finite(xs, ys) -> list:
-    return [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    return [(x, y) for x, y in zip(xs, ys, strict=False) if y is not None and math.isfinite(y)]
 
 
 def panels(buffers, colors) -> list:
@@ -97,7 +97,7 @@ def _panel(group, colors, title, y_label, x_label, series, y_range) -> None:
         _text(group, sx(value), top + h + 14, f"{value:g}", fg, anchor="middle")
     _text(group, left + w / 2, top + h + 28, x_label, fg, anchor="middle")
     _text(group, 12, top + h / 2, y_label, fg, anchor="middle", rotate=True)
-    for name, kind, color, points in series:
+    for _name, kind, color, points in series:
         _series(group, kind, color, points, sx, sy, y_low)
     _legend(group, series, left, top + h + 36, fg)
 
@@ -126,8 +126,8 @@ def _legend(group, series, x, y, fg) -> None:
         if kind == "points":
             ET.SubElement(group, "circle", {"cx": f"{x + 6}", "cy": f"{y - 4}", "r": "3", "fill": color})
         else:
-            attributes = {"x1": f"{x}", "y1": f"{y - 4}", "x2": f"{x + 14}", "y2": f"{y - 4}", "stroke": color,
-                          "stroke-width": "3" if kind == "bars" else "2"}
+            attributes = {"x1": f"{x}", "y1": f"{y - 4}", "x2": f"{x + 14}", "y2": f"{y - 4}",
+                          "stroke": color, "stroke-width": "3" if kind == "bars" else "2"}
             if kind == "dash":
                 attributes["stroke-dasharray"] = "4,3"
             ET.SubElement(group, "line", attributes)
