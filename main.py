@@ -26,7 +26,8 @@ def launch_gui(args) -> int:
         from app.main_window import run_gui
     except ImportError as exc:
         raise SpecplayError(f"the GUI cannot start: {exc}") from None
-    return run_gui(target=args.target, draft=args.draft, device=args.device)
+    return run_gui(target=args.target, draft=args.draft, device=args.device,
+                   open_trace=getattr(args, "open_trace", None))
 
 
 def main(argv: Optional[list] = None) -> int:

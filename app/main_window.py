@@ -863,8 +863,10 @@ class MainWindow(QMainWindow):
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto") -> int:
-    """Open the window (main.py's default command). Returns the application's exit code."""
+def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto",
+            open_trace: Optional[str] = None) -> int:
+    """Open the window (main.py's default command), replaying `open_trace` (a saved JSONL trace) when given.
+    Returns the application's exit code."""
     app = QApplication.instance() or QApplication(sys.argv)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app.setOrganizationName(ORGANIZATION)
@@ -876,4 +878,6 @@ def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: s
     window = MainWindow(device=device)
     window.show()
     window.start(target, draft)
+    if open_trace:
+        window.open_trace(open_trace)
     return app.exec()
