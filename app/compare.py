@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 
 from app.session import method_label, sampling_label
 
-COLUMNS = ("runs", "method", "K", "sampling", "α", "tokens / forward", "tokens/s (mean ± sd)", "speedup")
+COLUMNS = ("runs", "method", "K", "speedup", "tokens/s (mean ± sd)", "α", "tokens / forward", "sampling")
 
 
 def _key(gen) -> tuple:
@@ -73,10 +73,11 @@ def _row(gens: list, generations) -> dict:
 
 def row_cells(row: dict) -> list:
     spread = f" ± {row['tokens_per_s_sd']:.1f}" if row["tokens_per_s_sd"] is not None else ""
-    return [row["runs"], row["method"], "—" if row["k"] is None else str(row["k"]), row["sampling"],
-            "—" if row["alpha"] is None else f"{row['alpha']:.3f}", f"{row['tokens_per_forward']:.2f}",
+    return [row["runs"], row["method"], "—" if row["k"] is None else str(row["k"]),
+            "no plain run" if row["speedup"] is None else f"{row['speedup']:.2f}×",
             f"{row['tokens_per_s']:.1f}{spread} (n={row['count']})",
-            "no plain run" if row["speedup"] is None else f"{row['speedup']:.2f}×"]
+            "—" if row["alpha"] is None else f"{row['alpha']:.3f}", f"{row['tokens_per_forward']:.2f}",
+            row["sampling"]]
 
 
 class CompareTable(QTableWidget):

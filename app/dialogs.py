@@ -89,7 +89,7 @@ argmax, not because of a ratio. Tokens after the first rejection are <i>not test
 <h3>Draft tree</h3>
 <p>One round's draft: the committed context at the left, each drafted token a box linked to its parent,
 with p, q and u under it (greedy: p only). The thick line is the accepted path, ending in the correction or
-bonus token. ⏮ ◀ ▶ ⏭ move between rounds; ⏭ follows the running generation. The dock floats and grows:
+bonus token. |◀ ◀ ▶ ▶| move between rounds; ▶| follows the running generation. The dock floats and grows:
 drag it out for a large tree.</p>
 <h3>Plots</h3>
 <p>α per round and its running mean; tokens per target forward against the chain formula

@@ -181,11 +181,10 @@ class MainWindow(QMainWindow):
         self.tree_dock = self._dock("Draft tree", "treeDock", self.tree_panel, Qt.RightDockWidgetArea)
         self.tree_action = self.tree_dock.toggleViewAction()
         self.tree_action.setText("Draft tree")
-        self.compare_dock = self._dock("Compare", "compareDock", self.compare, Qt.BottomDockWidgetArea)
+        self.compare_dock = self._dock("Compare", "compareDock", self.compare, Qt.LeftDockWidgetArea)
         self.compare_action = self.compare_dock.toggleViewAction()
         self.compare_action.setText("Compare")
-        self.tabifyDockWidget(self.plots_dock, self.compare_dock)
-        self.plots_dock.raise_()
+        self.splitDockWidget(self.history_dock, self.compare_dock, Qt.Vertical)  # plots stay in sight
 
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -706,7 +705,7 @@ class MainWindow(QMainWindow):
     def _render_plots(self, gen: Generation) -> None:
         """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""
         others = [g for g in self._selected_generations() if g is not gen]
-        self.plots.set_buffers(gen.buffers, [(f"#{g.index} {g.settings_label()}", g.buffers) for g in others])
+        self.plots.set_buffers(gen.buffers, [(f"#{g.index} {g.config.spec}", g.buffers) for g in others])
         reference = plain_reference(self.session.generations, gen)
         self.plots.set_reference(*reference if reference else (None,))
 
@@ -804,6 +803,22 @@ class MainWindow(QMainWindow):
         super().resizeEvent(event)
         size = event.size()
         self.plots.set_compact(size.width() < COMPACT_SIZE[0] or size.height() < COMPACT_SIZE[1])
+        self._fit_docks(size.width(), size.height())
+
+    def _fit_docks(self, width: int, height: int) -> None:
+        """Docks grow and shrink with the window: whenever it changes size by a fifth or more, they are set
+        back to their share of it (in between, a user's own dock sizes are left alone)."""
+        last = getattr(self, "_docks_fitted_for", None)
+        if last and abs(width - last[0]) < 0.2 * last[0] and abs(height - last[1]) < 0.2 * last[1]:
+            return
+        self._docks_fitted_for = (width, height)
+        self.resizeDocks([self.history_dock, self.inspector_dock], [int(0.17 * width), int(0.22 * width)],
+                         Qt.Horizontal)
+        self.resizeDocks([self.plots_dock], [int(0.36 * height)], Qt.Vertical)
+        self.resizeDocks([self.inspector_dock, self.tree_dock], [int(0.3 * height), int(0.3 * height)],
+                         Qt.Vertical)
+        self.resizeDocks([self.history_dock, self.compare_dock], [int(0.3 * height), int(0.2 * height)],
+                         Qt.Vertical)
 
     def export_plots(self) -> None:
         exports.export_plots(self, self.plots, self.shown is not None)

@@ -157,7 +157,8 @@ class PlotPanel(QWidget):
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setClipToView(True)
         plot.setDownsampling(auto=True, mode="peak")
-        plot.legend = pg.LegendItem(colCount=2, labelTextSize="8pt", verSpacing=-6)
+        plot.legend = pg.LegendItem(colCount=3, labelTextSize="8pt", verSpacing=-8, horSpacing=10)
+        plot.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the plot
         plot.layout.addItem(plot.legend, 4, 1)  # below the x axis: never over the data
         # axes that never resize with their tick labels never relayout the plot; no "(x0.001)" multipliers
         for name in ("left", "bottom"):
@@ -290,10 +291,12 @@ class PlotPanel(QWidget):
             plot.legend.removeItem(curve)
         self.overlay_curves = {}
         self.overlays = overlays
-        for index, (label, _) in enumerate(overlays):
+        for index, (label, buffers) in enumerate(overlays):
             color = OVERLAY_COLORS[index % len(OVERLAY_COLORS)]
             for key, plot in self._plots_by_key().items():
-                self.overlay_curves[(key, index)] = self._line(plot, color, label)
+                self.overlay_curves[(key, index)] = curve = self._line(plot, color, label)
+                if not np.isfinite(_array(getattr(buffers, OVERLAY_SERIES[key]))).any():
+                    plot.legend.removeItem(curve)  # a plain run has no α: no legend entry for no line
 
     def _plots_by_key(self) -> dict:
         return {"alpha": self.alpha_plot, "tpf": self.tpf_plot, "tpot": self.tpot_plot}

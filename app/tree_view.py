@@ -233,8 +233,8 @@ class TreePanel(QWidget):
         self.position = QLabel("no round")
         self.buttons = {}
         row = QHBoxLayout()
-        for key, text, tip in (("first", "⏮", "first round"), ("prev", "◀", "previous round"),
-                               ("next", "▶", "next round"), ("last", "⏭", "latest round (follows the run)")):
+        for key, text, tip in (("first", "|◀", "first round"), ("prev", "◀", "previous round"),
+                               ("next", "▶", "next round"), ("last", "▶|", "latest round (follows the run)")):
             button = QPushButton(text)
             button.setToolTip(tip)
             button.setMaximumWidth(36)

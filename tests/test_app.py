@@ -1031,8 +1031,8 @@ def test_comparison_overlays_runs_and_tabulates_them_with_spread(qtbot, make_win
     draft_row = next(r for r in table.rows if r["method"] == "Draft model")
     assert draft_row["count"] == 3 and draft_row["tokens_per_s_sd"] is not None
     assert draft_row["speedup"] == pytest.approx(draft_row["tokens_per_s"] / table.rows[0]["tokens_per_s"])
-    assert "±" in table.item(1, 6).text() and table.item(0, 2).text() == "—"  # plain: no K
-    assert table.item(0, 4).text() == "—"  # ... and no α
+    assert "±" in table.item(1, 4).text() and table.item(0, 2).text() == "—"  # plain: no K
+    assert table.item(0, 5).text() == "—" and table.item(1, 3).text().endswith("×")  # ... and no α
     window.plots.redraw()
     assert len(window.plots.overlays) == 3  # the shown run plus three overlaid
     tpot = [c for (key, _), c in window.plots.overlay_curves.items() if key == "tpot"]
