@@ -114,6 +114,7 @@ def pin_a_draft(window) -> None:
 
 
 def save(app, window, path: Path) -> bool:
+    window.statusBar().clearMessage()
     window.plots.redraw()
     wait_until(app, lambda: False, 0.4)  # let the paints land
     ok = window.grab().save(str(path))
@@ -134,9 +135,10 @@ def shot_tree(app, window, args, path) -> bool:
     if window.availability.get(args.tree_method.split(":")[0]) is not None:
         print(f"{args.tree_method} is not available on these models: no tree screenshot", file=sys.stderr)
         return True
-    window.resizeDocks([window.tree_dock], [520], Qt.Horizontal)
-    window.resizeDocks([window.tree_dock], [560], Qt.Vertical)
     run_to(app, window, args.tree_method, args.k, args.rounds)
+    window.resizeDocks([window.tree_dock], [700], Qt.Horizontal)  # a large Draft tree panel
+    window.resizeDocks([window.inspector_dock, window.tree_dock], [120, 700], Qt.Vertical)
+    window.resizeDocks([window.plots_dock], [330], Qt.Vertical)
     ok = save(app, window, path)
     window.stop()
     wait_until(app, lambda: not window.running, 60)
