@@ -24,7 +24,7 @@ from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
 from app.menus import Menus
 from app.plot_data import PlotBuffers
-from app.plots import REDRAW_HZ, PlotPanel
+from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
 from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
@@ -163,7 +163,7 @@ class MainWindow(QMainWindow):
     def _build_docks(self) -> None:
         self.history = QListWidget()
         self.history.setSelectionMode(QAbstractItemView.ExtendedSelection)
-        self.history.setToolTip("Select several runs (Ctrl/Shift+click) to compare them")
+        self.history.setToolTip("Select several runs (Ctrl/Shift+click) to compare them. " + NUMBERING)
         self.history.currentRowChanged.connect(self._history_selected)
         self.history.itemSelectionChanged.connect(self._selection_changed)
         self.compare = CompareTable()
@@ -349,9 +349,9 @@ class MainWindow(QMainWindow):
             return False
         self._pending = (target, draft, quiet)
         worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
-        self.set_progress(0, 2, "Loading the models (1 of 2)…")
         self._start_job(self.load_slot, worker, f"Loading {backend.models_label(target, draft)}…",
                         loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
+        self.set_progress(0, 2, "Loading the models (1 of 2)…")
         return True
 
     def _models_loaded(self, decoder, calibration) -> None:

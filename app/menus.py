@@ -130,10 +130,10 @@ class Menus:
 
     def set_busy(self, running: bool, loading: bool) -> None:
         """While the decoder runs a job or models load, nothing may start another one or swap the models."""
-        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action,
-                                            self.open_trace_action]:
+        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action]:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
+        self.open_trace_action.setEnabled(not running)  # a replay needs no model
 
     def check_theme(self, theme: str) -> None:
         for name, action in self.theme_actions.items():

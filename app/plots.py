@@ -99,10 +99,11 @@ class PlotPanel(QWidget):
             widget.deleteLater()
         self._widgets, self.plot_widgets = [], []
         self.alpha_plot = self._plot(0, 0, "Acceptance rate α per round", "α", y_range=(0, 1.05))
+        # every count starts at 1 (NUMBERING), and the axes say so
         self.tpf_plot = self._plot(0, 1, "Tokens per target forward", "tokens")
         self.tpot_plot = self._plot(0, 2, "Time per output token", "ms")
         self.hist_plot = self._plot(1, 0, "Accepted length (rounds)", "rounds", x_label="accepted drafts")
-        self.pos_plot = self._plot(1, 1, "Acceptance by draft position", "α_i", x_label="draft position",
+        self.pos_plot = self._plot(1, 1, "Acceptance by draft position", "α_i", x_label="draft position (from 1)",
                                    y_range=(0, 1.05))
         c = self.colors
         self.curves = {
@@ -145,7 +146,7 @@ class PlotPanel(QWidget):
         ]
         self._drawn = [-1] * len(self._painters)  # buffer version each plot last showed
 
-    def _plot(self, row, col, title, y_label, x_label="round", y_range=None):
+    def _plot(self, row, col, title, y_label, x_label="round (from 1)", y_range=None):
         widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
         widget.setFrameShape(QFrame.NoFrame)
         widget.grid_cell = (row, col)

@@ -157,8 +157,8 @@ def _draft_numbers(info: TokenInfo) -> list:
                 _verdict(info),
                 "Greedy (T = 0) compares the draft with the target's most likely token; the drafter's "
                 "probability and the acceptance ratio play no part."]
-    if not info.tested:
-        return [f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)}", _verdict(info)]
+    if not info.tested:  # never compared with the target: its p, q and ratio mean nothing
+        return [_verdict(info)]
     return [f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
             f"min(1, p/q) = {_fmt(info.accept_prob, 4)}", _verdict(info)]
 

@@ -28,21 +28,21 @@ def panels(buffers, colors) -> list:
     alphas = buffers.per_position_acceptance
     c = colors
     return [
-        ("Acceptance rate α per round", "α", "round", [
+        ("Acceptance rate α per round", "α", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_alpha)),
             ("running mean", "line", c.running, _finite(x, buffers.running_alpha))], (0.0, 1.05)),
-        ("Tokens per target forward", "tokens", "round", [
+        ("Tokens per target forward", "tokens", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_tpf)),
             ("measured (running)", "line", c.running, _finite(x, buffers.running_tpf)),
             ("(1−α^(K+1))/(1−α)", "dash", c.analytic, _finite(x, buffers.analytic_tpf)),
             ("1+Σ Π α_j", "dash", c.per_position, _finite(x, buffers.per_position_tpf))], None),
-        ("Time per output token", "ms", "round", [
+        ("Time per output token", "ms", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_tpot)),
             ("measured (running)", "line", c.running, _finite(x, buffers.running_tpot)),
             ("TPOT_plain·(1+cK)/E", "dash", c.predicted, _finite(x, buffers.predicted_tpot))], None),
         ("Accepted length (rounds)", "rounds", "accepted drafts", [
             ("rounds", "bars", c.running, list(enumerate(lengths)))], None),
-        ("Acceptance by draft position", "α_i", "draft position", [
+        ("Acceptance by draft position", "α_i", "draft position (from 1)", [
             ("α_i", "bars", c.per_position, [(i + 1, a) for i, a in enumerate(alphas)])], (0.0, 1.05)),
     ]
 

@@ -1244,3 +1244,28 @@ def test_help_explains_views_numbers_methods_and_shortcuts():
     for topic in ("Round view", "Clean text", "Draft tree", "Compare", "greedy", "Medusa", "EAGLE",
                   "Lookahead", "N-gram", "Esc", "Ctrl+Enter", "Ctrl+1", "count from 1"):
         assert topic in HELP_HTML, topic
+
+
+def test_model_loading_shows_its_step_in_the_progress_bar(qtbot, make_window):
+    release = threading.Event()
+
+    def slow_loader(target, draft, device):
+        release.wait(5)
+        return FakeDecoder()
+
+    window = make_window(loader=slow_loader, start=False)
+    window.start()
+    assert window.progress.isVisible() and window.progress.maximum() == 2 and window.progress.value() == 0
+    assert "Loading the models (1 of 2)" in window.progress.format()
+    release.set()
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=5000)
+    assert not window.progress.isVisible() and window.decoder is not None
+
+
+def test_untested_drafts_show_no_numbers():
+    from app.round_view import describe
+
+    info = TokenInfo(UNTESTED, 2, "x", depth=3, p=0.0, q=1.0, accept_prob=0.0, u=None, accepted=False,
+                     tested=False)
+    text = describe(info)
+    assert "q(x)" not in text and "not tested" in text and "round 3, draft position 4" in text
