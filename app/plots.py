@@ -34,6 +34,17 @@ def nice_ceiling(value: float) -> float:
     return 10.0 * scale
 
 
+def _stepped(value: float, previous, low: float = 0.0, headroom: float = 1.2) -> float:
+    """`value` with `headroom`, rounded up to a fortieth of the span (1-2-5); `previous` kept while it still
+    covers value and is not too large for it. Growing data then moves the range about log(n)/log(headroom)
+    times, not at every point; headroom 1 fits the data exactly."""
+    if previous is not None and value <= previous <= low + max(headroom, 1.05) * 1.1 * (value - low) + 1e-9:
+        return previous
+    span = headroom * (value - low)
+    step = nice_ceiling(span / 40)
+    return low + math.ceil(span / step - 1e-9) * step
+
+
 def _array(values) -> np.ndarray:
     return np.asarray(values, dtype=float)
 
@@ -241,13 +252,20 @@ class PlotPanel(QWidget):
             static.extend(item.childItems())
 
     @staticmethod
-    def _fit(plot, x_max: float, y_max: float, x_min: float = 0.5) -> None:
+    def _fit(plot, x_max: float, y_max: float, x_min: float = 0.5, live: bool = False) -> None:
         """Set the view range to the data (x) and to a robust top (y), only when it changes: a new range
-        relabels the axes, and axis painting is the most expensive part of a redraw. The y top is rounded to
-        two significant digits so that it changes rarely."""
-        y_low, y_high = plot.fixed_y or (0.0, float(f"{max(y_max, 1e-3):.2g}"))
-        wanted = (x_min, max(x_max, x_min + 1), y_low, y_high)
-        if getattr(plot, "applied_range", None) != wanted:
+        relabels the axes, and axis painting is the most expensive part of a redraw. So both ends move in
+        steps (a twentieth of the range, rounded to 1-2-5) and a top that would shrink by less than a quarter
+        stays: while a run grows, the axes relabel every few rounds, not every round."""
+        previous = getattr(plot, "applied_range", None)
+        headroom = 1.2 if live else 1.0  # a finished run fits its rounds exactly
+        x_high = _stepped(max(x_max, x_min + 1), previous[1] if previous else None, x_min, headroom)
+        if plot.fixed_y:
+            y_low, y_high = plot.fixed_y
+        else:
+            y_low, y_high = 0.0, _stepped(max(y_max, 1e-3), previous[3] if previous else None, 0.0, 1.05)
+        wanted = (x_min, x_high, y_low, y_high)
+        if previous != wanted:
             plot.setRange(xRange=wanted[:2], yRange=wanted[2:], padding=0.01)
             plot.applied_range = wanted
 
@@ -344,7 +362,8 @@ class PlotPanel(QWidget):
             finite = np.isfinite(y)
             self.overlay_curves[(key, index)].setData(ox[finite], y[finite])
             x_max = max(x_max, float(len(y)))
-        self._fit(plot, x_max + 0.5, top)
+        last = self.buffers.last_event
+        self._fit(plot, x_max + 0.5, top, live=last is not None and not last.finished)
 
     def _draw_histogram(self) -> None:
         lengths = _array(self.buffers.length_counts)
