@@ -259,7 +259,8 @@ class PlotPanel(QWidget):
         stays: while a run grows, the axes relabel every few rounds, not every round."""
         previous = getattr(plot, "applied_range", None)
         headroom = 1.2 if live else 1.0  # a finished run fits its rounds exactly
-        x_high = _stepped(max(x_max, x_min + 1), previous[1] if previous else None, x_min, headroom)
+        kept = previous[1] if previous and live else None
+        x_high = _stepped(max(x_max, x_min + 1), kept, x_min, headroom)
         if plot.fixed_y:
             y_low, y_high = plot.fixed_y
         else:
