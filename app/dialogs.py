@@ -95,7 +95,8 @@ drag it out for a large tree.</p>
 <p>α per round and its running mean; tokens per target forward against the chain formula
 (1 − α<sup>K+1</sup>)/(1 − α) and the per-position form 1 + Σ Π α<sub>j</sub>; time per output token (TPOT)
 against TPOT<sub>plain</sub>·(1 + cK)/E, with a dotted line at a plain run's TPOT when the session has one
-for the same prompt; the accepted-length histogram; acceptance by draft position. Outliers above the y range
+for the same prompt; the accepted-length histogram; acceptance by draft position; tokens per second, with the
+plain run's as a dotted line too. Outliers above the y range
 are clipped and marked with a triangle at the top edge. Hover a plot for the values under the mouse. In a
 small window the plots become tabs.</p>
 <h3>History and Compare</h3>

@@ -20,7 +20,17 @@ PNG_SCALE = 2  # exported PNGs have twice the screen's pixels
 OVERLAY_COLORS = ("#e8590c", "#2f9e44", "#9c36b5", "#1098ad", "#f08c00", "#c2255c", "#5c940d")
 NUMBERING = "Rounds, generations and draft positions count from 1."
 # the running curve each plot overlays for a compared run (PlotBuffers attribute)
-OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot"}
+OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot", "tps": "running_tps"}
+GRID_COLUMNS = 12  # the top row holds three plots (4 columns each), the bottom row three and the summary (3 each)
+
+
+def series(buffers, name: str) -> np.ndarray:
+    """A plotted series of the buffers; tokens/s derive from TPOT (1000 / ms per token)."""
+    if name in ("round_tps", "running_tps"):
+        tpot = _array(getattr(buffers, name.replace("tps", "tpot")))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(tpot > 0, 1000.0 / tpot, np.nan)
+    return _array(getattr(buffers, name))
 
 
 def nice_ceiling(value: float) -> float:
@@ -88,7 +98,7 @@ class PlotPanel(QWidget):
         self.grid = QGridLayout(self.grid_page)
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.grid.setSpacing(2)
-        for column in range(3):
+        for column in range(GRID_COLUMNS):
             self.grid.setColumnStretch(column, 1)
         for row in range(2):
             self.grid.setRowStretch(row, 1)
@@ -109,13 +119,14 @@ class PlotPanel(QWidget):
             self.grid.removeWidget(widget)
             widget.deleteLater()
         self._widgets, self.plot_widgets = [], []
-        self.alpha_plot = self._plot(0, 0, "Acceptance rate α per round", "α", y_range=(0, 1.05))
-        # every count starts at 1 (NUMBERING), and the axes say so
-        self.tpf_plot = self._plot(0, 1, "Tokens per target forward", "tokens")
-        self.tpot_plot = self._plot(0, 2, "Time per output token", "ms")
-        self.hist_plot = self._plot(1, 0, "Accepted length (rounds)", "rounds", x_label="accepted drafts")
-        self.pos_plot = self._plot(1, 1, "Acceptance by draft position", "α_i", x_label="draft position (from 1)",
-                                   y_range=(0, 1.05))
+        # every count starts at 1 (NUMBERING), and the axes say so; cells: (row, column, columns spanned)
+        self.alpha_plot = self._plot((0, 0, 4), "Acceptance rate α per round", "α", y_range=(0, 1.05))
+        self.tpf_plot = self._plot((0, 4, 4), "Tokens per target forward", "tokens")
+        self.tpot_plot = self._plot((0, 8, 4), "Time per output token", "ms")
+        self.hist_plot = self._plot((1, 0, 3), "Accepted length (rounds)", "rounds", x_label="accepted drafts")
+        self.pos_plot = self._plot((1, 3, 3), "Acceptance by draft position", "α_i",
+                                   x_label="draft position (from 1)", y_range=(0, 1.05))
+        self.tps_plot = self._plot((1, 6, 3), "Tokens per second", "tokens/s")
         c = self.colors
         self.curves = {
             "round_alpha": self._scatter(self.alpha_plot, c.measured, "this round"),
@@ -127,19 +138,22 @@ class PlotPanel(QWidget):
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
             "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
             "predicted_tpot": self._line(self.tpot_plot, c.predicted, "TPOT_plain·(1+cK)/E", dash=True),
+            "round_tps": self._scatter(self.tps_plot, c.measured, "this round"),
+            "running_tps": self._line(self.tps_plot, c.running, "measured (running)"),
         }
         self.clipped = {name: self._clipped_marks(plot) for name, plot in
-                        (("round_tpf", self.tpf_plot), ("round_tpot", self.tpot_plot))}
-        self.reference_line = pg.InfiniteLine(angle=0, movable=False,
-                                              pen=pg.mkPen(c.plot_fg, width=1, style=Qt.DotLine))
-        self.reference_line.setVisible(False)
-        self.tpot_plot.addItem(self.reference_line)
+                        (("round_tpf", self.tpf_plot), ("round_tpot", self.tpot_plot),
+                         ("round_tps", self.tps_plot))}
+        self.reference_lines = {key: self._reference_line(plot, c) for key, plot in
+                                (("tpot", self.tpot_plot), ("tps", self.tps_plot))}
+        self.reference_line = self.reference_lines["tpot"]
         self.overlay_curves: dict = {}  # (plot key, overlay index) -> curve
         self.hist_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.running)
         self.hist_plot.addItem(self.hist_bars)
         self.pos_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.per_position)
         self.pos_plot.addItem(self.pos_bars)
-        for plot in (self.alpha_plot, self.tpf_plot, self.tpot_plot, self.hist_plot, self.pos_plot):
+        for plot in (self.alpha_plot, self.tpf_plot, self.tpot_plot, self.hist_plot, self.pos_plot,
+                     self.tps_plot):
             self._cache_static_items(plot)
         self.summary = SummaryLabel()
         self.summary.setAlignment(Qt.AlignTop | Qt.AlignLeft)
@@ -153,14 +167,25 @@ class PlotPanel(QWidget):
             lambda: self._draw_curves(self.tpot_plot, "tpot", "round_tpot", "running_tpot", "predicted_tpot"),
             self._draw_histogram,
             self._draw_positions,
+            lambda: self._draw_curves(self.tps_plot, "tps", "round_tps", "running_tps"),
             self._draw_summary,
         ]
         self._drawn = [-1] * len(self._painters)  # buffer version each plot last showed
 
-    def _plot(self, row, col, title, y_label, x_label="round (from 1)", y_range=None):
+    @staticmethod
+    def _reference_line(plot, colors):
+        """A plain run's value (TPOT, tokens/s) as a dotted horizontal line, with its name beside it."""
+        line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colors.plot_fg, width=1, style=Qt.DotLine),
+                               label="plain", labelOpts={"position": 0.05, "color": colors.plot_fg,
+                                                         "anchors": [(0, 1), (0, 1)]})
+        line.setVisible(False)
+        plot.addItem(line, ignoreBounds=True)
+        return line
+
+    def _plot(self, cell, title, y_label, x_label="round (from 1)", y_range=None):
         widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
         widget.setFrameShape(QFrame.NoFrame)
-        widget.grid_cell = (row, col)
+        widget.grid_cell = (cell[0], cell[1], 1, cell[2])
         self._widgets.append(widget)
         self.plot_widgets.append(widget)
         plot = widget.getPlotItem()
@@ -193,7 +218,7 @@ class PlotPanel(QWidget):
                 title = widget.getPlotItem().titleLabel.text if widget is not self.summary else "Summary"
                 self.tabs.addTab(widget, title)
             else:
-                self.grid.addWidget(widget, *getattr(widget, "grid_cell", (1, 2)))
+                self.grid.addWidget(widget, *getattr(widget, "grid_cell", (1, 9, 1, 3)))
         self.stack.setCurrentIndex(1 if self.compact else 0)
 
     def set_compact(self, compact: bool) -> None:
@@ -234,8 +259,9 @@ class PlotPanel(QWidget):
             return f"position {index}: α_i = {alphas[index - 1]:.3f}" if 1 <= index <= len(alphas) else ""
         names = {self.alpha_plot: ("round_alpha", "running_alpha"),
                  self.tpf_plot: ("round_tpf", "running_tpf"),
-                 self.tpot_plot: ("round_tpot", "running_tpot")}[plot]
-        values = [getattr(self.buffers, name) for name in names]
+                 self.tpot_plot: ("round_tpot", "running_tpot"),
+                 self.tps_plot: ("round_tps", "running_tps")}[plot]
+        values = [series(self.buffers, name) for name in names]
         if not 1 <= index <= len(values[0]):
             return ""
         this, running = (v[index - 1] for v in values)
@@ -296,12 +322,14 @@ class PlotPanel(QWidget):
         self._drawn = [-1] * len(self._painters)
 
     def set_reference(self, tpot_ms, label: str = "plain decoding") -> None:
-        """A horizontal line at a plain run's TPOT (None hides it)."""
+        """Horizontal lines at a plain run's TPOT and tokens/s (None hides them)."""
         self.reference = None if tpot_ms is None else (float(tpot_ms), label)
-        self.reference_line.setVisible(self.reference is not None)
-        if self.reference is not None:
-            self.reference_line.setPos(self.reference[0])
-            self.reference_line.label = label
+        values = {"tpot": tpot_ms, "tps": 1000.0 / tpot_ms if tpot_ms else None}
+        for key, line in self.reference_lines.items():
+            line.setVisible(self.reference is not None and values[key] is not None)
+            if line.isVisible():
+                line.setPos(values[key])
+                line.label.setFormat(label)
         self._drawn = [-1] * len(self._painters)
 
     def _set_overlays(self, overlays: list) -> None:
@@ -315,11 +343,11 @@ class PlotPanel(QWidget):
             color = OVERLAY_COLORS[index % len(OVERLAY_COLORS)]
             for key, plot in self._plots_by_key().items():
                 self.overlay_curves[(key, index)] = curve = self._line(plot, color, label)
-                if not np.isfinite(_array(getattr(buffers, OVERLAY_SERIES[key]))).any():
+                if not np.isfinite(series(buffers, OVERLAY_SERIES[key])).any():
                     plot.legend.removeItem(curve)  # a plain run has no α: no legend entry for no line
 
     def _plots_by_key(self) -> dict:
-        return {"alpha": self.alpha_plot, "tpf": self.tpf_plot, "tpot": self.tpot_plot}
+        return {"alpha": self.alpha_plot, "tpf": self.tpf_plot, "tpot": self.tpot_plot, "tps": self.tps_plot}
 
     def redraw_if_dirty(self) -> None:
         """One UI tick: redraw the next plot (round-robin) whose data changed since it was drawn."""
@@ -347,11 +375,12 @@ class PlotPanel(QWidget):
         marked with a triangle at the top edge."""
         x = _array(self.buffers.rounds) + 1
         x_max = float(x[-1]) if len(x) else 1.0
-        values = {name: _array(getattr(self.buffers, name)) for name in names}
-        overlays = [_array(getattr(b, OVERLAY_SERIES[key])) for _, b in self.overlays]
+        values = {name: series(self.buffers, name) for name in names}
+        overlays = [series(b, OVERLAY_SERIES[key]) for _, b in self.overlays]
         top = robust_top(np.concatenate([v for v in values.values()] + overlays + [np.zeros(1)]).tolist())
-        if self.reference is not None and key == "tpot":
-            top = max(top, self.reference[0] * 1.1)
+        line = self.reference_lines.get(key)
+        if line is not None and line.isVisible():
+            top = max(top, line.value() * 1.1)
         for name, y in values.items():
             if name in self.clipped:
                 y, over = clip_outliers(y, top)

@@ -44,7 +44,14 @@ def panels(buffers, colors) -> list:
             ("rounds", "bars", c.running, list(enumerate(lengths)))], None),
         ("Acceptance by draft position", "α_i", "draft position (from 1)", [
             ("α_i", "bars", c.per_position, [(i + 1, a) for i, a in enumerate(alphas)])], (0.0, 1.05)),
+        ("Tokens per second", "tokens/s", "round (from 1)", [
+            ("this round", "points", c.measured, _finite(x, _per_second(buffers.round_tpot))),
+            ("measured (running)", "line", c.running, _finite(x, _per_second(buffers.running_tpot)))], None),
     ]
+
+
+def _per_second(tpot_ms) -> list:
+    return [1000.0 / t if t and t > 0 else math.nan for t in tpot_ms]
 
 
 def plots_svg(buffers, colors) -> str:

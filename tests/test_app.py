@@ -1037,9 +1037,10 @@ def test_comparison_overlays_runs_and_tabulates_them_with_spread(qtbot, make_win
     assert len(window.plots.overlays) == 3  # the shown run plus three overlaid
     tpot = [c for (key, _), c in window.plots.overlay_curves.items() if key == "tpot"]
     assert len(tpot) == 3 and all(len(c.getData()[0]) == window.fake.rounds for c in tpot)
-    assert window.plots.reference_line.isVisible()  # the plain run's TPOT
-    assert window.plots.reference_line.value() == pytest.approx(
-        window.session.generations[0].events[-1].metrics.tpot_ms)
+    plain = window.session.generations[0].events[-1].metrics
+    lines = window.plots.reference_lines  # the plain run's TPOT and tokens/s
+    assert lines["tpot"].isVisible() and lines["tpot"].value() == pytest.approx(plain.tpot_ms)
+    assert lines["tps"].isVisible() and lines["tps"].value() == pytest.approx(plain.tokens_per_s)
 
 
 def test_clean_text_toggle_and_copy(qtbot, make_window):
@@ -1173,6 +1174,7 @@ def test_svg_export_is_plain_svg_that_a_non_qt_renderer_draws(qtbot, make_window
     assert root.tag == ns + "svg" and root.get("viewBox") == "0 0 1260 520"
     texts = [t.text for t in root.iter(ns + "text")]
     assert "Acceptance rate α per round" in texts and "Time per output token" in texts
+    assert "Tokens per second" in texts
     assert "running mean" in texts and "ms" in texts  # legends and units, no "(x0.001)"
     assert not any("x0.0" in (t or "") for t in texts)
     assert len(list(root.iter(ns + "polyline"))) >= 5 and len(list(root.iter(ns + "circle"))) > 20
@@ -1233,7 +1235,7 @@ def test_small_window_collapses_plots_into_tabs(qtbot, make_window):
     window = make_window()
     window.resize(1000, 650)
     qtbot.waitUntil(lambda: window.plots.compact, timeout=2000)
-    assert window.plots.tabs.count() == 6
+    assert window.plots.tabs.count() == 7  # six plots and the summary
     window.resize(1500, 950)
     qtbot.waitUntil(lambda: not window.plots.compact, timeout=2000)
 
