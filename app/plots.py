@@ -176,8 +176,8 @@ class PlotPanel(QWidget):
     def _reference_line(plot, colors):
         """A plain run's value (TPOT, tokens/s) as a dotted horizontal line, with its name beside it."""
         line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colors.plot_fg, width=1, style=Qt.DotLine),
-                               label="plain", labelOpts={"position": 0.05, "color": colors.plot_fg,
-                                                         "anchors": [(0, 1), (0, 1)]})
+                               label="plain", labelOpts={"position": 0.98, "color": colors.plot_fg,
+                                                         "anchors": [(1, 1), (1, 1)]})
         line.setVisible(False)
         plot.addItem(line, ignoreBounds=True)
         return line
@@ -196,6 +196,9 @@ class PlotPanel(QWidget):
         plot.setDownsampling(auto=True, mode="peak")
         plot.legend = pg.LegendItem(colCount=3, labelTextSize="8pt", verSpacing=-8, horSpacing=10)
         plot.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the plot
+        plot.legend.setMinimumWidth(1)
+        plot.titleLabel.updateMin = lambda: None  # pyqtgraph pins the minimum width to the title's
+        plot.titleLabel.setMinimumWidth(1)  # a long title is clipped, never widening the plot
         plot.layout.addItem(plot.legend, 4, 1)  # below the x axis: never over the data
         # axes that never resize with their tick labels never relayout the plot; no "(x0.001)" multipliers
         for name in ("left", "bottom"):

@@ -156,7 +156,8 @@ def shot_compare(app, window, args, path) -> bool:
     window.history.setCurrentRow(first + 1)
     window.compare_rows(list(range(first, window.history.count())))
     window.compare_dock.show()
-    window.resizeDocks([window.history_dock], [600], Qt.Horizontal)
+    window.resizeDocks([window.history_dock, window.inspector_dock], [560, 330], Qt.Horizontal)
+    window.resizeDocks([window.plots_dock], [380], Qt.Vertical)
     window.resizeDocks([window.compare_dock], [260], Qt.Vertical)
     return save(app, window, path)
 
