@@ -246,8 +246,9 @@ def _run_record(args, config: GenerationConfig, decoder, events: list):
     from engine.trace import Run, make_header
 
     dtype = getattr(getattr(decoder, "target", None), "dtype", None)
-    header = make_header(args.prompt, config, args.target or "shipped",
-                         args.draft or ("shipped" if args.target is None else None), decoder.device_name,
+    uses_draft = methods.get(config.method).needs_draft_model  # else no draft model was loaded
+    draft = (args.draft or ("shipped" if args.target is None else None)) if uses_draft else None
+    header = make_header(args.prompt, config, args.target or "shipped", draft, decoder.device_name,
                          None if dtype is None else str(dtype).removeprefix("torch."))
     return Run(header=header, events=events, finish=events[-1].finish_reason if events else None)
 
