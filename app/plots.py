@@ -20,8 +20,9 @@ PNG_SCALE = 2  # exported PNGs have twice the screen's pixels
 OVERLAY_COLORS = ("#e8590c", "#2f9e44", "#9c36b5", "#1098ad", "#f08c00", "#c2255c", "#5c940d")
 NUMBERING = "Rounds, generations and draft positions count from 1."
 # the running curve each plot overlays for a compared run (PlotBuffers attribute)
-OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot", "tps": "running_tps"}
-GRID_COLUMNS = 12  # the top row holds three plots (4 columns each), the bottom row three and the summary (3 each)
+OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot",
+                  "tps": "running_tps"}
+GRID_COLUMNS = 12  # top row: three plots of 4 columns; bottom row: three plots and the summary, 3 each
 
 
 def series(buffers, name: str) -> np.ndarray:
@@ -123,7 +124,8 @@ class PlotPanel(QWidget):
         self.alpha_plot = self._plot((0, 0, 4), "Acceptance rate α per round", "α", y_range=(0, 1.05))
         self.tpf_plot = self._plot((0, 4, 4), "Tokens per target forward", "tokens")
         self.tpot_plot = self._plot((0, 8, 4), "Time per output token", "ms")
-        self.hist_plot = self._plot((1, 0, 3), "Accepted length (rounds)", "rounds", x_label="accepted drafts")
+        self.hist_plot = self._plot((1, 0, 3), "Accepted length (rounds)", "rounds",
+                                    x_label="accepted drafts")
         self.pos_plot = self._plot((1, 3, 3), "Acceptance by draft position", "α_i",
                                    x_label="draft position (from 1)", y_range=(0, 1.05))
         self.tps_plot = self._plot((1, 6, 3), "Tokens per second", "tokens/s")
@@ -175,7 +177,8 @@ class PlotPanel(QWidget):
     @staticmethod
     def _reference_line(plot, colors):
         """A plain run's value (TPOT, tokens/s) as a dotted horizontal line, with its name beside it."""
-        line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(colors.plot_fg, width=1, style=Qt.DotLine),
+        pen = pg.mkPen(colors.plot_fg, width=1, style=Qt.DotLine)
+        line = pg.InfiniteLine(angle=0, movable=False, pen=pen,
                                label="plain", labelOpts={"position": 0.98, "color": colors.plot_fg,
                                                          "anchors": [(1, 1), (1, 1)]})
         line.setVisible(False)

@@ -1,6 +1,7 @@
 """Save screenshots of the real window for the README (docs/): the middle of a generation
-(docs/screenshot.png), a tree method with its Draft tree panel (docs/screenshot-tree.png), a comparison of runs
-(docs/screenshot-compare.png) and, where the window has one, the diagnosis view (docs/screenshot-diagnosis.png).
+(docs/screenshot.png), a tree method with its Draft tree panel (docs/screenshot-tree.png), a comparison of
+runs (docs/screenshot-compare.png) and, where the window has one, the diagnosis view
+(docs/screenshot-diagnosis.png).
 
     python scripts/screenshot.py                          # shipped models, else tiny random ones
     python scripts/screenshot.py --target DIR --draft DIR --out-dir docs --only mid

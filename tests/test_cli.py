@@ -438,6 +438,6 @@ def test_a_cli_trace_reads_back_into_the_same_events(pair, capsys, tmp_path):
     assert run.prompt == PROMPT and run.config.sampling.temperature == 0.9 and run.finish == "length"
     assert run.config.method == "draft" and run.config.max_new_tokens == 10
     records = [json.loads(line) for line in path.read_text().splitlines()][1:]
-    for event, record in zip(run.events, records):
+    for event, record in zip(run.events, records, strict=True):
         again = {"type": "round", "generation": 1, **asdict(event)}
         assert json.loads(json.dumps(again)) == record
