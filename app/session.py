@@ -26,6 +26,18 @@ def sampling_label(sampling, seed: int) -> str:
     return " ".join(parts)
 
 
+@dataclass(frozen=True)
+class SavedCalibration:
+    """A trace's calibration (engine.decoder.Calibration's fields), for its replay's TPOT prediction."""
+
+    target_step_ms: float
+    draft_step_ms: float
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_ms / self.target_step_ms if self.target_step_ms > 0 else 0.0
+
+
 @dataclass
 class Generation:
     index: int  # 1-based, in session order
@@ -60,9 +72,12 @@ class Generation:
 
     def header(self) -> dict:
         """This generation's trace header (engine.trace): prompt, settings, models, device, versions."""
-        o = self.origin
-        return make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
-                           o.get("dtype"), self.index)
+        o, cal = self.origin, self.calibration
+        header = make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
+                             o.get("dtype"), self.index)
+        if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
+            header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
+        return header
 
     def to_run(self) -> Run:
         return Run(header=self.header(), events=list(self.events), finish=self.finish or "running")
@@ -99,6 +114,9 @@ class Session:
         origin = {"target": models.get("target"), "draft": models.get("draft"),
                   "device": run.header.get("device"), "dtype": run.header.get("dtype")}
         label = " + ".join(str(m) for m in (models.get("target"), models.get("draft")) if m) or "from a trace"
+        saved = run.header.get("calibration")
+        if isinstance(saved, dict) and saved.get("target_step_ms"):
+            calibration = SavedCalibration(float(saved["target_step_ms"]), float(saved.get("draft_step_ms", 0)))
         gen = self.new(run.prompt, run.config, label, calibration, origin)
         gen.replayed_from = source
         for event in run.events:

@@ -980,7 +980,7 @@ def test_replay_of_a_saved_trace_reproduces_views_and_plots(qtbot, make_window, 
     assert replayed.prompt == live.prompt and replayed.config == live.config
     assert other.view.rendered_spans() == spans  # every span, kind and round as it ran live
     for name in ("rounds", "round_alpha", "running_alpha", "round_tpf", "running_tpf", "analytic_tpf",
-                 "per_position_tpf", "round_tpot", "running_tpot"):
+                 "per_position_tpf", "round_tpot", "running_tpot", "predicted_tpot"):  # the run's calibration
         assert getattr(replayed.buffers, name) == pytest.approx(getattr(buffers, name), nan_ok=True), name
     assert replayed.buffers.length_counts == buffers.length_counts
     other.plots.redraw()
