@@ -116,7 +116,8 @@ class Session:
         label = " + ".join(str(m) for m in (models.get("target"), models.get("draft")) if m) or "from a trace"
         saved = run.header.get("calibration")
         if isinstance(saved, dict) and saved.get("target_step_ms"):
-            calibration = SavedCalibration(float(saved["target_step_ms"]), float(saved.get("draft_step_ms", 0)))
+            calibration = SavedCalibration(float(saved["target_step_ms"]),
+                                           float(saved.get("draft_step_ms", 0)))
         gen = self.new(run.prompt, run.config, label, calibration, origin)
         gen.replayed_from = source
         for event in run.events:
