@@ -26,7 +26,8 @@ CONFIG = GenerationConfig(method="eagle", k=2, sampling=SamplingParams(0.7, 40, 
 def runs():
     first = Run(make_header("p ü", CONFIG, "t", "d", "CPU", "float32", 1), [event(0), event(1)], "stopped")
     plain = GenerationConfig(method="none")
-    second = Run(make_header("q", plain, "t", None, "CPU", "float32", 2), [event(0, True, "length")], "length")
+    header = make_header("q", plain, "t", None, "CPU", "float32", 2)
+    second = Run(header, [event(0, True, "length")], "length")
     return [first, second]
 
 
