@@ -259,7 +259,11 @@ class MainWindow(QMainWindow):
         return ask_path(self, title, QFileDialog.ExistingFile, file_filter)
 
     def show_help(self) -> None:
-        HelpDialog(self).exec()
+        """Help (F1): a window of its own that stays open beside the main one."""
+        if getattr(self, "help_dialog", None) is None:
+            self.help_dialog = HelpDialog(self)
+        self.help_dialog.show()
+        self.help_dialog.raise_()
 
     def show_status(self, message: str, timeout_ms: int = 0) -> None:
         self.statusBar().showMessage(message, timeout_ms)

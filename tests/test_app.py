@@ -1271,3 +1271,10 @@ def test_untested_drafts_show_no_numbers():
                      tested=False)
     text = describe(info)
     assert "q(x)" not in text and "not tested" in text and "round 3, draft position 4" in text
+
+
+def test_help_opens_beside_the_window(qtbot, make_window):
+    window = make_window()
+    qtbot.keyClick(window.view, Qt.Key_F1)
+    assert window.help_dialog.isVisible() and not window.help_dialog.isModal()
+    window.help_dialog.close()
