@@ -28,7 +28,8 @@ def launch_gui(args) -> int:
     except ImportError as exc:
         raise SpecplayError(f"the GUI cannot start: {exc}") from None
     backend.THREADS = args.threads
-    return run_gui(target=args.target, draft=args.draft, device=args.device)
+    return run_gui(target=args.target, draft=args.draft, device=args.device,
+                   open_trace=getattr(args, "open_trace", None))
 
 
 def main(argv: Optional[list] = None) -> int:

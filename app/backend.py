@@ -47,3 +47,27 @@ def models_label(target: Optional[str], draft: Optional[str]) -> str:
     target_name = Path(target).name if target else "shipped target"
     draft_name = Path(draft).name if draft else ("shipped draft" if target is None else "no draft")
     return f"{target_name} + {draft_name}"
+
+
+def context_limit(decoder):
+    """Tokens the loaded pair can hold (the smaller of target and draft), or None when unknown."""
+    limits = []
+    for name in ("target", "draft"):
+        runner = getattr(getattr(decoder, "pair", None), name, None) if name == "draft" else \
+            getattr(decoder, "target", None)
+        limit = getattr(runner, "max_length", None)
+        if isinstance(limit, int) and limit > 0:
+            limits.append(limit)
+    return min(limits) if limits else None
+
+
+def count_tokens(decoder, text: str) -> int:
+    """The prompt's length in tokens (0 when the decoder has no tokenizer)."""
+    tokenizer = getattr(decoder, "tokenizer", None)
+    return len(tokenizer.encode(text)) if tokenizer is not None else 0
+
+
+def dtype_name(decoder):
+    """'float32', 'bfloat16', ... of the target's weights, or None."""
+    dtype = getattr(getattr(decoder, "target", None), "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")

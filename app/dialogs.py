@@ -64,45 +64,120 @@ def _double(low: float, high: float, step: float, value: float) -> QDoubleSpinBo
 
 
 HELP_HTML = """
+<h2>specplay: what you see</h2>
+<p>Rounds, generations and draft positions count from 1 everywhere in the window (the JSONL trace keeps the
+engine's 0-based <code>round</code>).</p>
+<h3>Round view</h3>
+<p>The output as it was decoded. Accepted drafts are highlighted; a chain's rejected drafts are struck out
+where they were proposed (paler when never reached, because an earlier one was rejected); the target's
+<i>correction</i> (after a rejection) and <i>bonus</i> token (after a fully accepted round) have their own
+colours; thin bars separate rounds. Tree methods (Medusa, lookahead, EAGLE with a tree) show only the accepted
+path inline; the rejected branches fold into one ⑂N mark: hover it to list them, click it to see the tree.</p>
+<h3>Clean text</h3>
+<p><b>Ctrl+T</b> (or the <i>Clean text</i> box) shows only what the model produced, as plain text. Copy
+(<b>Ctrl+C</b>) always gives the clean text, in either view: never rejected drafts, never ↵ marks.</p>
+<h3>Token inspector</h3>
+<p>Hover a token for its numbers; click to pin them in the Token dock. For a drafted token:
+<b>p(x)</b> is the target's probability of it (after temperature, top-k and top-p), <b>q(x)</b> the
+drafter's (1 for deterministic drafters such as n-gram and lookahead), <b>min(1, p/q)</b> the chance it
+survives, and <b>u</b> the uniform random number it was tested against: accepted when u &lt; min(1, p/q).
+The list at the bottom is the target's most likely tokens at that position.</p>
+<p><b>The greedy case (T = 0).</b> No random number is drawn: a draft is accepted exactly when it is the
+target's most likely token (its argmax). The inspector then shows p(x) as the target's T=1 probability, for
+reference only, and no q or min(1, p/q): a draft with p = 0.01 is rejected because another token is the
+argmax, not because of a ratio. Tokens after the first rejection are <i>not tested</i>.</p>
+<h3>Draft tree</h3>
+<p>One round's draft: the committed context at the left, each drafted token a box linked to its parent,
+with p, q and u under it (greedy: p only). The thick line is the accepted path, ending in the correction or
+bonus token. |◀ ◀ ▶ ▶| move between rounds; ▶| follows the running generation. The dock floats and grows:
+drag it out for a large tree.</p>
+<h3>Plots</h3>
+<p>α per round and its running mean; tokens per target forward against the chain formula
+(1 − α<sup>K+1</sup>)/(1 − α) and the per-position form 1 + Σ Π α<sub>j</sub>; time per output token (TPOT)
+against TPOT<sub>plain</sub>·(1 + cK)/E, with a dotted line at a plain run's TPOT when the session has one
+for the same prompt; the accepted-length histogram; acceptance by draft position; tokens per second, with the
+plain run's as a dotted line too. Outliers above the y range
+are clipped and marked with a triangle at the top edge. Hover a plot for the values under the mouse. In a
+small window the plots become tabs.</p>
+<h3>History and Compare</h3>
+<p>Every run of the session is in History. Select several (Ctrl/Shift+click) to overlay their running
+curves on the plots and list them in the Compare dock: method, K, sampling, α, tokens per forward, tokens/s
+with its standard deviation over equal runs, and the speedup over a plain run (Method → Off) of the same
+prompt. <b>Session → Run N times</b> repeats the current settings to measure that spread: timings on a busy
+machine vary by tens of percent from run to run.</p>
+<h3>Exports and replay</h3>
+<p>Session → Export metrics CSV writes one row per round with the settings (method, K, temperature, top-k,
+top-p, seed, tree size, models, device, dtype), the round's counts and times and the running metrics.
+Export trace JSONL writes a header per generation (prompt, settings, models, device, versions) and every
+round; <b>Session → Open trace…</b> (or <code>python main.py gui --open-trace FILE</code>) replays it into
+the window. Plots export as PNG at twice the screen resolution or as plain SVG.</p>
+
+<h2>The methods</h2>
+<ul>
+<li><b>Off</b>: plain autoregressive decoding, one target forward per token; the reference for every
+speedup. It has no K and no α.</li>
+<li><b>Draft model</b>: a small model of the same tokenizer drafts K tokens one by one; its q is a real
+distribution. c is its step cost over the target's.</li>
+<li><b>N-gram prompt lookup</b>: finds the latest occurrence of the text's last few tokens earlier in the
+context and proposes what followed. Free to draft (c ≈ 0), deterministic (q = 1); a round with no match
+drafts nothing and counts as one target step with no drafted tokens (it does not enter α).</li>
+<li><b>Medusa</b>: extra heads on the target predict the tokens 1..K ahead from its last hidden state; their
+top candidates form a tree verified in one forward with a tree attention mask.</li>
+<li><b>EAGLE</b>: a one-layer head drafts from the target's hidden features, autoregressively: a chain of K,
+or a dynamic tree of N nodes (EAGLE, dynamic tree of 8 nodes).</li>
+<li><b>Lookahead</b>: n-grams collected from the target's own parallel (Jacobi) guesses, verified as a
+tree; no extra model.</li>
+</ul>
+
 <h2>The analytic model</h2>
 <p>Each round the drafter guesses <b>K</b> tokens and the target model checks all of them, plus one more
-position, in a single forward pass. A guessed token survives with probability min(1, p(x)/q(x)), where p is
-the target's probability of the token and q the drafter's; the first failure ends the round, and the target
-then supplies a replacement token drawn from what is left of p once q is taken away. When every guess
-survives, the target's extra position gives a free <i>bonus</i> token. Either way, each round produces at
-least one token, and the text follows the target's distribution exactly.</p>
+position, in a single forward pass. A guessed token survives with probability min(1, p(x)/q(x)); the first
+failure ends the round, and the target then supplies a replacement drawn from what is left of p once q is
+taken away. When every guess survives, the extra position gives a free <i>bonus</i> token. Each round
+produces at least one token, and the text follows the target's distribution exactly.</p>
 <h3>Tokens per target forward</h3>
-<p>If every guess survives independently with the same probability <b>α</b>, the round yields the accepted
-prefix plus one target token, and on average</p>
+<p>If every guess survives independently with the same probability <b>α</b> (accepted drafted tokens over
+drafted tokens; rounds that drafted nothing do not count), on average</p>
 <p align="center"><b>E = (1 − α<sup>K+1</sup>) / (1 − α)</b></p>
-<p>tokens come out of each target forward (K + 1 when α = 1). For example α = 0.8 with K = 4 gives about
-3.36.</p>
+<p>tokens come out of each target forward (K + 1 when α = 1): α = 0.8 with K = 4 gives about 3.36.</p>
 <h3>Per-position form</h3>
 <p>Real drafters are better at the first guess than at the fifth, so α falls with depth. With α<sub>i</sub>
 the chance that guess i survives given that all earlier ones did,</p>
 <p align="center"><b>E = 1 + Σ<sub>i=1..K</sub> Π<sub>j≤i</sub> α<sub>j</sub></b></p>
-<p>each term being the chance that the round gets at least i guesses through. The tokens-per-forward plot
-shows both forms against the measurement.</p>
 <h3>Speedup and time per output token</h3>
 <p>Let <b>c</b> be the cost of one draft step relative to one target forward (measured when models load). A
 round costs roughly 1 + cK target forwards and yields E tokens, so</p>
 <p align="center"><b>speedup ≈ E / (1 + cK)</b>, &nbsp;&nbsp;
 <b>TPOT ≈ TPOT<sub>plain</sub> · (1 + cK) / E</b></p>
 <p>A larger K only pays while the extra guesses still survive often enough to cover their drafting cost: the
-best K grows with α and shrinks with c. Model-free drafters (n-gram prompt lookup) have c ≈ 0.</p>
-<h3>Reading the view</h3>
-<p>Accepted guesses are highlighted; rejected ones are struck out where they were proposed (paler when they
-were never reached); the correction and bonus tokens have their own colours; thin bars separate rounds.
-Hover or click a token for p(x), q(x), min(1, p/q), the uniform u it was tested against, and the target's
-top alternatives.</p>
+best K grows with α and shrinks with c.</p>
+
+<h2>Shortcuts</h2>
+<table cellpadding="2">
+<tr><td><b>Ctrl+Enter</b></td><td>generate (anywhere in the window)</td></tr>
+<tr><td><b>Esc</b></td><td>stop whatever runs: a generation, a K sweep, a lossless check, Run N
+times</td></tr>
+<tr><td><b>Ctrl+1 … Ctrl+7</b></td><td>method: Off, Draft model, N-gram, Medusa, EAGLE, EAGLE tree,
+Lookahead</td></tr>
+<tr><td><b>Ctrl+] / Ctrl+[</b></td><td>K + 1 / K − 1</td></tr>
+<tr><td><b>Ctrl+G</b></td><td>greedy on/off</td></tr>
+<tr><td><b>Ctrl+T</b></td><td>round view / clean text</td></tr>
+<tr><td><b>Ctrl+C</b></td><td>copy the selection as clean text</td></tr>
+<tr><td><b>Ctrl+K</b></td><td>find the fastest K</td></tr>
+<tr><td><b>Ctrl+L</b></td><td>check lossless</td></tr>
+<tr><td><b>Ctrl+Shift+Enter</b></td><td>run N times</td></tr>
+<tr><td><b>Ctrl+O</b></td><td>open a trace</td></tr>
+<tr><td><b>Ctrl+S / Ctrl+Shift+S / Ctrl+E</b></td><td>export metrics CSV / trace JSONL / plots</td></tr>
+<tr><td><b>F1</b></td><td>this page</td></tr>
+</table>
 """
 
 
 class HelpDialog(QDialog):
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setWindowTitle("The analytic model")
-        self.resize(640, 620)
+        self.setWindowTitle("specplay help")
+        self.resize(720, 720)
         browser = QTextBrowser()
         browser.setHtml(HELP_HTML)
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
@@ -126,9 +201,10 @@ def fastest_k(rows: list) -> int:
 class SweepDialog(QDialog):
     """The measured K sweep: a table, the fastest K, and a button that makes it the K of the next runs."""
 
-    def __init__(self, parent, rows: list, title: str):
+    def __init__(self, parent, rows: list, title: str, complete: bool = True):
         super().__init__(parent)
-        self.setWindowTitle("Fastest K")
+        self.setWindowTitle("Fastest K" if complete else "K sweep (stopped)")
+        self.complete = complete
         self.best = fastest_k(rows)
         best_row = next(row for row in rows if row["k"] == self.best)
         table = QTableWidget(len(rows), len(SWEEP_COLUMNS))
@@ -137,18 +213,27 @@ class SweepDialog(QDialog):
         for r, row in enumerate(rows):
             for c, (key, _, fmt) in enumerate(SWEEP_COLUMNS):
                 item = QTableWidgetItem(fmt.format(row[key]))
-                if row["k"] == self.best:
+                if complete and row["k"] == self.best:
                     font = item.font()
                     font.setBold(True)
                     item.setFont(font)
                 table.setItem(r, c, item)
         table.resizeColumnsToContents()
         self.table = table
-        summary = QLabel(f"{title}<br>Fastest measured: <b>K = {self.best}</b>, "
-                         f"{best_row['speedup']:.2f}× the tokens/s of plain decoding on this machine.")
+        if complete:
+            verdict = (f"Fastest measured: <b>K = {self.best}</b>, {best_row['speedup']:.2f}× the tokens/s "
+                       "of plain decoding on this machine.")
+        else:  # a stopped sweep: what it measured, no recommendation from a partial sweep
+            measured = ", ".join(str(row["k"]) for row in rows)
+            verdict = (f"Stopped after K = {measured}: the sweep did not measure every K, so it recommends "
+                       "none.")
+        summary = QLabel(f"{title}<br>{verdict}")
         summary.setWordWrap(True)
+        self.summary = summary
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
-        self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
+        self.use_button = None
+        if complete:
+            self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)

@@ -1,5 +1,5 @@
-"""The Session menu's exports: every round as metrics CSV or a JSONL trace (engine.exports), and the plots
-as PNG or SVG.
+"""The Session menu's exports and import: every round as metrics CSV or a JSONL trace (engine.metrics,
+engine.trace) that reproduces the run, a saved trace read back for replay, and the plots as PNG (2x) or SVG.
 
 Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter)`, reports a
 problem with `host.show_error(title, message)` and success with `host.show_status(message, timeout_ms)`;
@@ -9,33 +9,59 @@ from __future__ import annotations
 
 from engine.errors import SpecplayError
 
-ROUND_EXPORTS = {  # format of engine.exports -> (title, file filter)
-    "csv": ("Export metrics CSV", "CSV (*.csv)"),
-    "jsonl": ("Export trace JSONL", "JSON Lines (*.jsonl)"),
+ROUND_EXPORTS = {  # format -> (title, file filter, suffix)
+    "csv": ("Export metrics CSV", "CSV (*.csv)", ".csv"),
+    "jsonl": ("Export trace JSONL", "JSON Lines (*.jsonl)", ".jsonl"),
 }
+OPEN_TITLE = "Open trace"
+OPEN_FILTER = "specplay traces (*.jsonl);;All files (*)"
 PLOTS_TITLE = "Export plots"
-PLOTS_FILTER = "PNG image (*.png);;SVG drawing (*.svg)"
+PLOTS_FILTER = "PNG image, 2x (*.png);;SVG drawing (*.svg)"
 IMAGE_SUFFIXES = (".png", ".svg")
 NOTICE_MS = 5000
 
 
-def export_rounds(host, events: list, fmt: str) -> None:
-    """Write (generation index, RoundEvent) pairs in `fmt` ('csv' or 'jsonl') to a path the user picks."""
-    title, file_filter = ROUND_EXPORTS[fmt]
-    if not events:
+def with_suffix(path: str, suffix: str) -> str:
+    return path if path.lower().endswith(suffix) else path + suffix
+
+
+def export_rounds(host, runs: list, fmt: str) -> None:
+    """Write runs (engine.trace.Run) in `fmt` ('csv' or 'jsonl') to a path the user picks."""
+    title, file_filter, suffix = ROUND_EXPORTS[fmt]
+    if not runs:
         host.show_error(title, "Nothing to export yet: generate something first.")
         return
     path = host.ask_save_path(title, file_filter)
     if not path:
         return
-    from engine.exports import export_events
+    path = with_suffix(path, suffix)
+    from engine.exports import export_runs
 
     try:  # whole or not at all: a temporary file renamed into place; a path another run writes is refused
-        rows = export_events(path, fmt, events)
+        rows = export_runs(path, fmt, runs)
     except SpecplayError as exc:
         host.show_error(title, str(exc))
         return
-    host.show_status(f"Wrote {rows} rounds to {path}", NOTICE_MS)
+    host.show_status(f"Wrote {rows} rounds of {len(runs)} generations to {path}", NOTICE_MS)
+
+
+def read_trace(host, path: str):
+    """The runs of the trace at `path`, or None after a dialog said why it cannot be read."""
+    import os
+    import stat
+
+    from engine.trace import read_trace as read
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block the GUI thread
+            host.show_error(OPEN_TITLE, f"{path} is not a regular file")
+            return None
+        return read(path)
+    except OSError as exc:
+        host.show_error(OPEN_TITLE, f"cannot read {path}: {exc.strerror or exc}")
+    except SpecplayError as exc:
+        host.show_error(OPEN_TITLE, str(exc))
+    return None
 
 
 def image_path(path: str) -> str:

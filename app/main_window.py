@@ -12,22 +12,24 @@ from dataclasses import replace
 from typing import Optional
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtGui import QFontDatabase, QGuiApplication
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QMainWindow, QMessageBox, QProgressBar, QPushButton,
-                               QScrollArea, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QAbstractItemView, QApplication, QCheckBox, QDockWidget, QFileDialog,
+                               QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout,
+                               QWidget)
 
 from app import backend, exports, gc_guard, style
+from app.compare import CompareTable, plain_reference
 from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
 from app.menus import Menus
 from app.plot_data import PlotBuffers
-from app.plots import REDRAW_HZ, PlotPanel
+from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
 from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
-from app.tree_view import DraftTreeView
-from app.widgets import PromptEdit, SteadyLabel
+from app.tree_view import TreePanel
+from app.widgets import PromptEdit, SteadyLabel, ask_path
 from app.workers import GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
@@ -36,6 +38,8 @@ from engine.methods import parse_spec
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
 CHECK_TEMPERATURE = 0.8  # the sampled check's temperature while the Sampling menu is on greedy
+COMPACT_SIZE = (1200, 800)  # below this width or height the plots collapse to tabs
+MAX_NEW_TOKENS = 8192  # the spin box's limit before a model is loaded (then: the model's context)
 
 
 def no_model_text(reason: str = "") -> str:
@@ -80,6 +84,8 @@ class MainWindow(QMainWindow):
         self._pending_error: Optional[tuple] = None  # (title, message) shown once a worker is done
         self._forced_palette = False  # True while the theme overrides a platform that ignores the scheme
         self._unrendered: list = []  # rounds received but not drawn yet
+        self.repeats_left = 0  # "Run N times": generations still to start after the running one
+        self.context_limit: Optional[int] = None  # tokens the loaded pair can hold (prompt + generated)
         self.ui_timer = QTimer(self)
         self.ui_timer.setInterval(int(1000 / (2 * REDRAW_HZ)))
         self.ui_timer.timeout.connect(self._ui_tick)
@@ -89,6 +95,7 @@ class MainWindow(QMainWindow):
         self._build_docks()
         self._build_menus()
         self._build_status()
+        self._build_shortcuts()
         self.resize(1400, 900)
         self.resizeDocks([self.history_dock, self.inspector_dock], [250, 300], Qt.Horizontal)
         self.resizeDocks([self.plots_dock], [360], Qt.Vertical)
@@ -107,7 +114,7 @@ class MainWindow(QMainWindow):
         self.prompt.submitted.connect(self.generate)
         self.prompt.stopRequested.connect(self.stop)
         self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 8192)
+        self.max_tokens.setRange(1, MAX_NEW_TOKENS)
         self.max_tokens.setValue(self.settings.get("decode/max_new_tokens"))
         self.max_tokens.setPrefix("max new tokens: ")
         self.max_tokens.valueChanged.connect(lambda v: self.settings.set("decode/max_new_tokens", v))
@@ -116,6 +123,10 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop  (Esc)")
         self.stop_button.clicked.connect(self.stop)
         self.legend = QLabel()
+        self.legend.setWordWrap(True)
+        self.clean_toggle = QCheckBox("Clean text  (Ctrl+T)")
+        self.clean_toggle.setToolTip("Show what the model produced, without the drafts and round marks")
+        self.clean_toggle.toggled.connect(self.set_clean_text)
         self.view = RoundView()
         self.view.tokenClicked.connect(self._show_token)
         self.splitter = QSplitter(Qt.Vertical)
@@ -140,7 +151,10 @@ class MainWindow(QMainWindow):
     def _output_area(self) -> QWidget:
         column = QVBoxLayout()
         column.setContentsMargins(0, 0, 0, 0)
-        column.addWidget(self.legend)
+        top = QHBoxLayout()
+        top.addWidget(self.legend, 1)
+        top.addWidget(self.clean_toggle)
+        column.addLayout(top)
         column.addWidget(self.view, 1)
         box = QWidget()
         box.setLayout(column)
@@ -148,7 +162,11 @@ class MainWindow(QMainWindow):
 
     def _build_docks(self) -> None:
         self.history = QListWidget()
+        self.history.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.history.setToolTip("Select several runs (Ctrl/Shift+click) to compare them. " + NUMBERING)
         self.history.currentRowChanged.connect(self._history_selected)
+        self.history.itemSelectionChanged.connect(self._selection_changed)
+        self.compare = CompareTable()
         self.inspector = QTextBrowser()
         self.inspector.setPlaceholderText("Hover a token for details; click to pin them here.")
         self.plots = PlotPanel()
@@ -157,13 +175,16 @@ class MainWindow(QMainWindow):
         self.plots_dock = self._dock("Plots", "plotsDock", self.plots, Qt.BottomDockWidgetArea)
         self.plots_action = self.plots_dock.toggleViewAction()
         self.plots_action.setText("Plots")
-        self.tree_view = DraftTreeView()
+        self.tree_panel = TreePanel()
+        self.tree_view = self.tree_panel.view
         self.tree_view.tokenClicked.connect(self._show_token)
-        tree_scroll = QScrollArea()
-        tree_scroll.setWidget(self.tree_view)
-        self.tree_dock = self._dock("Draft tree", "treeDock", tree_scroll, Qt.RightDockWidgetArea)
+        self.tree_dock = self._dock("Draft tree", "treeDock", self.tree_panel, Qt.RightDockWidgetArea)
         self.tree_action = self.tree_dock.toggleViewAction()
         self.tree_action.setText("Draft tree")
+        self.compare_dock = self._dock("Compare", "compareDock", self.compare, Qt.LeftDockWidgetArea)
+        self.compare_action = self.compare_dock.toggleViewAction()
+        self.compare_action.setText("Compare")
+        self.splitDockWidget(self.history_dock, self.compare_dock, Qt.Vertical)  # plots stay in sight
 
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -173,8 +194,8 @@ class MainWindow(QMainWindow):
         return dock
 
     def _build_menus(self) -> None:
-        view_actions = [self.plots_action, self.tree_action, self.history_dock.toggleViewAction(),
-                        self.inspector_dock.toggleViewAction()]
+        view_actions = [self.plots_action, self.tree_action, self.compare_action,
+                        self.history_dock.toggleViewAction(), self.inspector_dock.toggleViewAction()]
         m = self.menus = Menus(self, view_actions, SWEEP_KS)
         self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
         self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
@@ -183,13 +204,37 @@ class MainWindow(QMainWindow):
     def _build_status(self) -> None:
         names = ("device", "models", "method", "live", "calibration")
         self.status_labels = {name: SteadyLabel() for name in names}
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 0)  # busy indicator
-        self.progress.setMaximumWidth(120)
+        self.progress = QProgressBar()  # permanent: status messages never hide it
+        self.progress.setRange(0, 0)  # busy until a job reports counts
+        self.progress.setMinimumWidth(220)
+        self.progress.setMaximumWidth(320)
         self.progress.setVisible(False)
-        self.statusBar().addWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.progress)
         for label in self.status_labels.values():
             self.statusBar().addPermanentWidget(label)
+
+    def _build_shortcuts(self) -> None:
+        """Window-wide keys: they work wherever the focus is (the output view, the history, a dock)."""
+        keys = [("Esc", self.stop), ("Ctrl+Return", self.generate), ("Ctrl+Enter", self.generate),
+                ("Ctrl+T", lambda: self.clean_toggle.toggle()), ("Ctrl+]", lambda: self.step_k(1)),
+                ("Ctrl+[", lambda: self.step_k(-1))]
+        self.shortcuts = {}
+        for key, slot in keys:
+            shortcut = QShortcut(QKeySequence(key), self)
+            shortcut.setContext(Qt.WindowShortcut)
+            shortcut.activated.connect(slot)
+            self.shortcuts[key] = shortcut
+
+    def set_progress(self, done: Optional[int], total: Optional[int], text: str = "") -> None:
+        """The status bar's progress: counts when known (`done` of `total`), else a busy bar."""
+        if total:
+            self.progress.setRange(0, int(total))
+            self.progress.setValue(int(done or 0))
+        else:
+            self.progress.setRange(0, 0)
+        self.progress.setFormat(text or "%v of %m")
+        self.progress.setTextVisible(True)
+        self.progress.setToolTip(text)
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.layout()
@@ -205,14 +250,20 @@ class MainWindow(QMainWindow):
         QMessageBox.warning(self, title, message)
 
     def ask_directory(self, title: str) -> Optional[str]:
-        return QFileDialog.getExistingDirectory(self, title) or None
+        return ask_path(self, title, QFileDialog.Directory)
 
     def ask_save_path(self, title: str, file_filter: str) -> Optional[str]:
-        path, _ = QFileDialog.getSaveFileName(self, title, "", file_filter)
-        return path or None
+        return ask_path(self, title, QFileDialog.AnyFile, file_filter, save=True)
+
+    def ask_open_path(self, title: str, file_filter: str) -> Optional[str]:
+        return ask_path(self, title, QFileDialog.ExistingFile, file_filter)
 
     def show_help(self) -> None:
-        HelpDialog(self).exec()
+        """Help (F1): a window of its own that stays open beside the main one."""
+        if getattr(self, "help_dialog", None) is None:
+            self.help_dialog = HelpDialog(self)
+        self.help_dialog.show()
+        self.help_dialog.raise_()
 
     def show_status(self, message: str, timeout_ms: int = 0) -> None:
         self.statusBar().showMessage(message, timeout_ms)
@@ -237,11 +288,13 @@ class MainWindow(QMainWindow):
         return self.gen_slot.job
 
     def _start_job(self, slot: JobSlot, worker, status: Optional[str] = None, **handlers) -> None:
-        """Start a job in its slot. Loads, sweeps and checks show `status` beside the busy bar; a generation
-        shows its progress in the view instead."""
+        """Start a job in its slot. Loads, sweeps and checks show `status` in the progress bar (counts come
+        with their "progress" messages); a generation shows its progress in the view and the bar."""
+        handlers.setdefault("progress", self.set_progress)
         slot.start(worker, **handlers)
         if status:
             self.show_status(status)
+        self.set_progress(None, None, status or "")
         self._sync_progress()
         self._refresh_controls()
 
@@ -252,7 +305,7 @@ class MainWindow(QMainWindow):
         self._flush_pending_error()
 
     def _sync_progress(self) -> None:
-        self.progress.setVisible(self.load_slot.busy or self.sweep_slot.busy or self.check_slot.busy)
+        self.progress.setVisible(self.load_slot.busy or self.running)
 
     def _fail_later(self, title: str):
         """A "failed" handler: keep the message for a dialog once the job has been joined."""
@@ -279,6 +332,8 @@ class MainWindow(QMainWindow):
             self.plots.redraw_if_dirty()
 
     def stop(self) -> None:
+        """Esc, anywhere in the window: stop whatever uses the decoder (and the runs still queued)."""
+        self.repeats_left = 0
         for slot in self._decoder_slots:
             if slot.stop():
                 self.show_status("Stopping…", 2000)
@@ -302,12 +357,14 @@ class MainWindow(QMainWindow):
         worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
         self._start_job(self.load_slot, worker, f"Loading {backend.models_label(target, draft)}…",
                         loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
+        self.set_progress(0, 2, "Loading the models (1 of 2)…")
         return True
 
     def _models_loaded(self, decoder, calibration) -> None:
         target, draft, _ = self._pending
         self.decoder, self.calibration = decoder, calibration
         self.availability = dict(decoder.method_availability())
+        self._limit_max_tokens(backend.context_limit(decoder))
         self.target_path, self.draft_path = target, draft
         self.models = backend.models_label(target, draft)
         self.settings.set("models/target", target or "")
@@ -361,6 +418,22 @@ class MainWindow(QMainWindow):
         self.settings.set("decode/k", int(k))
         self._refresh_all()
 
+    def step_k(self, step: int) -> None:
+        """Ctrl+] and Ctrl+[: the next larger or smaller K of the K menu."""
+        ks = sorted(self.k_actions)
+        k = self.settings.get("decode/k")
+        self.set_k(min(ks[-1], max(ks[0], k + step)))
+
+    def set_clean_text(self, clean: bool) -> None:
+        """Round view (drafts, rejections, round marks) or the clean text the model produced."""
+        if self.clean_toggle.isChecked() != bool(clean):
+            self.clean_toggle.setChecked(bool(clean))  # comes back here through `toggled`
+            return
+        self.view.set_clean(clean)
+        self.legend.setVisible(not clean)
+        if self.shown is not None:
+            self._render(self.shown)
+
     def set_greedy(self, greedy: bool) -> None:
         self.settings.set("decode/greedy", bool(greedy))
         self._refresh_all()
@@ -391,7 +464,7 @@ class MainWindow(QMainWindow):
     def _set_colors(self, colors) -> None:
         self.view.set_colors(colors)
         self.plots.set_colors(colors)
-        self.tree_view.set_colors(colors)
+        self.tree_panel.set_colors(colors)
         self.legend.setText(legend_html(colors))
         if self.shown is not None:
             self._render(self.shown)
@@ -422,7 +495,31 @@ class MainWindow(QMainWindow):
         except SpecplayError as exc:
             self.show_error("Bad sampling settings", str(exc))
             return
+        problem = self._length_problem(prompt, config)
+        if problem:
+            self.show_error("Too long for the model", problem)
+            return
         self._start_generation(prompt, config)
+
+    def _limit_max_tokens(self, limit: Optional[int]) -> None:
+        """max-new-tokens can never exceed what the loaded pair's context holds."""
+        self.context_limit = limit
+        top = MAX_NEW_TOKENS if limit is None else max(1, min(MAX_NEW_TOKENS, limit - 2))
+        self.max_tokens.setMaximum(top)
+        self.max_tokens.setToolTip(f"at most {top}: the loaded models' context is {limit} tokens"
+                                   if limit else "")
+
+    def _length_problem(self, prompt: str, config) -> Optional[str]:
+        """Why prompt + max-new-tokens + K does not fit the context (checked before a run starts)."""
+        if self.context_limit is None:
+            return None
+        prompt_tokens = backend.count_tokens(self.decoder, prompt)
+        needed = prompt_tokens + config.max_new_tokens + config.drafts + 2
+        if needed <= self.context_limit:
+            return None
+        room = max(0, self.context_limit - prompt_tokens - config.drafts - 2)
+        return (f"The prompt ({prompt_tokens} tokens) + max new tokens ({config.max_new_tokens}) + K does "
+                f"not fit the models' context of {self.context_limit} tokens: at most {room} new tokens fit.")
 
     def _generation_problem(self, prompt: str) -> Optional[tuple]:
         if not prompt.strip():
@@ -434,9 +531,14 @@ class MainWindow(QMainWindow):
         return None
 
     def _start_generation(self, prompt: str, config) -> None:
-        self.current = self.session.new(prompt, config, self.models, self.calibration)
+        origin = {"target": self.target_path or "shipped", "draft": self.draft_path or
+                  ("shipped" if self.target_path is None else None),
+                  "device": getattr(self.decoder, "device_name", None),
+                  "dtype": backend.dtype_name(self.decoder)}
+        self.current = self.session.new(prompt, config, self.models, self.calibration, origin)
         self._pending_error = None
         self.history.addItem(QListWidgetItem(self.current.summary()))
+        self.history.clearSelection()
         self.history.setCurrentRow(self.history.count() - 1)  # shows it
         self._start_job(self.gen_slot, GenerationWorker(self.decoder, prompt, config),
                         event=self._on_event, failed=self._on_failed, done=self._on_done)
@@ -458,9 +560,10 @@ class MainWindow(QMainWindow):
             return
         if self.shown is gen:
             self.view.append_events(events)
-            self.tree_view.set_event(events[-1])  # the latest round, live
+            self.tree_panel.follow(gen.events)  # the latest round, live
         self._update_history_item(gen)
         self._refresh_live(events[-1])
+        self.set_progress(gen.tokens, gen.config.max_new_tokens, "Generating: %v of %m tokens")
 
     def _on_failed(self, message: str) -> None:
         if self.current is not None:
@@ -475,6 +578,8 @@ class MainWindow(QMainWindow):
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
         self._job_ended()
+        self.compare.refresh(self.session.generations, self._selected_generations())
+        self._next_repeat(gen)
 
     @staticmethod
     def _finish_reason(gen: Generation, stopped: bool) -> str:
@@ -517,6 +622,9 @@ class MainWindow(QMainWindow):
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)
         self.show_status("Measured " + ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows))
+        done = len(self.sweep_rows)
+        following = f"; measuring K = {SWEEP_KS[done]}" if done < len(SWEEP_KS) else ""
+        self.set_progress(done, len(SWEEP_KS), f"K sweep: %v of %m Ks measured{following}")
 
     def _on_sweep_done(self, job: Job) -> None:
         self._task_ended()
@@ -524,7 +632,8 @@ class MainWindow(QMainWindow):
             config = job.worker.config  # as measured, whatever the menus say now
             title = (f"{method_label(config)}, {sampling_label(config.sampling, config.seed)}, "
                      f"{config.max_new_tokens} new tokens")
-            self.sweep_dialog = SweepDialog(self, self.sweep_rows, title)
+            complete = len(self.sweep_rows) == len(job.worker.ks)
+            self.sweep_dialog = SweepDialog(self, self.sweep_rows, title, complete=complete)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
             self.sweep_dialog.show()
 
@@ -540,7 +649,7 @@ class MainWindow(QMainWindow):
             config, sampling=SamplingParams(temperature=CHECK_TEMPERATURE))
         self.check_reports = {}
         worker = LosslessWorker(self.decoder, prompt, config, sampled, self.check_samples)
-        self._start_job(self.check_slot, worker, "Checking greedy output against plain decoding…",
+        self._start_job(self.check_slot, worker, "Lossless check: greedy output against plain decoding…",
                         greedy=self._on_check_report("greedy"), sampling=self._on_check_report("sampling"),
                         failed=self._fail_later("Lossless check failed"), done=self._on_check_done)
 
@@ -549,6 +658,7 @@ class MainWindow(QMainWindow):
             self.check_reports[kind] = report
             if kind == "greedy":
                 self.show_status(f"Greedy check done; sampling {self.check_samples} seeds…")
+                self.set_progress(0, self.check_samples, "Lossless check: %v of %m seeds")
         return store
 
     def _on_check_done(self, job: Job) -> None:
@@ -571,13 +681,39 @@ class MainWindow(QMainWindow):
         if 0 <= row < len(self.session.generations):
             self._render(self.session.generations[row])
 
+    def _selected_generations(self) -> list:
+        rows = sorted(self.history.row(item) for item in self.history.selectedItems())
+        return [self.session.generations[r] for r in rows if 0 <= r < len(self.session.generations)]
+
+    def _selection_changed(self) -> None:
+        """Several runs selected: overlay them on the plots and list them in the Compare table."""
+        selected = self._selected_generations()
+        self.compare.refresh(self.session.generations, selected)
+        if len(selected) > 1:
+            self.compare_dock.show()
+        if self.shown is not None:
+            self._render_plots(self.shown)
+
+    def compare_rows(self, rows: list) -> None:
+        """Select these History rows (0-based) for comparison, as a Ctrl+click would."""
+        self.history.clearSelection()
+        for row in rows:
+            self.history.item(row).setSelected(True)
+
     def _render(self, gen: Generation) -> None:
         self.shown = gen
         if gen is self.current:
             self._unrendered = []  # show_generation draws every round received so far
         self.view.show_generation(gen.prompt, gen.events, gen.finish)
-        self.plots.set_buffers(gen.buffers)
-        self.tree_view.set_event(gen.events[-1] if gen.events else None)
+        self._render_plots(gen)
+        self.tree_panel.set_events(gen.events)
+
+    def _render_plots(self, gen: Generation) -> None:
+        """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""
+        others = [g for g in self._selected_generations() if g is not gen]
+        self.plots.set_buffers(gen.buffers, [(f"#{g.index} {g.config.spec}", g.buffers) for g in others])
+        reference = plain_reference(self.session.generations, gen)
+        self.plots.set_reference(*reference if reference else (None,))
 
     def _update_history_item(self, gen: Generation) -> None:
         item = self.history.item(gen.index - 1)
@@ -593,22 +729,102 @@ class MainWindow(QMainWindow):
         self.history.clear()
         self.view.clear_view()
         self.plots.set_buffers(PlotBuffers())
+        self.plots.set_reference(None)
         self.inspector.clear()
-        self.tree_view.set_event(None)
+        self.tree_panel.set_events([])
+        self.compare.refresh([], [])
 
     def _show_token(self, info) -> None:
         """Pin a token's details, and draw the draft tree of its round."""
         self.inspector.setHtml(describe(info))
         events = self.shown.events if self.shown is not None else []
         if 0 <= info.round < len(events) and self.tree_view.event is not events[info.round]:
-            self.tree_view.set_event(events[info.round])
+            self.tree_panel.show_round(info.round)
 
     # ============================================================================================== export
     def export_csv(self) -> None:
-        exports.export_rounds(self, self.session.all_events(), "csv")
+        exports.export_rounds(self, self.session.runs(), "csv")
 
     def export_jsonl(self) -> None:
-        exports.export_rounds(self, self.session.all_events(), "jsonl")
+        exports.export_rounds(self, self.session.runs(), "jsonl")
+
+    def open_trace(self, path: Optional[str] = None) -> bool:
+        """Session → Open trace…: replay a saved JSONL trace into the window, each of its generations a
+        History entry with every view and plot as if it had run live."""
+        if self.running:
+            self.show_error("Generation running", "Stop the generation before opening a trace.")
+            return False
+        path = path or self.ask_open_path(exports.OPEN_TITLE, exports.OPEN_FILTER)
+        if not path:
+            return False
+        runs = exports.read_trace(self, path)
+        if not runs:
+            return False
+        for run in runs:
+            gen = self.session.add_run(run, path, self.calibration)
+            self.history.addItem(QListWidgetItem(gen.summary()))
+        self.history.clearSelection()
+        self.history.setCurrentRow(self.history.count() - 1)
+        if runs[-1].prompt:
+            self.prompt.setPlainText(runs[-1].prompt)
+        self.show_status(f"Replayed {len(runs)} generations from {path}", exports.NOTICE_MS)
+        return True
+
+    # ============================================================================================= repeats
+    def run_n_times(self, n: Optional[int] = None) -> None:
+        """Session → Run N times: the same prompt and settings N times in a row, for the spread of tokens/s;
+        the runs are selected for comparison as they finish."""
+        if n is None:
+            from PySide6.QtWidgets import QInputDialog
+
+            n, ok = QInputDialog.getInt(self, "Run N times", "Runs of the current settings:", 5, 2, 50)
+            if not ok:
+                return
+        if self.running:
+            return
+        first = len(self.session.generations)
+        self.generate()
+        if self.running:
+            self.repeats_left = int(n) - 1
+            self._repeat_from = first
+
+    def _next_repeat(self, gen: Generation) -> None:
+        if self.repeats_left <= 0 or gen.finish not in ("eos", "length"):
+            self.repeats_left = 0
+            return
+        self.repeats_left -= 1
+        self._start_generation(gen.prompt, gen.config)
+        self._select_repeats()
+
+    def _select_repeats(self) -> None:
+        rows = range(getattr(self, "_repeat_from", 0), self.history.count())
+        self.history.blockSignals(True)
+        for row in rows:
+            self.history.item(row).setSelected(True)
+        self.history.blockSignals(False)
+        self._selection_changed()
+
+    # ============================================================================================== layout
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        size = event.size()
+        self.plots.set_compact(size.width() < COMPACT_SIZE[0] or size.height() < COMPACT_SIZE[1])
+        self._fit_docks(size.width(), size.height())
+
+    def _fit_docks(self, width: int, height: int) -> None:
+        """Docks grow and shrink with the window: whenever it changes size by a fifth or more, they are set
+        back to their share of it (in between, a user's own dock sizes are left alone)."""
+        last = getattr(self, "_docks_fitted_for", None)
+        if last and abs(width - last[0]) < 0.2 * last[0] and abs(height - last[1]) < 0.2 * last[1]:
+            return
+        self._docks_fitted_for = (width, height)
+        self.resizeDocks([self.history_dock, self.inspector_dock], [int(0.17 * width), int(0.22 * width)],
+                         Qt.Horizontal)
+        self.resizeDocks([self.plots_dock], [int(0.36 * height)], Qt.Vertical)
+        self.resizeDocks([self.inspector_dock, self.tree_dock], [int(0.3 * height), int(0.3 * height)],
+                         Qt.Vertical)
+        self.resizeDocks([self.history_dock, self.compare_dock], [int(0.3 * height), int(0.2 * height)],
+                         Qt.Vertical)
 
     def export_plots(self) -> None:
         exports.export_plots(self, self.plots, self.shown is not None)
@@ -635,7 +851,7 @@ class MainWindow(QMainWindow):
         labels["device"].setText(f"Device: {self.decoder.device_name}" if self.decoder else "Device: —")
         labels["models"].setText(f"Models: {self.models}")
         config = s.config()
-        k = "" if config.method == "none" else f", K={config.k}"
+        k = "" if config.method == "none" else f", K={config.k}"  # plain decoding has no K
         labels["method"].setText(f"{method_label(config)}{k}, {sampling_label(config.sampling, config.seed)}")
         cal = self.calibration
         labels["calibration"].setText(f"TPOT_plain {cal.target_step_ms:.2f} ms · c {cal.c:.2f}" if cal else
@@ -668,8 +884,10 @@ class MainWindow(QMainWindow):
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto") -> int:
-    """Open the window (main.py's default command). Returns the application's exit code."""
+def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: str = "auto",
+            open_trace: Optional[str] = None) -> int:
+    """Open the window (main.py's default command), replaying `open_trace` (a saved JSONL trace) when given.
+    Returns the application's exit code."""
     app = QApplication.instance() or QApplication(sys.argv)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app.setOrganizationName(ORGANIZATION)
@@ -681,4 +899,6 @@ def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: s
     window = MainWindow(device=device)
     window.show()
     window.start(target, draft)
+    if open_trace:
+        window.open_trace(open_trace)
     return app.exec()

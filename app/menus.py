@@ -32,15 +32,18 @@ class Menus:
         self._models_menu(bar.addMenu("M&odels"))
         self._session_menu(bar.addMenu("S&ession"))
         self._view_menu(bar.addMenu("&View"), view_actions)
-        bar.addMenu("&Help").addAction("The analytic model…", window.show_help)
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction("Help: views, numbers, methods, shortcuts…", window.show_help).setShortcut(
+            QKeySequence.HelpContents)
 
     def _method_menu(self, menu) -> None:
         w = self.window
         menu.setToolTipsVisible(True)
         self.method_group = QActionGroup(w)
         self.method_actions = {}
-        for spec in MENU_SPECS:
+        for number, spec in enumerate(MENU_SPECS, 1):
             action = menu.addAction(spec_text(spec))
+            action.setShortcut(f"Ctrl+{number}")  # Ctrl+1 plain decoding, Ctrl+2 draft model, ...
             action.setCheckable(True)
             action.setData(spec)
             action.triggered.connect(lambda _=False, s=spec: w.set_method(s))
@@ -64,11 +67,13 @@ class Menus:
             self.k_actions[k] = action
         menu.addSeparator()
         self.sweep_action = menu.addAction("Find the fastest K…", w.find_fastest_k)
+        self.sweep_action.setShortcut("Ctrl+K")
         ks = ", ".join(map(str, sweep_ks))
         self.sweep_action.setToolTip(f"Measure K = {ks} on the prompt; Esc stops")
 
     def _sampling_menu(self, menu) -> None:
         self.greedy_action = menu.addAction("Greedy")
+        self.greedy_action.setShortcut("Ctrl+G")
         self.greedy_action.setCheckable(True)
         self.greedy_action.triggered.connect(self.window.set_greedy)
         menu.addAction("Temperature, top-k, top-p, seed…", self.window.edit_sampling)
@@ -83,9 +88,14 @@ class Menus:
 
     def _session_menu(self, menu) -> None:
         w = self.window
+        self.open_trace_action = menu.addAction("Open trace…", lambda: w.open_trace())
+        self.open_trace_action.setShortcut(QKeySequence.Open)
+        self.repeat_action = menu.addAction("Run N times…", lambda: w.run_n_times())
+        self.repeat_action.setShortcut("Ctrl+Shift+Return")
+        menu.addSeparator()
         menu.addAction("Export metrics CSV…", w.export_csv).setShortcut(QKeySequence.Save)
-        menu.addAction("Export trace JSONL…", w.export_jsonl)
-        menu.addAction("Export plots PNG/SVG…", w.export_plots)
+        menu.addAction("Export trace JSONL…", w.export_jsonl).setShortcut("Ctrl+Shift+S")
+        menu.addAction("Export plots PNG/SVG…", w.export_plots).setShortcut("Ctrl+E")
         menu.addSeparator()
         self.clear_action = menu.addAction("Clear", w.clear_session)
 
@@ -120,9 +130,10 @@ class Menus:
 
     def set_busy(self, running: bool, loading: bool) -> None:
         """While the decoder runs a job or models load, nothing may start another one or swap the models."""
-        for action in self.model_actions + [self.sweep_action, self.check_action]:
+        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action]:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
+        self.open_trace_action.setEnabled(not running)  # a replay needs no model
 
     def check_theme(self, theme: str) -> None:
         for name, action in self.theme_actions.items():

@@ -95,3 +95,19 @@ def summary_html(buffers: PlotBuffers) -> str:
                          f"{analytic.speedup(min(m.acceptance_rate, 1.0), event.k, cal.c):.2f}×; "
                          f"best K at this α and c: {best_k} ({best:.2f}×)")
     return "<br>".join(lines)
+
+
+OUTLIER_FACTOR = 2.0  # values above this many times the 95th percentile are clipped (and marked) in plots
+
+
+def robust_top(values, quantile: float = 0.95) -> float:
+    """The top of a y range that shows the data but not its outliers: just above the largest value, unless
+    that is more than OUTLIER_FACTOR times the 95th percentile; then 1.5 times the percentile."""
+    finite = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not finite:
+        return 1.0
+    high = finite[-1]
+    typical = finite[min(len(finite) - 1, int(quantile * len(finite)))]
+    if typical > 0 and high > OUTLIER_FACTOR * typical:
+        return 1.5 * typical
+    return high * 1.08 if high > 0 else 1.0

@@ -21,8 +21,8 @@ from app.style import LIGHT, TokenColors
 KIND_PROP = QTextFormat.UserProperty + 1
 ROUND_PROP = QTextFormat.UserProperty + 2
 
-PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE = (
-    "prompt", "accepted", "rejected", "untested", "correction", "bonus", "target", "notice")
+PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE, BRANCHES = (
+    "prompt", "accepted", "rejected", "untested", "correction", "bonus", "target", "notice", "branches")
 EMITTED_KINDS = (ACCEPTED, CORRECTION, BONUS, TARGET)
 
 KIND_LABELS = {
@@ -32,6 +32,7 @@ KIND_LABELS = {
     CORRECTION: "target's correction (resampled after the rejection)",
     BONUS: "bonus token (every draft accepted; sampled from the target)",
     TARGET: "target token (plain decoding, nothing drafted)",
+    BRANCHES: "rejected branches of this round's draft tree (click: the Draft tree panel)",
 }
 
 
@@ -51,19 +52,37 @@ class TokenInfo:
     accepted: Optional[bool] = None
     tested: Optional[bool] = None
     top: list = field(default_factory=list)
+    branches: list = field(default_factory=list)  # BRANCHES: the rejected drafts' TokenInfos
 
 
-def round_tokens(event) -> list:
-    """The tokens of one round in display order: accepted path, rejected proposals, then the next token."""
+def is_tree(event) -> bool:
+    """A round whose draft branches (two drafted tokens at one depth): Medusa, lookahead, EAGLE's trees."""
+    depths = [d.depth for d in event.drafted]
+    return len(depths) != len(set(depths))
+
+
+def round_tokens(event, clean: bool = False) -> list:
+    """The tokens of one round in display order: the accepted path, what was rejected, then the next token.
+    A chain's rejected drafts stand where they were proposed; a tree's rejected branches fold into one
+    BRANCHES marker (hover lists them). `clean`: the emitted tokens only."""
     emitted = len(event.emitted_ids)
     accepted = sorted((d for d in event.drafted if d.accepted), key=lambda d: d.depth)
     rest = [d for d in event.drafted if not d.accepted]
     infos = [drafted_info(event, d, ACCEPTED, event.position + i)
              for i, d in enumerate(accepted) if i < emitted]
-    infos += [drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
+    rejected = [drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
+    if not clean and rejected and is_tree(event):
+        infos.append(TokenInfo(BRANCHES, event.round, f"⑂{len(rejected)}", branches=rejected))
+    elif not clean:
+        infos += rejected
     if emitted > len(accepted):
         infos.append(next_info(event, event.position + len(accepted)))
     return infos
+
+
+def clean_text(infos) -> str:
+    """What the model produced, from rendered tokens: emitted tokens' text as generated."""
+    return "".join(info.text for info in infos if info.kind in EMITTED_KINDS)
 
 
 def drafted_info(event, d, kind: str, output_pos: Optional[int]) -> TokenInfo:
@@ -83,9 +102,11 @@ def visible_whitespace(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
 
 
-def display_text(info: TokenInfo) -> str:
+def display_text(info: TokenInfo, clean: bool = False) -> str:
     """What the view inserts for a token: emitted text breaks lines after a ↵ mark; drafts that never made
-    it into the output stay on the line, with their whitespace made visible."""
+    it into the output stay on the line, with their whitespace made visible. `clean`: the text as is."""
+    if clean:
+        return info.text
     if not info.text:
         return "∅"
     if info.kind in EMITTED_KINDS or info.kind == PROMPT:
@@ -97,17 +118,25 @@ def _fmt(value: Optional[float], digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def where(info: TokenInfo) -> str:
+    """'round 3, draft position 2, output token 17': every count from 1, as everywhere in the window."""
+    return (f"round {info.round + 1}"
+            + (f", draft position {info.depth + 1}" if info.depth is not None else "")
+            + (f", output token {info.output_pos + 1}" if info.output_pos is not None else ""))
+
+
 def describe(info: TokenInfo) -> str:
     """Rich-text description of a token (tooltip and inspector); every token string is escaped."""
     token = html.escape(visible_whitespace(info.text))
     lines = [f"<b><code>{token}</code></b> &nbsp; {html.escape(KIND_LABELS.get(info.kind, info.kind))}",
-             f"round {info.round}"
-             + (f", draft position {info.depth}" if info.depth is not None else "")
-             + (f", output token {info.output_pos}" if info.output_pos is not None else "")]
+             where(info)]
+    if info.kind == BRANCHES:
+        rows = "".join(f"<tr><td><code>{html.escape(visible_whitespace(b.text))}</code></td>"
+                       f"<td>position {b.depth + 1}</td><td>{html.escape(_verdict(b))}</td></tr>"
+                       for b in info.branches)
+        return "<br>".join(lines) + f"<table cellspacing='0' cellpadding='2'>{rows}</table>"
     if info.depth is not None:
-        lines.append(f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
-                     f"min(1, p/q) = {_fmt(info.accept_prob, 4)}")
-        lines.append(_verdict(info))
+        lines += _draft_numbers(info)
     else:
         lines.append(f"p(x) = {_fmt(info.p, 4)} under the target")
     if info.top:
@@ -115,6 +144,23 @@ def describe(info: TokenInfo) -> str:
                        f"<td align='right'>{p:.3f}</td></tr>" for t, p in info.top)
         lines.append(f"target's top alternatives here:<table cellspacing='0' cellpadding='1'>{rows}</table>")
     return "<br>".join(lines)
+
+
+def is_greedy_test(info: TokenInfo) -> bool:
+    """Tested without a uniform: the greedy rule (accept while the draft is the target's argmax)."""
+    return bool(info.tested) and info.u is None
+
+
+def _draft_numbers(info: TokenInfo) -> list:
+    if is_greedy_test(info):
+        return [f"p(x) = {_fmt(info.p, 4)} (the target's T=1 probability, for reference)",
+                _verdict(info),
+                "Greedy (T = 0) compares the draft with the target's most likely token; the drafter's "
+                "probability and the acceptance ratio play no part."]
+    if not info.tested:  # never compared with the target: its p, q and ratio mean nothing
+        return [_verdict(info)]
+    return [f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
+            f"min(1, p/q) = {_fmt(info.accept_prob, 4)}", _verdict(info)]
 
 
 def _verdict(info: TokenInfo) -> str:
@@ -157,8 +203,11 @@ class RoundView(QTextEdit):
         self.document().setDefaultFont(font)
         self.setTabStopDistance(4 * self.fontMetrics().horizontalAdvance(" "))
         self.tokens: list = []
+        self._token_ranges: list = []  # (start, end) document positions of each token in `tokens`
+        self._prompt_range = (0, 0)
         self._boundaries: list = []  # document positions where rounds 1, 2, ... begin
         self._formats: dict = {}
+        self.clean = False  # True: the clean text (what the model produced), no drafts, no marks
         self.set_colors(LIGHT)
 
     # ---------------------------------------------------------------------------------------------- formats
@@ -166,7 +215,11 @@ class RoundView(QTextEdit):
         """New colours apply to what is rendered next (the window re-renders the shown generation)."""
         self.colors = colors
         self._formats = {kind: self._make_format(kind) for kind in
-                         (PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE)}
+                         (PROMPT, ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, TARGET, NOTICE, BRANCHES)}
+
+    def set_clean(self, clean: bool) -> None:
+        """Round view (False) or clean text (True); applies to what is rendered next."""
+        self.clean = bool(clean)
 
     def _make_format(self, kind: str) -> QTextCharFormat:
         c = self.colors
@@ -183,12 +236,26 @@ class RoundView(QTextEdit):
         if kind in (REJECTED, UNTESTED):
             fmt.setForeground(QColor(c.rejected_fg if kind == REJECTED else c.untested_fg))
             fmt.setFontStrikeOut(True)
+        if kind == BRANCHES:
+            fmt.setForeground(QColor(c.rejected_fg))
+            fmt.setFontUnderline(True)
+            fmt.setVerticalAlignment(QTextCharFormat.AlignSuperScript)
         return fmt
+
+    def _token_format(self, kind: str) -> QTextCharFormat:
+        if self.clean and kind in EMITTED_KINDS:
+            fmt = QTextCharFormat()
+            fmt.setProperty(KIND_PROP, kind)
+            fmt.setForeground(QColor(self.colors.text))
+            return fmt
+        return QTextCharFormat(self._formats[kind])
 
     # ---------------------------------------------------------------------------------------------- content
     def clear_view(self) -> None:
         self.clear()
         self.tokens = []
+        self._token_ranges = []
+        self._prompt_range = (0, 0)
         self._boundaries = []
 
     def show_message(self, text: str) -> None:
@@ -205,7 +272,8 @@ class RoundView(QTextEdit):
             self.append_finish(finish)
 
     def append_prompt(self, prompt: str) -> None:
-        self._insert(display_text(TokenInfo(PROMPT, -1, prompt)), self._formats[PROMPT])
+        self._prompt_range = self._insert(display_text(TokenInfo(PROMPT, -1, prompt), self.clean),
+                                          self._formats[PROMPT])
 
     def append_event(self, event, scroll: bool = True) -> None:
         self.append_events([event], scroll)
@@ -218,9 +286,9 @@ class RoundView(QTextEdit):
         cursor.movePosition(QTextCursor.End)
         cursor.beginEditBlock()
         for event in events:
-            if event.round > 0:
+            if event.round > 0 and not self.clean:
                 self._boundaries.append(self.document().characterCount() - 1)
-            for info in round_tokens(event):
+            for info in round_tokens(event, self.clean):
                 self._insert_token(info, cursor)
         cursor.endEditBlock()
         if follow:
@@ -230,18 +298,21 @@ class RoundView(QTextEdit):
         self._insert(f"  [{reason}]", self._formats[NOTICE])
 
     def _insert_token(self, info: TokenInfo, cursor: Optional[QTextCursor] = None) -> None:
-        fmt = QTextCharFormat(self._formats[info.kind])
+        fmt = self._token_format(info.kind)
         fmt.setProperty(ROUND_PROP, info.round)
         fmt.setAnchor(True)
         fmt.setAnchorHref(f"t{len(self.tokens)}")
         self.tokens.append(info)
-        self._insert(display_text(info), fmt, cursor)
+        self._token_ranges.append(self._insert(display_text(info, self.clean), fmt, cursor))
 
-    def _insert(self, text: str, fmt: QTextCharFormat, cursor: Optional[QTextCursor] = None) -> None:
+    def _insert(self, text: str, fmt: QTextCharFormat, cursor: Optional[QTextCursor] = None) -> tuple:
+        """Insert at the end; returns the (start, end) document positions of the text."""
         if cursor is None:
             cursor = QTextCursor(self.document())
             cursor.movePosition(QTextCursor.End)
+        start = cursor.position()
         cursor.insertText(text, fmt)
+        return start, cursor.position()
 
     def _at_bottom(self) -> bool:
         bar = self.verticalScrollBar()
@@ -270,6 +341,37 @@ class RoundView(QTextEdit):
                 _add_piece(spans, last if last is not None else block.charFormat(), "\n")
             block = block.next()
         return [(kind, text, rnd) for kind, text, rnd, _ in spans]
+
+    def generated_text(self) -> str:
+        """The clean text of the whole generation shown (without the prompt)."""
+        return clean_text(self.tokens)
+
+    def selected_clean_text(self) -> str:
+        """The selection as clean text: the prompt's and the emitted tokens' text, never rejected drafts,
+        markers or ↵ glyphs. A partly selected token copies whole."""
+        cursor = self.textCursor()
+        start, end = cursor.selectionStart(), cursor.selectionEnd()
+        pieces = []
+        low, high = max(start, self._prompt_range[0]), min(end, self._prompt_range[1])
+        if low < high:
+            pieces.append(self._document_text(low, high).replace("↵", ""))
+        for info, (first, last) in zip(self.tokens, self._token_ranges, strict=True):
+            if info.kind in EMITTED_KINDS and first < end and last > start:
+                pieces.append(info.text)
+        return "".join(pieces)
+
+    def _document_text(self, low: int, high: int) -> str:
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(low)
+        cursor.setPosition(high, QTextCursor.KeepAnchor)
+        return cursor.selectedText().replace("\u2029", "\n")
+
+    def createMimeDataFromSelection(self):
+        from PySide6.QtCore import QMimeData
+
+        data = QMimeData()
+        data.setText(self.selected_clean_text())
+        return data
 
     # ---------------------------------------------------------------------------------------------- events
     def viewportEvent(self, event) -> bool:

@@ -6,6 +6,7 @@ from typing import Optional
 
 from app.plot_data import PlotBuffers
 from engine.methods import spec_label
+from engine.trace import Run, make_header
 
 
 def method_label(config) -> str:
@@ -25,6 +26,18 @@ def sampling_label(sampling, seed: int) -> str:
     return " ".join(parts)
 
 
+@dataclass(frozen=True)
+class SavedCalibration:
+    """A trace's calibration (engine.decoder.Calibration's fields), for its replay's TPOT prediction."""
+
+    target_step_ms: float
+    draft_step_ms: float
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_ms / self.target_step_ms if self.target_step_ms > 0 else 0.0
+
+
 @dataclass
 class Generation:
     index: int  # 1-based, in session order
@@ -35,6 +48,8 @@ class Generation:
     events: list = field(default_factory=list)
     finish: Optional[str] = None  # "eos" | "length" | "stopped" | "error" | None while running
     error: Optional[str] = None
+    origin: dict = field(default_factory=dict)  # target, draft, device, dtype (a trace's header fields)
+    replayed_from: Optional[str] = None  # the trace file it was read from
 
     def __post_init__(self):
         self.buffers = PlotBuffers(self.calibration)
@@ -58,6 +73,22 @@ class Generation:
     def tokens(self) -> int:
         return sum(len(e.emitted_ids) for e in self.events)
 
+    @property
+    def finished_ok(self) -> bool:
+        return self.finish in ("eos", "length")
+
+    def header(self) -> dict:
+        """This generation's trace header (engine.trace): prompt, settings, models, device, versions."""
+        o, cal = self.origin, self.calibration
+        header = make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
+                             o.get("dtype"), self.index)
+        if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
+            header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
+        return header
+
+    def to_run(self) -> Run:
+        return Run(header=self.header(), events=list(self.events), finish=self.finish or "running")
+
     def settings_label(self) -> str:
         c = self.config
         k = "" if c.method == "none" else f" K={c.k}"
@@ -65,10 +96,11 @@ class Generation:
 
     def summary(self) -> str:
         status = self.finish or "running…"
-        text = f"#{self.index}  {self.settings_label()} · {self.tokens} tok · {status}"
+        replay = "  (replayed)" if self.replayed_from else ""
+        text = f"#{self.index}  {self.settings_label()} · {self.tokens} tok · {status}{replay}"
         if self.events:
             m = self.events[-1].metrics
-            alpha = f"α={m.acceptance_rate:.2f} · " if m.drafted else ""
+            alpha = f"α={m.acceptance_rate:.2f} · " if m.drafted and self.config.method != "none" else ""
             rates = f"{m.tokens_per_forward:.2f} tok/fwd · {m.tokens_per_s:.0f} tok/s"
             text += f"\n     {alpha}{rates} · {self.models}"
         return text
@@ -78,10 +110,31 @@ class Session:
     def __init__(self):
         self.generations: list = []
 
-    def new(self, prompt: str, config, models: str, calibration) -> Generation:
-        gen = Generation(len(self.generations) + 1, prompt, config, models, calibration)
+    def new(self, prompt: str, config, models: str, calibration, origin: Optional[dict] = None) -> Generation:
+        gen = Generation(len(self.generations) + 1, prompt, config, models, calibration, origin=origin or {})
         self.generations.append(gen)
         return gen
+
+    def add_run(self, run: Run, source: str, calibration=None) -> Generation:
+        """A generation read back from a trace: every round added as if it had just arrived."""
+        models = run.models
+        origin = {"target": models.get("target"), "draft": models.get("draft"),
+                  "device": run.header.get("device"), "dtype": run.header.get("dtype")}
+        label = " + ".join(str(m) for m in (models.get("target"), models.get("draft")) if m) or "from a trace"
+        saved = run.header.get("calibration")
+        if isinstance(saved, dict) and saved.get("target_step_ms"):
+            calibration = SavedCalibration(float(saved["target_step_ms"]),
+                                           float(saved.get("draft_step_ms", 0)))
+        gen = self.new(run.prompt, run.config, label, calibration, origin)
+        gen.replayed_from = source
+        for event in run.events:
+            gen.add(event)
+        gen.finish = run.finish or "ended"
+        return gen
+
+    def runs(self) -> list:
+        """Every generation as an engine.trace.Run: what the exporters take."""
+        return [g.to_run() for g in self.generations if g.events]
 
     def clear(self) -> None:
         self.generations = []

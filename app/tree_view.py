@@ -8,10 +8,10 @@ from typing import Optional
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QFontMetrics, QPainter, QPen
-from PySide6.QtWidgets import QToolTip, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
 from app.round_view import (ACCEPTED, BONUS, CORRECTION, REJECTED, TARGET, UNTESTED, TokenInfo, describe,
-                            drafted_info, next_info, visible_whitespace)
+                            drafted_info, is_greedy_test, next_info, visible_whitespace)
 from app.style import LIGHT, TokenColors
 
 ROOT = "root"
@@ -105,17 +105,31 @@ class DraftTreeView(QWidget):
 
     def _label(self, node: TreeNode) -> str:
         if node.info is None:
-            return f"#{self.event.round}" if self.event is not None else ""
+            return f"round {self.event.round + 1}" if self.event is not None else ""
         text = visible_whitespace(node.info.text)
         return text if len(text) <= BOX_CHARS else text[:BOX_CHARS - 1] + "…"
 
+    def _numbers(self, node: TreeNode) -> str:
+        """The second line of a box: p, q and u of a draft (greedy: p only); p of the next token."""
+        info = node.info
+        if info is None:
+            return "context"
+        if info.depth is None:
+            return f"p {info.p:.2f}" if info.p is not None else ""
+        if not info.tested:
+            return "not tested"
+        if is_greedy_test(info):
+            return f"p {info.p:.2f} greedy"
+        return f"p {info.p:.2f} q {info.q:.2f} u {info.u:.2f}" if info.u is not None else f"p {info.p:.2f}"
+
     def _place(self, nodes: list) -> list:
-        """Box per node: each column as wide as its widest label, rows one line high."""
+        """Box per node: each column as wide as its widest label, rows two lines high (token; numbers)."""
         metrics = QFontMetrics(self.font())
-        height = metrics.height() + 8
+        height = 2 * metrics.height() + 8
         widths: dict = {}
         for node in nodes:
-            label = metrics.horizontalAdvance(self._label(node)) + 14
+            label = max(metrics.horizontalAdvance(self._label(node)),
+                        metrics.horizontalAdvance(self._numbers(node))) + 14
             widths[node.column] = max(widths.get(node.column, 0), label)
         lefts, x = {}, float(MARGIN)
         for column in sorted(widths):
@@ -164,7 +178,14 @@ class DraftTreeView(QWidget):
         font.setStrikeOut(node.kind in (REJECTED, UNTESTED))
         painter.setFont(font)
         painter.setPen(ink)
-        painter.drawText(box, Qt.AlignCenter, self._label(node))
+        top, bottom = QRectF(box), QRectF(box)
+        top.setBottom(box.center().y())
+        bottom.setTop(box.center().y())
+        painter.drawText(top.adjusted(0, 3, 0, 0), Qt.AlignCenter, self._label(node))
+        font.setStrikeOut(False)
+        font.setPointSizeF(max(6.0, font.pointSizeF() * 0.85))
+        painter.setFont(font)
+        painter.drawText(bottom.adjusted(0, 0, 0, -3), Qt.AlignCenter, self._numbers(node))
 
     # ---------------------------------------------------------------------------------------------- mouse
     def mouseMoveEvent(self, event) -> None:
@@ -178,3 +199,94 @@ class DraftTreeView(QWidget):
         index = self.node_at(event.position().x(), event.position().y())
         if index is not None and self.nodes[index].info is not None:
             self.tokenClicked.emit(self.nodes[index].info)
+
+
+def tree_legend_html(colors: TokenColors) -> str:
+    def chip(label: str, style: str) -> str:
+        return f"<span style='{style}; font-family: monospace'>&nbsp;{label}&nbsp;</span>"
+
+    return " ".join([
+        chip("accepted", f"background:{colors.accepted_bg}"),
+        chip("rejected", f"color:{colors.rejected_fg}; text-decoration: line-through"),
+        chip("not tested", f"color:{colors.untested_fg}; text-decoration: line-through"),
+        chip("correction", f"background:{colors.correction_bg}"),
+        chip("bonus", f"background:{colors.bonus_bg}"),
+        f"<span style='color:{colors.running}'>━</span> accepted path",
+        "· p: target probability, q: drafter's, u: the uniform it was tested against",
+    ])
+
+
+class TreePanel(QWidget):
+    """The Draft tree dock: a legend, the tree of one round (scrolls when large), and buttons to move
+    between rounds. While `following`, it shows each new round as it arrives."""
+
+    roundChanged = Signal(int)  # the 0-based round now shown
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.view = DraftTreeView()
+        self.events: list = []
+        self.index = -1
+        self.following = True
+        self.legend = QLabel()
+        self.legend.setWordWrap(True)
+        self.position = QLabel("no round")
+        self.buttons = {}
+        row = QHBoxLayout()
+        for key, text, tip in (("first", "|◀", "first round"), ("prev", "◀", "previous round"),
+                               ("next", "▶", "next round"), ("last", "▶|", "latest round (follows the run)")):
+            button = QPushButton(text)
+            button.setToolTip(tip)
+            button.setMaximumWidth(36)
+            button.clicked.connect(lambda _=False, k=key: self.step(k))
+            self.buttons[key] = button
+            row.addWidget(button)
+        row.addWidget(self.position, 1)
+        scroll = QScrollArea()
+        scroll.setWidget(self.view)
+        scroll.setWidgetResizable(False)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(2, 2, 2, 2)
+        column.addLayout(row)
+        column.addWidget(scroll, 1)
+        column.addWidget(self.legend)
+        self.set_colors(LIGHT)
+
+    def set_colors(self, colors: TokenColors) -> None:
+        self.view.set_colors(colors)
+        self.legend.setText(tree_legend_html(colors))
+
+    def set_events(self, events: list) -> None:
+        """Another generation: show its latest round and follow it."""
+        self.events = events
+        self.following = True
+        self.show_round(len(events) - 1, follow=True)
+
+    def follow(self, events: list) -> None:
+        """New rounds arrived: show the latest one unless the user moved to another round."""
+        self.events = events
+        if self.following:
+            self.show_round(len(events) - 1, follow=True)
+        else:
+            self._label()
+
+    def show_round(self, index: int, follow: bool = False) -> None:
+        self.following = follow or index >= len(self.events) - 1
+        self.index = index if 0 <= index < len(self.events) else -1
+        event = self.events[self.index] if self.index >= 0 else None
+        if self.view.event is not event:
+            self.view.set_event(event)
+        self._label()
+        if self.index >= 0:
+            self.roundChanged.emit(self.index)
+
+    def step(self, key: str) -> None:
+        last = len(self.events) - 1
+        target = {"first": 0, "prev": self.index - 1, "next": self.index + 1, "last": last}[key]
+        if self.events:
+            self.show_round(min(max(target, 0), last), follow=key == "last")
+
+    def _label(self) -> None:
+        total = len(self.events)
+        self.position.setText(f"round {self.index + 1} of {total}" + (" (live)" if self.following else "")
+                              if self.index >= 0 else "no round")

@@ -1,12 +1,13 @@
-"""Small widgets of the main window: the prompt editor and a status-bar label that never shrinks."""
+"""Small widgets of the main window: the prompt editor, a status-bar label that never shrinks, and file
+dialogs that cannot hang on special files."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QPlainTextEdit
+from PySide6.QtCore import QFileInfo, Qt, Signal
+from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QLabel, QPlainTextEdit
 
 
 class PromptEdit(QPlainTextEdit):
-    """The prompt editor: Ctrl+Enter generates, Esc stops."""
+    """The prompt editor: Ctrl+Enter generates, Esc stops (the window's shortcuts do the same anywhere)."""
 
     submitted = Signal()
     stopRequested = Signal()
@@ -37,3 +38,42 @@ class SteadyLabel(QLabel):
 
     def minimumSizeHint(self):
         return self.sizeHint()
+
+
+class SafeIconProvider(QFileIconProvider):
+    """File icons and types from names only. Qt's own provider sniffs file contents for the type column, and
+    reading /proc/kmsg (or a FIFO) blocks the GUI thread forever."""
+
+    def icon(self, info):
+        if isinstance(info, QFileInfo):
+            kind = QFileIconProvider.Folder if info.isDir() else QFileIconProvider.File
+            return super().icon(kind)
+        return super().icon(info)
+
+    def type(self, info: QFileInfo) -> str:
+        if info.isDir():
+            return "Folder"
+        if not info.isFile():
+            return "Special file"
+        return f"{info.suffix().upper()} file" if info.suffix() else "File"
+
+
+def file_dialog(parent, title: str, mode, file_filter: str = "") -> QFileDialog:
+    """Qt's own file dialog (the same on every platform) with a provider that never reads a file."""
+    dialog = QFileDialog(parent, title, "", file_filter)
+    dialog.setOption(QFileDialog.DontUseNativeDialog, True)
+    dialog.setOption(QFileDialog.DontUseCustomDirectoryIcons, True)
+    dialog.setIconProvider(SafeIconProvider())
+    dialog.setFileMode(mode)
+    return dialog
+
+
+def ask_path(parent, title: str, mode, file_filter: str = "", save: bool = False):
+    """Run a file dialog; the chosen path, or None."""
+    dialog = file_dialog(parent, title, mode, file_filter)
+    dialog.setAcceptMode(QFileDialog.AcceptSave if save else QFileDialog.AcceptOpen)
+    if mode == QFileDialog.Directory:
+        dialog.setOption(QFileDialog.ShowDirsOnly, True)
+    if dialog.exec() and dialog.selectedFiles():
+        return dialog.selectedFiles()[0]
+    return None

@@ -110,7 +110,11 @@ class LosslessWorker(DecoderWorker):
 
         self.post("greedy", check_greedy(self.decoder, self.prompt, self.config))
         self.post("sampling", check_sampling(self.decoder, self.prompt, self.sampled_config, self.samples,
-                                             should_stop=self._stop.is_set))
+                                             should_stop=self._stop.is_set, progress=self._seeds_done))
+
+    def _seeds_done(self, done: int, total: int) -> None:
+        if done == total or done % max(1, total // 100) == 0:  # at most ~100 messages
+            self.post("progress", done, total, "Lossless check: %v of %m seeds")
 
 
 class LoadWorker(Worker):
@@ -125,6 +129,7 @@ class LoadWorker(Worker):
 
     def work(self) -> None:
         decoder = self.loader(*self.args)
+        self.post("progress", 1, 2, "Calibrating: timing one target and one draft step (2 of 2)…")
         self.post("loaded", decoder, self._calibrate(decoder))
 
     def _calibrate(self, decoder):

@@ -121,13 +121,33 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     return rows
 
 
+COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
+    "k": "tokens", "alpha": "ratio", "mean_acceptance_length": "tokens", "tokens_per_forward": "tokens",
+    "analytic_tokens_per_forward": "tokens", "tokens_per_s": "tok/s", "speedup": "x",
+    "predicted_speedup": "x", "eager_tokens_per_s": "tok/s", "graph_tokens_per_s": "tok/s", "graph_gain": "x",
+    "eager_speedup": "x", "graph_speedup": "x",
+}
+PLAIN_BLANKS = ("k", "alpha", "mean_acceptance_length")  # plain decoding drafts nothing: no K, no alpha
+
+
+def _cell(row: dict, column: str) -> str:
+    value = row[column]
+    if row.get("method") == "none" and column in PLAIN_BLANKS:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def format_rows(rows: list, columns: list) -> str:
-    header = " | ".join(f"{c:>12}" for c in columns)
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        cells = []
-        for c in columns:
-            v = row[c]
-            cells.append(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}")
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
+    """An aligned table: headers with units ('tokens_per_s [tok/s]'), each column as wide as its widest cell,
+    text left-aligned and numbers right-aligned; plain decoding's K and alpha shown as '-'."""
+    headers = [f"{c} [{COLUMN_UNITS[c]}]" if c in COLUMN_UNITS else c for c in columns]
+    cells = [[_cell(row, c) for c in columns] for row in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in cells]) for i, h in enumerate(headers)]
+    numeric = [all(isinstance(row[c], (int, float)) for row in rows) for c in columns]
+
+    def line(values: list) -> str:
+        return " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric,
+                                                                                 strict=True)).rstrip()
+
+    rule = "-+-".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule] + [line(values) for values in cells])

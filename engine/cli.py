@@ -90,18 +90,65 @@ METHOD_HELP = (f"{' | '.join(methods.NAMES)}; NAME:NODES for a tree of NODES nod
                f"(e.g. eagle:8, medusa:16)")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help with each option's default (none shown for options without one)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        silent = action.default in (None, False, argparse.SUPPRESS)
+        if "%(default)" in text or silent or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one line (no usage dump) and exit code 2."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):
         raise SpecplayError(message)
+
+
+def shows_progress() -> bool:
+    """Progress lines go to a terminal (or anywhere with SPECPLAY_PROGRESS=1); piped stderr stays one line
+    per error."""
+    return sys.stderr.isatty() or os.environ.get("SPECPLAY_PROGRESS") == "1"
+
+
+def progress(message: str) -> None:
+    """A long step's progress: one line on stderr, so stdout stays the generated text (or JSON)."""
+    if shows_progress():
+        print(message, file=sys.stderr, flush=True)
+
+
+class SeedProgress:
+    """'seeds done of N' on stderr: rewritten in place on a terminal, else a line every 10 %."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if not shows_progress():
+            return
+        if self.tty:
+            end = "\n" if done == total else "\r"
+            print(f"{self.label}: {done} of {total} seeds", end=end, file=sys.stderr, flush=True)
+        elif tenth != self.shown:
+            self.shown = tenth
+            progress(f"{self.label}: {done} of {total} seeds")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model: a local Hugging Face directory or a cached Hub id "
                                     "(default: the shipped pair in assets/models)")
     p.add_argument("--draft", help="draft model (same forms as --target)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (auto: a CUDA GPU when there is one)")
     p.add_argument("--dtype", default=None,
                    help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--no-cuda-graphs", action="store_true",
@@ -113,15 +160,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
     prompt = p.add_mutually_exclusive_group(required=prompt_required)
-    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt", help="the prompt text" + ("" if prompt_required else " (default: built-in prompts)"))
     prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file (- reads stdin)")
     p.add_argument("--method", default="draft", help=METHOD_HELP)
     p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of "
+                                                            "tokens with this much probability; 1 = off")
+    p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens; 0 = off")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling and acceptance tests")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
     p.add_argument("--tree-nodes", type=int, default=None,
                    help="the tree size, as --method NAME:NODES gives it (medusa: node budget, default 2K; "
                         "eagle: 0 = a chain of K, N = a dynamic tree of N nodes)")
@@ -133,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     gui = sub.add_parser("gui", help="open the desktop playground (the default)")
     _add_model_args(gui)
+    gui.add_argument("--open-trace", metavar="FILE",
+                     help="replay a saved JSONL trace (Session → Export trace JSONL, or run --trace) "
+                          "in the window")
 
     run = sub.add_parser("run", help="generate once and print the text and a summary")
     _add_generation_args(run)
@@ -142,18 +193,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-lossless", help="prove speculation does not change the output")
     _add_generation_args(check, prompt_required=False)
-    check.add_argument("--samples", type=int, default=2000, help="seeds for the chi-squared test")
-    check.add_argument("--sample-temperature", type=float, default=0.8)
-    check.add_argument("--sample-top-p", type=float, default=0.9)
+    check.add_argument("--samples", type=int, default=2000,
+                       help="seeds for the chi-squared test of the first two sampled tokens")
+    check.add_argument("--sample-temperature", type=float, default=0.8,
+                       help="temperature of the sampled (chi-squared) part")
+    check.add_argument("--sample-top-p", type=float, default=0.9, help="top-p of the sampled part")
 
-    bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)")
-    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels", "runtimes"))
+    bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)",
+                           description=BENCH_DESCRIPTION)
+    bench.add_argument("what", choices=tuple(BENCHMARKS), help="the benchmark (see above)")
     _add_generation_args(bench, prompt_required=False)
-    bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
+    bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="k-sweep: the K values to measure")
     bench.add_argument("--methods", default="none,draft,ngram",
-                       help=f"comma-separated methods for `bench methods` and `bench graphs`: {METHOD_HELP}")
-    bench.add_argument("--prompts", type=int, default=4, help="held-out prompts to average over")
-    bench.add_argument("--repeats", type=int, default=1)
+                       help=f"methods, graphs: comma-separated method specs ({METHOD_HELP})")
+    bench.add_argument("--prompts", type=int, default=4,
+                       help="methods, k-sweep, graphs: held-out prompts to average over (without --prompt)")
+    bench.add_argument("--repeats", type=int, default=1,
+                       help="methods, k-sweep, graphs: passes over the prompts")
     bench.add_argument("--hf", default="hf-eager,hf-assisted,hf-lookup",
                        help="runtimes: transformers generate variants beside specplay's methods "
                             "(hf-eager, hf-assisted, hf-lookup, hf-compile; 'none' for none)")
@@ -169,6 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_train_parser(sub)
     return parser
+
+
+BENCHMARKS = {
+    "methods": "each method of --methods against plain decoding on the same prompts (speedup = tokens/s "
+               "over none's); options: --methods, --prompts, --repeats, the generation options",
+    "k-sweep": "the measured speedup of each K of --ks beside the analytic E/(1+cK); options: --ks, "
+               "--prompts, --repeats, --method, the generation options",
+    "graphs": "each method run eagerly and with captured CUDA graphs (GPU only); options: --methods, "
+              "--prompts, --repeats",
+    "kernels": "the CuPy verification and sampling kernels against the torch reference (GPU only); "
+               "no options",
+}
+BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
+ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
+                    "that drafted nothing (an n-gram miss) is left out of α but counts in tokens/forward")
 
 
 def method_from_args(args) -> MethodSpec:
@@ -203,13 +274,15 @@ def load_decoder(args, *method_names: str):
     requested = getattr(args, "threads", None)
     if requested is not None:  # loading computes too
         apply_threads((), requested)
+    progress(f"loading {args.target or 'the shipped target'}"
+             + (f" and {args.draft or 'the shipped draft'}" if need_draft else "") + f" on {device}…")
     pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
     if pair is not None:
         apply_threads((pair.target, pair.draft), requested)
     decoder = SpeculativeDecoder(pair)
     decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
     if decoder.backend.compiles_kernels:
-        print("compiling CUDA kernels…", file=sys.stderr, flush=True)
+        progress("compiling CUDA kernels…")
         decoder.backend.warm_up()
     return decoder
 
@@ -307,10 +380,15 @@ def cmd_run(args) -> int:
         with signals_as_interrupts(), contextlib.ExitStack() as stack:
             exports = [stack.enter_context(StreamingExport(path, FORMATS[fmt]())) for path, fmt in targets]
             decoder = load_decoder(args, config.method)
+            header = run_header(args, prompt, config, decoder)
+            for export in exports:
+                export.start_run(header)
+            label = methods.spec_label(config.method, config.tree_nodes)
+            progress(f"generating {config.max_new_tokens} tokens with {label}…")
             for event in decoder.generate(prompt, config):
                 events.append(event)
                 for export in exports:
-                    export.add(event)
+                    export.add(event, header["generation"])
     except KeyboardInterrupt:
         if events and not args.json:  # the text so far is the user's too
             print("".join(e.emitted_text for e in events), flush=True)
@@ -328,9 +406,21 @@ def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
-        print(summary["text"])
+        text = summary["text"]
+        print(text, end="" if text.endswith("\n") else "\n", flush=True)  # the summary starts a line
         print("-" * 60, file=sys.stderr)
         print(format_summary(summary), file=sys.stderr)
+
+
+def run_header(args, prompt: str, config: GenerationConfig, decoder) -> dict:
+    """The trace header that reproduces this generation (prompt, settings, models, device, dtype, versions)."""
+    from engine.trace import make_header
+
+    dtype = getattr(getattr(decoder, "target", None), "dtype", None)
+    uses_draft = methods.get(config.method).needs_draft_model  # else no draft model was loaded
+    draft = (args.draft or ("shipped" if args.target is None else None)) if uses_draft else None
+    return make_header(prompt, config, args.target or "shipped", draft, decoder.device_name,
+                       None if dtype is None else str(dtype).removeprefix("torch."))
 
 
 def summarize(events: list, config: GenerationConfig) -> dict:
@@ -342,16 +432,23 @@ def summarize(events: list, config: GenerationConfig) -> dict:
 
 
 def format_summary(s: dict) -> str:
+    """The run's summary, one fact a line. Plain decoding (method none) has no K and no α."""
+    head = (f"method={s['method']} T={s['temperature']} device={s.get('device', '?')}\n"
+            f"rounds={s['rounds']} emitted={s['emitted']}\n")
+    tail = (f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}\n"
+            f"time: draft {s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms, "
+            f"overhead {s['overhead_ms']:.1f} ms")
+    if s["method"] == "none":
+        return head + tail
     tree = f" tree={s['tree_nodes']}" if s.get("tree_nodes") else ""
+    drafting_rounds = sum(s["accepted_length_histogram"]) if s["drafted"] else 0
     return (f"method={s['method']} K={s['k']}{tree} T={s['temperature']} device={s.get('device', '?')}\n"
             f"rounds={s['rounds']} drafted={s['drafted']} accepted={s['accepted']} emitted={s['emitted']}\n"
             f"acceptance rate α={s['acceptance_rate']:.3f}  "
             f"mean acceptance length={s['mean_acceptance_length']:.2f}\n"
+            f"  ({ALPHA_DEFINITION}; {drafting_rounds} of {s['rounds']} rounds drafted)\n"
             f"tokens/forward={s['tokens_per_forward']:.2f} (analytic {s['analytic_tokens_per_forward']:.2f}, "
-            f"per-position {s['per_position_tokens_per_forward']:.2f})\n"
-            f"TPOT={s['tpot_ms']:.2f} ms  {s['tokens_per_s']:.1f} tokens/s  finish={s['finish_reason']}\n"
-            f"time: draft {s['draft_ms']:.1f} ms, verify {s['verify_ms']:.1f} ms, "
-            f"overhead {s['overhead_ms']:.1f} ms\n"
+            f"per-position {s['per_position_tokens_per_forward']:.2f})\n" + tail + "\n"
             f"per-position acceptance: {' '.join(f'{a:.2f}' for a in s['per_position_acceptance']) or '-'}\n"
             f"accepted-length histogram: {s['accepted_length_histogram']}")
 
@@ -370,9 +467,11 @@ def cmd_check_lossless(args) -> int:
     sampled_config.validate()
     prompt = prompt_from_args(args, DEFAULT_CHECK_PROMPT)
     decoder = load_decoder(args, config.method)
+    progress(f"greedy: comparing {config.max_new_tokens} tokens with plain decoding…")
     greedy = check_greedy(decoder, prompt, config)
     print(f"{greedy_summary(greedy)} method={config.method}, K={config.k}")
-    chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
+    chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples,
+                         progress=SeedProgress("sampling (chi-squared)"))
     print(sampling_summary(chi, sampling))
     return 0 if greedy.passed and chi.passed else 1
 
@@ -401,7 +500,9 @@ def cmd_bench(args) -> int:
     if args.what == "k-sweep":
         ks = _parse_ks(args.ks)
         decoder = load_decoder(args, config.method)
-        rows = bench.bench_k_sweep(decoder, prompts, config, ks, args.repeats)
+        progress(f"calibrating, then measuring K = {', '.join(map(str, ks))}…")
+        rows = bench.bench_k_sweep(decoder, prompts, config, ks, args.repeats,
+                                   progress=lambda row: progress(f"  K = {row['k']} done of {len(ks)} Ks"))
         best = max(rows, key=lambda r: r["speedup"])
         print(f"fastest measured K = {best['k']} ({best['speedup']:.2f}x over plain decoding)",
               file=sys.stderr)
@@ -409,10 +510,13 @@ def cmd_bench(args) -> int:
         specs = [s.strip() for s in args.methods.split(",") if s.strip()]
         decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
         run = bench.bench_graphs if args.what == "graphs" else bench.bench_methods
+        progress(f"measuring {', '.join(specs)} on {len(prompts)} prompts…")
         rows = run(decoder, prompts, config, specs, args.repeats)
     print(f"device={decoder.device_name} prompts={len(prompts)} max_new_tokens={config.max_new_tokens} "
           f"T={config.sampling.temperature}")
     print(bench.format_rows(rows, BENCH_COLUMNS[args.what]))
+    if args.what != "graphs":
+        print(ALPHA_DEFINITION, file=sys.stderr)
     return 0
 
 

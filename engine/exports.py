@@ -13,7 +13,8 @@ last row is held back until the next one arrives (or the end), so that reason ca
 A path that exists and is not a regular file (a pipe, /dev/stdout, /dev/full) is written to directly. A
 lock file beside the target (`.NAME.lock`, held with fcntl.flock) refuses a second writer of one path.
 
-The formats come from engine.metrics (csv_header, csv_row, RoundEvent.to_dict): their columns live there.
+The formats come from engine.metrics (csv_header, csv_row) and engine.trace (the header record, round_record):
+their columns and records live there.
 """
 from __future__ import annotations
 
@@ -44,25 +45,37 @@ class ExportWriteError(SpecplayError):
 
 @dataclass(frozen=True)
 class ExportFormat:
-    """How one export writes: `begin(handle)` once, then `row(handle, event, generation)` per round."""
+    """How one export writes: `begin(handle)` once, `header(handle, run_header)` at each generation's start
+    (engine.trace.make_header's record), then `row(handle, event, generation, run_header)` per round."""
 
     begin: Callable[[IO], None]
-    row: Callable[[IO, object, int], None]
+    header: Callable[[IO, dict], None]
+    row: Callable[[IO, object, int, Optional[dict]], None]
 
 
 def csv_format() -> ExportFormat:
     from engine.metrics import csv_header, csv_row
 
     return ExportFormat(begin=lambda handle: csv.writer(handle).writerow(csv_header()),
-                        row=lambda handle, event, gen: csv.writer(handle).writerow(csv_row(event, gen)))
+                        header=lambda handle, run_header: None,
+                        row=lambda handle, event, gen, run_header: csv.writer(handle).writerow(
+                            csv_row(event, gen, run_header)))
 
 
-def _jsonl_row(handle: IO, event, generation: int) -> None:
-    handle.write(json.dumps({"generation": generation, **event.to_dict()}, ensure_ascii=False) + "\n")
+def _jsonl_header(handle: IO, run_header: dict) -> None:
+    from engine.trace import FORMAT
+
+    handle.write(json.dumps(dict(run_header, type="header", format=FORMAT), ensure_ascii=False) + "\n")
+
+
+def _jsonl_row(handle: IO, event, generation: int, run_header: Optional[dict]) -> None:
+    from engine.trace import round_record
+
+    handle.write(json.dumps(round_record(event, generation), ensure_ascii=False) + "\n")
 
 
 def jsonl_format() -> ExportFormat:
-    return ExportFormat(begin=lambda handle: None, row=_jsonl_row)
+    return ExportFormat(begin=lambda handle: None, header=_jsonl_header, row=_jsonl_row)
 
 
 FORMATS = {"csv": csv_format, "jsonl": jsonl_format}
@@ -84,7 +97,8 @@ class StreamingExport:
         self.path = Path(path)
         self.fmt = fmt
         self.rows = 0
-        self._pending: Optional[tuple] = None  # (event, generation): the row held back
+        self._pending: Optional[tuple] = None  # (event, generation, run header): the row held back
+        self._run_header: Optional[dict] = None  # the current generation's header record
         self._handle: Optional[IO] = None
         self._temp: Optional[Path] = None
         self._lock: Optional[_PathLock] = None
@@ -116,10 +130,16 @@ class StreamingExport:
             self.abort()
             raise
 
+    def start_run(self, run_header: dict) -> None:
+        """A generation begins: its header record (engine.trace.make_header) goes out before its rounds."""
+        self._write_pending()
+        self._run_header = run_header
+        self._write(lambda: (self.fmt.header(self._handle, run_header), self._handle.flush()))
+
     def add(self, event, generation: int = 0) -> None:
         """Queue one round; the one before it is written and flushed now."""
         self._write_pending()
-        self._pending = (event, generation)
+        self._pending = (event, generation, self._run_header)
 
     def close(self, reason: Optional[str] = None) -> None:
         """Write the held row (with `reason` when the run did not finish itself), then move the file into
@@ -131,9 +151,9 @@ class StreamingExport:
             return
         try:
             if self._pending is not None and reason is not None:
-                event, gen = self._pending
+                event, gen, run_header = self._pending
                 if not getattr(event, "finish_reason", None):
-                    self._pending = (replace(event, finish_reason=reason), gen)
+                    self._pending = (replace(event, finish_reason=reason), gen, run_header)
             self._write_pending()
             self._write(self._finish_file)
         except BaseException:
@@ -178,9 +198,9 @@ class StreamingExport:
     def _write_pending(self) -> None:
         if self._pending is None:
             return
-        event, gen = self._pending
+        event, gen, run_header = self._pending
         self._pending = None
-        self._write(lambda: (self.fmt.row(self._handle, event, gen), self._handle.flush()))
+        self._write(lambda: (self.fmt.row(self._handle, event, gen, run_header), self._handle.flush()))
         self.rows += 1
 
     def _finish_file(self) -> None:
@@ -325,8 +345,21 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+def export_runs(path, fmt: str, runs) -> int:
+    """Write runs (engine.trace.Run: header, events, finish) in one go; returns the rows written. A run that
+    ended without a finish of its own (stopped, failed) gets it on its last round."""
+    with StreamingExport(path, FORMATS[fmt]()) as export:
+        for run in runs:
+            export.start_run(run.header)
+            for index, event in enumerate(run.events):
+                if index == len(run.events) - 1 and run.finish and not event.finish_reason:
+                    event = replace(event, finish_reason=run.finish)
+                export.add(event, run.generation)
+    return export.rows
+
+
 def export_events(path, fmt: str, events, finish: Optional[str] = None) -> int:
-    """Write (generation, RoundEvent) pairs or bare RoundEvents in one go; returns the rows written."""
+    """Write (generation, RoundEvent) pairs or bare RoundEvents without run headers; returns the rows written."""
     with StreamingExport(path, FORMATS[fmt]()) as export:
         for item in events:
             generation, event = item if isinstance(item, tuple) else (0, item)

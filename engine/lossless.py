@@ -88,9 +88,11 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
 
 def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig, samples: int = 2000,
                    significance: float = 0.001,
-                   should_stop: Optional[Callable[[], bool]] = None) -> Optional[ChiSquareReport]:
+                   should_stop: Optional[Callable[[], bool]] = None,
+                   progress: Optional[Callable[[int, int], None]] = None) -> Optional[ChiSquareReport]:
     """Chi-squared goodness of fit of the first two speculative tokens (seeds config.seed ... + samples).
-    None when should_stop() turned true before the end."""
+    None when should_stop() turned true before the end. progress(done, samples), when given, is called
+    after each seed."""
     stopped = should_stop or (lambda: False)
     expected = exact_two_token_distribution(decoder, prompt, config.sampling, should_stop=stopped)
     counts: dict = {}
@@ -100,6 +102,8 @@ def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationC
         run = replace(config, seed=config.seed + i, max_new_tokens=2, stop_at_eos=False)
         pair = tuple(decoder.generate_ids(prompt, run)[:2])
         counts[pair] = counts.get(pair, 0) + 1
+        if progress is not None:
+            progress(i + 1, samples)
     statistic, bins = chi_square(counts, expected, samples)
     dof = max(bins - 1, 1)
     p_value = chi2_sf(statistic, dof)

@@ -174,14 +174,23 @@ def histogram_bars(metrics: RoundMetrics) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ export
-CSV_COLUMNS = [
-    ("generation", ""), ("round", ""), ("method", ""), ("k", "tokens"), ("drafted", "tokens"),
-    ("accepted", "tokens"), ("emitted", "tokens"), ("next_is_bonus", "bool"), ("draft_ms", "ms"),
-    ("verify_ms", "ms"), ("overhead_ms", "ms"), ("round_ms", "ms"), ("acceptance_rate", "ratio"),
-    ("mean_acceptance_length", "tokens"), ("tokens_per_forward", "tokens"),
-    ("analytic_tokens_per_forward", "tokens"), ("per_position_tokens_per_forward", "tokens"),
-    ("tpot_ms", "ms"), ("tokens_per_s", "tokens/s"), ("finish_reason", ""),
+# Rounds count from 1 here, as everywhere a user reads them (RoundEvent.round and the JSONL trace keep 0).
+SETTINGS_COLUMNS = [
+    ("method", ""), ("k", "tokens"), ("temperature", ""), ("top_k", ""), ("top_p", ""), ("seed", ""),
+    ("tree_nodes", "nodes"), ("target", ""), ("draft", ""), ("device", ""), ("dtype", ""),
 ]
+ROUND_COLUMNS = [
+    ("drafted", "tokens"), ("accepted", "tokens"), ("emitted", "tokens"), ("next_is_bonus", "bool"),
+    ("draft_ms", "ms"), ("verify_ms", "ms"), ("overhead_ms", "ms"), ("round_ms", "ms"),
+]
+RUNNING_COLUMNS = [  # the generation's running aggregates after this round
+    ("running_acceptance_rate", "ratio"), ("running_mean_acceptance_length", "tokens"),
+    ("running_tokens_per_forward", "tokens"), ("running_analytic_tokens_per_forward", "tokens"),
+    ("running_per_position_tokens_per_forward", "tokens"), ("running_tpot_ms", "ms"),
+    ("running_tokens_per_s", "tokens/s"),
+]
+CSV_COLUMNS = ([("generation", ""), ("round", "")] + SETTINGS_COLUMNS + ROUND_COLUMNS + RUNNING_COLUMNS
+               + [("finish_reason", "")])
 
 
 def csv_header() -> list[str]:
@@ -189,19 +198,50 @@ def csv_header() -> list[str]:
     return [f"{name} [{unit}]" if unit else name for name, unit in CSV_COLUMNS]
 
 
-def csv_row(event: RoundEvent, generation: int = 0) -> list:
+def settings_values(header: dict) -> dict:
+    """The settings columns of a trace header (engine.trace.make_header); empty cells for what it lacks.
+    K is empty for plain decoding."""
+    settings = header.get("settings") or {}
+    sampling = settings.get("sampling") or {}
+    models = header.get("models") or {}
+    plain = settings.get("method") == "none"
+    return {"method": header.get("spec") or settings.get("method", ""),
+            "k": "" if plain else settings.get("k", ""), "temperature": sampling.get("temperature", ""),
+            "top_k": sampling.get("top_k", ""), "top_p": sampling.get("top_p", ""),
+            "seed": settings.get("seed", ""), "tree_nodes": settings.get("tree_nodes", ""),
+            "target": models.get("target") or "", "draft": models.get("draft") or "",
+            "device": header.get("device") or "", "dtype": header.get("dtype") or ""}
+
+
+def csv_row(event: RoundEvent, generation: int = 0, header: dict | None = None,
+            finish: str | None = None) -> list:
+    """One round as CSV cells. `header` gives the settings columns (without it: the event's method and K);
+    `finish` the run's end when the event does not carry one (a stopped or failed run's last round)."""
     m = event.metrics
-    values = {
-        "generation": generation, "round": event.round, "method": event.method, "k": event.k,
+    values = settings_values(header) if header else {
+        "method": event.method, "k": "" if event.method == "none" else event.k}
+    values.update({
+        "generation": generation, "round": event.round + 1,
         "drafted": len(event.drafted), "accepted": event.accepted_count, "emitted": len(event.emitted_ids),
         "next_is_bonus": int(event.next_is_bonus), "draft_ms": event.draft_ms, "verify_ms": event.verify_ms,
-        "overhead_ms": event.overhead_ms, "round_ms": event.round_ms, "acceptance_rate": m.acceptance_rate,
-        "mean_acceptance_length": m.mean_acceptance_length, "tokens_per_forward": m.tokens_per_forward,
-        "analytic_tokens_per_forward": m.analytic_tokens_per_forward,
-        "per_position_tokens_per_forward": m.per_position_tokens_per_forward, "tpot_ms": m.tpot_ms,
-        "tokens_per_s": m.tokens_per_s, "finish_reason": event.finish_reason or "",
-    }
-    return [_fmt(values[name]) for name, _ in CSV_COLUMNS]
+        "overhead_ms": event.overhead_ms, "round_ms": event.round_ms,
+        "running_acceptance_rate": m.acceptance_rate if m.drafted else "",
+        "running_mean_acceptance_length": m.mean_acceptance_length,
+        "running_tokens_per_forward": m.tokens_per_forward,
+        "running_analytic_tokens_per_forward": m.analytic_tokens_per_forward,
+        "running_per_position_tokens_per_forward": m.per_position_tokens_per_forward,
+        "running_tpot_ms": m.tpot_ms, "running_tokens_per_s": m.tokens_per_s,
+        "finish_reason": event.finish_reason or finish or "",
+    })
+    return [_fmt(values.get(name, "")) for name, _ in CSV_COLUMNS]
+
+
+def csv_rows(runs) -> Iterable[list]:
+    """The CSV rows of runs (engine.trace.Run: header, events, finish), one per round."""
+    for run in runs:
+        last = len(run.events) - 1
+        for index, event in enumerate(run.events):
+            yield csv_row(event, run.generation, run.header, run.finish if index == last else None)
 
 
 def _fmt(value):
@@ -215,26 +255,40 @@ def _open_for_writing(path):
         raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_csv(events: Iterable, path) -> int:
-    """One row per round. events: RoundEvents, or (generation, RoundEvent) pairs. Returns the row count."""
-    rows = 0
+def _as_row(item) -> list:
+    if isinstance(item, list):
+        return item
+    generation, event = item if isinstance(item, tuple) else (0, item)
+    return csv_row(event, generation)
+
+
+def write_csv(rows: Iterable, path) -> int:
+    """The header line, then one line per row: rows from csv_rows(runs), or RoundEvents, or (generation,
+    RoundEvent) pairs. Returns the row count."""
+    count = 0
     with _open_for_writing(path) as handle:
         writer = csv.writer(handle)
         writer.writerow(csv_header())
-        for item in events:
-            generation, event = item if isinstance(item, tuple) else (0, item)
-            writer.writerow(csv_row(event, generation))
-            rows += 1
-    return rows
+        for item in rows:
+            writer.writerow(_as_row(item))
+            count += 1
+    return count
 
 
-def write_jsonl(events: Iterable, path) -> int:
-    """The full RoundEvents, one JSON object a line. events: RoundEvents or (generation, RoundEvent) pairs."""
-    rows = 0
+def _as_record(item) -> dict:
+    if isinstance(item, dict):
+        return item
+    generation, event = item if isinstance(item, tuple) else (0, item)
+    return {"type": "round", "generation": generation, **event.to_dict()}
+
+
+def write_jsonl(records: Iterable, path) -> int:
+    """One JSON object a line: records from engine.trace.trace_records(runs) (headers and rounds), or
+    RoundEvents, or (generation, RoundEvent) pairs. Returns the number of round records."""
+    rounds = 0
     with _open_for_writing(path) as handle:
-        for item in events:
-            generation, event = item if isinstance(item, tuple) else (0, item)
-            record = {"generation": generation, **event.to_dict()}
+        for item in records:
+            record = _as_record(item)
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            rows += 1
-    return rows
+            rounds += record.get("type", "round") == "round"
+    return rounds

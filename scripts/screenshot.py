@@ -1,7 +1,10 @@
-"""Save a screenshot of the real window in the middle of a generation (used for docs/screenshot.png).
+"""Save screenshots of the real window for the README (docs/): the middle of a generation
+(docs/screenshot.png), a tree method with its Draft tree panel (docs/screenshot-tree.png), a comparison of
+runs (docs/screenshot-compare.png) and, where the window has one, the diagnosis view
+(docs/screenshot-diagnosis.png).
 
     python scripts/screenshot.py                          # shipped models, else tiny random ones
-    python scripts/screenshot.py --target DIR --draft DIR --out docs/screenshot.png
+    python scripts/screenshot.py --target DIR --draft DIR --out-dir docs --only mid
 
 Runs offscreen when there is no display; uses throwaway settings, never the user's.
 """
@@ -14,10 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """Load a JSON config file and return it as a dict."""\n'
+SHOTS = {"mid": "screenshot.png", "tree": "screenshot-tree.png", "compare": "screenshot-compare.png",
+         "diagnosis": "screenshot-diagnosis.png"}
 
 
 def parse_args():
@@ -27,7 +34,10 @@ def parse_args():
     parser.add_argument("--draft", help="draft model folder")
     parser.add_argument("--tiny", action="store_true", help="tiny random models even if shipped ones exist")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "screenshot.png"))
+    parser.add_argument("--out-dir", default=str(ROOT / "docs"))
+    parser.add_argument("--only", choices=tuple(SHOTS), action="append",
+                        help="make only this screenshot (repeatable; default: all)")
+    parser.add_argument("--tree-method", default="medusa", help="the tree method of screenshot-tree.png")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--method", default="draft")
     parser.add_argument("--k", type=int, default=4)
@@ -68,6 +78,101 @@ def pick_models(args, scratch: Path):
     return str(target), str(draft)
 
 
+def open_window(args, app, scratch):
+    from app.main_window import MainWindow
+
+    target, draft = pick_models(args, scratch)
+    window = MainWindow(device=args.device)
+    window.show_error = lambda title, message: print(f"{title}: {message}", file=sys.stderr)
+    width, height = (int(v) for v in args.size.split("x"))
+    window.resize(width, height)
+    window.apply_theme(args.theme)
+    window.show()
+    window.start(target, draft)
+    if not wait_until(app, lambda: window.load_job is None, 300) or window.decoder is None:
+        return None
+    window.max_tokens.setValue(args.max_new_tokens)
+    window.prompt.setPlainText(args.prompt)
+    return window
+
+
+def run_to(app, window, method: str, k: int, rounds=None) -> None:
+    """Generate with method and K; wait for `rounds` rounds (None: the end)."""
+    window.set_method(method)
+    window.set_k(k)
+    window.generate()
+    if rounds is None:
+        wait_until(app, lambda: not window.running, 600)
+    else:
+        wait_until(app, lambda: window.current is None or len(window.current.events) >= rounds, 300)
+
+
+def pin_a_draft(window) -> None:
+    """Click the last drafted token so the inspector has something."""
+    tokens = window.view.tokens
+    if tokens:
+        window._show_token(next((t for t in reversed(tokens) if t.depth is not None), tokens[-1]))
+
+
+def save(app, window, path: Path) -> bool:
+    window.statusBar().clearMessage()
+    window.plots.redraw()
+    wait_until(app, lambda: False, 0.4)  # let the paints land
+    ok = window.grab().save(str(path))
+    print(f"wrote {path}" if ok else f"could not write {path}")
+    return ok
+
+
+def shot_mid(app, window, args, path) -> bool:
+    run_to(app, window, args.method, args.k, args.rounds)
+    pin_a_draft(window)
+    ok = save(app, window, path)
+    window.stop()
+    wait_until(app, lambda: not window.running, 60)
+    return ok
+
+
+def shot_tree(app, window, args, path) -> bool:
+    if window.availability.get(args.tree_method.split(":")[0]) is not None:
+        print(f"{args.tree_method} is not available on these models: no tree screenshot", file=sys.stderr)
+        return True
+    run_to(app, window, args.tree_method, args.k, args.rounds)
+    window.resizeDocks([window.tree_dock], [700], Qt.Horizontal)  # a large Draft tree panel
+    window.resizeDocks([window.inspector_dock, window.tree_dock], [120, 700], Qt.Vertical)
+    window.resizeDocks([window.plots_dock], [330], Qt.Vertical)
+    ok = save(app, window, path)
+    window.stop()
+    wait_until(app, lambda: not window.running, 60)
+    return ok
+
+
+def shot_compare(app, window, args, path) -> bool:
+    window.max_tokens.setValue(min(args.max_new_tokens, 96))
+    first = window.history.count()
+    run_to(app, window, "none", args.k)
+    for _ in range(2):
+        run_to(app, window, args.method, args.k)
+    run_to(app, window, "ngram", args.k)
+    window.compare_rows(list(range(first, window.history.count())))
+    window.history.setCurrentRow(first + 1)
+    window.compare_rows(list(range(first, window.history.count())))
+    window.compare_dock.show()
+    window.resizeDocks([window.history_dock, window.inspector_dock], [560, 330], Qt.Horizontal)
+    window.resizeDocks([window.plots_dock], [380], Qt.Vertical)
+    window.resizeDocks([window.compare_dock], [260], Qt.Vertical)
+    return save(app, window, path)
+
+
+def shot_diagnosis(app, window, args, path) -> bool:
+    dock = getattr(window, "diagnosis_dock", None)
+    if dock is None:
+        print("this window has no diagnosis view: no diagnosis screenshot", file=sys.stderr)
+        return True
+    dock.show()
+    dock.raise_()
+    return save(app, window, path)
+
+
 def main() -> int:
     args = parse_args()
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
@@ -80,36 +185,17 @@ def main() -> int:
     app = QApplication.instance() or QApplication(sys.argv)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(scratch / "settings"))
     from app.backend import preload_engine
-    from app.main_window import MainWindow
 
     preload_engine()
-    target, draft = pick_models(args, scratch)
-    window = MainWindow(device=args.device)
-    window.show_error = lambda title, message: print(f"{title}: {message}", file=sys.stderr)
-    width, height = (int(v) for v in args.size.split("x"))
-    window.resize(width, height)
-    window.apply_theme(args.theme)
-    window.show()
-    window.start(target, draft)
-    if not wait_until(app, lambda: window.load_job is None, 300) or window.decoder is None:
+    window = open_window(args, app, scratch)
+    if window is None:
         print("models did not load", file=sys.stderr)
         return 1
-    window.set_method(args.method)
-    window.set_k(args.k)
-    window.max_tokens.setValue(args.max_new_tokens)
-    window.prompt.setPlainText(args.prompt)
-    window.generate()
-    wait_until(app, lambda: window.current is None or len(window.current.events) >= args.rounds, 300)
-    shown = window.shown
-    if shown is not None and shown.events:  # click the last drafted token so the inspector has something
-        window._show_token(next((t for t in reversed(window.view.tokens) if t.depth is not None),
-                                window.view.tokens[-1]))
-    window.plots.redraw()
-    wait_until(app, lambda: False, 0.3)  # let the paints land
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    ok = window.grab().save(args.out)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    makers = {"mid": shot_mid, "tree": shot_tree, "compare": shot_compare, "diagnosis": shot_diagnosis}
+    ok = all(makers[name](app, window, args, out / SHOTS[name]) for name in (args.only or SHOTS))
     window.close()
-    print(f"wrote {args.out}" if ok else f"could not write {args.out}")
     return 0 if ok else 1
 
 

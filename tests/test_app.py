@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import os
 import sys
 import threading
 import time
@@ -180,8 +181,10 @@ def test_hover_and_click_show_token_details(qtbot, make_window):
     rect = view.cursorRect(_cursor_for_token(view, index))
     qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=QPoint(rect.right() + 2, rect.center().y()))
     html = window.inspector.toPlainText()
-    assert "p(x) = 0.5000" in html and "q(x) = 0.9000" in html and "min(1, p/q) = 0.5000" in html
-    assert "rejected" in html and "alt<1>" in html and f"round {view.tokens[index].round}" in html
+    # greedy: the argmax rule; q and min(1, p/q) are not shown beside p (they play no part)
+    assert "p(x) = 0.5000" in html and "q(x)" not in html and "min(1, p/q)" not in html
+    assert "is not the target's argmax" in html and "Greedy (T = 0)" in html
+    assert "rejected" in html and "alt<1>" in html and f"round {view.tokens[index].round + 1}" in html
 
 
 def _cursor_for_token(view, index: int) -> QTextCursor:
@@ -247,7 +250,7 @@ def test_draft_tree_follows_the_run_and_the_clicked_round(qtbot, make_window):
     assert tree.event is gen.events[1]
     box = tree._boxes[-1]  # the round's correction or bonus token
     qtbot.mouseClick(tree, Qt.LeftButton, pos=box.center().toPoint())
-    assert "round 1" in window.inspector.toPlainText() and tree.nodes[-1].info.kind in (CORRECTION, BONUS)
+    assert "round 2" in window.inspector.toPlainText() and tree.nodes[-1].info.kind in (CORRECTION, BONUS)
     assert not tree.grab().isNull()
 
 
@@ -260,6 +263,7 @@ def test_sampled_round_shows_uniform(qtbot, make_window):
     info = next(i for i in window.view.tokens if i.kind == ACCEPTED)
     from app.round_view import describe
     assert "u = 0.1000" in describe(info) and "accepted" in describe(info)
+    assert "q(x) = 0.2500" in describe(info) and "min(1, p/q) = 1.0000" in describe(info)
 
 
 def test_method_and_k_from_menus_apply_to_next_run(qtbot, make_window):
@@ -365,7 +369,7 @@ def test_export_csv_and_jsonl(qtbot, make_window, tmp_path):
     assert [r[0] for r in rows[1:]] == ["1"] * window.fake.rounds + ["2"] * window.fake.rounds
     window.ask_save_path = lambda title, file_filter: str(tmp_path / "trace.jsonl")
     window.export_jsonl()
-    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2 * window.fake.rounds
+    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) == 2 + 2 * window.fake.rounds
     window.ask_save_path = lambda title, file_filter: str(tmp_path / "plots.png")
     window.export_plots()
     assert (tmp_path / "plots.png").stat().st_size > 0
@@ -858,6 +862,8 @@ def test_check_lossless_proves_the_method_on_the_prompt(qtbot, real_window):
     assert greedy.passed and greedy.tokens_compared == 24
     assert sampling.samples == 300 and sampling.passed
     assert dialog.passed and "greedy: PASS (24 generated" in dialog.text and "T=0.8" in dialog.text
+    assert (window.progress.value(), window.progress.maximum()) == (300, 300)  # seeds done of N
+    assert window.context_limit and window.max_tokens.maximum() == window.context_limit - 2
 
 
 def test_check_lossless_shows_where_a_broken_method_diverges(qtbot, real_window, monkeypatch):
@@ -897,3 +903,378 @@ def test_check_lossless_stops_on_escape(qtbot, real_window):
     qtbot.waitUntil(lambda: not window.running, timeout=20000)
     assert window.check_reports["sampling"] is None and not window.check_dialog.passed
     assert "sampling: stopped before the end" in window.check_dialog.text
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The window as a daily tool: exports that reproduce a run, replay, comparison, views, shortcuts, validation
+
+
+def _export(window, tmp_path, name):
+    """Export the session's trace (JSONL) or metrics (CSV) to tmp_path/name given without its suffix."""
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / name)
+    (window.export_jsonl if name.endswith("trace") else window.export_csv)()
+    return tmp_path / (name + (".jsonl" if name.endswith("trace") else ".csv"))
+
+
+def test_csv_has_settings_columns_running_columns_and_every_finish(qtbot, make_window, tmp_path):
+    window = make_window(FakeDecoder(rounds=500, delay=0.01))
+    window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7, "decode/top_k": 20,
+                           "decode/top_p": 0.9, "decode/seed": 11})
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=5000)
+    window.fake.rounds = 4
+    window.method_actions["none"].trigger()
+    generate(qtbot, window)
+    path = _export(window, tmp_path, "metrics")  # the suffix is added
+    rows = list(csv.DictReader(path.open()))
+    header = rows[0].keys()
+    for column in ("method", "k [tokens]", "temperature", "top_k", "top_p", "seed", "tree_nodes [nodes]",
+                   "target", "draft", "device", "dtype", "running_acceptance_rate [ratio]",
+                   "running_tokens_per_s [tokens/s]", "finish_reason"):
+        assert column in header, column
+    first = [r for r in rows if r["generation"] == "1"]
+    plain = [r for r in rows if r["generation"] == "2"]
+    assert first[0]["method"] == "draft" and first[0]["k [tokens]"] == "4" and first[0]["seed"] == "11"
+    assert (first[0]["temperature"], first[0]["top_k"], first[0]["top_p"]) == ("0.7", "20", "0.9")
+    assert first[0]["device"] == "FakeGPU 9000" and first[0]["target"] == "shipped"
+    assert first[0]["round"] == "1"  # rounds count from 1, as in the window
+    assert first[-1]["finish_reason"] == "stopped" and plain[-1]["finish_reason"] == "length"
+    assert plain[0]["method"] == "none" and plain[0]["k [tokens]"] == ""  # plain decoding has no K
+    assert window.errors == []
+
+
+def test_jsonl_trace_has_a_header_per_generation(qtbot, make_window, tmp_path):
+    import json
+
+    window = make_window()
+    generate(qtbot, window, prompt="x = <1>")
+    window.method_actions["ngram"].trigger()
+    generate(qtbot, window, prompt="y = 2")
+    path = _export(window, tmp_path, "trace")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    headers = [r for r in records if r["type"] == "header"]
+    assert [h["generation"] for h in headers] == [1, 2] and records[0]["type"] == "header"
+    head = headers[0]
+    assert head["format"] == "specplay-trace/1" and head["prompt"] == "x = <1>" and head["spec"] == "draft"
+    assert head["settings"]["k"] == 4 and head["settings"]["sampling"]["temperature"] == 0.0
+    assert set(head["models"]) == {"target", "draft"} and head["device"] == "FakeGPU 9000"
+    assert {"specplay", "torch", "transformers"} <= set(head["versions"])
+    assert headers[1]["spec"] == "ngram" and headers[1]["prompt"] == "y = 2"
+    rounds = [r for r in records if r["type"] == "round"]
+    assert len(rounds) == 2 * window.fake.rounds and rounds[0]["generation"] == 1 and rounds[0]["round"] == 0
+
+
+def test_replay_of_a_saved_trace_reproduces_views_and_plots(qtbot, make_window, tmp_path):
+    window = make_window()
+    window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7, "decode/seed": 5})
+    generate(qtbot, window)
+    path = _export(window, tmp_path, "trace")
+    live = window.session.generations[0]
+    spans, buffers = window.view.rendered_spans(), live.buffers
+
+    other = make_window(start=False)
+    assert other.open_trace(str(path)) and other.errors == []
+    replayed = other.session.generations[0]
+    assert replayed.prompt == live.prompt and replayed.config == live.config
+    assert other.view.rendered_spans() == spans  # every span, kind and round as it ran live
+    for name in ("rounds", "round_alpha", "running_alpha", "round_tpf", "running_tpf", "analytic_tpf",
+                 "per_position_tpf", "round_tpot", "running_tpot", "predicted_tpot"):  # the run's calibration
+        assert getattr(replayed.buffers, name) == pytest.approx(getattr(buffers, name), nan_ok=True), name
+    assert replayed.buffers.length_counts == buffers.length_counts
+    other.plots.redraw()
+    assert len(other.plots.curves["running_alpha"].getData()[0]) == len(live.events)
+    assert "replayed" in other.history.item(0).text()
+    assert other.tree_view.event.round == live.events[-1].round
+
+
+def test_opening_a_bad_trace_or_a_special_file_gives_a_dialog(qtbot, make_window, tmp_path):
+    window = make_window()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert not window.open_trace(str(bad)) and "not JSON" in window.errors[-1][1]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not window.open_trace(str(fifo)) and "not a regular file" in window.errors[-1][1]
+    assert window.session.generations == []
+
+
+def test_file_dialogs_never_read_special_files(tmp_path):
+    """Qt's icon provider sniffs contents for the type column (typing /proc froze the GUI on /proc/kmsg)."""
+    from PySide6.QtCore import QFileInfo
+    from PySide6.QtWidgets import QFileDialog
+
+    from app.widgets import SafeIconProvider, file_dialog
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would block forever
+    provider = SafeIconProvider()
+    assert provider.type(QFileInfo(str(fifo))) == "Special file"
+    provider.icon(QFileInfo(str(fifo)))  # returns at once
+    dialog = file_dialog(None, "Open", QFileDialog.ExistingFile)
+    assert isinstance(dialog.iconProvider(), SafeIconProvider)
+    assert dialog.testOption(QFileDialog.DontUseNativeDialog)
+
+
+def test_comparison_overlays_runs_and_tabulates_them_with_spread(qtbot, make_window):
+    window = make_window()
+    window.method_actions["none"].trigger()
+    generate(qtbot, window)  # the plain reference
+    window.method_actions["draft"].trigger()
+    window.run_n_times(3)
+    qtbot.waitUntil(lambda: len(window.session.generations) == 4 and not window.running, timeout=10000)
+    assert [g.config.method for g in window.session.generations] == ["none"] + ["draft"] * 3
+    window.compare_rows([0, 1, 2, 3])
+    table = window.compare
+    assert table.rowCount() == 2  # plain, and the three equal draft runs in one row
+    draft_row = next(r for r in table.rows if r["method"] == "Draft model")
+    assert draft_row["count"] == 3 and draft_row["tokens_per_s_sd"] is not None
+    assert draft_row["speedup"] == pytest.approx(draft_row["tokens_per_s"] / table.rows[0]["tokens_per_s"])
+    assert "±" in table.item(1, 4).text() and table.item(0, 2).text() == "—"  # plain: no K
+    assert table.item(0, 5).text() == "—" and table.item(1, 3).text().endswith("×")  # ... and no α
+    window.plots.redraw()
+    assert len(window.plots.overlays) == 3  # the shown run plus three overlaid
+    tpot = [c for (key, _), c in window.plots.overlay_curves.items() if key == "tpot"]
+    assert len(tpot) == 3 and all(len(c.getData()[0]) == window.fake.rounds for c in tpot)
+    plain = window.session.generations[0].events[-1].metrics
+    lines = window.plots.reference_lines  # the plain run's TPOT and tokens/s
+    assert lines["tpot"].isVisible() and lines["tpot"].value() == pytest.approx(plain.tpot_ms)
+    assert lines["tps"].isVisible() and lines["tps"].value() == pytest.approx(plain.tokens_per_s)
+
+
+def test_clean_text_toggle_and_copy(qtbot, make_window):
+    from PySide6.QtWidgets import QApplication
+
+    window = make_window()
+    generate(qtbot, window, prompt="say:")
+    gen = window.session.generations[0]
+    produced = "".join(i.text for e in gen.events for i in round_tokens(e) if i.kind in (ACCEPTED, CORRECTION,
+                                                                                           BONUS))
+    window.view.selectAll()
+    assert window.view.selected_clean_text() == "say:" + produced  # no rejected drafts, no ↵ marks
+    window.view.copy()
+    assert QApplication.clipboard().text() == "say:" + produced
+    qtbot.keyClick(window.view, Qt.Key_T, Qt.ControlModifier)
+    assert window.clean_toggle.isChecked() and window.view.clean
+    kinds = {k for k, _, _ in window.view.rendered_spans()}
+    assert REJECTED not in kinds and UNTESTED not in kinds
+    assert window.view.toPlainText().startswith("say:" + produced)
+    assert window.view.generated_text() == produced
+    window.view.selectAll()
+    window.view.copy()
+    assert QApplication.clipboard().text() == "say:" + produced
+    window.clean_toggle.setChecked(False)
+    assert REJECTED in {k for k, _, _ in window.view.rendered_spans()}
+
+
+def test_tree_rounds_keep_the_accepted_path_inline_and_fold_the_branches(qtbot, make_window):
+    from app.round_view import BRANCHES, describe
+
+    window = make_window()
+    event = tree_round()
+    window.view.show_generation("p", [event])
+    spans = [(k, t) for k, t, _ in window.view.rendered_spans()]
+    assert spans[1:] == [(ACCEPTED, "t0"), (ACCEPTED, "t2"), (BRANCHES, "⑂3"), (CORRECTION, "Z")]
+    marker = next(i for i in window.view.tokens if i.kind == BRANCHES)
+    assert [b.text for b in marker.branches] == ["t1", "t3", "t4"] and "t3" in describe(marker)
+
+
+def test_draft_tree_panel_has_numbers_legend_and_round_navigation(qtbot, make_window):
+    window = make_window()
+    window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7})
+    generate(qtbot, window)
+    panel = window.tree_panel
+    assert panel.index == window.fake.rounds - 1 and "live" in panel.position.text()
+    panel.buttons["first"].click()
+    assert panel.view.event.round == 0 and panel.position.text().startswith("round 1 of")
+    panel.buttons["next"].click()
+    assert panel.view.event.round == 1 and not panel.following
+    node = panel.view.nodes[1]
+    assert panel.view._numbers(node).startswith("p 0.50 q 0.25 u 0.10")
+    assert "accepted path" in panel.legend.text()
+    panel.buttons["last"].click()
+    assert panel.following and panel.view.event.round == window.fake.rounds - 1
+
+
+def test_escape_stops_with_the_focus_in_the_output_view(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=500, delay=0.01))
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    window.view.setFocus()
+    qtbot.mouseClick(window.view.viewport(), Qt.LeftButton, pos=QPoint(5, 5))
+    qtbot.keyClick(window.view, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: not window.running, timeout=2000)
+    assert window.session.generations[0].finish == "stopped"
+
+
+def test_window_wide_shortcuts_generate_and_pick_method_and_k(qtbot, make_window):
+    window = make_window()
+    window.prompt.setPlainText("def f(x):")
+    window.history.setFocus()
+    qtbot.keyClick(window.history, Qt.Key_3, Qt.ControlModifier)  # Ctrl+3: the third method (n-gram)
+    qtbot.keyClick(window.history, Qt.Key_BracketRight, Qt.ControlModifier)  # Ctrl+]: K + 1
+    qtbot.keyClick(window.history, Qt.Key_Return, Qt.ControlModifier)
+    qtbot.waitUntil(lambda: not window.running and bool(window.session.generations), timeout=5000)
+    assert (window.fake.configs[-1].method, window.fake.configs[-1].k) == ("ngram", 5)
+
+
+class ContextDecoder(FakeDecoder):
+    """A fake with a 64-token context and a tokenizer of one token a character."""
+
+    class target:
+        max_length = 64
+
+    class tokenizer:
+        @staticmethod
+        def encode(text):
+            return list(range(len(text)))
+
+
+def test_max_new_tokens_is_limited_by_the_loaded_context(qtbot, make_window):
+    window = make_window(ContextDecoder())
+    assert window.context_limit == 64 and window.max_tokens.maximum() == 62
+    window.max_tokens.setValue(60)  # fits the box, not with a 10-character prompt and K = 4
+    generate(qtbot, window, prompt="0123456789")
+    title, message = window.errors[-1]
+    assert title == "Too long for the model" and "at most 48 new tokens" in message
+    assert window.session.generations == [] and window.history.count() == 0  # no "error" entry
+    window.max_tokens.setValue(48)
+    generate(qtbot, window, prompt="0123456789")
+    assert len(window.session.generations) == 1
+
+
+def test_a_stopped_sweep_reports_what_it_measured_without_recommending(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=40, delay=0.01))
+    window.prompt.setPlainText("def f(x):")
+    window.sweep_action.trigger()
+    qtbot.waitUntil(lambda: len(window.sweep_rows) >= 1, timeout=20000)
+    assert window.progress.isVisible() and window.progress.maximum() == 6
+    assert window.progress.value() == len(window.sweep_rows)  # Ks done of N
+    window.view.setFocus()
+    qtbot.keyClick(window.view, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: window.sweep_dialog is not None, timeout=20000)
+    dialog = window.sweep_dialog
+    assert not dialog.complete and dialog.use_button is None
+    assert "recommends none" in dialog.summary.text() and "Fastest measured" not in dialog.summary.text()
+
+
+def test_svg_export_is_plain_svg_that_a_non_qt_renderer_draws(qtbot, make_window, tmp_path):
+    import shutil
+    import subprocess
+    import xml.etree.ElementTree as ET
+
+    window = make_window()
+    generate(qtbot, window)
+    path = tmp_path / "plots.svg"
+    window.ask_save_path = lambda title, file_filter: str(path)
+    window.export_plots()
+    root = ET.parse(path).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == ns + "svg" and root.get("viewBox") == "0 0 1260 520"
+    texts = [t.text for t in root.iter(ns + "text")]
+    assert "Acceptance rate α per round" in texts and "Time per output token" in texts
+    assert "Tokens per second" in texts
+    assert "running mean" in texts and "ms" in texts  # legends and units, no "(x0.001)"
+    assert not any("x0.0" in (t or "") for t in texts)
+    assert len(list(root.iter(ns + "polyline"))) >= 5 and len(list(root.iter(ns + "circle"))) > 20
+    tags = {element.tag.removeprefix(ns) for element in root.iter()}
+    assert tags <= {"svg", "title", "g", "rect", "text", "polyline", "circle", "line"}  # no clip paths
+    converter = shutil.which("rsvg-convert")  # librsvg (apt-get install librsvg2-bin)
+    if converter is None:
+        pytest.skip("no non-Qt SVG renderer (librsvg's rsvg-convert) on this machine")
+    png = tmp_path / "plots-from-svg.png"
+    subprocess.run([converter, str(path), "-o", str(png)], check=True, timeout=60, capture_output=True)
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(png))
+    assert (image.width(), image.height()) == (1260, 520)
+    colors = {image.pixelColor(x, y).name() for x in range(0, 1260, 7) for y in range(0, 520, 7)}
+    assert len(colors) > 4  # curves and text drawn, not a blank or garbage page
+
+
+def test_png_export_is_twice_the_screen_size(qtbot, make_window, tmp_path):
+    from PySide6.QtGui import QImage
+
+    window = make_window()
+    generate(qtbot, window)
+    path = tmp_path / "plots"
+    window.ask_save_path = lambda title, file_filter: str(path)
+    window.export_plots()
+    image = QImage(str(path) + ".png")
+    size = window.plots.grid_page.size()
+    assert (image.width(), image.height()) == (2 * size.width(), 2 * size.height())
+
+
+def test_plots_have_no_multipliers_legends_outside_and_fitted_ranges(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=205))
+    generate(qtbot, window)
+    plots = window.plots
+    plots.redraw()
+    for plot in (plots.alpha_plot, plots.tpf_plot, plots.tpot_plot):
+        assert not plot.getAxis("left").autoSIPrefix and not plot.getAxis("bottom").autoSIPrefix
+        assert not plot.legend.sceneBoundingRect().intersects(plot.vb.sceneBoundingRect())
+        (x_low, x_high), _ = plot.vb.viewRange()
+        assert x_high < 215 and x_low < 2  # 205 rounds on an axis to ~205, not 500
+    assert plots.readout(plots.alpha_plot, 3).startswith("round 3:")
+
+
+def test_tpot_outliers_are_clipped_and_marked(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=50))
+    generate(qtbot, window)
+    gen = window.session.generations[0]
+    gen.buffers.round_tpot[10] = 500.0  # one stalled round
+    gen.buffers.version += 1
+    window.plots.redraw()
+    (_, _), (_, y_high) = window.plots.tpot_plot.vb.viewRange()
+    assert y_high < 50
+    assert len(window.plots.clipped["round_tpot"].getData()[0]) == 1
+
+
+def test_small_window_collapses_plots_into_tabs(qtbot, make_window):
+    window = make_window()
+    window.resize(1000, 650)
+    qtbot.waitUntil(lambda: window.plots.compact, timeout=2000)
+    assert window.plots.tabs.count() == 7  # six plots and the summary
+    window.resize(1500, 950)
+    qtbot.waitUntil(lambda: not window.plots.compact, timeout=2000)
+
+
+def test_help_explains_views_numbers_methods_and_shortcuts():
+    from app.dialogs import HELP_HTML
+
+    for topic in ("Round view", "Clean text", "Draft tree", "Compare", "greedy", "Medusa", "EAGLE",
+                  "Lookahead", "N-gram", "Esc", "Ctrl+Enter", "Ctrl+1", "count from 1"):
+        assert topic in HELP_HTML, topic
+
+
+def test_model_loading_shows_its_step_in_the_progress_bar(qtbot, make_window):
+    release = threading.Event()
+
+    def slow_loader(target, draft, device):
+        release.wait(5)
+        return FakeDecoder()
+
+    window = make_window(loader=slow_loader, start=False)
+    window.start()
+    assert window.progress.isVisible() and window.progress.maximum() == 2 and window.progress.value() == 0
+    assert "Loading the models (1 of 2)" in window.progress.format()
+    release.set()
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=5000)
+    assert not window.progress.isVisible() and window.decoder is not None
+
+
+def test_untested_drafts_show_no_numbers():
+    from app.round_view import describe
+
+    info = TokenInfo(UNTESTED, 2, "x", depth=3, p=0.0, q=1.0, accept_prob=0.0, u=None, accepted=False,
+                     tested=False)
+    text = describe(info)
+    assert "q(x)" not in text and "not tested" in text and "round 3, draft position 4" in text
+
+
+def test_help_opens_beside_the_window(qtbot, make_window):
+    window = make_window()
+    qtbot.keyClick(window.view, Qt.Key_F1)
+    assert window.help_dialog.isVisible() and not window.help_dialog.isModal()
+    window.help_dialog.close()

@@ -29,6 +29,10 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+def row_value(rows, column):
+    return rows[1][rows[0].index(column)]
+
+
 def test_run_json_has_the_promised_fields(pair, capsys):
     target, draft = pair
     code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
@@ -54,14 +58,21 @@ def test_run_writes_csv_and_trace(pair, capsys, tmp_path):
     assert "acceptance rate" in err and out.strip()
     rows = list(csv.reader(csv_path.open()))
     assert rows[0] == csv_header()
-    assert "draft_ms [ms]" in rows[0] and "tokens_per_s [tokens/s]" in rows[0]
-    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    assert "draft_ms [ms]" in rows[0] and "running_tokens_per_s [tokens/s]" in rows[0]
+    records = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    header, trace = records[0], records[1:]
+    assert header["type"] == "header" and header["prompt"] == PROMPT and header["spec"] == "draft"
+    assert header["settings"]["sampling"]["top_p"] == 0.9 and header["settings"]["seed"] == 3
+    assert header["models"] == {"target": target, "draft": draft} and header["device"] == "CPU"
+    assert all(r["type"] == "round" for r in trace)
     assert len(rows) - 1 == len(trace) >= 1
     assert sum(len(e["emitted_ids"]) for e in trace) == 16
     header = rows[0]
+    assert row_value(rows, "top_p") == "0.9" and row_value(rows, "k [tokens]") == "4"
+    assert row_value(rows, "target") == target and rows[-1][header.index("finish_reason")] == "length"
     for row, event in zip(rows[1:], trace):
         assert int(row[header.index("accepted [tokens]")]) == event["accepted_count"]
-        assert int(row[header.index("round")]) == event["round"]
+        assert int(row[header.index("round")]) == event["round"] + 1  # rounds count from 1 in the CSV
     assert {"drafted", "draft_ms", "verify_ms", "overhead_ms", "metrics", "next_token_id"} <= set(trace[0])
 
 
@@ -153,9 +164,13 @@ def test_bench_methods_and_k_sweep(pair, capsys):
     lines = out.splitlines()
     assert "speedup" in lines[1]
     methods = [line.split("|")[0].strip() for line in lines[3:]]
+    assert "α = accepted drafted tokens / drafted tokens" in err
+    assert len(lines[1]) == len(lines[2])  # the header as wide as the rule: aligned
     assert methods == ["none", "draft", "ngram"]
     none_row = lines[3].split("|")
     assert float(none_row[-1]) == pytest.approx(1.0)
+    assert none_row[1].strip() == "-" and none_row[2].strip() == "-"  # plain decoding: no K, no α
+    assert "tokens_per_s [tok/s]" in lines[1] and "speedup [x]" in lines[1]
     code, out, err = run_cli(capsys, "bench", "k-sweep", "--target", target, "--draft", draft,
                              "--prompt", PROMPT,
                              "--max-new-tokens", "12", "--ks", "1,2")
@@ -306,6 +321,7 @@ class FakeBackend:
 @pytest.mark.parametrize("compiles", [True, False])
 def test_load_decoder_asks_the_registry_and_warms_compiling_backends(monkeypatch, capsys, names, need_draft,
                                                                     compiles):
+    monkeypatch.setenv("SPECPLAY_PROGRESS", "1")  # the lines a terminal shows
     from engine import cli, decoder, models
 
     asked = []
@@ -329,3 +345,99 @@ def test_bench_methods_takes_specs(pair, capsys):
     assert [line.split("|")[0].strip() for line in out.splitlines()[3:]] == ["none", "ngram", "lookahead:5"]
     code, out, err = run_cli(capsys, "bench", "methods", "--target", target, "--methods", "magic")
     assert code == 2 and "unknown method" in err
+
+
+@pytest.fixture
+def shown_progress(monkeypatch):
+    """Progress lines as a terminal shows them (pytest's stderr is no terminal)."""
+    monkeypatch.setenv("SPECPLAY_PROGRESS", "1")
+
+
+def test_run_reports_progress_and_keeps_the_summary_on_its_own_lines(pair, capsys, shown_progress):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
+                             "--max-new-tokens", "9")
+    assert code == 0, err
+    assert out.endswith("\n")  # the generated text ends its line even when the model did not
+    lines = err.splitlines()
+    assert lines[0].startswith("loading ") and lines[1].startswith("generating 9 tokens with Draft model")
+    assert "rounds that drafted" in err and "left out of α" in err  # what α counts
+
+
+def test_plain_decoding_summary_has_no_k_and_no_alpha(pair, capsys):
+    target, _ = pair
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--method", "none",
+                             "--max-new-tokens", "6")
+    assert code == 0, err
+    summary = err.split("-" * 60)[-1]
+    assert "method=none" in summary and "K=" not in summary and "α" not in summary
+    assert "tokens/s" in summary
+
+
+def test_check_lossless_counts_seeds_on_stderr(pair, capsys, shown_progress):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "check-lossless", "--target", target, "--draft", draft, "--k", "2",
+                             "--max-new-tokens", "8", "--samples", "20")
+    assert "greedy: comparing 8 tokens" in err
+    assert "sampling (chi-squared): 20 of 20 seeds" in err and "sampling (chi-squared): 2 of 20 seeds" in err
+
+
+def test_help_shows_defaults_and_a_line_per_option(capsys):
+    for command in ("run", "check-lossless", "bench", "gui"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        options = [line.split()[0] for line in out.splitlines() if line.startswith("  -")]
+        assert options, command
+        parser_help = " ".join(out.split())
+        for option in ("--max-new-tokens", "--k", "--seed", "--top-p"):
+            if command != "gui":
+                assert f"{option} " in parser_help, (command, option)
+        assert "(default: auto)" in parser_help  # --device
+        if command == "run":
+            assert "(default: 128)" in parser_help and "(default: draft)" in parser_help
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name in ("methods", "k-sweep", "graphs", "kernels"):
+        assert f"{name} " in out
+    assert "k-sweep: the K values to measure" in out and "methods, graphs: comma-separated" in out
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from engine.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("gui", "run", "check-lossless", "bench"):
+        for action in subparsers.choices[name]._actions:
+            assert action.help, (name, action.dest)
+
+
+def test_gui_takes_open_trace(monkeypatch):
+    entry = load_main_py()
+    launched = []
+    monkeypatch.setattr(entry, "launch_gui", lambda args: launched.append(args.open_trace) or 0)
+    assert entry.main(["gui", "--open-trace", "run.jsonl"]) == 0 and launched == ["run.jsonl"]
+    assert entry.main(["--open-trace", "other.jsonl"]) == 0 and launched[-1] == "other.jsonl"
+
+
+def test_a_cli_trace_reads_back_into_the_same_events(pair, capsys, tmp_path):
+    from dataclasses import asdict
+
+    from engine.trace import read_trace
+
+    target, draft = pair
+    path = tmp_path / "t.jsonl"
+    code, out, err = run_cli(capsys, "run", "--prompt", PROMPT, "--target", target, "--draft", draft,
+                             "--temperature", "0.9", "--max-new-tokens", "10", "--trace", str(path))
+    assert code == 0, err
+    (run,) = read_trace(path)
+    assert run.prompt == PROMPT and run.config.sampling.temperature == 0.9 and run.finish == "length"
+    assert run.config.method == "draft" and run.config.max_new_tokens == 10
+    records = [json.loads(line) for line in path.read_text().splitlines()][1:]
+    for event, record in zip(run.events, records, strict=True):
+        again = {"type": "round", "generation": 1, **asdict(event)}
+        assert json.loads(json.dumps(again)) == record

@@ -55,7 +55,7 @@ def test_rows_stream_into_a_temp_file_and_land_whole(tmp_path, events):
         assert len(list(csv.reader(temp.open()))) == 1 + 4  # the header and all but the held-back row
         assert target.read_text() == "stale\n" * 50  # readers see the old file until the end
     rows = read_csv(target)
-    assert [int(r[1]) for r in rows] == [0, 1, 2, 3, 4]
+    assert [int(r[1]) for r in rows] == [1, 2, 3, 4, 5]  # CSV rounds count from 1
     assert leftovers(tmp_path) == []
 
 
@@ -85,7 +85,7 @@ def test_a_run_that_fails_before_its_first_round_leaves_the_old_file(tmp_path):
 def test_a_full_disk_mid_export_is_one_clear_error_and_drops_the_temp_file(tmp_path, events):
     written = []
 
-    def row(handle, event, generation):
+    def row(handle, event, generation, run_header):
         if len(written) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
         written.append(event)
@@ -94,7 +94,8 @@ def test_a_full_disk_mid_export_is_one_clear_error_and_drops_the_temp_file(tmp_p
     target = tmp_path / "m.csv"
     target.write_text("earlier run\n")
     with pytest.raises(SpecplayError, match="No space left on device"):
-        with StreamingExport(target, ExportFormat(begin=lambda h: h.write("header\n"), row=row)) as export:
+        with StreamingExport(target, ExportFormat(begin=lambda h: h.write("header\n"), header=lambda h, r: None,
+                                                  row=row)) as export:
             for event in events:
                 export.add(event)
     assert target.read_text() == "earlier run\n" and leftovers(tmp_path) == []
@@ -168,9 +169,11 @@ def test_an_interrupted_run_keeps_a_valid_csv_and_trace_of_its_rounds(pair, tmp_
     err = capsys.readouterr().err
     assert got == code and len(err.strip().splitlines()) == 1, err
     rows = read_csv(csv_path)
-    assert [int(r[1]) for r in rows] == [0, 1, 2, 3, 4]
+    assert [int(r[1]) for r in rows] == [1, 2, 3, 4, 5]  # CSV rounds count from 1
     assert [r[FINISH] for r in rows] == [""] * 4 + [reason]
-    trace = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    records = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    assert records[0]["type"] == "header" and records[0]["prompt"] == PROMPT
+    trace = records[1:]
     assert [t["round"] for t in trace] == [0, 1, 2, 3, 4] and trace[-1]["finish_reason"] == reason
     assert leftovers(tmp_path) == []
     if code == 130:
@@ -237,7 +240,8 @@ def test_a_header_that_cannot_be_written_leaves_nothing_behind(tmp_path):
 
     target = tmp_path / "m.csv"
     with pytest.raises(SpecplayError, match="No space left"):
-        StreamingExport(target, ExportFormat(begin=begin, row=lambda h, e, g: None)).open()
+        StreamingExport(target, ExportFormat(begin=begin, header=lambda h, r: None,
+                                             row=lambda h, e, g, r: None)).open()
     assert list(tmp_path.iterdir()) == []
     export_events(target, "csv", [])  # and the path is free
     assert target.read_text().startswith("generation")
