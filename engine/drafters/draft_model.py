@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
-from engine.runner import CausalRunner, to_device
+from engine.runner import CausalRunner, fit_vocab, to_device
 
 
 class DraftModelDrafter(Drafter):
@@ -28,7 +28,7 @@ class DraftModelDrafter(Drafter):
         uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
-            logits = self.runner.forward(feed).logits[-1:, :state.vocab_size]  # [1, V]
+            logits = fit_vocab(self.runner.forward(feed).logits[-1:], state.vocab_size)  # [1, V target]
             token, q = draw_token(state, logits, uniforms[i:i + 1])  # [1], [1, V] or None
             tokens.append(token)
             probs.append(q)
