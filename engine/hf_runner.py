@@ -48,13 +48,18 @@ def _cache_kwarg(model: Any) -> str:
 
 
 def new_dynamic_cache(config: Any) -> Any:
-    """An empty DynamicCache; passing the config (5.x) lets transformers pick sliding-window layers."""
+    """An empty DynamicCache; passing the config (5.x) lets transformers pick each layer's kind.
+    Sliding-window layers keep only the window and cannot be rolled back past it: those get full-length
+    layers instead (the attention mask still applies the window, from the config)."""
     from transformers import DynamicCache
 
     try:
-        return DynamicCache(config=config)
+        cache = DynamicCache(config=config)
     except TypeError:
         return DynamicCache()
+    if any("Sliding" in type(layer).__name__ for layer in getattr(cache, "layers", ())):
+        return DynamicCache()
+    return cache
 
 
 def _slice_layers(cache: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:

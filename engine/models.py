@@ -304,23 +304,32 @@ def _config_problem(model_dir: Path) -> Optional[str]:
 
 def check_same_vocab(target_tok: Any, draft_tok: Any, target_name: str, draft_name: str,
                      width: Optional[int] = None) -> None:
-    """Speculative decoding passes token ids between the models, so every id both can emit (ids below
-    `width`, the narrower model's logit width; all ids when None) must stand for the same token in both
-    tokenizers. Ids only one tokenizer defines are skipped: padding rows, or a default token that only one
-    tokenizer class adds (the Qwen2 class adds <|endoftext|> past the vocabulary; Llama's does not)."""
+    """Speculative decoding passes token ids between the models, so an id must stand for the same token in
+    both tokenizers. Compared: every id of either tokenizer's base vocabulary (a draft whose tokenizer lacks
+    some of the target's tokens belongs to another family), and the added tokens both tokenizers define
+    below `width`, the narrower model's logit width (the ids both models can emit). An added token only one
+    tokenizer has is skipped: tokenizer classes add different defaults (the Qwen2 class adds <|endoftext|>
+    past the vocabulary; Llama's does not)."""
     a, b = target_tok.get_vocab(), draft_tok.get_vocab()
     if a == b:
         return
     by_id_a, by_id_b = {i: t for t, i in a.items()}, {i: t for t, i in b.items()}
-    shared = [i for i in by_id_a.keys() & by_id_b.keys() if width is None or i < width]
-    differ = sorted(i for i in shared if by_id_a[i] != by_id_b[i])
+    base = (by_id_a.keys() - _added_ids(target_tok)) | (by_id_b.keys() - _added_ids(draft_tok))
+    added = {i for i in by_id_a.keys() & by_id_b.keys() if width is None or i < width}
+    compared = base | added
+    differ = sorted(i for i in compared if by_id_a.get(i) != by_id_b.get(i))
     if not differ:
         return
-    examples = ", ".join(f"id {i}: {by_id_a[i]!r} vs {by_id_b[i]!r}" for i in differ[:3])
+    examples = ", ".join(f"id {i}: {by_id_a.get(i)!r} vs {by_id_b.get(i)!r}" for i in differ[:3])
     raise SpecplayError(
-        f"target {target_name} and draft {draft_name} do not share a tokenizer ({len(differ)} of the "
-        f"{len(shared)} ids both can emit differ, e.g. {examples}); pick a draft from the same model family"
+        f"target {target_name} and draft {draft_name} do not share a tokenizer ({len(differ)} of "
+        f"{len(compared)} ids differ, e.g. {examples}); pick a draft from the same model family"
     )
+
+
+def _added_ids(tokenizer: Any) -> set:
+    """Ids of the tokens added on top of the tokenizer's base vocabulary (specials included)."""
+    return set(getattr(tokenizer, "added_tokens_decoder", None) or {})
 
 
 def check_tokenizer_fits(tokenizer: Any, model_vocab: int, name: str) -> None:

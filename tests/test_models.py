@@ -153,16 +153,33 @@ def test_check_same_vocab(dirs, tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     other = PreTrainedTokenizerFast(tokenizer_file=str(swap_token_ids(tmp_path / "other") / "tokenizer.json"))
-    with pytest.raises(SpecplayError, match=r"target T and draft D do not share a tokenizer \(2 of the 96"):
+    with pytest.raises(SpecplayError, match=r"target T and draft D do not share a tokenizer \(2 of 96"):
         models.check_same_vocab(same_a, other, "T", "D")
 
 
-def test_check_same_vocab_compares_the_ids_both_models_emit(tmp_path):
-    """A tokenizer that is a prefix of the other shares every id the narrower model can emit."""
+def test_check_same_vocab_skips_added_tokens_only_one_tokenizer_has(tmp_path):
+    """The Qwen2 class adds <|endoftext|> past the vocabulary; another class of the same files does not."""
+    from transformers import PreTrainedTokenizerFast
+
+    base = make_tiny_tokenizer(tmp_path / "base")
+    extra = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "base" / "tokenizer.json"))
+    extra.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
+    assert len(extra) == len(base) + 1
+    models.check_same_vocab(extra, base, "T", "D", width=96)
+    models.check_same_vocab(base, extra, "T", "D", width=128)
+    other = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "base" / "tokenizer.json"))
+    other.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})  # id 96 too, another token
+    models.check_same_vocab(extra, other, "T", "D", width=96)  # neither model emits id 96
+    with pytest.raises(SpecplayError, match=r"1 of 97 ids differ, e.g. id 96: '<\|endoftext\|>' vs"):
+        models.check_same_vocab(extra, other, "T", "D", width=128)
+
+
+def test_check_same_vocab_refuses_a_truncated_tokenizer(tmp_path):
+    """A tokenizer lacking some of the other's base tokens is another tokenizer, even as a prefix."""
     wide = make_tiny_tokenizer(tmp_path / "wide", vocab_size=96)
     narrow = make_tiny_tokenizer(tmp_path / "narrow", vocab_size=64)
-    models.check_same_vocab(wide, narrow, "T", "D", width=64)
-    models.check_same_vocab(wide, narrow, "T", "D")  # ids only one tokenizer defines are not compared
+    with pytest.raises(SpecplayError, match="32 of 96 ids differ"):
+        models.check_same_vocab(wide, narrow, "T", "D", width=64)
 
 
 def test_check_tokenizer_fits():

@@ -153,3 +153,18 @@ def test_sliding_window_model_generates_past_its_window(windowed):
 def test_sliding_window_speculation_equals_plain(windowed, method):
     _, decoder = windowed
     assert greedy(decoder, method) == greedy(decoder, "none")
+
+
+def test_sliding_window_through_transformers_rolls_back(tmp_path):
+    """A windowed Mistral the compact forward does not cover (dynamic rope) runs through HFRunner, whose
+    cache must roll back past the window: full-length layers, the window applied by the mask."""
+    from engine.hf_runner import HFRunner
+
+    target = set_config(make_tiny_llama(tmp_path / "target", arch="mistral", seed=5,
+                                        rope={"rope_type": "dynamic", "factor": 2.0}), sliding_window=6)
+    draft = make_perturbed_copy(target, tmp_path / "draft", noise=0.2)
+    decoder = SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+    assert isinstance(decoder.target, HFRunner)
+    plain = greedy(decoder, "none")
+    assert plain == transformers_greedy(target, decoder.tokenizer.encode(PROMPT), NEW_TOKENS)
+    assert greedy(decoder, "draft") == plain
