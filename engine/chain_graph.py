@@ -15,6 +15,8 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
+from engine.runner import fit_vocab
+
 CHAIN_GRAPHS_KEPT = 48  # per drafter; past this, new shapes draft eagerly
 
 
@@ -110,9 +112,10 @@ def chain_sampling(state) -> Optional[ChainSampling]:
 
 def _draw(logits: torch.Tensor, vocab: int, sampling: Optional[ChainSampling], uniforms, i: int):
     """Token i of a chain from logits [1, V']: argmax (greedy, q None) or a sample with its q [1, V]."""
+    logits = fit_vocab(logits, vocab)  # a draft with a smaller vocabulary gives the target's other ids q = 0
     if sampling is None:
-        return logits[:, :vocab].argmax(-1), None
-    return sampling.draw(logits[:, :vocab], uniforms[i:i + 1])
+        return logits.argmax(-1), None
+    return sampling.draw(logits, uniforms[i:i + 1])
 
 
 def _stack(tokens: list, probs: list) -> tuple:

@@ -104,7 +104,7 @@ class SpeculativeDecoder:
         self.tokenizer = pair.tokenizer
         self.device = self.target.device
         self.backend = backend or select_backend(self.device)
-        self.vocab_size = pair.vocab_size  # common logit width of target and draft
+        self.vocab_size = pair.vocab_size  # the target's logit width (its whole distribution)
         self.eos_ids = _eos_ids(self.tokenizer)
         self._token_texts: dict = {}  # token id -> its text, decoded once
         self._medusa = None  # heads load on first use
@@ -193,6 +193,11 @@ class SpeculativeDecoder:
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise SpecplayError("the prompt encodes to no tokens")
+        vocab = self.target.vocab_size
+        beyond = sorted({i for i in ids if i >= vocab})
+        if beyond:  # a tokenizer may add tokens past the model's rows (Qwen2's <|endoftext|>, say)
+            raise SpecplayError(f"the prompt has token id {beyond[0]}, past the target's {vocab} embedding rows "
+                                f"(a special token the model cannot read?)")
         return ids
 
     def _check_length(self, prompt_len: int, config: GenerationConfig) -> None:
@@ -307,7 +312,7 @@ class SpeculativeDecoder:
         if draft.is_tree:
             block_parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # host, like draft.parents
         out = self.target.forward(block, block_parents)
-        logits = out.logits[:, :state.vocab_size]  # [N+1, V]
+        logits = out.logits  # [N+1, V]: the target's full distribution, never narrowed to the draft's
         if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
         sampling, backend, tokens = config.sampling, self.backend, draft.tokens[None]  # tokens [1, N]

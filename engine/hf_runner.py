@@ -9,6 +9,11 @@ rolls back by cropping it. transformers changes this API between releases, and t
   newer 5.x: `crop_cache` uses the negative form (which both understand), checks the resulting length, tries
   the other convention, and as a last resort slices the per-layer key/value tensors itself.
 
+Before loading, `validated_config` checks config.json (sizes, a model_type transformers knows: code shipped
+with a model is never run) and builds the model on the meta device, which costs no memory, to compare its
+shapes with the safetensors headers and to estimate the memory it needs; after loading, weights transformers
+would have started from random values (missing from the checkpoint) are an error.
+
 Features (`ForwardOutput.hidden`) are the last entry of `output_hidden_states`, which for most transformers
 models (GPT-2 included) is taken AFTER the final norm, unlike `LlamaRunner`'s pre-norm features.
 `logits_from_hidden` therefore applies only the output embedding (`get_output_embeddings()`), so that
@@ -18,13 +23,15 @@ models with extra logit processing (soft-capping, logit scales) are approximated
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 
+from engine import validate
 from engine.errors import SpecplayError
-from engine.runner import CausalRunner, ForwardOutput
+from engine.runner import CausalRunner, ForwardOutput, fill_unknown
 
 DEFAULT_MAX_LENGTH = 4096
 
@@ -41,13 +48,18 @@ def _cache_kwarg(model: Any) -> str:
 
 
 def new_dynamic_cache(config: Any) -> Any:
-    """An empty DynamicCache; passing the config (5.x) lets transformers pick sliding-window layers."""
+    """An empty DynamicCache; passing the config (5.x) lets transformers pick each layer's kind.
+    Sliding-window layers keep only the window and cannot be rolled back past it: those get full-length
+    layers instead (the attention mask still applies the window, from the config)."""
     from transformers import DynamicCache
 
     try:
-        return DynamicCache(config=config)
+        cache = DynamicCache(config=config)
     except TypeError:
         return DynamicCache()
+    if any("Sliding" in type(layer).__name__ for layer in getattr(cache, "layers", ())):
+        return DynamicCache()
+    return cache
 
 
 def _slice_layers(cache: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
@@ -84,6 +96,57 @@ def crop_cache(cache: Any, length: int) -> None:
         raise RuntimeError(f"cannot crop the transformers cache to {length} tokens")
 
 
+def default_max_length(config: Any, max_length: Optional[int] = None) -> int:
+    """The KV cache length: max_length, else the model's position limit capped at DEFAULT_MAX_LENGTH."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(max_length or min(limit or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+
+
+def _read_raw_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SpecplayError(f"{cfg_path}: cannot read config.json ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecplayError(f"{cfg_path}: config.json is not a JSON object")
+    return data
+
+
+def validated_config(path: Path, device: torch.device, dtype: torch.dtype, max_length: Optional[int]) -> Any:
+    """The transformers config of a model folder, once its values, the shapes of a meta-device copy of the
+    model, the safetensors headers and the memory estimate agree. SpecplayError naming the field and file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg_path = path / "config.json"
+    raw = _read_raw_config(path)
+    validate.check_config_values(raw, cfg_path)
+    validate.check_model_type(raw, cfg_path, CONFIG_MAPPING.keys())
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as exc:  # strict-config errors, unsupported architectures, bad values: all the config's
+        raise SpecplayError(f"{cfg_path}: transformers cannot build the model it describes "
+                            f"({type(exc).__name__}: {validate.one_line(exc)})") from None
+    header = validate.read_checkpoint_header(path)
+    shapes = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
+    validate.check_against_header(shapes, header, getattr(meta, "base_model_prefix", ""), cfg_path)
+    length = default_max_length(config, max_length)
+    numel = sum(p.numel() for p in meta.parameters())  # tied parameters count once
+    validate.check_memory(validate.generic_memory(numel, header, config, dtype, length), device, path, length)
+    return config
+
+
+def check_loading_info(info: Any, path: Path) -> None:
+    """Weights the checkpoint lacks are started from random values by transformers: refuse them."""
+    missing = sorted((info or {}).get("missing_keys") or [])
+    if missing:
+        raise SpecplayError(f"{path}: {len(missing)} weight(s) missing from the checkpoint (e.g. "
+                            f"{missing[0]}); transformers would start them from random values")
+
+
 class HFRunner(CausalRunner):
     """A transformers `AutoModelForCausalLM` with a DynamicCache. Chains only."""
 
@@ -97,8 +160,7 @@ class HFRunner(CausalRunner):
         out = model.get_output_embeddings()
         self.vocab_size = int(out.weight.shape[0]) if out is not None else int(cfg.vocab_size)
         self.hidden_size = int(model.get_input_embeddings().weight.shape[1])  # [V, H] table
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-        self.max_length = int(max_length or min(limit or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+        self.max_length = default_max_length(cfg, max_length)
         self._kwarg = _cache_kwarg(model)
         self.cache = new_dynamic_cache(cfg)
         self._length = 0
@@ -111,14 +173,19 @@ class HFRunner(CausalRunner):
         dtype: torch.dtype = torch.float32,
         max_length: Optional[int] = None,
     ) -> "HFRunner":
-        """Load a local directory with transformers (local files only, never remote code, eager attention)."""
+        """Load a local directory with transformers (local files only, never remote code, eager attention),
+        validated first (`validated_config`)."""
         from transformers import AutoModelForCausalLM
 
-        kwargs = dict(local_files_only=True, trust_remote_code=False, attn_implementation="eager")
+        path = Path(path)
+        validated_config(path, torch.device(device), dtype, max_length)
+        kwargs = dict(local_files_only=True, trust_remote_code=False, attn_implementation="eager",
+                      output_loading_info=True)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
         except TypeError:  # releases before `dtype` replaced `torch_dtype`
-            model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype, **kwargs)
+        check_loading_info(info, path)
         if model.dtype != dtype:
             model = model.to(dtype)
         return cls(model.to(torch.device(device)), max_length=max_length)
@@ -166,7 +233,7 @@ class HFRunner(CausalRunner):
             raise SpecplayError(
                 f"context full: {self._length} cached + {n} new tokens exceed max_length {self.max_length}"
             )
-        ids = tokens.to(self.device).reshape(1, n)  # [1, n]
+        ids = fill_unknown(tokens.to(self.device), self.vocab_size, self.input_fill).reshape(1, n)  # [1, n]
         positions = torch.arange(self._length, self._length + n, device=self.device)[None]  # [1, n]
         out = self.model(
             input_ids=ids,

@@ -2,13 +2,19 @@
 
 Why our own forward: the decoder needs tree blocks (an additive tree mask, positions = length + depth), cheap
 rollback (moving an integer), compaction of accepted tree paths, and a step whose tensors have fixed shapes so
-that it is captured in a CUDA graph on GPU (CapturedStep). transformers' generic forward offers none of that cheaply.
+that it is captured in a CUDA graph on GPU (CapturedStep). transformers' generic forward offers none of that
+cheaply.
 
 Weights are read straight from the checkpoint's safetensors; config.json is read as plain JSON so that both
 the transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) spellings are understood.
 
 Cache layout: one buffer `kv` of shape [layers, 2, kv_heads, max_length, head_dim] (index 0 = keys,
 1 = values); row r of the cache holds the token at cache index r. Keys are stored after the rotary embedding.
+
+Sliding-window attention (Mistral, Qwen2 with use_sliding_window): the cache stays full-length and a second
+mask hides, for the layers that use the window, every key whose position is `window` or more before the
+query's. Models without a window (or with one at least as long as the cache) run exactly the full-attention
+path.
 """
 from __future__ import annotations
 
@@ -16,19 +22,25 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
+from engine import validate
 from engine.errors import SpecplayError
-from engine.runner import CausalRunner, ForwardOutput, to_device, tree_ancestor_mask, tree_depths
+from engine.runner import (CausalRunner, ForwardOutput, fill_unknown, to_device, tree_ancestor_mask,
+                           tree_depths)
 from kernels.step import StepKernels
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
 GRAPH_MAX_BLOCK = 64  # longer blocks (prefill) run eagerly: they are rare and not launch-bound
 KV_BUCKET = 256  # on GPU, a step's attention width is rounded up to this many cache rows
+MISTRAL_DEFAULT_WINDOW = QWEN2_DEFAULT_WINDOW = 4096  # transformers' defaults when config.json is silent
+QWEN2_DEFAULT_WINDOW_LAYERS = 28
+LLAMA_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads")
 TREE_SHAPES_KEPT = 512  # tree masks kept on the device, by shape
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 
@@ -71,12 +83,15 @@ class LlamaSpec:
     o_bias: bool  # bias on o (Llama's attention_bias covers it, Qwen2 has none)
     mlp_bias: bool
     sliding_window: Optional[int]  # None when the model attends to the whole context
+    sliding_layers: Tuple[bool, ...] = ()  # per layer: True when it attends through the sliding window
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LlamaSpec":
         model_type = d.get("model_type")
         if model_type not in LLAMA_FAMILY:
             raise UnsupportedLlamaConfig(f"model_type {model_type!r} is not a Llama-family model")
+        if d.get("quantization_config"):
+            raise UnsupportedLlamaConfig("quantized checkpoints are not supported by the compact forward")
         act = d.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise UnsupportedLlamaConfig(f"hidden_act {act!r} is not supported by the compact Llama forward")
@@ -84,7 +99,9 @@ class LlamaSpec:
         heads = int(d["num_attention_heads"])
         kv_heads = int(d.get("num_key_value_heads") or heads)
         if heads % kv_heads:
-            raise UnsupportedLlamaConfig(f"{heads} attention heads is not a multiple of {kv_heads} kv heads")
+            raise SpecplayError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+        layers = int(d["num_hidden_layers"])
+        window, sliding_layers = _sliding_window(d, layers)
         rope = _rope_params(d)
         if model_type == "qwen2":
             qkv_bias, o_bias = True, False  # Qwen2 always has q/k/v biases and no o bias
@@ -95,7 +112,7 @@ class LlamaSpec:
             vocab_size=int(d["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=int(d.get("head_dim") or hidden // heads),
@@ -107,18 +124,32 @@ class LlamaSpec:
             attention_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
-            sliding_window=_sliding_window(d),
+            sliding_window=window,
+            sliding_layers=sliding_layers,
         )
 
 
-def _sliding_window(d: Mapping[str, Any]) -> Optional[int]:
-    """The attention window, or None: Llama has none, Qwen2 only with use_sliding_window."""
-    if d.get("model_type") == "llama":
-        return None
-    if d.get("model_type") == "qwen2" and not d.get("use_sliding_window", False):
-        return None
-    window = d.get("sliding_window")
-    return int(window) if window else None
+def _sliding_window(d: Mapping[str, Any], layers: int) -> Tuple[Optional[int], Tuple[bool, ...]]:
+    """(window, per-layer use) as transformers reads them: Llama has no window; Mistral windows every layer
+    (4096 when config.json is silent, none when it says null); Qwen2 only with use_sliding_window, and then
+    the layers its layer_types mark "sliding_attention" (by default those from max_window_layers on)."""
+    kind = d.get("model_type")
+    if kind == "llama" or (kind == "qwen2" and not d.get("use_sliding_window", False)):
+        return None, (False,) * layers
+    window = d.get("sliding_window", MISTRAL_DEFAULT_WINDOW if kind == "mistral" else QWEN2_DEFAULT_WINDOW)
+    if not window:
+        return None, (False,) * layers
+    if kind == "mistral":
+        return int(window), (True,) * layers
+    types = d.get("layer_types")
+    if not (isinstance(types, list) and len(types) == layers):  # absent (or another depth: an EAGLE head)
+        first = d.get("max_window_layers", QWEN2_DEFAULT_WINDOW_LAYERS)
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise SpecplayError(f"max_window_layers must be a non-negative integer (got {first!r})")
+        sliding = tuple(i >= first for i in range(layers))
+    else:
+        sliding = tuple(t == "sliding_attention" for t in types)
+    return (int(window), sliding) if any(sliding) else (None, sliding)
 
 
 def _rope_params(d: Mapping[str, Any]) -> Dict[str, Any]:
@@ -182,17 +213,12 @@ def read_config_json(path: Union[str, Path]) -> Dict[str, Any]:
 # Weights
 
 
-def _safetensors_files(root: Path) -> List[str]:
+def _safetensors_files(root: Path) -> List[Path]:
     """model.safetensors, or the shards named by model.safetensors.index.json."""
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            return sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise SpecplayError(f"{index}: corrupt safetensors index ({exc})") from None
-    if (root / "model.safetensors").is_file():
-        return ["model.safetensors"]
-    raise SpecplayError(f"{root}: no model.safetensors (or sharded index); only safetensors are read")
+    files = validate.safetensors_files(root)
+    if not files:
+        raise SpecplayError(f"{root}: no model.safetensors (or sharded index); only safetensors are read")
+    return files
 
 
 def load_safetensors(path: Union[str, Path], device: torch.device) -> Dict[str, torch.Tensor]:
@@ -201,8 +227,7 @@ def load_safetensors(path: Union[str, Path], device: torch.device) -> Dict[str, 
 
     root = Path(path)
     tensors: Dict[str, torch.Tensor] = {}
-    for name in _safetensors_files(root):
-        file = root / name
+    for file in _safetensors_files(root):
         try:
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for key in f.keys():
@@ -229,13 +254,13 @@ class _Layer:
 
 
 class _WeightSource:
-    """Hands out a checkpoint's tensors in the runner's dtype; a missing one is an error naming the path."""
+    """Hands out a checkpoint's tensors in the runner's dtype; a missing one is an error naming the path.
+
+    It takes the tensors out of the dict it is given (which ends up empty), so that each checkpoint tensor is
+    freed once converted or fused: loading then peaks near one copy of the weights, not two."""
 
     def __init__(self, tensors: Dict[str, torch.Tensor], path: Union[str, Path], dtype: torch.dtype):
-        # Some exports drop the "model." prefix; normalise to the LlamaForCausalLM names.
-        self.tensors = {
-            (k if k.startswith(("model.", "lm_head.")) else "model." + k): v for k, v in tensors.items()
-        }
+        self.tensors = validate.normalise_llama_names({k: tensors.pop(k) for k in list(tensors)})
         self.path = path
         self.dtype = dtype
 
@@ -273,6 +298,41 @@ def _load_layer(src: _WeightSource, spec: LlamaSpec, i: int) -> _Layer:
         w_down=src.take(m + "down_proj.weight"),
         b_down=src.maybe(m + "down_proj.bias", spec.mlp_bias),
     )
+
+
+def spec_from_config(path: Path, config: Mapping[str, Any]) -> LlamaSpec:
+    """The spec of a Llama-family config.json, its values checked alone and against each other.
+    SpecplayError naming the field and the file; UnsupportedLlamaConfig for a feature the compact forward
+    lacks (the caller falls back to transformers)."""
+    cfg_path = path / "config.json"
+    validate.check_config_values(config, cfg_path)
+    validate.require_fields(config, LLAMA_REQUIRED, cfg_path)
+    try:
+        spec = LlamaSpec.from_dict(config)
+    except UnsupportedLlamaConfig:
+        raise
+    except (SpecplayError, ValueError, TypeError, KeyError) as exc:
+        raise SpecplayError(f"{cfg_path}: {exc}") from None
+    validate.check_llama_config(spec, config, cfg_path)
+    return spec
+
+
+def validated_spec(path: Path, config: Mapping[str, Any], device: torch.device, dtype: torch.dtype,
+                   max_length: Optional[int]):
+    """(spec, max_length) once config.json, the safetensors headers and the memory estimate agree; nothing
+    large is allocated before (see spec_from_config for the errors)."""
+    cfg_path = path / "config.json"
+    spec = spec_from_config(path, config)
+    max_length = int(max_length or min(spec.max_position_embeddings, DEFAULT_MAX_LENGTH))
+    if max_length < 1:
+        raise SpecplayError(f"max_length {max_length}: must be at least 1")
+    header = validate.read_checkpoint_header(path)
+    if not header:
+        raise SpecplayError(f"{path}: no model.safetensors (or sharded index); only safetensors are read")
+    used = validate.check_llama_checkpoint(spec, header, cfg_path)
+    estimate = validate.llama_memory(spec, header, used, dtype, max_length)
+    validate.check_memory(estimate, device, path, max_length)
+    return spec, max_length
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -326,7 +386,9 @@ class LlamaRunner(CausalRunner):
         self.vocab_size = spec.vocab_size
         self.hidden_size = spec.hidden_size
         self.max_length = int(max_length)
-        self._check_window(self.max_length)
+        # A window at least as long as the cache never hides a row: such a model runs the full-attention path.
+        w = spec.sliding_window
+        self._window = w if w is not None and w < self.max_length and any(spec.sliding_layers) else None
         src = _WeightSource(tensors, path, dtype)
         self.embed_weight = src.take("model.embed_tokens.weight")  # [V, H]
         self.layers = [_load_layer(src, spec, i) for i in range(spec.num_layers)]
@@ -356,27 +418,13 @@ class LlamaRunner(CausalRunner):
         dtype: torch.dtype = torch.float32,
         max_length: Optional[int] = None,
     ) -> "LlamaRunner":
-        """Load a local Hugging Face directory (config.json + safetensors).
-
-        max_length (the KV cache size) defaults to min(max_position_embeddings, 4096), clamped to a sliding
-        window when that is smaller (the forward implements full attention only)."""
-        spec = LlamaSpec.from_dict(read_config_json(path))
-        if max_length is None:
-            max_length = min(spec.max_position_embeddings, DEFAULT_MAX_LENGTH)
-            if spec.sliding_window is not None:
-                max_length = min(max_length, spec.sliding_window)
+        """Load a local Hugging Face directory (config.json + safetensors), validated before anything large is
+        allocated (`validated_spec`). max_length (the KV cache size) defaults to
+        min(max_position_embeddings, 4096)."""
         device = torch.device(device)
+        spec, max_length = validated_spec(Path(path), read_config_json(path), device, dtype, max_length)
         tensors = load_safetensors(path, device)
         return cls(spec, tensors, device=device, dtype=dtype, max_length=max_length, path=path)
-
-    def _check_window(self, max_length: int) -> None:
-        """A sliding window at least as long as the cache never hides anything, so full attention is exact."""
-        w = self.spec.sliding_window
-        if w is not None and w < max_length:
-            raise UnsupportedLlamaConfig(
-                f"sliding_window {w} < max_length {max_length}: sliding-window attention is not implemented; "
-                f"use max_length <= {w}"
-            )
 
     def _lm_head(self, src: _WeightSource) -> torch.Tensor:
         if src.has("lm_head.weight") and self.spec.tie_word_embeddings is not True:
@@ -409,11 +457,12 @@ class LlamaRunner(CausalRunner):
         self._length = start + m
 
     def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
-        tokens = tokens.to(self.device).reshape(-1)
+        tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
         return self._forward(F.embedding(tokens, self.embed_weight), parents)
 
     def forward_embeds(self, inputs: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
-        """Like forward, from input vectors [n, H] instead of token ids (the EAGLE head feeds fused features)."""
+        """Like forward, from input vectors [n, H] instead of token ids (the EAGLE head feeds fused
+        features)."""
         return self._forward(inputs.to(self.device, self.dtype), parents)
 
     def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor]) -> ForwardOutput:
@@ -439,8 +488,8 @@ class LlamaRunner(CausalRunner):
     def _block_step(self, x, start, depth, block_visible, kv: int):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
         Only device tensors go in, so the CUDA graph captures exactly this."""
-        positions, cache_index, mask = self._block_inputs(start, depth, block_visible, kv)
-        hidden = self.step_embeds(x, positions, cache_index, mask)
+        positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
+        hidden = self.step_embeds(x, positions, cache_index, mask, window_mask)
         return hidden, self.logits_from_hidden(hidden)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -467,8 +516,9 @@ class LlamaRunner(CausalRunner):
         return self._chains[n]
 
     def _tree_block(self, parents: torch.Tensor):
-        """(depth [n], block_visible [n, n] bool) on the device for a tree block. Tree shapes repeat from round to
-        round (Medusa's never changes), so each is built and copied once. parents: [n], best on the host."""
+        """(depth [n], block_visible [n, n] bool) on the device for a tree block. Tree shapes repeat from
+        round to round (Medusa's never changes), so each is built and copied once. parents: [n], best on the
+        host."""
         key = tuple(parents.tolist())
         block = self._trees.get(key)
         if block is None:
@@ -483,15 +533,23 @@ class LlamaRunner(CausalRunner):
     def _block_inputs(self, start: torch.Tensor, depth: torch.Tensor, block_visible: torch.Tensor, kv: int):
         """positions [n] = start + depth, cache rows [n] = start + i, additive mask [n, kv]: every cached row
         before start, plus the block rows block_visible allows; rows past the block stay hidden, so kv may be
-        padded beyond start + n. start: [1] device int64; depth: [n]; block_visible: [n, n] bool."""
+        padded beyond start + n. The fourth value is the sliding-window mask [n, kv] (None without a window).
+        start: [1] device int64; depth: [n]; block_visible: [n, n] bool."""
         n = depth.numel()
         cache_index = start + self._arange[:n]  # [n]
         cols = self._arange[:kv]  # [kv]
         offset = cols - start  # [kv]: column's index inside the block
         in_block = (offset >= 0) & (offset < n)
-        visible = block_visible[:, offset.clamp(0, n - 1)] & in_block  # [n, kv]
+        block_col = offset.clamp(0, n - 1)  # [kv]
+        visible = block_visible[:, block_col] & in_block  # [n, kv]
         visible |= (cols < start)[None, :]
-        return start + depth, cache_index, self._additive(visible)
+        positions = start + depth  # [n]
+        if self._window is None:
+            return positions, cache_index, self._additive(visible), None
+        # Cached row r holds position r; block column j holds position start + depth[j].
+        key_positions = torch.where(in_block, start + depth[block_col], cols)  # [kv]
+        near = (positions[:, None] - key_positions[None, :]) < self._window  # [n, kv]
+        return positions, cache_index, self._additive(visible), self._additive(visible & near)
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """bool -> additive float mask: 0 where visible, -inf elsewhere (every SDPA backend honours it)."""
@@ -502,7 +560,8 @@ class LlamaRunner(CausalRunner):
 
     def _kv_width(self, rows: int) -> int:
         """Cache rows a step attends over. On GPU, rounded up to a bucket: a captured graph then serves many
-        lengths, and SDPA's memory-efficient kernel wants an aligned mask (unaligned, it pads on every call)."""
+        lengths, and SDPA's memory-efficient kernel wants an aligned mask (unaligned, it pads on every
+        call)."""
         if self.device.type != "cuda":
             return rows
         return min(self.max_length, -(-rows // KV_BUCKET) * KV_BUCKET)
@@ -523,13 +582,16 @@ class LlamaRunner(CausalRunner):
     # -- the step --------------------------------------------------------------------------------------------
 
     def step_embeds(
-        self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor, mask: torch.Tensor,
+        window_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Run the decoder on input vectors x [n, H], write their K/V at `cache_index`, return features [n, H] (pre-norm).
+        """Run the decoder on input vectors x [n, H], write their K/V at `cache_index`, return features [n, H]
+        (pre-norm).
 
         positions, cache_index: [n] device int64. mask: [n, kv] additive float; attention reads cache
-        rows 0..kv-1, so kv >= max(cache_index) + 1. Nothing here depends on host values, so for a fixed n
-        and kv this step is captured in a CUDA graph (CapturedStep)."""
+        rows 0..kv-1, so kv >= max(cache_index) + 1. window_mask: like mask, for the sliding-window layers
+        (None: every layer uses mask). Nothing here depends on host values, so for a fixed n and kv this step
+        is captured in a CUDA graph (CapturedStep)."""
         s = self.spec
         n = x.shape[0]
         group = s.num_heads // s.num_kv_heads
@@ -537,9 +599,13 @@ class LlamaRunner(CausalRunner):
         fused = self.fused_kernels
         if fused is None:
             cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
-        # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may pick
-        # its memory-efficient kernel rather than the many-kernel math path.
+        # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may
+        # pick its memory-efficient kernel rather than the many-kernel math path.
         mask_g = mask.repeat(group, 1)[None, None]
+        layer_masks = [mask_g] * len(self.layers)
+        if window_mask is not None:
+            window_g = window_mask.repeat(group, 1)[None, None]
+            layer_masks = [window_g if w else mask_g for w in s.sliding_layers]
         kv = mask.shape[-1]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
@@ -549,7 +615,8 @@ class LlamaRunner(CausalRunner):
                                    self.kv[li, 1], s.num_heads, s.num_kv_heads)  # [heads, n, D]
             else:
                 # rope on q and k together: they are the first heads + kv_heads head-sized slices of each row
-                qk = apply_rope(qkv[:, :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim)), cos, sin)  # [n, h+kvh, D]
+                qk = qkv[:, :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim))  # [n, h+kvh, D]
+                qk = apply_rope(qk, cos, sin)
                 q = qk[:, :s.num_heads].transpose(0, 1)  # [heads, n, D]
                 k = qk[:, s.num_heads:].transpose(0, 1)  # [kvh, n, D]
                 v = qkv[:, q_dim + kv_dim:].view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
@@ -558,7 +625,7 @@ class LlamaRunner(CausalRunner):
             keys, values = self.kv[li, 0, :, :kv], self.kv[li, 1, :, :kv]  # [kvh, kv, D]
             # GQA without copying K/V: query head h uses kv head h // group, so fold the group into the rows.
             qg = q.reshape(1, s.num_kv_heads, group * n, s.head_dim)  # [1, kvh, group * n, D]
-            attn = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=mask_g)  # like qg
+            attn = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=layer_masks[li])
             attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
             x = _linear_residual(x, attn, layer.w_o, layer.b_o)
             h = rms_norm(x, layer.ln2, s.rms_norm_eps)
@@ -612,7 +679,8 @@ class CapturedStep:
         with torch.cuda.graph(self.graph, pool=pool):
             self.hidden, self.logits = body()  # [n, H], [n, V]
 
-    def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor, is_chain: bool):
+    def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor,
+            is_chain: bool):
         self.x.copy_(x)
         self.start.fill_(start)
         if not (is_chain and self.holds_chain):

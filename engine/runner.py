@@ -1,7 +1,8 @@
 """The one interface the decoder and drafters use to run a causal LM with its own KV cache.
 
 Two implementations: `engine.llama.LlamaRunner` (our compact forward over a static KV cache, Llama / Qwen2 /
-Mistral configs, trees supported) and `engine.hf_runner.HFRunner` (any other transformers causal LM, chains only).
+Mistral configs, trees supported) and `engine.hf_runner.HFRunner` (any other transformers causal LM, chains
+only).
 
 Cache model: the cache holds `length` tokens at positions 0..length-1. `forward` appends a block of n tokens;
 rolling back is moving the length; a tree block is compacted to its accepted path with `compact`.
@@ -12,6 +13,7 @@ from abc import ABC, abstractmethod
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 
 
 class ForwardOutput(NamedTuple):
@@ -26,6 +28,9 @@ class CausalRunner(ABC):
     device: torch.device
     dtype: torch.dtype
     supports_tree: bool = False
+    # The id fed in place of input ids past this model's vocabulary, or None (no check, the default). Set on a
+    # draft narrower than its target, which must read every token the target emits.
+    input_fill: Optional[int] = None
 
     @property
     @abstractmethod
@@ -52,7 +57,8 @@ class CausalRunner(ABC):
 
     @abstractmethod
     def compact(self, start: int, keep: torch.Tensor) -> None:
-        """Keep cache rows start+keep[i] as rows start+i (keep: [m] int64, increasing); length becomes start+m.
+        """Keep cache rows start+keep[i] as rows start+i (keep: [m] int64, increasing); length becomes
+        start+m.
 
         Used after a tree block to keep only the accepted path."""
 
@@ -73,6 +79,25 @@ def to_device(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def fill_unknown(tokens: torch.Tensor, vocab_size: int, fill: Optional[int]) -> torch.Tensor:
+    """tokens with every id >= vocab_size replaced by fill (no-op when fill is None). tokens: [n] int64."""
+    if fill is None:
+        return tokens
+    return tokens.masked_fill(tokens >= vocab_size, fill)
+
+
+def fit_vocab(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """A draft's logits [n, V_draft] over the target's ids [n, width]: ids past the draft's vocabulary get
+    -inf (q = 0: the draft never proposes them), ids past the target's are dropped (it cannot score them).
+    The common case, equal widths, returns logits itself."""
+    have = logits.shape[-1]
+    if have == width:
+        return logits
+    if have > width:
+        return logits[..., :width]
+    return F.pad(logits, (0, width - have), value=float("-inf"))
 
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:

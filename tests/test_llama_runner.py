@@ -1,11 +1,13 @@
 """LlamaRunner against transformers' own models (fp32, eager): chains, trees, compaction, rollback."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from engine.errors import SpecplayError
-from engine.llama import LlamaRunner, UnsupportedLlamaConfig, is_llama_family
+from engine.llama import LlamaRunner, is_llama_family
 from engine.runner import tree_ancestor_mask, tree_depths
 from tests.tiny_models import load_hf_reference, make_tiny_llama
 
@@ -180,16 +182,94 @@ def test_sharded_checkpoint_loads(model_dirs, references, tmp_path):
     assert (runner.forward(tokens).logits - _hf_logits(references["llama"], tokens)).abs().max() <= TOL
 
 
-def test_sliding_window(tmp_path):
-    import json
+# Sliding windows shorter than the sequences below, so the window hides rows in every test.
+WINDOWED = {
+    "mistral-window": ("mistral", dict(sliding_window=5)),
+    # Qwen2 windows only layers from max_window_layers on: layer 0 full, layer 1 windowed
+    "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                   layer_types=None)),
+}
 
-    path = make_tiny_llama(tmp_path / "m", arch="mistral", tokenizer=False)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["sliding_window"] = 16
-    (path / "config.json").write_text(json.dumps(cfg))
-    assert LlamaRunner.from_pretrained(path).max_length == 16  # the default is clamped to the window
-    with pytest.raises(UnsupportedLlamaConfig, match="sliding_window 16"):
-        LlamaRunner.from_pretrained(path, max_length=64)
+
+def set_config(path, **fields):
+    """Edit config.json in place; a None value removes the field."""
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key, value in fields.items():
+        cfg.pop(key, None) if value is None else cfg.__setitem__(key, value)
+    cfg_path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def windowed_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("windowed")
+    return {name: set_config(make_tiny_llama(root / name, arch=arch, vocab=VOCAB, seed=7), **fields)
+            for name, (arch, fields) in WINDOWED.items()}
+
+
+@pytest.mark.parametrize("variant", list(WINDOWED))
+def test_sliding_window_chain_blocks_match_transformers(variant, windowed_dirs):
+    runner = LlamaRunner.from_pretrained(windowed_dirs[variant], max_length=64)
+    assert runner.max_length == 64 and runner._window is not None  # the cache is not clamped to the window
+    reference = load_hf_reference(windowed_dirs[variant])
+    tokens = _tokens(24, seed=21)
+    expected = _hf_logits(reference, tokens)  # [24, V]
+    logits = torch.cat([runner.forward(tokens[a:b]).logits for a, b in [(0, 9), (9, 10), (10, 13), (13, 24)]])
+    assert (logits - expected).abs().max().item() <= TOL
+    # the window really hides rows: full attention gives other logits
+    runner.reset()
+    runner._window = None
+    assert (runner.forward(tokens).logits - expected).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("variant", list(WINDOWED))
+def test_sliding_window_tree_nodes_match_their_paths(variant, windowed_dirs):
+    runner = LlamaRunner.from_pretrained(windowed_dirs[variant], max_length=64)
+    prompt, tree = _tokens(7, seed=22), _tokens(PARENTS.numel(), seed=23)
+    runner.forward(prompt)
+    out = runner.forward(tree, PARENTS)
+    for node in range(PARENTS.numel()):
+        runner.rollback(7)
+        chain = runner.forward(tree[_path(PARENTS, node)])
+        assert (out.logits[node] - chain.logits[-1]).abs().max().item() <= TOL, node
+
+
+def test_sliding_window_compact_equals_fresh_prefill(windowed_dirs):
+    path = windowed_dirs["mistral-window"]
+    runner = LlamaRunner.from_pretrained(path, max_length=64)
+    prompt, tree, after = _tokens(6, seed=24), _tokens(PARENTS.numel(), seed=25), _tokens(6, seed=26)
+    runner.forward(prompt)
+    runner.forward(tree, PARENTS)
+    accepted = torch.tensor(_path(PARENTS, 8))  # nodes 6 -> 7 -> 8, moved down across a gap
+    runner.compact(6, accepted)
+    got = runner.forward(after).logits
+    fresh = LlamaRunner.from_pretrained(path, max_length=64)
+    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel():]
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_window_longer_than_the_cache_runs_full_attention(tmp_path):
+    path = set_config(make_tiny_llama(tmp_path / "m", arch="mistral", tokenizer=False), sliding_window=16)
+    assert LlamaRunner.from_pretrained(path).max_length == 256  # max_position_embeddings, not the window
+    assert LlamaRunner.from_pretrained(path, max_length=16)._window is None  # nothing to hide
+    assert LlamaRunner.from_pretrained(path, max_length=17)._window == 16
+
+
+def test_sliding_window_follows_transformers_config_rules():
+    from engine.llama import _sliding_window
+
+    assert _sliding_window({"model_type": "llama", "sliding_window": 8}, 2) == (None, (False, False))
+    assert _sliding_window({"model_type": "mistral"}, 2) == (4096, (True, True))  # transformers' default
+    assert _sliding_window({"model_type": "mistral", "sliding_window": None}, 2) == (None, (False, False))
+    qwen = {"model_type": "qwen2", "sliding_window": 8, "max_window_layers": 1}
+    assert _sliding_window(qwen, 3) == (None, (False,) * 3)  # use_sliding_window off
+    assert _sliding_window({**qwen, "use_sliding_window": True}, 3) == (8, (False, True, True))
+    types = ["sliding_attention", "full_attention", "full_attention"]
+    typed = {**qwen, "use_sliding_window": True, "layer_types": types}
+    assert _sliding_window(typed, 3) == (8, (True, False, False))
+    # another depth than config.json's (an EAGLE head copies its target's config): the max_window_layers rule
+    assert _sliding_window({**typed, "layer_types": types[:2]}, 3) == (8, (False, True, True))
 
 
 def test_is_llama_family():

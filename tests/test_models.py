@@ -1,6 +1,7 @@
 """Model loading (local dirs, HF cache ids, errors), HFRunner, vocab checks, device/dtype resolution."""
 from __future__ import annotations
 
+import json
 
 import pytest
 import torch
@@ -135,18 +136,63 @@ def test_load_tokenizer_without_tokenizer_files(tmp_path):
     assert str(path) in str(err.value)
 
 
+def swap_token_ids(path, a: str = "e", b: str = "t"):
+    """Rewrite the folder's tokenizer.json so that tokens a and b trade ids: same strings, other ids."""
+    tok_path = path / "tokenizer.json"
+    data = json.loads(tok_path.read_text())
+    vocab = data["model"]["vocab"]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    tok_path.write_text(json.dumps(data))
+    return path
+
+
 def test_check_same_vocab(dirs, tmp_path):
     same_a, same_b = models.load_tokenizer(dirs["target"]), models.load_tokenizer(dirs["draft"])
     models.check_same_vocab(same_a, same_b, "T", "D")
-    other = make_tiny_tokenizer(tmp_path / "other", vocab_size=64)
-    with pytest.raises(SpecplayError, match="target T and draft D do not share a tokenizer"):
+    make_tiny_tokenizer(tmp_path / "other")
+    from transformers import PreTrainedTokenizerFast
+
+    other = PreTrainedTokenizerFast(tokenizer_file=str(swap_token_ids(tmp_path / "other") / "tokenizer.json"))
+    with pytest.raises(SpecplayError, match=r"target T and draft D do not share a tokenizer \(2 of 96"):
         models.check_same_vocab(same_a, other, "T", "D")
 
 
-def test_common_vocab_size():
-    assert models.common_vocab_size(128, 96, tokenizer_size=90) == 96
-    with pytest.raises(SpecplayError):
-        models.common_vocab_size(128, 80, tokenizer_size=90)
+def test_check_same_vocab_skips_added_tokens_only_one_tokenizer_has(tmp_path):
+    """The Qwen2 class adds <|endoftext|> past the vocabulary; another class of the same files does not."""
+    from transformers import PreTrainedTokenizerFast
+
+    base = make_tiny_tokenizer(tmp_path / "base")
+    extra = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "base" / "tokenizer.json"))
+    extra.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
+    assert len(extra) == len(base) + 1
+    models.check_same_vocab(extra, base, "T", "D", width=96)
+    models.check_same_vocab(base, extra, "T", "D", width=128)
+    other = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "base" / "tokenizer.json"))
+    other.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})  # id 96 too, another token
+    models.check_same_vocab(extra, other, "T", "D", width=96)  # neither model emits id 96
+    with pytest.raises(SpecplayError, match=r"1 of 97 ids differ, e.g. id 96: '<\|endoftext\|>' vs"):
+        models.check_same_vocab(extra, other, "T", "D", width=128)
+
+
+def test_check_same_vocab_refuses_a_truncated_tokenizer(tmp_path):
+    """A tokenizer lacking some of the other's base tokens is another tokenizer, even as a prefix."""
+    wide = make_tiny_tokenizer(tmp_path / "wide", vocab_size=96)
+    narrow = make_tiny_tokenizer(tmp_path / "narrow", vocab_size=64)
+    with pytest.raises(SpecplayError, match="32 of 96 ids differ"):
+        models.check_same_vocab(wide, narrow, "T", "D", width=64)
+
+
+def test_check_tokenizer_fits():
+    class Tok:
+        vocab_size = 96
+
+        def __len__(self):
+            return 97  # one added token past the base vocabulary (the Qwen2 class adds <|endoftext|>)
+
+    models.check_tokenizer_fits(Tok(), 96, "M")
+    models.check_tokenizer_fits(Tok(), 128, "M")  # padded rows past the tokenizer
+    with pytest.raises(SpecplayError, match="M: the model scores 90 tokens but its tokenizer has 96"):
+        models.check_tokenizer_fits(Tok(), 90, "M")
 
 
 # ---------------------------------------------------------------------------------------------------- pairs
@@ -160,7 +206,7 @@ def test_load_pair(dirs, tmp_path):
     assert alone.draft is None
     with pytest.raises(SpecplayError, match="--draft"):
         models.load_pair(str(dirs["target"]), None, device="cpu", need_draft=True)
-    mismatched = make_tiny_llama(tmp_path / "other", vocab=64, hidden=32, layers=1)
+    mismatched = swap_token_ids(make_tiny_llama(tmp_path / "other", hidden=32, layers=1))
     with pytest.raises(SpecplayError, match="do not share a tokenizer") as err:
         models.load_pair(str(dirs["target"]), str(mismatched), device="cpu")
     assert str(mismatched) in str(err.value) and str(dirs["target"]) in str(err.value)

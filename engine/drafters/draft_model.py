@@ -5,7 +5,7 @@ import torch
 
 from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
-from engine.runner import CausalRunner, to_device
+from engine.runner import CausalRunner, fit_vocab, to_device
 
 
 class DraftModelDrafter(Drafter):
@@ -40,7 +40,7 @@ class DraftModelDrafter(Drafter):
         """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
         tokens, probs = [], []
         for i in range(k):
-            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None
+            token, q = draw_token(state, fit_vocab(logits, state.vocab_size), uniforms[i:i + 1])  # [1], [1, V]
             tokens.append(token)
             probs.append(q)
             if i < k - 1:
