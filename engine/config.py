@@ -1,7 +1,9 @@
 """What a generation is asked to do."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from engine import methods
 from engine.errors import SpecplayError
@@ -40,6 +42,8 @@ class GenerationConfig:
     ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
     tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
+    draft_layers: int = 0  # layerskip: target layers that draft (0 = half of the target's, at least 1)
+    suffix_corpus: str = ""  # suffix: a text file indexed beside the session's history ("" = none)
 
     def validate(self) -> None:
         method = methods.get(self.method)  # unknown names raise here
@@ -53,6 +57,10 @@ class GenerationConfig:
             raise SpecplayError(f"method {self.method!r} drafts a chain and takes no tree size")
         if self.ngram_n < 1:
             raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
+        if self.draft_layers < 0:  # the upper bound depends on the target: the layerskip drafter checks it
+            raise SpecplayError(f"draft layers must be >= 1, or 0 for half the target's (got {self.draft_layers})")
+        if self.suffix_corpus:
+            _check_readable_file(self.suffix_corpus, "suffix corpus")
         self.sampling.validate()
 
     @property
@@ -72,3 +80,11 @@ class GenerationConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_readable_file(path: str, what: str) -> None:
+    file = Path(path)
+    if not file.is_file():
+        raise SpecplayError(f"{what} {path!r}: no such file")
+    if not os.access(file, os.R_OK):
+        raise SpecplayError(f"{what} {path!r}: not readable")
