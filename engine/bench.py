@@ -57,9 +57,16 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
     for spec in specs:
         config = replace(base, method=spec.name, tree_nodes=spec.tree_nodes)
         measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
+        _forget_session(decoder)  # suffix decoding would otherwise recall the warm-up's output
         results[str(spec)] = measure(decoder, prompts, config, repeats)
     plain = results["none"].tokens_per_s
     return [_method_row(label, r, plain) for label, r in results.items()]
+
+
+def _forget_session(decoder) -> None:
+    """Clear the session memory of suffix decoding, when the decoder has one (a warm-up must not feed it)."""
+    if hasattr(decoder, "suffix_memory"):
+        decoder.suffix_memory().clear()
 
 
 def _method_row(label: str, r: RunTotals, plain_tokens_per_s: float) -> dict:
@@ -118,6 +125,37 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
                      "predicted_speedup": analytic.speedup(r.acceptance_rate, k, c), "c": c})
         if progress is not None and progress(rows[-1]) is False:
             break
+    return rows
+
+
+def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=None, repeats=1) -> list:
+    """Layer skip with L = each of layer_counts (default: 1 .. N-1) drafting layers, on the same prompts, next
+    to plain decoding measured in this run. The predicted speedup takes c = L / N (a draft step runs L of the
+    N layers; embedding and LM head are left out of the estimate)."""
+    from engine.drafters.layerskip import resolve_draft_layers
+
+    total = len(getattr(decoder.target, "layers", ()))
+    counts = list(layer_counts or range(1, total))
+    for count in counts:  # a bad L is reported before anything runs
+        if count < 1:
+            raise SpecplayError(f"draft layer counts must be >= 1 (got {count})")
+        resolve_draft_layers(decoder.target, count)
+    config = replace(base, method="layerskip", tree_nodes=0)
+    measure(decoder, prompts[:1], replace(config, draft_layers=counts[0], max_new_tokens=8))  # warm-up
+    plain = measure(decoder, prompts, replace(base, method="none", tree_nodes=0), repeats).tokens_per_s
+    rows = []
+    for count in counts:
+        run = replace(config, draft_layers=count)
+        if captures_graphs(decoder):
+            measure(decoder, prompts[:1], run)
+        r = measure(decoder, prompts, run, repeats)
+        c = count / total
+        rows.append({"layers": count, "k": r.k, "alpha": r.acceptance_rate,
+                     "tokens_per_forward": r.tokens_per_forward,
+                     "analytic_tokens_per_forward": r.analytic_tokens_per_forward,
+                     "tokens_per_s": r.tokens_per_s,
+                     "speedup": _ratio(r.tokens_per_s, plain),
+                     "predicted_speedup": analytic.speedup(r.acceptance_rate, r.k, c), "c": c})
     return rows
 
 

@@ -58,7 +58,8 @@ class GenerationConfig:
         if self.ngram_n < 1:
             raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
         if self.draft_layers < 0:  # the upper bound depends on the target: the layerskip drafter checks it
-            raise SpecplayError(f"draft layers must be >= 1, or 0 for half the target's (got {self.draft_layers})")
+            raise SpecplayError(f"draft layers must be >= 1, or 0 for half the target's "
+                                f"(got {self.draft_layers})")
         if self.suffix_corpus:
             _check_readable_file(self.suffix_corpus, "suffix corpus")
         self.sampling.validate()

@@ -99,8 +99,8 @@ METHODS = {m.name: m for m in (
            default_tree_nodes=lambda k: 2 * k, build=_medusa),
     Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle),
     Method("lookahead", "Lookahead", "tree", needs_tree_target=True, build=_lookahead),
-    Method("suffix", "Suffix decoding", "tree", needs_tree_target=True, default_tree_nodes=lambda k: min(4 * k, MAX_TREE_NODES),
-           build=_suffix),
+    Method("suffix", "Suffix decoding", "tree", needs_tree_target=True,
+           default_tree_nodes=lambda k: min(2 * k, MAX_TREE_NODES), build=_suffix),
     Method("layerskip", "Layer skip (self-speculation)", "chain", needs_llama_target=True, build=_layerskip),
 )}
 NAMES = tuple(METHODS)
@@ -165,7 +165,8 @@ def spec_label(name: str, tree_nodes: int = 0) -> str:
 def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: bool,
                        target_dir: Optional[str], llama_target: Optional[bool] = None) -> Optional[str]:
     """None when the method can run on this pair, else why not (one line for a tooltip or an error).
-    llama_target: the target runs on engine.llama.LlamaRunner (None: the runner that supports trees is that one)."""
+    llama_target: the target runs on engine.llama.LlamaRunner (None: as supports_tree says, the one runner
+    with trees being that one)."""
     if method.needs_draft_model and not has_draft_model:
         return "no draft model loaded"
     if method.needs_tree_target and not supports_tree:

@@ -1,17 +1,18 @@
 """Suffix decoding: draft a tree of what most often followed the longest suffix of the context seen before.
 
-Two indexes are searched every round: the generation's own tokens (prompt and output so far) and the session's
-memory (earlier prompts and outputs on this decoder, and an optional corpus file). In each, the occurrences of
-the context's last two tokens (or last one) are extended backwards to their match length, so the longest
-matching suffix and all of its occurrences come out of one scan. The continuations of those occurrences, merged
-into a counted trie, give every node an empirical probability: the product, along its path, of each token's
-count over its siblings' counts. The draft takes the most probable nodes best-first within the node budget.
+Two indexes are searched every round: the generation's own tokens (prompt and output so far) and the
+session's memory (earlier prompts and outputs on this decoder, and an optional corpus file). In each, the
+occurrences of the context's last two tokens (or last one) are extended backwards to their match length, so
+the longest matching suffix and all of its occurrences come out of one scan. The continuations of those
+occurrences, merged into a counted trie, give every node an empirical probability: the product, along its
+path, of each token's count over its siblings' counts. The draft takes the most probable nodes best-first
+within the node budget.
 
-Draft length adapts to the match: the tree is at most K deep and at most SPEC_FACTOR times the match length (a
-long match is a confident one), and nodes below MIN_PROB are left out, so a rare or split continuation drafts
-little. Where several match lengths compete, the tree with the highest expected number of accepted tokens (the
-sum of its path probabilities) wins. Drafts are one-hot (q = 1): tree verification keeps the output exactly the
-target's.
+Draft length adapts to the match: the tree is at most K deep and at most SPEC_FACTOR times the match length
+(a long match is a confident one), and nodes below MIN_PROB are left out, so a rare or split continuation
+drafts little. Where several match lengths compete, the tree with the highest expected number of accepted
+tokens (the sum of its path probabilities) wins. Drafts are one-hot (q = 1): tree verification keeps the
+output exactly the target's.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ SEPARATOR = -1  # between documents of an index (never a token id)
 MAX_MATCH = 32  # the longest suffix compared
 SCAN = 256  # the most recent occurrences of the last one or two tokens looked at, per index and round
 PATTERN_CHOICES = 2  # distinct match lengths tried per index (the best-scoring tree wins)
-SPEC_FACTOR = 1.0  # draft depth <= SPEC_FACTOR * match length (and <= K)
+SPEC_FACTOR = 4.0  # draft depth <= SPEC_FACTOR * match length (and <= K): a one-token match drafts 4 deep
 MIN_PROB = 0.1  # nodes whose empirical path probability is lower are not drafted
 MAX_MEMORY_TOKENS = 1 << 20  # the session memory keeps at most this many tokens (oldest documents go first)
 MAX_CORPUS_BYTES = 64 << 20
@@ -39,9 +40,9 @@ MAX_CORPUS_BYTES = 64 << 20
 class SuffixIndex:
     """Documents of token ids in one flat list, with the positions where each 1-gram and 2-gram ends.
 
-    Memory is about three list entries per token. Occurrences of the context's last tokens come from the n-gram
-    lists (most recent first) and are measured by comparing backwards, so a query never walks the whole list;
-    appending is O(1) per token, so the generation's own index grows with every round."""
+    Memory is about three list entries per token. Occurrences of the context's last tokens come from the
+    n-gram lists (most recent first) and are measured by comparing backwards, so a query never walks the
+    whole list; appending is O(1) per token, so the generation's own index grows with every round."""
 
     def __init__(self):
         self.tokens: list = []
@@ -66,8 +67,8 @@ class SuffixIndex:
 
     def occurrences(self, context: list) -> list:
         """[(i, n)]: positions i, each followed by a token, where a suffix of `context` of length n ends (n as
-        long as the match goes, <= MAX_MATCH). Occurrences of the last two tokens if there are any (every longer
-        match is among them), else of the last token."""
+        long as the match goes, <= MAX_MATCH). Occurrences of the last two tokens if there are any (every
+        longer match is among them), else of the last token."""
         if not context:
             return []
         candidates = []
@@ -96,7 +97,8 @@ class SuffixIndex:
         return n
 
     def continuation(self, i: int, depth: int, vocab: int) -> list:
-        """Up to `depth` tokens after position i, cut at the document's end or at a token outside the vocab."""
+        """Up to `depth` tokens after position i, cut at the document's end or at a token outside the vocab
+        (a corpus tokenized by a tokenizer wider than the target's logits)."""
         out = []
         for token in self.tokens[i + 1:i + 1 + depth]:
             if not 0 <= token < vocab:
