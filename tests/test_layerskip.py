@@ -147,3 +147,13 @@ def test_sampling_is_lossless(tmp_path_factory):
     config = layerskip(k=3, draft_layers=1, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
     assert report.bins >= 8 and report.passed, report
+
+
+def test_bench_layerskip_from_the_command_line(target_dir, capsys):
+    code = main(["bench", "layerskip", "--ls", "1,2", "--target", str(target_dir), "--prompt", PROMPT,
+                 "--k", "2", "--max-new-tokens", "6", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "layers" in out and len([line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]) == 2
+    code = main(["bench", "layerskip", "--ls", "1,x", "--target", str(target_dir), "--prompt", PROMPT])
+    assert code == 2 and "--ls must be" in capsys.readouterr().err
