@@ -8,11 +8,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
+from tiny_models import make_tiny_llama  # noqa: E402
+
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
 from engine.decoder import SpeculativeDecoder  # noqa: E402
 from engine.lossless import check_sampling  # noqa: E402
 from engine.models import load_pair  # noqa: E402
-from tiny_models import make_tiny_llama  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 METHODS = [("suffix", {}), ("suffix", {"tree_nodes": 16}), ("layerskip", {"draft_layers": 1}),
@@ -20,8 +21,10 @@ METHODS = [("suffix", {}), ("suffix", {"tree_nodes": 16}), ("layerskip", {"draft
 
 
 def build(root, vocab, hidden, layers, seed, std):
-    target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
-    return SpeculativeDecoder(load_pair(str(target), None, device="cuda", need_draft=False, dtype=torch.float32))
+    target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed,
+                             std=std)
+    pair = load_pair(str(target), None, device="cuda", need_draft=False, dtype=torch.float32)
+    return SpeculativeDecoder(pair)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
-"""Layer-skip self-speculation: the target's first L layers draft; lossless, its cache right after rejections."""
+"""Layer-skip self-speculation: the target's first L layers draft; lossless, cache right after rejections."""
 import dataclasses
 
 import pytest
 import torch
+from tiny_models import make_tiny_gpt2, make_tiny_llama
 
 from engine import bench, methods
 from engine.cli import main
@@ -12,7 +13,6 @@ from engine.drafters.layerskip import LayerSkipRunner, layer_skip_runner, resolv
 from engine.errors import SpecplayError
 from engine.lossless import check_sampling
 from engine.models import load_pair
-from tiny_models import make_tiny_gpt2, make_tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 LAYERS = 4
@@ -36,7 +36,7 @@ def test_the_draft_runner_is_the_targets_own_weights(decoder):
     target = decoder.target
     runner = layer_skip_runner(target, 2)
     assert isinstance(runner, LayerSkipRunner) and len(runner.layers) == 2
-    assert all(a is b for a, b in zip(runner.layers, target.layers))
+    assert all(a is b for a, b in zip(runner.layers, target.layers, strict=True))
     assert runner.embed_weight is target.embed_weight and runner.lm_head is target.lm_head
     assert runner.norm_weight is target.norm_weight
     assert runner.kv.data_ptr() == target.kv.data_ptr() and runner.kv.shape[0] == 2
@@ -154,6 +154,7 @@ def test_bench_layerskip_from_the_command_line(target_dir, capsys):
                  "--k", "2", "--max-new-tokens", "6", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "layers" in out and len([line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]) == 2
+    rows = [line for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
+    assert "layers" in out and len(rows) == 2
     code = main(["bench", "layerskip", "--ls", "1,x", "--target", str(target_dir), "--prompt", PROMPT])
     assert code == 2 and "--ls must be" in capsys.readouterr().err

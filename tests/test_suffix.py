@@ -1,5 +1,6 @@
-"""Suffix decoding: the index, the draft tree, the session memory, and losslessness (greedy and chi-squared)."""
+"""Suffix decoding: the index, the draft tree, the session memory, losslessness (greedy and chi-squared)."""
 import pytest
+from tiny_models import make_tiny_llama
 
 from engine.cli import main
 from engine.config import GenerationConfig, SamplingParams
@@ -9,7 +10,6 @@ from engine.errors import SpecplayError
 from engine.lossless import check_sampling
 from engine.metrics import final_metrics
 from engine.models import load_pair
-from tiny_models import make_tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -61,7 +61,7 @@ def test_best_tree_is_topological_probable_first_and_within_budget():
     assert all(p < i for i, p in enumerate(parents))
     assert tokens[:2] == [1, 2] and parents[:2] == [-1, 0]  # 4/5, then 4/5 * 3/4
     siblings = {}
-    for token, parent in zip(tokens, parents):
+    for token, parent in zip(tokens, parents, strict=True):
         siblings.setdefault(parent, []).append(token)
     assert all(len(s) == len(set(s)) for s in siblings.values())
     assert score == pytest.approx(0.8 + 0.6 + 0.4 + 0.2 + 0.2 + 0.2)
@@ -105,7 +105,8 @@ def test_a_repeated_task_drafts_from_the_session(decoder):
 
 def test_a_corpus_file_is_remembered(decoder, target_dir, tmp_path):
     config = suffix(k=4, max_new_tokens=48, stop_at_eos=False)
-    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48, stop_at_eos=False))
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48,
+                                                          stop_at_eos=False))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(PROMPT + decoder.tokenizer.decode(plain), encoding="utf-8")
     fresh = SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
