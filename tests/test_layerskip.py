@@ -36,7 +36,7 @@ def test_the_draft_runner_is_the_targets_own_weights(decoder):
     target = decoder.target
     runner = layer_skip_runner(target, 2)
     assert isinstance(runner, LayerSkipRunner) and len(runner.layers) == 2
-    assert all(a is b for a, b in zip(runner.layers, target.layers, strict=True))
+    assert all(a is b for a, b in zip(runner.layers, target.layers[:2], strict=True))
     assert runner.embed_weight is target.embed_weight and runner.lm_head is target.lm_head
     assert runner.norm_weight is target.norm_weight
     assert runner.kv.data_ptr() == target.kv.data_ptr() and runner.kv.shape[0] == 2
