@@ -8,11 +8,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from engine import analytic
 from engine.config import GenerationConfig
 from engine.errors import SpecplayError
 from engine.methods import MethodSpec, parse_spec
 from engine.metrics import RunTotals, final_metrics
+from engine.timing import Stopwatch
 
 FALLBACK_PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -110,8 +113,7 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far
     return)."""
-    calibration = decoder.calibrate(max(ks))
-    c = calibration.c if base.method == "draft" else 0.0
+    c = draft_cost(decoder, base, max(ks))
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
     plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
     rows = []
@@ -128,10 +130,49 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     return rows
 
 
+def draft_cost(decoder, config: GenerationConfig, k: int) -> float:
+    """c, one draft step's time over one target step's, measured on this machine: the draft model's, layer
+    skip's (its L layers), 0 for the model-free and head methods (their draft cost is not a model step)."""
+    if config.method == "draft":
+        return decoder.calibrate(k).c
+    if config.method == "layerskip":
+        from engine.drafters.layerskip import resolve_draft_layers
+
+        return layer_skip_cost(decoder, resolve_draft_layers(decoder.target, config.draft_layers))
+    return 0.0
+
+
+def layer_skip_cost(decoder, layers: int, repeats: int = 5) -> float:
+    """c of layer skip: the median time of one step of the target's first `layers` layers (one token after a
+    short prefix) over one full target step. Between generations only: like decoder.calibrate, it writes the
+    cache rows it times."""
+    from engine.drafters.layerskip import layer_skip_runner
+
+    probe = torch.full((8,), decoder.tokenizer.encode("def ")[0], dtype=torch.long, device=decoder.device)
+    with torch.inference_mode():
+        full = _step_ms(decoder.target, probe, repeats)
+        part = _step_ms(layer_skip_runner(decoder.target, layers), probe, repeats)
+    return _ratio(part, full)
+
+
+def _step_ms(runner, probe: torch.Tensor, repeats: int) -> float:
+    """Median ms of a one-token forward after the probe's prefix (rolled back each time); one warm-up step."""
+    runner.reset()
+    runner.forward(probe)
+    times = []
+    for _ in range(repeats + 1):
+        watch = Stopwatch(runner.device)
+        runner.forward(probe[:1])
+        times.append(watch.elapsed_ms())
+        runner.rollback(probe.numel())
+    runner.reset()
+    return sorted(times[1:])[repeats // 2]
+
+
 def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=None, repeats=1) -> list:
     """Layer skip with L = each of layer_counts (default: 1 .. N-1) drafting layers, on the same prompts, next
-    to plain decoding measured in this run. The predicted speedup takes c = L / N (a draft step runs L of the
-    N layers; embedding and LM head are left out of the estimate)."""
+    to plain decoding measured in this run, and the speedup E/(1+cK) predicts at the measured alpha and the
+    measured c of L layers (layer_skip_cost)."""
     from engine.drafters.layerskip import resolve_draft_layers
 
     total = len(getattr(decoder.target, "layers", ()))
@@ -149,7 +190,7 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
         if captures_graphs(decoder):
             measure(decoder, prompts[:1], run)
         r = measure(decoder, prompts, run, repeats)
-        c = count / total
+        c = layer_skip_cost(decoder, count)
         rows.append({"layers": count, "k": r.k, "alpha": r.acceptance_rate,
                      "tokens_per_forward": r.tokens_per_forward,
                      "analytic_tokens_per_forward": r.analytic_tokens_per_forward,

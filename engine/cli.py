@@ -229,8 +229,8 @@ BENCH_COLUMNS = {
                "eager_speedup", "graph_speedup"],
     "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",
                 "predicted_speedup"],
-    "layerskip": ["layers", "k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s",
-                  "speedup", "predicted_speedup"],
+    "layerskip": ["layers", "k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "c",
+                  "tokens_per_s", "speedup", "predicted_speedup"],
 }
 
 
