@@ -129,6 +129,24 @@ def test_memory_is_bounded_and_clears():
     assert len(memory.index) == 0 and memory.documents == 0
 
 
+class CharTokenizer:
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def test_a_corpus_stays_while_generations_are_forgotten(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x" * 500, encoding="utf-8")
+    memory = SuffixMemory(max_tokens=100)
+    memory.load_corpus(str(corpus), CharTokenizer())
+    assert len(memory.index) == 50  # half the budget: 49 tokens and the separator
+    for i in range(30):
+        memory.add([i] * 9)
+    assert len(memory.index) <= 100 and memory.index.tokens[:49] == [ord("x")] * 49
+    memory.load_corpus(str(corpus), CharTokenizer())  # once per session
+    assert memory.index.tokens.count(ord("x")) == 49
+
+
 def test_a_missing_corpus_is_a_clean_error(target_dir, tmp_path, capsys):
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(SpecplayError, match="no such file"):

@@ -34,7 +34,7 @@ PATTERN_CHOICES = 2  # distinct match lengths tried per index (the best-scoring 
 SPEC_FACTOR = 4.0  # draft depth <= SPEC_FACTOR * match length (and <= K): a one-token match drafts 4 deep
 MIN_PROB = 0.1  # nodes whose empirical path probability is lower are not drafted
 MAX_MEMORY_TOKENS = 1 << 20  # the session memory keeps at most this many tokens (oldest documents go first)
-MAX_CORPUS_BYTES = 64 << 20
+MAX_CORPUS_BYTES = 16 << 20  # a corpus file is read up to this size
 
 
 class SuffixIndex:
@@ -164,12 +164,13 @@ class SuffixMemory:
 
     A generation hands its token list over when it starts (`begin`; its drafter extends the list as rounds
     commit) and is indexed when the next one begins or on `finish`, so that a generation is never matched
-    twice against itself (its own index covers it) and a stopped generation is remembered as far as it got."""
+    twice against itself (its own index covers it) and a stopped generation is remembered as far as it got.
+    Corpora take at most half of max_tokens and stay; past max_tokens the oldest generations are forgotten."""
 
     def __init__(self, max_tokens: int = MAX_MEMORY_TOKENS):
         self.max_tokens = max_tokens
         self.index = SuffixIndex()
-        self._documents: deque = deque()
+        self._documents: deque = deque()  # (tokens, pinned): pinned = a corpus, never forgotten
         self._open = None
         self._corpora: set = set()
 
@@ -187,24 +188,30 @@ class SuffixMemory:
             document, self._open = self._open, None
             self.add(document)
 
-    def add(self, tokens) -> None:
-        """Index one document (a prompt with its output, or a corpus)."""
+    def add(self, tokens, pinned: bool = False) -> None:
+        """Index one document (a prompt with its output, or a corpus: pinned)."""
         document = [int(t) for t in tokens][-self.max_tokens:]
         if not document:
             return
-        self._documents.append(document)
+        self._documents.append((document, pinned))
         self.index.extend(document)
         self.index.end_document()
         if len(self.index) > self.max_tokens:
             self._evict()
 
     def _evict(self) -> None:
-        """Forget the oldest documents until half the budget is used, then rebuild the index."""
-        used = sum(len(d) + 1 for d in self._documents)
-        while len(self._documents) > 1 and used > self.max_tokens // 2:
-            used -= len(self._documents.popleft()) + 1
+        """Forget the oldest generations until three quarters of the budget are used; rebuild the index."""
+        used = len(self.index)
+        kept: deque = deque()
+        while self._documents:
+            document, pinned = self._documents.popleft()
+            if pinned or used <= self.max_tokens * 3 // 4:
+                kept.append((document, pinned))
+            else:
+                used -= len(document) + 1
+        self._documents = kept
         self.index = SuffixIndex()
-        for document in self._documents:
+        for document, _ in kept:
             self.index.extend(document)
             self.index.end_document()
 
@@ -216,7 +223,8 @@ class SuffixMemory:
         self._corpora.clear()
 
     def load_corpus(self, path: str, tokenizer) -> None:
-        """Index a text file once per session (tokenized by the target's tokenizer)."""
+        """Index a text file once per session (tokenized by the target's tokenizer; the corpora's share of the
+        budget is half of it, beyond which a file is cut)."""
         key = str(Path(path).resolve())
         if key in self._corpora:
             return
@@ -225,8 +233,9 @@ class SuffixMemory:
                 text = file.read(MAX_CORPUS_BYTES).decode("utf-8", errors="replace")
         except OSError as exc:
             raise SpecplayError(f"suffix corpus {path!r}: cannot read it ({exc.strerror or exc})") from None
-        if text.strip():
-            self.add(tokenizer.encode(text))
+        room = self.max_tokens // 2 - sum(len(d) + 1 for d, pinned in self._documents if pinned)
+        if text.strip() and room > 1:
+            self.add(tokenizer.encode(text)[:room - 1], pinned=True)
         self._corpora.add(key)
 
 
