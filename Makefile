@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-gpu setup clean
+.PHONY: run test test-fast test-gpu lint setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu"
+
+test-fast: $(STAMP)
+	QT_QPA_PLATFORM=offscreen OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not slow"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu

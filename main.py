@@ -23,9 +23,11 @@ def launch_gui(args) -> int:
         raise SpecplayError("no display found for the window: run it in a desktop session, or use the "
                             "headless commands (python main.py --help)")
     try:
+        from app import backend
         from app.main_window import run_gui
     except ImportError as exc:
         raise SpecplayError(f"the GUI cannot start: {exc}") from None
+    backend.THREADS = args.threads
     return run_gui(target=args.target, draft=args.draft, device=args.device)
 
 

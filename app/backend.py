@@ -1,11 +1,11 @@
 """The window's one door into the engine: build a decoder for a target/draft pair."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 SHIPPED_LABEL = "shipped pair"
+THREADS: Optional[int] = None  # `main.py gui --threads N`; None: engine.threads chooses for the models
 
 
 def load_decoder(target: Optional[str], draft: Optional[str], device: str = "auto"):
@@ -17,18 +17,19 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     from engine.models import load_pair
 
     need_draft = target is None or draft is not None
-    decoder = SpeculativeDecoder(load_pair(target, draft, device=device, need_draft=need_draft))
-    if decoder.device.type == "cpu":
-        leave_a_core_for_the_gui()
+    pair = load_pair(target, draft, device=device, need_draft=need_draft)
+    set_threads(pair)
+    decoder = SpeculativeDecoder(pair)
     decoder.backend.warm_up()  # compiles the CUDA kernels now, while the window says "loading" (CPU: no-op)
     return decoder
 
 
-def leave_a_core_for_the_gui() -> None:
-    """On the CPU, torch's worker threads spin on every core; the window then waits for a core to draw on."""
-    import torch
+def set_threads(pair) -> int:
+    """torch's CPU threads for the loaded pair: THREADS, else engine.threads' choice (a small model one
+    thread, a larger one the physical cores less one, which leaves a core for the window to draw on)."""
+    from engine.threads import apply_threads
 
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
+    return apply_threads((pair.target, pair.draft), THREADS)
 
 
 def preload_engine() -> None:

@@ -1,4 +1,4 @@
-"""The Session menu's exports: every round as metrics CSV or a JSONL trace (engine.metrics), and the plots
+"""The Session menu's exports: every round as metrics CSV or a JSONL trace (engine.exports), and the plots
 as PNG or SVG.
 
 Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter)`, reports a
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from engine.errors import SpecplayError
 
-ROUND_EXPORTS = {  # format -> (title, file filter, writer in engine.metrics)
-    "csv": ("Export metrics CSV", "CSV (*.csv)", "write_csv"),
-    "jsonl": ("Export trace JSONL", "JSON Lines (*.jsonl)", "write_jsonl"),
+ROUND_EXPORTS = {  # format of engine.exports -> (title, file filter)
+    "csv": ("Export metrics CSV", "CSV (*.csv)"),
+    "jsonl": ("Export trace JSONL", "JSON Lines (*.jsonl)"),
 }
 PLOTS_TITLE = "Export plots"
 PLOTS_FILTER = "PNG image (*.png);;SVG drawing (*.svg)"
@@ -21,17 +21,17 @@ NOTICE_MS = 5000
 
 def export_rounds(host, events: list, fmt: str) -> None:
     """Write (generation index, RoundEvent) pairs in `fmt` ('csv' or 'jsonl') to a path the user picks."""
-    title, file_filter, writer_name = ROUND_EXPORTS[fmt]
+    title, file_filter = ROUND_EXPORTS[fmt]
     if not events:
         host.show_error(title, "Nothing to export yet: generate something first.")
         return
     path = host.ask_save_path(title, file_filter)
     if not path:
         return
-    from engine import metrics
+    from engine.exports import export_events
 
-    try:
-        rows = getattr(metrics, writer_name)(events, path)
+    try:  # whole or not at all: a temporary file renamed into place; a path another run writes is refused
+        rows = export_events(path, fmt, events)
     except SpecplayError as exc:
         host.show_error(title, str(exc))
         return

@@ -286,6 +286,8 @@ class MainWindow(QMainWindow):
     # ============================================================================================== models
     def start(self, target: Optional[str] = None, draft: Optional[str] = None) -> None:
         """First load: the given pair, else the saved one, else the shipped pair (quietly: no dialog)."""
+        if self.settings.notice:  # a corrupt settings file was reset (app/settings.py)
+            self.show_error("Settings reset", self.settings.notice)
         if target or draft:
             self.load_models(target, draft)
         else:

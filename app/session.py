@@ -1,7 +1,7 @@
 """The session: every generation of this window's life, each tagged with the settings it ran with."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from app.plot_data import PlotBuffers
@@ -43,6 +43,13 @@ class Generation:
         self.events.append(event)
         self.buffers.add(event)
 
+    def finished_events(self) -> list:
+        """The events, the last one marked with the generation's finish when it did not finish itself."""
+        last = self.events[-1] if self.events else None
+        if last is None or last.finish_reason or self.finish not in ("stopped", "error"):
+            return list(self.events)
+        return self.events[:-1] + [replace(last, finish_reason=self.finish)]
+
     @property
     def running(self) -> bool:
         return self.finish is None
@@ -80,5 +87,6 @@ class Session:
         self.generations = []
 
     def all_events(self) -> list:
-        """(generation index, RoundEvent) pairs, in order: what the exporters take."""
-        return [(g.index, e) for g in self.generations for e in g.events]
+        """(generation index, RoundEvent) pairs, in order: what the exporters take. The last round of a
+        generation that was stopped or failed carries that finish reason ("stopped", "error")."""
+        return [(g.index, e) for g in self.generations for e in g.finished_events()]

@@ -1,11 +1,13 @@
 """Persistent settings (QSettings, INI format): models, method, K, sampling, view and window layout."""
 from __future__ import annotations
 
+import math
+import os
 from typing import Optional
 
 from PySide6.QtCore import QByteArray, QSettings
 
-from engine.config import GenerationConfig, SamplingParams
+from engine.config import MAX_K, MAX_TEMPERATURE, MIN_TEMPERATURE, GenerationConfig, SamplingParams
 from engine.errors import SpecplayError
 from engine.methods import parse_spec
 
@@ -28,6 +30,17 @@ DEFAULTS = {
     "view/theme": "system",  # system | light | dark
 }
 RENAMED_SPECS = {"eagle-tree": "eagle:8"}  # a stored method's old spelling -> the registry's
+VALID = {  # key -> does a value of the default's type fit the widgets that show it?
+    "decode/k": lambda v: 1 <= v <= MAX_K,
+    "decode/temperature": lambda v: math.isfinite(v) and MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+    "decode/top_k": lambda v: 0 <= v <= 100_000,  # the sampling dialog's range
+    "decode/top_p": lambda v: 0.0 < v <= 1.0,
+    "decode/seed": lambda v: 0 <= v <= 2**31 - 1,
+    "decode/max_new_tokens": lambda v: 1 <= v <= 8192,  # the window's spin box
+    "view/theme": lambda v: v in ("system", "light", "dark"),
+}
+LAYOUT_KEYS = ("window/geometry", "window/state")
+BOOL_TEXT = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 class AppSettings:
@@ -35,15 +48,44 @@ class AppSettings:
 
     def __init__(self, qsettings: Optional[QSettings] = None):
         self.q = qsettings or QSettings(QSettings.IniFormat, QSettings.UserScope, ORGANIZATION, APPLICATION)
+        self.notice: Optional[str] = self.repair()  # what was reset, for the window to say once
 
     def get(self, key: str):
         default = DEFAULTS[key]
-        value = self.q.value(key, default)
         try:
-            value = _coerce(value, type(default))
-        except (TypeError, ValueError):
+            value = _coerce(self.q.value(key, default), type(default))
+        except (TypeError, ValueError, OverflowError):
+            return default
+        if not VALID.get(key, lambda v: True)(value):
             return default
         return self._method_spec(value) if key == METHOD_KEY else value
+
+    def repair(self) -> Optional[str]:
+        """Reset what a corrupt or hand-edited file holds that the window cannot use: a file that does not
+        parse (or holds garbled keys) entirely, else each unusable value. Returns a message, None if clean."""
+        where = self.q.fileName()
+        if self.q.status() != QSettings.NoError or _garbled(self.q):
+            self.reset()
+            return f"The settings file {where} was unreadable and has been reset to the defaults."
+        keys = list(DEFAULTS) + list(LAYOUT_KEYS)
+        bad = [key for key in keys if self.q.contains(key) and not self._usable(key)]
+        for key in bad:
+            self.q.remove(key)
+        if not bad:
+            return None
+        self.q.sync()
+        return f"Unusable values in the settings file {where} were reset to the defaults: {', '.join(bad)}."
+
+    def _usable(self, key: str) -> bool:
+        value = self.q.value(key)
+        if key in LAYOUT_KEYS:
+            return isinstance(value, QByteArray)
+        default = DEFAULTS[key]
+        try:
+            value = _coerce(value, type(default))
+        except (TypeError, ValueError, OverflowError):
+            return False
+        return VALID.get(key, lambda v: True)(value)
 
     def _method_spec(self, spec: str) -> str:
         """The stored method in the registry's spelling. An old spelling is rewritten in the file as it is
@@ -90,6 +132,28 @@ class AppSettings:
 
 
 def _coerce(value, kind):
+    """A stored value as the default's type; ValueError/TypeError when it is not one."""
     if kind is bool:
-        return value if isinstance(value, bool) else str(value).lower() in ("true", "1", "yes")
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, (str, int)) or str(value).lower() not in BOOL_TEXT:
+            raise ValueError(f"not a boolean: {value!r}")
+        return BOOL_TEXT[str(value).lower()]
+    if kind is str:
+        if not isinstance(value, str):
+            raise TypeError(f"not text: {value!r}")
+        return value
+    if isinstance(value, (list, dict, QByteArray)):
+        raise TypeError(f"not a number: {value!r}")
     return kind(value)
+
+
+def _garbled(q: QSettings) -> bool:
+    """Keys no version could have written (not printable ASCII), or a non-empty file without one key."""
+    keys = q.allKeys()
+    if any(not (key.isascii() and key.isprintable()) for key in keys):
+        return True
+    try:
+        return not keys and os.path.getsize(q.fileName()) > 0
+    except OSError:
+        return False

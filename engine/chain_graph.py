@@ -19,10 +19,12 @@ CHAIN_GRAPHS_KEPT = 48  # per drafter; past this, new shapes draft eagerly
 
 
 class CapturedChain:
-    """fn(static inputs...) -> tokens [K], captured once; run() copies new inputs in and replays."""
+    """fn(static inputs...) -> a tensor or a tuple of tensors, captured once; run() copies new inputs in,
+    replays, and returns clones of the outputs."""
 
     def __init__(self, fn: Callable, inputs: tuple, device: torch.device, pool):
         self.inputs = inputs
+        self.fn = fn  # keeps alive every tensor the graph reads that fn's closure holds (a tree's index, say)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -30,17 +32,21 @@ class CapturedChain:
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.tokens = fn(*inputs)  # [K]
+            self.outputs = fn(*inputs)
 
     def run(self, *values) -> torch.Tensor:
-        """values: one per static input, a tensor (copied in) or an int (filled in)."""
+        """values: one per static input, a tensor (copied in), an int (filled in) or None (left as is)."""
         for buffer, value in zip(self.inputs, values):
+            if value is None:
+                continue
             if isinstance(value, int):
                 buffer.fill_(value)
             else:
                 buffer.copy_(value)
         self.graph.replay()
-        return self.tokens.clone()  # the pool is shared with other graphs of the runner
+        if isinstance(self.outputs, tuple):  # the pool is shared with other graphs of the runner: copy out
+            return tuple(None if t is None else t.clone() for t in self.outputs)
+        return self.outputs.clone()
 
 
 def _one_step(runner, x: torch.Tensor, start: torch.Tensor, kv: int):
@@ -67,9 +73,12 @@ class ChainGraphs:
         return len(self._graphs)
 
     @staticmethod
-    def available(runner, greedy: bool, k: int) -> bool:
-        """Greedy chains of 2 or more on a Llama-family runner that replays graphs."""
-        return (greedy and k > 1 and runner.device.type == "cuda" and getattr(runner, "use_graphs", False)
+    def available(runner, k: int, sampling=None) -> bool:
+        """Chains of 2 or more on a Llama-family runner that replays graphs; sampled ones only with the CUDA
+        kernels (their launches have no host work inside; the torch reference's sampling does)."""
+        if sampling is not None and not sampling.backend.compiles_kernels:
+            return False
+        return (k > 1 and runner.device.type == "cuda" and getattr(runner, "use_graphs", False)
                 and hasattr(runner, "_block_step"))
 
     def get(self, key: tuple, build: Callable[[], CapturedChain]) -> Optional[CapturedChain]:
@@ -80,16 +89,49 @@ class ChainGraphs:
         return self._graphs[key]
 
 
-def _pool(runner):
+class ChainSampling:
+    """How a sampled chain draws: warped by the run's settings, inverse-CDF with the round's uniforms."""
+
+    def __init__(self, backend, temperature: float, top_k: int, top_p: float):
+        self.backend = backend
+        self.key = (temperature, top_k, top_p)
+
+    def draw(self, logits: torch.Tensor, uniform: torch.Tensor):
+        """logits [1, V], uniform [1] -> (token [1], q [1, V])."""
+        q = self.backend.warp_probs(logits, *self.key)
+        return self.backend.sample_from_probs(q, uniform), q
+
+
+def chain_sampling(state) -> Optional[ChainSampling]:
+    """None for greedy drafting, else the run's warp settings and backend."""
+    s = state.config.sampling
+    return None if s.greedy else ChainSampling(state.backend, s.temperature, s.top_k, s.top_p)
+
+
+def _draw(logits: torch.Tensor, vocab: int, sampling: Optional[ChainSampling], uniforms, i: int):
+    """Token i of a chain from logits [1, V']: argmax (greedy, q None) or a sample with its q [1, V]."""
+    if sampling is None:
+        return logits[:, :vocab].argmax(-1), None
+    return sampling.draw(logits[:, :vocab], uniforms[i:i + 1])
+
+
+def _stack(tokens: list, probs: list) -> tuple:
+    return torch.cat(tokens), (None if probs[0] is None else torch.cat(probs))  # [k], [k, V] or None
+
+
+def graph_pool(runner):
+    """The runner's memory pool for captured graphs (made on first use)."""
     if runner._graph_pool is None:
         runner._graph_pool = torch.cuda.graph_pool_handle()
     return runner._graph_pool
 
 
-def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int):
-    """Greedy chain of k tokens from a draft model whose last forward gave first_logits [1, V] (cache length L):
-    token 0 is its argmax, tokens 1..k-1 each come from one more step. Appends k-1 rows; returns tokens [k] or
-    None when no graph could be made (the caller drafts eagerly)."""
+def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
+                      sampling: Optional[ChainSampling] = None, uniforms: Optional[torch.Tensor] = None):
+    """A chain of k tokens from a draft model whose last forward gave first_logits [1, V] (cache length L):
+    token 0 is drawn from them, tokens 1..k-1 each after one more step. Appends k-1 rows; returns (tokens [k],
+    q [k, V] or None when greedy), or None when no graph could be made (the caller drafts eagerly).
+    uniforms: [k] on the device, for a sampled chain."""
     start_row = runner.length
     kv = runner._kv_width(start_row + k)
     device = runner.device
@@ -97,31 +139,35 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int):
     def build() -> CapturedChain:
         logits_in = torch.zeros_like(first_logits)  # [1, V]
         start = torch.full((1,), start_row, dtype=torch.long, device=device)
+        u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
-        def chain(logits, start):
-            token = logits[:, :vocab].argmax(-1)  # [1]
-            tokens = [token]
-            for i in range(k - 1):
-                _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), start + i, kv)
-                token = logits[:, :vocab].argmax(-1)
+        def chain(logits, start, u):
+            token, q = _draw(logits, vocab, sampling, u, 0)
+            tokens, probs = [token], [q]
+            for i in range(1, k):
+                _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), start + i - 1, kv)
+                token, q = _draw(logits, vocab, sampling, u, i)
                 tokens.append(token)
-            return torch.cat(tokens)  # [k]
+                probs.append(q)
+            return _stack(tokens, probs)
 
-        return CapturedChain(chain, (logits_in, start), device, _pool(runner))
+        return CapturedChain(chain, (logits_in, start, u_in), device, graph_pool(runner))
 
-    graph = ChainGraphs.of(runner).get((k, kv, vocab, first_logits.shape[-1]), build)
+    key = ("draft", k, kv, vocab, first_logits.shape[-1], None if sampling is None else sampling.key)
+    graph = ChainGraphs.of(runner).get(key, build)
     if graph is None:
         return None
-    tokens = graph.run(first_logits, start_row)
+    drafted = graph.run(first_logits, start_row, uniforms)
     runner._length = start_row + k - 1
-    return tokens
+    return drafted
 
 
-def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int):
-    """Greedy EAGLE chain of k tokens from the predicted feature [1, H] after the root: token i is the argmax
-    of the target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's
-    runner shares the target's final norm and LM head, so its step's logits are the next token's logits (no
-    second LM-head product). Appends k-1 rows to the head's cache; returns tokens [k] or None."""
+def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
+                uniforms: Optional[torch.Tensor] = None):
+    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root: token i is drawn from the
+    target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's runner
+    shares the target's final norm and LM head, so its step's logits are the next token's logits (no second
+    LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k], q [k, V] or None) or None."""
     runner = head.runner
     start_row = runner.length
     kv = runner._kv_width(start_row + k)
@@ -130,22 +176,42 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int):
     def build() -> CapturedChain:
         feature_in = torch.zeros_like(feature)  # [1, H]
         start = torch.full((1,), start_row, dtype=torch.long, device=device)
+        u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
-        def chain(feature, start):
+        def chain(feature, start, u):
             logits = head.logits(feature)  # [1, V]
-            token = logits[:, :vocab].argmax(-1)
-            tokens = [token]
-            for i in range(k - 1):
-                feature, logits = _one_step(runner, head.fuse(feature, token), start + i, kv)
-                token = logits[:, :vocab].argmax(-1)
+            token, q = _draw(logits, vocab, sampling, u, 0)
+            tokens, probs = [token], [q]
+            for i in range(1, k):
+                feature, logits = _one_step(runner, head.fuse(feature, token), start + i - 1, kv)
+                token, q = _draw(logits, vocab, sampling, u, i)
                 tokens.append(token)
-            return torch.cat(tokens)  # [k]
+                probs.append(q)
+            return _stack(tokens, probs)
 
-        return CapturedChain(chain, (feature_in, start), device, _pool(runner))
+        return CapturedChain(chain, (feature_in, start, u_in), device, graph_pool(runner))
 
-    graph = ChainGraphs.of(runner).get((k, kv, vocab), build)
+    key = ("eagle", k, kv, vocab, None if sampling is None else sampling.key)
+    graph = ChainGraphs.of(runner).get(key, build)
     if graph is None:
         return None
-    tokens = graph.run(feature, start_row)
+    drafted = graph.run(feature, start_row, uniforms)
     runner._length = start_row + k - 1
-    return tokens
+    return drafted
+
+
+def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+    """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's tokens)
+    as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it eagerly)."""
+    if not ChainGraphs.available(target, 2):
+        return None
+
+    def build() -> CapturedChain:
+        def propose(feature):
+            logits = heads.logits(target, feature)[:tree.depth, :vocab]  # [depth, V]
+            return torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]  # [N]
+
+        return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, graph_pool(target))
+
+    graph = ChainGraphs.of(target).get(("medusa", id(heads), tree, vocab), build)
+    return None if graph is None else graph.run(hidden)

@@ -5,19 +5,87 @@ the app."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
+import signal
 import sys
+import warnings
 from dataclasses import asdict
+from pathlib import Path
 from typing import Callable, Optional
 
 from engine import bench, methods
-from engine.config import MAX_K, GenerationConfig, SamplingParams
+from engine.config import MAX_K, GenerationConfig, SamplingParams, check_int
 from engine.errors import SpecplayError
+from engine.exports import FORMATS, StreamingExport
 from engine.methods import MethodSpec
-from engine.metrics import final_metrics, write_csv, write_jsonl
+from engine.metrics import final_metrics
+from engine.threads import apply_threads, check_threads
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+MAX_PROMPT_BYTES = 16 * 1024 * 1024
+MAX_SAMPLES = 1_000_000
+MAX_BENCH_COUNT = 10_000
+MAX_CHATTER_CHARS = 300
+
+
+class Chatter(logging.Handler):
+    """Warnings third-party code (transformers' logging, Python warnings) gives during a command. They are
+    held back, so that a failure ends in one line with them folded in; after a success they are replayed."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self._hf = None
+        self.reset()
+
+    def reset(self, caught: Optional[list] = None) -> None:
+        self.logged: list = []
+        self.caught = caught if caught is not None else []  # warnings.catch_warnings(record=True)'s list
+        self.folded_in = False  # True once a failure's line has carried them
+
+    @property
+    def lines(self) -> list:
+        return self.logged + [str(w.message) for w in self.caught]
+
+    def emit(self, record) -> None:
+        self.logged.append(record.getMessage())
+
+    def hold_transformers(self) -> None:
+        """Route transformers' logging here instead of stderr (called once transformers is imported)."""
+        if self._hf is not None:
+            return
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            return
+        self._hf = hf_logging
+        hf_logging.disable_default_handler()
+        hf_logging.add_handler(self)
+
+    def stop_holding(self) -> None:
+        if self._hf is not None:
+            self._hf.remove_handler(self)
+            self._hf.enable_default_handler()
+            self._hf = None
+
+    def folded(self) -> str:
+        """The held warnings as one short clause ('' when there were none)."""
+        text = one_line(" ".join(line for line in self.lines if line.strip()))
+        if not text:
+            return ""
+        self.folded_in = True
+        cut = text if len(text) <= MAX_CHATTER_CHARS else text[:MAX_CHATTER_CHARS - 1] + "…"
+        return f" (reported on the way: {cut})"
+
+    def replay(self) -> None:
+        for line in self.lines:
+            _say(line)
+
+
+CHATTER = Chatter()
 METHOD_HELP = (f"{' | '.join(methods.NAMES)}; NAME:NODES for a tree of NODES nodes "
                f"(e.g. eagle:8, medusa:16)")
 
@@ -38,10 +106,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run the GPU forwards eagerly instead of replaying captured CUDA graphs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: 1 for small models, else physical cores - 1; "
+                        "OMP_NUM_THREADS is respected)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
-    p.add_argument("--prompt", required=prompt_required, help="the prompt text")
+    prompt = p.add_mutually_exclusive_group(required=prompt_required)
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file (- reads stdin)")
     p.add_argument("--method", default="draft", help=METHOD_HELP)
     p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -127,11 +200,18 @@ def config_from_args(args) -> GenerationConfig:
 def load_decoder(args, *method_names: str):
     """Load the model pair (the draft only when one of the methods needs it) and build the decoder."""
     from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair, resolve_device
+    from engine.models import load_pair, resolve_device, resolve_dtype
 
+    CHATTER.hold_transformers()
     device = resolve_device(args.device)  # a missing GPU is reported before any model is read
+    resolve_dtype(args.dtype, device)  # so is an unknown dtype
     need_draft = any(methods.get(name).needs_draft_model for name in method_names)
+    requested = getattr(args, "threads", None)
+    if requested is not None:  # loading computes too
+        apply_threads((), requested)
     pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
+    if pair is not None:
+        apply_threads((pair.target, pair.draft), requested)
     decoder = SpeculativeDecoder(pair)
     decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
     if decoder.backend.compiles_kernels:
@@ -140,38 +220,123 @@ def load_decoder(args, *method_names: str):
     return decoder
 
 
-def _check_writable(path: Optional[str]) -> None:
-    if path is None:
-        return
+# ------------------------------------------------------------------------------------------------ inputs
+def prompt_from_args(args, default: Optional[str] = None) -> Optional[str]:
+    """The prompt of --prompt or --prompt-file (default when neither), checked to be non-empty UTF-8."""
+    if getattr(args, "prompt_file", None) is not None:
+        prompt = _read_prompt_file(args.prompt_file)
+    elif args.prompt is not None:
+        prompt = args.prompt
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            raise SpecplayError(f"the prompt is not valid UTF-8 (at character {exc.start})") from None
+    else:
+        return default
+    if not prompt.strip():
+        raise SpecplayError("the prompt is empty")
+    return prompt
+
+
+def _read_prompt_file(path: str) -> str:
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        data = _read_bytes(path)
     except OSError as exc:
-        raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise SpecplayError(f"cannot read --prompt-file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPT_BYTES:
+        raise SpecplayError(f"--prompt-file {path} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecplayError(f"--prompt-file {path} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at "
+                            f"offset {exc.start})") from None
 
 
+def _read_bytes(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+    if Path(path).is_dir():
+        raise IsADirectoryError(21, "it is a directory")
+    with open(path, "rb") as handle:
+        return handle.read(MAX_PROMPT_BYTES + 1)
+
+
+def check_common_args(args) -> None:
+    """Checks every command's shared options before anything loads."""
+    check_threads(getattr(args, "threads", None))
+    for name in ("target", "draft"):
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():
+            raise SpecplayError(f"--{name} is empty")
+
+
+def export_targets(args) -> list:
+    """[(path, format name)] for --csv and --trace; one file named twice is refused."""
+    targets = [(path, fmt) for path, fmt in ((args.csv, "csv"), (args.trace, "jsonl")) if path is not None]
+    if len(targets) == 2 and os.path.realpath(targets[0][0]) == os.path.realpath(targets[1][0]):
+        raise SpecplayError(f"--csv and --trace name the same file ({args.csv})")
+    return targets
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (the terminal closed): stop like Ctrl+C, keeping what was exported."""
+
+
+@contextlib.contextmanager
+def signals_as_interrupts():
+    """SIGTERM and SIGHUP raise Interrupted while the block runs (main thread only)."""
+    def handler(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        try:
+            previous[sig] = signal.signal(sig, handler) if sig is not None else None
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            if old is not None:
+                signal.signal(sig, old)
+
+
+# ------------------------------------------------------------------------------------------------ run
 def cmd_run(args) -> int:
     config = config_from_args(args)
-    if not args.prompt.strip():
-        raise SpecplayError("the prompt is empty")
-    _check_writable(args.csv)
-    _check_writable(args.trace)
-    decoder = load_decoder(args, config.method)
-    events = list(decoder.generate(args.prompt, config))
-    if args.csv:
-        write_csv(events, args.csv)
-    if args.trace:
-        write_jsonl(events, args.trace)
+    prompt = prompt_from_args(args)
+    events: list = []
+    targets = export_targets(args)
+    try:
+        with signals_as_interrupts(), contextlib.ExitStack() as stack:
+            exports = [stack.enter_context(StreamingExport(path, FORMATS[fmt]())) for path, fmt in targets]
+            decoder = load_decoder(args, config.method)
+            for event in decoder.generate(prompt, config):
+                events.append(event)
+                for export in exports:
+                    export.add(event)
+    except KeyboardInterrupt:
+        if events and not args.json:  # the text so far is the user's too
+            print("".join(e.emitted_text for e in events), flush=True)
+        kept = f"; kept in {', '.join(path for path, _ in targets)}" if targets and events else ""
+        print(f"interrupted after {len(events)} rounds{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    _print_run(events, config, decoder, args.json)
+    return 0
+
+
+def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -> None:
     summary = summarize(events, config)
     summary["text"] = "".join(e.emitted_text for e in events)
     summary["device"] = decoder.device_name
-    if args.json:
+    if as_json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
         print(summary["text"])
         print("-" * 60, file=sys.stderr)
         print(format_summary(summary), file=sys.stderr)
-    return 0
 
 
 def summarize(events: list, config: GenerationConfig) -> dict:
@@ -203,20 +368,17 @@ DEFAULT_CHECK_PROMPT = "def fibonacci(n):\n    "
 def cmd_check_lossless(args) -> int:
     from engine.lossless import check_greedy, check_sampling, greedy_summary, sampling_summary
 
-    if args.prompt is not None and not args.prompt.strip():
-        raise SpecplayError("the prompt is empty")
-    if args.samples < 10:
-        raise SpecplayError(f"--samples must be >= 10 (got {args.samples})")
+    check_int("--samples", args.samples, 10, MAX_SAMPLES)
     config = config_from_args(args)
-    prompt = args.prompt or DEFAULT_CHECK_PROMPT
-    decoder = load_decoder(args, config.method)
-    greedy = check_greedy(decoder, prompt, config)
-    print(f"{greedy_summary(greedy)} method={config.method}, K={config.k}")
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
                                       tree_nodes=config.tree_nodes, draft_layers=config.draft_layers,
                                       suffix_corpus=config.suffix_corpus)
     sampled_config.validate()
+    prompt = prompt_from_args(args, DEFAULT_CHECK_PROMPT)
+    decoder = load_decoder(args, config.method)
+    greedy = check_greedy(decoder, prompt, config)
+    print(f"{greedy_summary(greedy)} method={config.method}, K={config.k}")
     chi = check_sampling(decoder, prompt, sampled_config, samples=args.samples)
     print(sampling_summary(chi, sampling))
     return 0 if greedy.passed and chi.passed else 1
@@ -241,7 +403,10 @@ def cmd_bench(args) -> int:
     if args.what == "runtimes":
         return _bench_runtimes(args)
     config = config_from_args(args)
-    prompts = [args.prompt] if args.prompt else bench.heldout_prompts(args.prompts)
+    check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
+    check_int("--repeats", args.repeats, 1, MAX_BENCH_COUNT)
+    prompt = prompt_from_args(args)
+    prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
     if args.what == "k-sweep":
         ks = _parse_ks(args.ks)
         decoder = load_decoder(args, config.method)
@@ -279,6 +444,8 @@ def _bench_runtimes(args) -> int:
     unknown = [h for h in hf if h not in runtimes.HF_RUNTIMES]
     if unknown:
         raise SpecplayError(f"unknown --hf runtime {unknown[0]!r}; choose from {', '.join(runtimes.HF_RUNTIMES)}")
+    check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
+    prompt = prompt_from_args(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.synthetic:
@@ -286,6 +453,7 @@ def _bench_runtimes(args) -> int:
 
         print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
         built = build_synthetic_pair(args.synthetic, device, dtype)
+        apply_threads((built.pair.target, built.pair.draft), args.threads)
         decoder, hf_target, hf_draft = SpeculativeDecoder(built.pair), built.hf_target, built.hf_draft
     else:
         decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
@@ -294,7 +462,7 @@ def _bench_runtimes(args) -> int:
     decoder.set_cuda_graphs(not args.no_cuda_graphs)
     if decoder.backend.compiles_kernels:
         decoder.backend.warm_up()
-    prompts = [args.prompt] if args.prompt else bench.heldout_prompts(args.prompts)
+    prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
     progress = (lambda row: print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr))
     with torch.inference_mode():
         report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, progress)
@@ -338,25 +506,53 @@ def _bench_kernels() -> int:
 def main(argv: Optional[list] = None, gui: Optional[Callable] = None) -> int:
     """Run one command. gui(args) -> exit code launches the desktop playground (main.py passes it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["gui"], ["train"]):  # long-lived: their warnings go out as they come
+        return _run_command(argv, gui)
+    with warnings.catch_warnings(record=True) as caught:
+        CHATTER.reset(caught)
+        try:
+            code = _run_command(argv, gui)
+        finally:
+            CHATTER.stop_holding()
+    if not CHATTER.folded_in:
+        CHATTER.replay()
+    return code
+
+
+def _run_command(argv: list, gui: Optional[Callable]) -> int:
     try:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
                     "bench": cmd_bench, "train": _cmd_train}
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
+        check_common_args(args)
         return handlers[args.command](args)
     except SpecplayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}{CHATTER.folded()}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        _say("interrupted")
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a bug, not bad input: one line, full traceback on request
         if os.environ.get("SPECPLAY_DEBUG"):
             raise
-        print(f"internal error: {type(exc).__name__}: {exc} (set SPECPLAY_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        _say(f"internal error: {type(exc).__name__}: {exc}{CHATTER.folded()} "
+             f"(set SPECPLAY_DEBUG=1 for the traceback)")
         return 1
+
+
+def one_line(message: str) -> str:
+    """A message as one printable line: line breaks folded, bytes that are not UTF-8 escaped."""
+    folded = " | ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return folded.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _say(message: str) -> None:
+    try:
+        print(one_line(message), file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed or full: the exit code still tells
+        pass
 
 
 def _no_gui(args) -> int:

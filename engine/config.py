@@ -1,6 +1,8 @@
 """What a generation is asked to do."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -9,6 +11,30 @@ from engine import methods
 from engine.errors import SpecplayError
 
 MAX_K = 32
+MIN_TEMPERATURE = 1e-4  # below it (but above 0) logits / T overflows; 0 is greedy
+MAX_TEMPERATURE = 100.0  # above it the distribution is uniform noise
+MAX_TOP_K = 2**31 - 1
+MAX_SEED = 2**63 - 1  # torch generators take 64 bits; check-lossless adds the sample index
+MAX_NEW_TOKENS = 2**24
+MAX_NGRAM = 64
+MAX_DRAFT_LAYERS = 1024
+
+
+def check_int(name: str, value, low: int, high: int) -> None:
+    """value is an integer (not a bool) in [low, high], or a SpecplayError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise SpecplayError(f"{name} must be an integer (got {value!r})")
+    if not low <= value <= high:
+        raise SpecplayError(f"{name} must be between {low} and {high} (got {value})")
+
+
+def check_real(name: str, value) -> float:
+    """value as a finite float, or a SpecplayError naming it (NaN and infinities are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SpecplayError(f"{name} must be a number (got {value!r})")
+    if not math.isfinite(value):
+        raise SpecplayError(f"{name} must be a finite number (got {value})")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -24,12 +50,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        if not self.temperature >= 0.0:
-            raise SpecplayError(f"temperature must be >= 0 (got {self.temperature})")
-        if not 0.0 < self.top_p <= 1.0:
+        t = check_real("temperature", self.temperature)
+        if t != 0.0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
+            raise SpecplayError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                                f"{MAX_TEMPERATURE:g} (got {self.temperature})")
+        if not 0.0 < check_real("top-p", self.top_p) <= 1.0:
             raise SpecplayError(f"top-p must be in (0, 1] (got {self.top_p})")
-        if self.top_k < 0:
-            raise SpecplayError(f"top-k must be >= 0 (got {self.top_k})")
+        check_int("top-k", self.top_k, 0, MAX_TOP_K)
 
 
 @dataclass(frozen=True)
@@ -46,22 +73,24 @@ class GenerationConfig:
     suffix_corpus: str = ""  # suffix: a text file indexed beside the session's history ("" = none)
 
     def validate(self) -> None:
+        if not isinstance(self.method, str):
+            raise SpecplayError(f"method must be a name (got {self.method!r})")
         method = methods.get(self.method)  # unknown names raise here
-        if not 1 <= self.k <= MAX_K:
-            raise SpecplayError(f"K must be between 1 and {MAX_K} (got {self.k})")
-        if self.max_new_tokens <= 0:
-            raise SpecplayError(f"max-new-tokens must be > 0 (got {self.max_new_tokens})")
-        if not 0 <= self.tree_nodes <= methods.MAX_TREE_NODES:
-            raise SpecplayError(f"tree nodes must be between 0 and {methods.MAX_TREE_NODES} (got {self.tree_nodes})")
+        check_int("K", self.k, 1, MAX_K)
+        check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        check_int("tree nodes", self.tree_nodes, 0, methods.MAX_TREE_NODES)
         if self.tree_nodes and not method.takes_tree_size:
             raise SpecplayError(f"method {self.method!r} drafts a chain and takes no tree size")
-        if self.ngram_n < 1:
-            raise SpecplayError(f"n-gram size must be >= 1 (got {self.ngram_n})")
-        if self.draft_layers < 0:  # the upper bound depends on the target: the layerskip drafter checks it
-            raise SpecplayError(f"draft layers must be >= 1, or 0 for half the target's "
-                                f"(got {self.draft_layers})")
+        check_int("n-gram size", self.ngram_n, 1, MAX_NGRAM)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        # 0 = half the target's layers; the upper bound depends on the target: the layerskip drafter checks it
+        check_int("draft layers", self.draft_layers, 0, MAX_DRAFT_LAYERS)
+        if not isinstance(self.suffix_corpus, str):
+            raise SpecplayError(f"suffix corpus must be a file name (got {self.suffix_corpus!r})")
         if self.suffix_corpus:
             _check_readable_file(self.suffix_corpus, "suffix corpus")
+        if not isinstance(self.sampling, SamplingParams):
+            raise SpecplayError(f"sampling must be SamplingParams (got {type(self.sampling).__name__})")
         self.sampling.validate()
 
     @property

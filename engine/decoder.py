@@ -5,6 +5,7 @@ baseline is measured exactly like the speculative runs.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -12,7 +13,7 @@ import torch
 
 from engine import methods
 from engine.config import GenerationConfig
-from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit
+from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
@@ -55,6 +56,12 @@ class _Launched:
     features: torch.Tensor  # [N+1, H]
     result: object  # kernels' VerifyResult (device tensors)
     uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
+
+    @property
+    def next_token_on_device(self) -> torch.Tensor:
+        """[1] the round's correction or bonus token, still on the device (-1, the NaN flag, made 0 so that a
+        round queued after it stays valid; reading this round raises)."""
+        return self.result.next_token[:1].clamp_min(0)
 
 
 @dataclass
@@ -231,34 +238,46 @@ class SpeculativeDecoder:
 
         if stopped():
             return
-        launched = self._launch_round(state, drafter, config)
+        # plain decoding keeps two rounds in flight: its next input is the last round's next token, still on the
+        # device, and it never rolls a cache back, so a round can be queued before the last one is read
+        ahead = self.pipelined and isinstance(drafter, NoDrafter)
+        inflight = deque([self._launch_round(state, drafter, config)])
+        last_end = None
         while True:
-            if self.pipelined and round_index > 0 and stopped():  # a round queued before the stop is dropped
+            if self.pipelined and round_index > 0 and stopped():  # rounds queued before the stop are dropped
                 return
+            if ahead and len(inflight) == 1 and len(generated) + 1 < config.max_new_tokens:
+                inflight.append(self._launch_round(state, drafter, config, inflight[-1].next_token_on_device))
+            launched = inflight.popleft()
             round_ = self._read_round(launched.draft, launched.result, launched.logits, config)  # one copy
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
                                    config)
             self._commit(state, drafter, launched, round_, outcome)
-            launched.clock.stop()
+            last_end = launched.clock.stop(since=last_end)
             go_on = outcome.finish_reason is None
-            following = self._launch_round(state, drafter, config) if go_on and self.pipelined else None
+            if go_on and self.pipelined and not inflight:
+                inflight.append(self._launch_round(state, drafter, config))
             position = len(generated)
             generated.extend(outcome.emitted)
             emitted_text = text.add(outcome.emitted, final=outcome.finish_reason is not None)
             yield self._event(round_index, launched, round_, outcome, position, emitted_text, metrics, config)
-            if following is None:
-                if not go_on or stopped():
+            if not go_on:
+                return
+            if not inflight:  # the synchronous loop (CPU)
+                if stopped():
                     return
-                following = self._launch_round(state, drafter, config)
-            launched, round_index = following, round_index + 1
+                inflight.append(self._launch_round(state, drafter, config))
+            round_index += 1
 
-    def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig) -> "_Launched":
-        """Queue a round's drafting and verification; nothing here waits for the device."""
+    def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig,
+                      first_token: Optional[torch.Tensor] = None) -> "_Launched":
+        """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
+        block's first token [1] on the device when the host does not know it yet (plain decoding ahead)."""
         clock = RoundClock(self.device)
         draft = drafter.propose(state, config.k)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
-        logits, features, result, uniforms = self._verify(state, draft, config)
+        logits, features, result, uniforms = self._verify(state, draft, config, first_token)
         clock.mark()  # verification queued
         return _Launched(clock, draft, block_start, logits, features, result, uniforms)
 
@@ -287,10 +306,11 @@ class SpeculativeDecoder:
             overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
             finish_reason=outcome.finish_reason, metrics=round_metrics)
 
-    def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig):
+    def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
+                first_token: Optional[torch.Tensor] = None):
         """One target forward over [last committed token] + draft, then the verification kernel.
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
-        last = to_device(state.tokens[-1:], self.device)
+        last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         block_parents = None
         if draft.is_tree:
@@ -333,7 +353,7 @@ class SpeculativeDecoder:
         if draft.is_tree:
             keep = to_device([0] + [i + 1 for i in outcome.path], self.device)
             self.target.compact(start, keep)
-        else:
+        elif draft.size:  # an empty draft's block is kept whole (and a plain round queued after it stays)
             self.target.rollback(start + 1 + outcome.accepted)
 
     def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":

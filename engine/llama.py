@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.errors import SpecplayError
 from engine.runner import CausalRunner, ForwardOutput, to_device, tree_ancestor_mask, tree_depths
+from kernels.step import StepKernels
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
@@ -341,6 +342,7 @@ class LlamaRunner(CausalRunner):
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
         self._trees: Dict[tuple, tuple] = {}  # parents -> the same for a tree block
         self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
+        self.fused_kernels = StepKernels.load(self.device)  # CUDA: fused rope/cache and SiLU kernels, else None
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
         self._graph_pool = None
 
@@ -532,7 +534,9 @@ class LlamaRunner(CausalRunner):
         n = x.shape[0]
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
+        fused = self.fused_kernels
+        if fused is None:
+            cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
         # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may pick
         # its memory-efficient kernel rather than the many-kernel math path.
         mask_g = mask.repeat(group, 1)[None, None]
@@ -540,13 +544,17 @@ class LlamaRunner(CausalRunner):
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
-            # rope on q and k together: they are the first heads + kv_heads head-sized slices of each row
-            qk = apply_rope(qkv[:, :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim)), cos, sin)  # [n, h+kvh, D]
-            q = qk[:, :s.num_heads].transpose(0, 1)  # [heads, n, D]
-            k = qk[:, s.num_heads:].transpose(0, 1)  # [kvh, n, D]
-            v = qkv[:, q_dim + kv_dim:].view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
-            self.kv[li, 0].index_copy_(1, cache_index, k)
-            self.kv[li, 1].index_copy_(1, cache_index, v)
+            if fused is not None:  # rope, both cache writes and q's layout in one kernel
+                q = fused.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, self.kv[li, 0],
+                                   self.kv[li, 1], s.num_heads, s.num_kv_heads)  # [heads, n, D]
+            else:
+                # rope on q and k together: they are the first heads + kv_heads head-sized slices of each row
+                qk = apply_rope(qkv[:, :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim)), cos, sin)  # [n, h+kvh, D]
+                q = qk[:, :s.num_heads].transpose(0, 1)  # [heads, n, D]
+                k = qk[:, s.num_heads:].transpose(0, 1)  # [kvh, n, D]
+                v = qkv[:, q_dim + kv_dim:].view(n, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [kvh, n, D]
+                self.kv[li, 0].index_copy_(1, cache_index, k)
+                self.kv[li, 1].index_copy_(1, cache_index, v)
             keys, values = self.kv[li, 0, :, :kv], self.kv[li, 1, :, :kv]  # [kvh, kv, D]
             # GQA without copying K/V: query head h uses kv head h // group, so fold the group into the rows.
             qg = q.reshape(1, s.num_kv_heads, group * n, s.head_dim)  # [1, kvh, group * n, D]
@@ -554,8 +562,13 @@ class LlamaRunner(CausalRunner):
             attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
             x = _linear_residual(x, attn, layer.w_o, layer.b_o)
             h = rms_norm(x, layer.ln2, s.rms_norm_eps)
-            gate, up = F.linear(h, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)  # [n, I] each
-            x = _linear_residual(x, F.silu(gate) * up, layer.w_down, layer.b_down)
+            gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)  # [n, 2 I]
+            if fused is not None:
+                act = fused.silu_mul(gate_up)  # [n, I]
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
+                act = F.silu(gate) * up
+            x = _linear_residual(x, act, layer.w_down, layer.b_down)
         return x
 
     def _rope_tables(self):

@@ -8,6 +8,7 @@ phase itself once steps are replayed CUDA graphs.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import torch
 
@@ -44,9 +45,14 @@ class RoundClock:
     def mark(self) -> None:
         self.marks.append(self._event() if self.cuda else time.perf_counter())
 
-    def stop(self) -> None:
-        """The round's host work is over (what the host does next belongs to the next round)."""
+    def stop(self, since: Optional[float] = None) -> float:
+        """The round's host work is over (what the host does next belongs to the next round); returns the time.
+        since: the previous round's end, when this round was queued before it ended (rounds in flight
+        together): this round's host time then starts there, so that rounds never count the same time twice."""
         self.end = time.perf_counter()
+        if since is not None and since > self.start:
+            self.start = since
+        return self.end
 
     def phases_ms(self) -> list:
         """Milliseconds between consecutive marks, then the rest of the round until stop() (or now)."""

@@ -212,7 +212,7 @@ def test_nan_logits_are_a_clear_error(decoder, monkeypatch):
         list(decoder.generate(PROMPT, GenerationConfig(method="ngram", max_new_tokens=5)))
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_pipelined_rounds_give_the_same_events(close_decoder, method, temperature):
     """The GPU's one-round pipelining (the next round queued before an event is built) changes no event:
@@ -231,7 +231,9 @@ def test_pipelined_rounds_give_the_same_events(close_decoder, method, temperatur
     assert run(True) == run(False)
 
 
-def test_pipelined_rounds_stop_when_asked(close_decoder):
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_pipelined_rounds_stop_when_asked(close_decoder, method):
+    """Plain decoding keeps two rounds in flight; a stop still shows no round after it."""
     decoder = close_decoder
     decoder.pipelined = True
     try:
@@ -240,8 +242,20 @@ def test_pipelined_rounds_stop_when_asked(close_decoder):
         def stop():
             return rounds >= 3
 
-        for _ in decoder.generate(PROMPT, GenerationConfig(method="draft", k=2, max_new_tokens=60), stop):
+        for _ in decoder.generate(PROMPT, GenerationConfig(method=method, k=2, max_new_tokens=60), stop):
             rounds += 1
     finally:
         decoder.pipelined = False
     assert rounds == 3
+
+
+def test_plain_decoding_ahead_respects_the_budget_and_timing(close_decoder):
+    """Two plain rounds in flight: exactly max-new-tokens tokens, and round times that do not overlap."""
+    decoder = close_decoder
+    decoder.pipelined = True
+    try:
+        events = list(decoder.generate(PROMPT, GenerationConfig(method="none", max_new_tokens=17)))
+    finally:
+        decoder.pipelined = False
+    assert sum(len(e.emitted_ids) for e in events) == 17 and events[-1].finish_reason == "length"
+    assert all(e.round_ms >= 0 for e in events)

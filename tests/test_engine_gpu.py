@@ -88,12 +88,14 @@ def test_captured_outputs_survive_later_replays(decoder):
 
 @pytest.mark.parametrize("method", ["draft", "eagle"])
 @pytest.mark.parametrize("k", [2, 4, 7])
-def test_greedy_chains_replay_as_one_graph(decoder, method, k):
-    """The draft model's and EAGLE's greedy K-step chains are captured once (engine/chain_graph.py), reused by
-    later generations, and give the eager chain's tokens."""
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_chains_replay_as_one_graph(decoder, method, k, temperature):
+    """The draft model's and EAGLE's K-step chains (greedy, or sampled with the round's uniforms) are captured
+    once (engine/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
     from engine.chain_graph import ChainGraphs
 
-    config = GenerationConfig(method=method, k=k, max_new_tokens=40)
+    config = GenerationConfig(method=method, k=k, max_new_tokens=40, sampling=SamplingParams(temperature, 0, 0.9),
+                              seed=7)
     decoder.set_cuda_graphs(False)
     try:
         eager = decoder.generate_ids(PROMPT, config)
@@ -105,3 +107,16 @@ def test_greedy_chains_replay_as_one_graph(decoder, method, k):
     again = decoder.generate_ids(PROMPT, config)
     assert graphed == eager == again
     assert captured > 0 and len(ChainGraphs.of(runner)) == captured, "chains were not captured, or not reused"
+
+
+def test_medusa_proposal_replays_as_one_graph(decoder):
+    from engine.chain_graph import ChainGraphs
+
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
+    decoder.set_cuda_graphs(False)
+    try:
+        eager = decoder.generate_ids(PROMPT, config)
+    finally:
+        decoder.set_cuda_graphs(True)
+    assert decoder.generate_ids(PROMPT, config) == eager
+    assert any(key[0] == "medusa" for key in ChainGraphs.of(decoder.target)._graphs)

@@ -111,7 +111,7 @@ def test_bad_draft_layers_are_clean_errors(decoder, target_dir, capsys, bad):
 
 
 def test_negative_draft_layers_fail_validation():
-    with pytest.raises(SpecplayError, match="draft layers must be >= 1"):
+    with pytest.raises(SpecplayError, match="draft layers must be between 0 and"):
         layerskip(draft_layers=-1).validate()
 
 

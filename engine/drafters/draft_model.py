@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.chain_graph import ChainGraphs, draft_model_chain
+from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, to_device
 
@@ -28,15 +28,16 @@ class DraftModelDrafter(Drafter):
         feed = to_device(state.tokens[self.cached:], self.runner.device)
         self.base, self.last_k = len(state.tokens), k
         logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
-        if ChainGraphs.available(self.runner, state.config.sampling.greedy, k):
-            tokens = draft_model_chain(self.runner, logits, k, state.vocab_size)
-            if tokens is not None:
-                return Draft(tokens=tokens)
-        return self._eager_chain(state, logits, k)
+        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
+        sampling = chain_sampling(state)
+        if ChainGraphs.available(self.runner, k, sampling):
+            drafted = draft_model_chain(self.runner, logits, k, state.vocab_size, sampling, uniforms)
+            if drafted is not None:
+                return Draft(tokens=drafted[0], probs=drafted[1])
+        return self._eager_chain(state, logits, k, uniforms)
 
-    def _eager_chain(self, state: DecodeState, logits: torch.Tensor, k: int) -> Draft:
+    def _eager_chain(self, state: DecodeState, logits: torch.Tensor, k: int, uniforms: torch.Tensor) -> Draft:
         """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
-        uniforms = state.uniforms(k)
         tokens, probs = [], []
         for i in range(k):
             token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import ChainGraphs, eagle_chain
+from engine.chain_graph import CapturedChain, ChainGraphs, chain_sampling, eagle_chain, graph_pool
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
@@ -108,11 +108,12 @@ class EagleDrafter(Drafter):
         return draft
 
     def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
-        if ChainGraphs.available(self.head.runner, state.config.sampling.greedy, k):
-            tokens = eagle_chain(self.head, feature, k, state.vocab_size)
-            if tokens is not None:
-                return Draft(tokens=tokens)
-        uniforms = state.uniforms(k)
+        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
+        sampling = chain_sampling(state)
+        if ChainGraphs.available(self.head.runner, k, sampling):
+            drafted = eagle_chain(self.head, feature, k, state.vocab_size, sampling, uniforms)
+            if drafted is not None:
+                return Draft(tokens=drafted[0], probs=drafted[1])
         tokens, probs = [], []
         logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
@@ -126,41 +127,21 @@ class EagleDrafter(Drafter):
 
     def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
         """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
-        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its parent)."""
-        tokens, parents, scores = [], [], []
-        outputs: list = []  # per node: the head's predicted feature at that node's position [H]
-        frontier = [(-1, 0.0)]  # (node, cumulative log-prob); -1 is the root (the last committed token)
-        for level in range(depth):
-            feats = torch.stack([root_feature[0] if n < 0 else outputs[n] for n, _ in frontier])  # [F, H]
-            logp = torch.log_softmax(self.head.logits(feats)[:, :state.vocab_size], dim=-1)  # [F, V]
-            top = torch.topk(logp, TREE_BRANCH, dim=-1)
-            candidates = [(score + lp, node, token)
-                          for (node, score), lps, toks in zip(frontier, top.values.tolist(), top.indices.tolist())
-                          for lp, token in zip(lps, toks)]
-            candidates.sort(key=lambda c: -c[0])
-            frontier = []
-            for score, parent, token in candidates[:TREE_FRONTIER]:
-                tokens.append(token)
-                parents.append(parent)
-                scores.append(score)
-                frontier.append((len(tokens) - 1, score))
-            if level < depth - 1:
-                outputs = self._run_tree(state, tokens, parents, root_feature, outputs)
-        keep = _close_under_ancestors(sorted(range(len(tokens)), key=lambda i: -scores[i])[:self.tree_nodes],
-                                      parents)
+        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its parent).
+        Grown on the device level by level (each level's nodes appended to the head's cache, seeing their
+        ancestors), with one host copy at the end for the tree's shape."""
+        grown = grow_tree(self.head, root_feature, depth, state.vocab_size, self.true_length)
+        tokens, parents, scores = grown  # device [T] each
+        count = tokens.numel()
+        chosen = torch.topk(scores, min(self.tree_nodes, count)).indices  # [nodes] best first
+        host = torch.cat([chosen, tokens, parents]).tolist()  # the round's one sync while drafting
+        best, host_tokens, host_parents = host[:chosen.numel()], host[-2 * count:-count], host[-count:]
+        keep = _close_under_ancestors(best, host_parents)
         remap = {old: new for new, old in enumerate(keep)}
-        draft_tokens = to_device([tokens[i] for i in keep], state.device)
-        draft_parents = torch.tensor([remap[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.long)
+        draft_tokens = to_device([host_tokens[i] for i in keep], state.device)
+        draft_parents = torch.tensor([remap[host_parents[i]] if host_parents[i] >= 0 else -1 for i in keep],
+                                     dtype=torch.long)
         return Draft(tokens=draft_tokens, parents=draft_parents)
-
-    def _run_tree(self, state, tokens, parents, root_feature, outputs) -> list:
-        """Run the whole tree so far through the head with a tree mask; each node pairs its parent's
-        predicted feature with its own token. Returns every node's predicted feature; the cache is restored."""
-        inputs = torch.stack([root_feature[0] if p < 0 else outputs[p] for p in parents])  # [n, H]
-        self.head.runner.rollback(self.true_length)
-        out = self.head.step(inputs, to_device(tokens, state.device), torch.tensor(parents, dtype=torch.long))
-        self.head.runner.rollback(self.true_length)
-        return list(out)
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.head.runner.rollback(self.true_length)
@@ -172,6 +153,69 @@ class EagleDrafter(Drafter):
             self.pending = None
             return
         self.pending = (features, next_tokens)
+
+
+def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int):
+    """The candidate tree on the device: (tokens, parents, cumulative log-probs), each [T] in level order
+    (parents index earlier nodes, -1 = the root). Level d's nodes are written to the head's cache after its
+    true rows (cache row true_length + node, position true_length + d) and see the true rows and their own
+    ancestors; the head's length is left as it was (later levels and the next round overwrite those rows).
+    true_length: [1] on the device and kv a fixed attention width, so that the whole growth is one graph."""
+    runner = head.runner
+    device = root_feature.device
+    total = _tree_size(depth)
+    ancestors = torch.zeros(total, total, dtype=torch.bool, device=device)  # [T, T] ancestor-or-self
+    node_of_col = torch.arange(kv, device=device) - true_length  # [kv]: the tree node a cache column holds
+    in_tree = (node_of_col >= 0) & (node_of_col < total)
+    feats, frontier = root_feature, torch.full((1,), -1, dtype=torch.long, device=device)
+    frontier_scores = torch.zeros(1, dtype=torch.float32, device=device)
+    levels, count = [], 0
+    for level in range(depth):
+        logp = torch.log_softmax(head.logits(feats)[:, :vocab], dim=-1)  # [F, V]
+        top = torch.topk(logp, TREE_BRANCH, dim=-1)  # [F, B]
+        candidates = (frontier_scores[:, None] + top.values).flatten()  # [F * B]
+        best = torch.topk(candidates, min(TREE_FRONTIER, candidates.numel()))  # [W], best first
+        width = best.indices.numel()
+        local_parent = best.indices // TREE_BRANCH  # [W] index into the frontier
+        tokens, parents = top.indices.flatten()[best.indices], frontier[local_parent]  # [W] each
+        levels.append((tokens, parents, best.values))
+        if level < depth - 1:
+            rows = torch.arange(count, count + width, device=device)  # [W] node ids
+            ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
+            ancestors[rows, rows] = True
+            sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
+            visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
+            mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible, float("-inf"))
+            positions = (true_length + level).repeat(width)  # [W]
+            feats = runner.step_embeds(head.fuse(feats[local_parent], tokens), positions, true_length + rows, mask)
+            frontier, frontier_scores = rows, best.values
+        count += width
+    return tuple(torch.cat(parts) for parts in zip(*levels))
+
+
+def _tree_size(depth: int) -> int:
+    return min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
+
+
+def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int) -> tuple:
+    """_grow_tree, replayed as one CUDA graph per (depth, attention width) where graphs apply."""
+    runner = head.runner
+    kv = runner._kv_width(true_length + _tree_size(depth))
+    length = torch.full((1,), true_length, dtype=torch.long, device=root_feature.device)
+    if not ChainGraphs.available(runner, 2):
+        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+
+    def build() -> CapturedChain:
+        def grow(feature, length):
+            return _grow_tree(head, feature, depth, vocab, length, kv)
+
+        return CapturedChain(grow, (torch.zeros_like(root_feature), length.clone()), runner.device,
+                             graph_pool(runner))
+
+    graph = ChainGraphs.of(runner).get(("tree", depth, kv, vocab), build)
+    if graph is None:
+        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+    return graph.run(root_feature, true_length)
 
 
 def _close_under_ancestors(keep: list, parents: list) -> list:

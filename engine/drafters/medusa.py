@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.chain_graph import medusa_draft
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
 from engine.runner import to_device
@@ -158,6 +159,9 @@ class MedusaDrafter(Drafter):
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
         tree, flat_index, parents = self._tree(self.nodes or 2 * k, min(k, self.heads.count), state.device)
+        tokens = medusa_draft(self.target, self.heads, hidden, tree, flat_index, state.vocab_size)
+        if tokens is not None:
+            return Draft(tokens=tokens, parents=parents)
         head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from engine.train.presets import PRESETS
-from engine.train.stages import STAGES
+from engine.errors import SpecplayError
+from engine.threads import check_threads, env_threads
+from engine.train.presets import PRESETS, STAGES  # not engine.train.stages: it imports torch
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -30,6 +31,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated subset of {','.join(STAGES)} (finished stages are skipped)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--export", type=Path, default=None, help="export directory (default <out>/export)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
 
 
@@ -37,7 +40,7 @@ def parse_stages(text: str) -> list[str]:
     stages = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad:
-        raise SystemExit(f"unknown stage(s) {bad}; choose from {STAGES}")
+        raise SpecplayError(f"unknown stage(s) {bad}; choose from {STAGES}")
     return stages
 
 
@@ -50,10 +53,15 @@ def run_train(args) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # keep the training log readable
+    stages = parse_stages(args.stages)
     preset = PRESETS["tiny" if args.tiny else "full"]()
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
     device = lm.pick_device(args.device)
-    if args.tiny:
+    threads = getattr(args, "threads", None)
+    check_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif env_threads() is None and args.tiny:
         torch.set_num_threads(min(4, torch.get_num_threads()))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -61,7 +69,7 @@ def run_train(args) -> int:
     ctx = Context(preset=preset, out=out, device=device, export_dir=args.export or out / "export",
                   log=lambda msg: print(msg, flush=True))
     t0 = time.time()
-    run_stages(ctx, parse_stages(args.stages))
+    run_stages(ctx, stages)
     print(f"train: finished in {time.time() - t0:.1f} s (preset {preset.name}, out {out})", flush=True)
     return 0
 

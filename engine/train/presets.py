@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+# the pipeline's stages in order (engine.train.stages runs them; the CLI parses names without importing it)
+STAGES = ["tokenizer", "target", "draft", "distill", "medusa", "eagle", "export"]
+
 
 @dataclass
 class ModelShape:

@@ -17,9 +17,7 @@ import torch
 
 from engine.train import corpus, heads, lm
 from engine.train import tokenizer as tk
-from engine.train.presets import Preset
-
-STAGES = ["tokenizer", "target", "draft", "distill", "medusa", "eagle", "export"]
+from engine.train.presets import STAGES, Preset
 
 
 @dataclass

@@ -1,0 +1,102 @@
+// specplay: fused kernels of the decoder step (loaded by kernels/step.py through cupy.RawModule).
+//
+// The contract is kernels/step.py's torch twins (rope_qkv_reference, silu_mul_reference), which are the
+// eager step's own operations.  Each kernel replaces several of the step's small kernels: in a replayed CUDA
+// graph every kernel costs a few microseconds however little it does, and a decoder layer had about a dozen.
+//
+// Rounding follows the torch operations one by one: every operation's result is rounded to the tensor dtype
+// (bf16/fp16 round to nearest even), computed in fp32 in between.  Compiled with --fmad=false, so no
+// multiply-add is contracted here; torch's own kernels may contract theirs, so the twins agree to one unit in
+// the last place, not always bit for bit.
+//
+// No headers: NVRTC compiles this as is (bf16/fp16 are raw 16-bit words).
+
+typedef unsigned int u32;
+
+struct bf16_t { unsigned short v; };
+struct f16_t { unsigned short v; };
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((u32)x.v) << 16); }
+__device__ __forceinline__ float to_f(f16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.v));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f(float f);
+template <> __device__ __forceinline__ float from_f<float>(float f) { return f; }
+template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float f) {
+    u32 b = __float_as_uint(f);
+    bf16_t out;
+    if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu)) {  // NaN stays NaN
+        out.v = (unsigned short)((b >> 16) | 0x40u);
+        return out;
+    }
+    b += 0x7fffu + ((b >> 16) & 1u);  // round to nearest, ties to even
+    out.v = (unsigned short)(b >> 16);
+    return out;
+}
+template <> __device__ __forceinline__ f16_t from_f<f16_t>(float f) {
+    f16_t out;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out.v) : "f"(f));
+    return out;
+}
+template <typename T> __device__ __forceinline__ T rnd(float f) { return from_f<T>(f); }
+
+// Rotary embedding of q and k, the k/v cache write and q's grouped layout, for one block of n tokens.
+//   qkv [n, (heads + 2 kv_heads) * D]: each row is q (heads * D) | k (kv_heads * D) | v (kv_heads * D)
+//   rope(x)[d] = x[d] * cos[d] + x[d ^ half] * sin_signed[d]   (the halves swapped; sin_signed = [-sin, sin])
+//   k_cache/v_cache [kv_heads, cache_len, D]: row cache_index[i] of head h gets token i's k (roped) and v
+//   q_out [heads, n, D] (head hq = h * group + g: the rows SDPA reads as [kv_heads, group * n, D])
+// One thread per (token, head slot, d) with head slots 0..heads-1 for q, then kv heads for k and v.
+template <typename T>
+__global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table, const long long* positions,
+                            const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads,
+                            int kv_heads, int D, int cache_len) {
+    int slots = heads + 2 * kv_heads;
+    long long total = (long long)n * slots * D;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    int d = (int)(idx % D);
+    int slot = (int)((idx / D) % slots);
+    int i = (int)(idx / ((long long)D * slots));
+    int width = slots * D;
+    const T* row = qkv + (long long)i * width;
+    if (slot >= heads + kv_heads) {  // v: copied into the cache as is
+        int h = slot - heads - kv_heads;
+        v_cache[((long long)h * cache_len + cache_index[i]) * D + d] = row[slot * D + d];
+        return;
+    }
+    int half = D / 2;
+    int partner = d < half ? d + half : d - half;
+    long long pos = positions[i];
+    float c = to_f(cos_table[pos * D + d]);
+    float s = to_f(sin_table[pos * D + d]);
+    float x = to_f(row[slot * D + d]);
+    float xs = to_f(row[slot * D + partner]);
+    float a = to_f(rnd<T>(x * c));  // torch: x * cos, rounded
+    float b = xs * s;               // addcmul: a + swapped * sin in fp32, rounded once
+    T out = rnd<T>(a + b);
+    if (slot < heads) {
+        q_out[((long long)slot * n + i) * D + d] = out;
+    } else {
+        int h = slot - heads;
+        k_cache[((long long)h * cache_len + cache_index[i]) * D + d] = out;
+    }
+}
+
+// SiLU(gate) * up for gate_up [n, 2 I] (gate | up per row) -> out [n, I].
+//   torch: F.silu(gate) rounded, times up, rounded; silu(x) = x / (1 + exp(-x)) in fp32.
+template <typename T>
+__global__ void sp_silu_mul(const T* gate_up, T* out, int n, int inter) {
+    long long total = (long long)n * inter;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    int j = (int)(idx % inter);
+    long long i = idx / inter;
+    float g = to_f(gate_up[i * 2 * inter + j]);
+    float u = to_f(gate_up[i * 2 * inter + inter + j]);
+    float silu = to_f(rnd<T>(g / (1.0f + expf(-g))));
+    out[idx] = rnd<T>(silu * u);
+}

@@ -1,0 +1,95 @@
+"""The window's session survives faults: a failing generation, a corrupt settings file, interrupted runs in
+the exports."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+from test_app import FakeDecoder, generate, make_window  # noqa: F401 - make_window is a fixture
+
+from app.settings import DEFAULTS, AppSettings
+from engine.metrics import csv_header
+
+pytestmark = pytest.mark.usefixtures("isolated_qsettings")
+FINISH = csv_header().index("finish_reason")
+
+
+def settings_file(isolated_qsettings):
+    folder = isolated_qsettings / "specplay"
+    folder.mkdir(exist_ok=True)
+    return folder / "specplay.ini"
+
+
+def test_a_failing_generation_keeps_the_earlier_runs_and_settings(qtbot, make_window, tmp_path):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=5))
+    window.method_actions["ngram"].trigger()
+    window.k_actions[6].trigger()
+    generate(qtbot, window)
+    first = window.session.generations[0]
+    window.fake.fail_at = 2
+    generate(qtbot, window)
+    assert window.errors == [("Generation failed", "The engine failed: RuntimeError: kernel exploded")]
+    assert [g.finish for g in window.session.generations] == ["length", "error"]
+    assert len(first.events) == 5 and len(window.session.generations[1].events) == 2
+    assert window.history.count() == 2
+    config = AppSettings().config()
+    assert (config.method, config.k) == ("ngram", 6)
+    assert window.k_actions[6].isChecked() and window.method_actions["ngram"].isChecked()
+    path = tmp_path / "session.csv"
+    window.ask_save_path = lambda title, file_filter: str(path)
+    window.export_csv()
+    rows = list(csv.reader(path.open()))[1:]
+    assert [r[0] for r in rows] == ["1"] * 5 + ["2"] * 2
+    assert [r[FINISH] for r in rows] == ["", "", "", "", "length", "", "error"]
+    window.fake.fail_at = None
+    generate(qtbot, window)  # and the session carries on
+    assert [g.finish for g in window.session.generations] == ["length", "error", "length"]
+
+
+def test_a_stopped_generation_is_exported_as_stopped(qtbot, make_window, tmp_path):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=500, delay=0.01))
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=2000)
+    path = tmp_path / "trace.jsonl"
+    window.ask_save_path = lambda title, file_filter: str(path)
+    window.export_jsonl()
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(window.session.generations[0].events) >= 3
+    assert '"finish_reason": "stopped"' in lines[-1] and '"finish_reason": null' in lines[0]
+    assert window.session.generations[0].events[-1].finish_reason is None  # the session itself is unchanged
+
+
+CORRUPT = {
+    "wrong types and ranges": (
+        "[decode]\nk=banana\nmax_new_tokens=99999999999999999999999\ntemperature=nan\ntop_p=7\nseed=-5\n"
+        "greedy=maybe\ntop_k=1e9\n[view]\ntheme=purple\nplots=3\n[window]\ngeometry=hello\n"
+    ).encode(),
+    "random bytes": bytes((i * 7919 + 13) % 256 for i in range(3000)),
+    "binary with NUL": b"\x00\x00[decode]\x00k=\x00\xff\xfe\n=\n[[[\n",
+}
+
+
+@pytest.mark.parametrize("content", list(CORRUPT.values()), ids=list(CORRUPT))
+def test_a_corrupt_settings_file_is_reset_with_a_message(qtbot, make_window, isolated_qsettings,  # noqa: F811
+                                                         content):
+    settings_file(isolated_qsettings).write_bytes(content)
+    window = make_window()
+    assert len(window.errors) == 1 and window.errors[0][0] == "Settings reset", window.errors
+    assert "specplay.ini" in window.errors[0][1]
+    settings = AppSettings()
+    assert settings.notice is None  # repaired once: read again, the file is clean
+    for key, default in DEFAULTS.items():
+        assert settings.get(key) == default, key
+    assert window.max_tokens.value() == DEFAULTS["decode/max_new_tokens"]
+    generate(qtbot, window)
+    assert window.session.generations[0].finish == "length"
+
+
+def test_a_wrong_value_names_its_key_and_the_others_are_kept(isolated_qsettings):
+    settings_file(isolated_qsettings).write_text("[decode]\nk=7\nmethod=ngram\ntop_p=nan\n")
+    settings = AppSettings()
+    assert "decode/top_p" in settings.notice and "decode/k" not in settings.notice
+    assert settings.config().k == 7 and settings.config().method == "ngram"
+    assert settings.get("decode/top_p") == DEFAULTS["decode/top_p"]
