@@ -8,14 +8,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from engine import analytic
 from engine.config import GenerationConfig
 from engine.errors import SpecplayError
 from engine.methods import MethodSpec, parse_spec
 from engine.metrics import RunTotals, final_metrics
-from engine.timing import Stopwatch
 
 FALLBACK_PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -146,6 +143,8 @@ def layer_skip_cost(decoder, layers: int, repeats: int = 5) -> float:
     """c of layer skip: the median time of one step of the target's first `layers` layers (one token after a
     short prefix) over one full target step. Between generations only: like decoder.calibrate, it writes the
     cache rows it times."""
+    import torch  # here, not at the top: the CLI parses and checks its arguments without importing torch
+
     from engine.drafters.layerskip import layer_skip_runner
 
     probe = torch.full((8,), decoder.tokenizer.encode("def ")[0], dtype=torch.long, device=decoder.device)
@@ -155,8 +154,10 @@ def layer_skip_cost(decoder, layers: int, repeats: int = 5) -> float:
     return _ratio(part, full)
 
 
-def _step_ms(runner, probe: torch.Tensor, repeats: int) -> float:
-    """Median ms of a one-token forward after the probe's prefix (rolled back each time); one warm-up step."""
+def _step_ms(runner, probe, repeats: int) -> float:
+    """Median ms of a one-token forward after the probe [n]'s prefix (rolled back each time); one warm-up."""
+    from engine.timing import Stopwatch
+
     runner.reset()
     runner.forward(probe)
     times = []
