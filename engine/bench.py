@@ -57,9 +57,16 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
     for spec in specs:
         config = replace(base, method=spec.name, tree_nodes=spec.tree_nodes)
         measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
+        _forget_session(decoder)  # suffix decoding would otherwise recall the warm-up's output
         results[str(spec)] = measure(decoder, prompts, config, repeats)
     plain = results["none"].tokens_per_s
     return [_method_row(label, r, plain) for label, r in results.items()]
+
+
+def _forget_session(decoder) -> None:
+    """Clear the session memory of suffix decoding, when the decoder has one (a warm-up must not feed it)."""
+    if hasattr(decoder, "suffix_memory"):
+        decoder.suffix_memory().clear()
 
 
 def _method_row(label: str, r: RunTotals, plain_tokens_per_s: float) -> dict:
@@ -103,8 +110,7 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far
     return)."""
-    calibration = decoder.calibrate(max(ks))
-    c = calibration.c if base.method == "draft" else 0.0
+    c = draft_cost(decoder, base, max(ks))
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
     plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
     rows = []
@@ -135,6 +141,80 @@ def _cell(row: dict, column: str) -> str:
     if row.get("method") == "none" and column in PLAIN_BLANKS:
         return "-"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def draft_cost(decoder, config: GenerationConfig, k: int) -> float:
+    """c, one draft step's time over one target step's, measured on this machine: the draft model's, layer
+    skip's (its L layers), 0 for the model-free and head methods (their draft cost is not a model step)."""
+    if config.method == "draft":
+        return decoder.calibrate(k).c
+    if config.method == "layerskip":
+        from engine.drafters.layerskip import resolve_draft_layers
+
+        return layer_skip_cost(decoder, resolve_draft_layers(decoder.target, config.draft_layers))
+    return 0.0
+
+
+def layer_skip_cost(decoder, layers: int, repeats: int = 5) -> float:
+    """c of layer skip: the median time of one step of the target's first `layers` layers (one token after a
+    short prefix) over one full target step. Between generations only: like decoder.calibrate, it writes the
+    cache rows it times."""
+    import torch  # here, not at the top: the CLI parses and checks its arguments without importing torch
+
+    from engine.drafters.layerskip import layer_skip_runner
+
+    probe = torch.full((8,), decoder.tokenizer.encode("def ")[0], dtype=torch.long, device=decoder.device)
+    with torch.inference_mode():
+        full = _step_ms(decoder.target, probe, repeats)
+        part = _step_ms(layer_skip_runner(decoder.target, layers), probe, repeats)
+    return _ratio(part, full)
+
+
+def _step_ms(runner, probe, repeats: int) -> float:
+    """Median ms of a one-token forward after the probe [n]'s prefix (rolled back each time); one warm-up."""
+    from engine.timing import Stopwatch
+
+    runner.reset()
+    runner.forward(probe)
+    times = []
+    for _ in range(repeats + 1):
+        watch = Stopwatch(runner.device)
+        runner.forward(probe[:1])
+        times.append(watch.elapsed_ms())
+        runner.rollback(probe.numel())
+    runner.reset()
+    return sorted(times[1:])[repeats // 2]
+
+
+def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=None, repeats=1) -> list:
+    """Layer skip with L = each of layer_counts (default: 1 .. N-1) drafting layers, on the same prompts, next
+    to plain decoding measured in this run, and the speedup E/(1+cK) predicts at the measured alpha and the
+    measured c of L layers (layer_skip_cost)."""
+    from engine.drafters.layerskip import resolve_draft_layers
+
+    total = len(getattr(decoder.target, "layers", ()))
+    counts = list(layer_counts or range(1, total))
+    for count in counts:  # a bad L is reported before anything runs
+        if count < 1:
+            raise SpecplayError(f"draft layer counts must be >= 1 (got {count})")
+        resolve_draft_layers(decoder.target, count)
+    config = replace(base, method="layerskip", tree_nodes=0)
+    measure(decoder, prompts[:1], replace(config, draft_layers=counts[0], max_new_tokens=8))  # warm-up
+    plain = measure(decoder, prompts, replace(base, method="none", tree_nodes=0), repeats).tokens_per_s
+    rows = []
+    for count in counts:
+        run = replace(config, draft_layers=count)
+        if captures_graphs(decoder):
+            measure(decoder, prompts[:1], run)
+        r = measure(decoder, prompts, run, repeats)
+        c = layer_skip_cost(decoder, count)
+        rows.append({"layers": count, "k": r.k, "alpha": r.acceptance_rate,
+                     "tokens_per_forward": r.tokens_per_forward,
+                     "analytic_tokens_per_forward": r.analytic_tokens_per_forward,
+                     "tokens_per_s": r.tokens_per_s,
+                     "speedup": _ratio(r.tokens_per_s, plain),
+                     "predicted_speedup": analytic.speedup(r.acceptance_rate, r.k, c), "c": c})
+    return rows
 
 
 def format_rows(rows: list, columns: list) -> str:

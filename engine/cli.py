@@ -173,6 +173,10 @@ def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = Tru
     p.add_argument("--tree-nodes", type=int, default=None,
                    help="the tree size, as --method NAME:NODES gives it (medusa: node budget, default 2K; "
                         "eagle: 0 = a chain of K, N = a dynamic tree of N nodes)")
+    p.add_argument("--draft-layers", type=int, default=0,
+                   help="layerskip: how many of the target's first layers draft (default: half of them)")
+    p.add_argument("--suffix-corpus", default="",
+                   help="suffix: a text file indexed beside the session's earlier prompts and outputs")
     _add_model_args(p)
 
 
@@ -204,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=tuple(BENCHMARKS), help="the benchmark (see above)")
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="k-sweep: the K values to measure")
+    bench.add_argument("--ls", default="", help="layerskip: draft layer counts L (default: 1 .. layers-1)")
     bench.add_argument("--methods", default="none,draft,ngram",
                        help=f"methods, graphs: comma-separated method specs ({METHOD_HELP})")
     bench.add_argument("--prompts", type=int, default=4,
@@ -236,6 +241,10 @@ BENCHMARKS = {
               "--prompts, --repeats",
     "kernels": "the CuPy verification and sampling kernels against the torch reference (GPU only); "
                "no options",
+    "runtimes": "specplay's methods and HF transformers generate end to end, time to first token apart, "
+                "beside the measured weight-read floor; options: --methods, --hf, --synthetic, --json",
+    "layerskip": "layer skip with each draft depth L of --ls against plain decoding, with the measured c "
+                 "of L layers; options: --ls, --k, --prompts",
 }
 BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
 ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
@@ -257,7 +266,8 @@ def config_from_args(args) -> GenerationConfig:
     spec = method_from_args(args)
     config = GenerationConfig(method=spec.name, k=args.k,
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
-                              seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes)
+                              seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes,
+                              draft_layers=args.draft_layers, suffix_corpus=args.suffix_corpus)
     config.validate()
     return config
 
@@ -463,7 +473,8 @@ def cmd_check_lossless(args) -> int:
     config = config_from_args(args)
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
-                                      tree_nodes=config.tree_nodes)
+                                      tree_nodes=config.tree_nodes, draft_layers=config.draft_layers,
+                                      suffix_corpus=config.suffix_corpus)
     sampled_config.validate()
     prompt = prompt_from_args(args, DEFAULT_CHECK_PROMPT)
     decoder = load_decoder(args, config.method)
@@ -483,6 +494,8 @@ BENCH_COLUMNS = {
                "eager_speedup", "graph_speedup"],
     "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",
                 "predicted_speedup"],
+    "layerskip": ["layers", "k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "c",
+                  "tokens_per_s", "speedup", "predicted_speedup"],
 }
 
 
@@ -506,6 +519,9 @@ def cmd_bench(args) -> int:
         best = max(rows, key=lambda r: r["speedup"])
         print(f"fastest measured K = {best['k']} ({best['speedup']:.2f}x over plain decoding)",
               file=sys.stderr)
+    elif args.what == "layerskip":
+        decoder = load_decoder(args, "layerskip")
+        rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats)
     else:
         specs = [s.strip() for s in args.methods.split(",") if s.strip()]
         decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
@@ -572,6 +588,14 @@ def _parse_ks(text: str) -> list:
     if not ks or ks[0] < 1 or ks[-1] > MAX_K:
         raise SpecplayError(f"--ks values must be between 1 and {MAX_K}")
     return ks
+
+
+def _parse_counts(text: str, option: str) -> list:
+    """'1,2,3' -> [1, 2, 3]; '' -> [] (the default)."""
+    try:
+        return sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise SpecplayError(f"{option} must be a comma-separated list of integers (got {text!r})") from None
 
 
 def _bench_kernels() -> int:

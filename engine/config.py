@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from engine import methods
 from engine.errors import SpecplayError
@@ -15,6 +17,7 @@ MAX_TOP_K = 2**31 - 1
 MAX_SEED = 2**63 - 1  # torch generators take 64 bits; check-lossless adds the sample index
 MAX_NEW_TOKENS = 2**24
 MAX_NGRAM = 64
+MAX_DRAFT_LAYERS = 1024
 
 
 def check_int(name: str, value, low: int, high: int) -> None:
@@ -66,6 +69,8 @@ class GenerationConfig:
     ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
     tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
+    draft_layers: int = 0  # layerskip: target layers that draft (0 = half of the target's, at least 1)
+    suffix_corpus: str = ""  # suffix: a text file indexed beside the session's history ("" = none)
 
     def validate(self) -> None:
         if not isinstance(self.method, str):
@@ -78,6 +83,12 @@ class GenerationConfig:
             raise SpecplayError(f"method {self.method!r} drafts a chain and takes no tree size")
         check_int("n-gram size", self.ngram_n, 1, MAX_NGRAM)
         check_int("seed", self.seed, 0, MAX_SEED)
+        # 0 = half the target's layers; the upper bound depends on the target: the layerskip drafter checks it
+        check_int("draft layers", self.draft_layers, 0, MAX_DRAFT_LAYERS)
+        if not isinstance(self.suffix_corpus, str):
+            raise SpecplayError(f"suffix corpus must be a file name (got {self.suffix_corpus!r})")
+        if self.suffix_corpus:
+            _check_readable_file(self.suffix_corpus, "suffix corpus")
         if not isinstance(self.sampling, SamplingParams):
             raise SpecplayError(f"sampling must be SamplingParams (got {type(self.sampling).__name__})")
         self.sampling.validate()
@@ -99,3 +110,11 @@ class GenerationConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_readable_file(path: str, what: str) -> None:
+    file = Path(path)
+    if not file.is_file():
+        raise SpecplayError(f"{what} {path!r}: no such file")
+    if not os.access(file, os.R_OK):
+        raise SpecplayError(f"{what} {path!r}: not readable")

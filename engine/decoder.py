@@ -109,6 +109,7 @@ class SpeculativeDecoder:
         self._token_texts: dict = {}  # token id -> its text, decoded once
         self._medusa = None  # heads load on first use
         self._eagle = None
+        self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
         self.cuda_graphs = self.device.type == "cuda"
         self.pipelined = self.device.type == "cuda"  # see _rounds
         if self.device.type == "cuda":
@@ -150,6 +151,14 @@ class SpeculativeDecoder:
             self._eagle = EagleHead.load(self.pair.target_name, self.target)
             self.set_cuda_graphs(self.cuda_graphs)
         return self._eagle
+
+    def suffix_memory(self):
+        """The session's suffix-decoding memory (earlier prompts and outputs, a corpus), made on first use."""
+        if self._suffix_memory is None:
+            from engine.drafters.suffix import SuffixMemory
+
+            self._suffix_memory = SuffixMemory()
+        return self._suffix_memory
 
     def available_methods(self) -> tuple:
         return tuple(m for m, reason in self.method_availability().items() if reason is None)

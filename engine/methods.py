@@ -24,6 +24,7 @@ class Method:
     files: tuple = ()  # files in the target's folder it needs (heads)
     needs_draft_model: bool = False
     needs_tree_target: bool = False  # tree verification needs the Llama-family runner's tree mask
+    needs_llama_target: bool = False  # drafts with the target's own layers (engine.llama.LlamaRunner)
     default_tree_nodes: Callable[[int], int] = staticmethod(lambda k: 0)  # nodes for K when no size is given
     build: Optional[Callable] = None  # build(decoder, config) -> Drafter
 
@@ -75,6 +76,21 @@ def _lookahead(decoder, config):
     return LookaheadDrafter()
 
 
+def _suffix(decoder, config):
+    from engine.drafters.suffix import SuffixDrafter
+
+    memory = decoder.suffix_memory()
+    if config.suffix_corpus:
+        memory.load_corpus(config.suffix_corpus, decoder.tokenizer)
+    return SuffixDrafter(memory, tree_nodes=METHODS["suffix"].tree_nodes_for(config))
+
+
+def _layerskip(decoder, config):
+    from engine.drafters.layerskip import LayerSkipDrafter
+
+    return LayerSkipDrafter(decoder.target, config.draft_layers)
+
+
 METHODS = {m.name: m for m in (
     Method("none", "Off (plain autoregressive)", "chain", build=_none),
     Method("draft", "Draft model", "chain", needs_draft_model=True, build=_draft),
@@ -83,10 +99,13 @@ METHODS = {m.name: m for m in (
            default_tree_nodes=lambda k: 2 * k, build=_medusa),
     Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle),
     Method("lookahead", "Lookahead", "tree", needs_tree_target=True, build=_lookahead),
+    Method("suffix", "Suffix decoding", "tree", needs_tree_target=True,
+           default_tree_nodes=lambda k: min(2 * k, MAX_TREE_NODES), build=_suffix),
+    Method("layerskip", "Layer skip (self-speculation)", "chain", needs_llama_target=True, build=_layerskip),
 )}
 NAMES = tuple(METHODS)
 # What the GUI's Method menu offers, in order: plain methods, and EAGLE's dynamic tree at the default K's 2K nodes.
-MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead")
+MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead", "suffix", "layerskip")
 
 
 def get(name: str) -> Method:
@@ -144,12 +163,16 @@ def spec_label(name: str, tree_nodes: int = 0) -> str:
 
 
 def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: bool,
-                       target_dir: Optional[str]) -> Optional[str]:
-    """None when the method can run on this pair, else why not (one line for a tooltip or an error)."""
+                       target_dir: Optional[str], llama_target: Optional[bool] = None) -> Optional[str]:
+    """None when the method can run on this pair, else why not (one line for a tooltip or an error).
+    llama_target: the target runs on engine.llama.LlamaRunner (None: as supports_tree says, the one runner
+    with trees being that one)."""
     if method.needs_draft_model and not has_draft_model:
         return "no draft model loaded"
     if method.needs_tree_target and not supports_tree:
         return "tree drafts need a Llama-family target"
+    if method.needs_llama_target and not (supports_tree if llama_target is None else llama_target):
+        return "drafting with the target's own layers needs a Llama-family target"
     folder = Path(str(target_dir)) if target_dir is not None else None
     for filename in method.files:
         if folder is None or not (folder / filename).exists():
@@ -157,6 +180,8 @@ def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: boo
     return None
 
 
-def availability(has_draft_model: bool, supports_tree: bool, target_dir: Optional[str]) -> dict:
+def availability(has_draft_model: bool, supports_tree: bool, target_dir: Optional[str],
+                 llama_target: Optional[bool] = None) -> dict:
     """Method name -> None when available, else the reason it is not."""
-    return {name: unavailable_reason(m, has_draft_model, supports_tree, target_dir) for name, m in METHODS.items()}
+    return {name: unavailable_reason(m, has_draft_model, supports_tree, target_dir, llama_target)
+            for name, m in METHODS.items()}

@@ -71,11 +71,13 @@ def test_unavailable_reasons_come_from_the_registry(tmp_path):
     assert reasons["none"] is None and reasons["ngram"] is None
     assert reasons["draft"] == "no draft model loaded"
     assert "Llama-family" in reasons["medusa"] and "Llama-family" in reasons["lookahead"]
+    assert "Llama-family" in reasons["suffix"] and "Llama-family" in reasons["layerskip"]
     reasons = methods.availability(has_draft_model=True, supports_tree=True, target_dir=str(tmp_path))
     assert "medusa_heads.safetensors" in reasons["medusa"] and "eagle_head.safetensors" in reasons["eagle"]
 
 
-@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead"])
+@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead", "suffix",
+                                  "layerskip"])
 def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
     """The decoder hands a drafter the prefill features, block features and logits only when it asks."""
     config = GenerationConfig(k=3, max_new_tokens=12).with_spec(spec)

@@ -1,0 +1,269 @@
+"""Suffix decoding: draft a tree of what most often followed the longest suffix of the context seen before.
+
+Two indexes are searched every round: the generation's own tokens (prompt and output so far) and the
+session's memory (earlier prompts and outputs on this decoder, and an optional corpus file). In each, the
+occurrences of the context's last two tokens (or last one) are extended backwards to their match length, so
+the longest matching suffix and all of its occurrences come out of one scan. The continuations of those
+occurrences, merged into a counted trie, give every node an empirical probability: the product, along its
+path, of each token's count over its siblings' counts. The draft takes the most probable nodes best-first
+within the node budget.
+
+Draft length adapts to the match: the tree is at most K deep and at most SPEC_FACTOR times the match length
+(a long match is a confident one), and nodes below MIN_PROB are left out, so a rare or split continuation
+drafts little. Where several match lengths compete, the tree with the highest expected number of accepted
+tokens (the sum of its path probabilities) wins. Drafts are one-hot (q = 1): tree verification keeps the
+output exactly the target's.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from pathlib import Path
+
+from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit
+from engine.drafters.tree import as_tensors
+from engine.errors import SpecplayError
+from engine.runner import to_device
+
+SEPARATOR = -1  # between documents of an index (never a token id)
+MAX_MATCH = 32  # the longest suffix compared
+SCAN = 256  # the most recent occurrences of the last one or two tokens looked at, per index and round
+PATTERN_CHOICES = 2  # distinct match lengths tried per index (the best-scoring tree wins)
+SPEC_FACTOR = 4.0  # draft depth <= SPEC_FACTOR * match length (and <= K): a one-token match drafts 4 deep
+MIN_PROB = 0.1  # nodes whose empirical path probability is lower are not drafted
+MAX_MEMORY_TOKENS = 1 << 20  # the session memory keeps at most this many tokens (oldest documents go first)
+MAX_CORPUS_BYTES = 16 << 20  # a corpus file is read up to this size
+
+
+class SuffixIndex:
+    """Documents of token ids in one flat list, with the positions where each 1-gram and 2-gram ends.
+
+    Memory is about three list entries per token. Occurrences of the context's last tokens come from the
+    n-gram lists (most recent first) and are measured by comparing backwards, so a query never walks the
+    whole list; appending is O(1) per token, so the generation's own index grows with every round."""
+
+    def __init__(self):
+        self.tokens: list = []
+        self._ends1: dict = {}  # token -> positions i with tokens[i] == token
+        self._ends2: dict = {}  # (a, b) -> positions i with tokens[i - 1 : i + 1] == [a, b]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens) -> None:
+        seq = self.tokens
+        for token in tokens:
+            token, i = int(token), len(seq)
+            seq.append(token)
+            self._ends1.setdefault(token, []).append(i)
+            if i and seq[i - 1] != SEPARATOR:
+                self._ends2.setdefault((seq[i - 1], token), []).append(i)
+
+    def end_document(self) -> None:
+        if self.tokens and self.tokens[-1] != SEPARATOR:
+            self.tokens.append(SEPARATOR)
+
+    def occurrences(self, context: list) -> list:
+        """[(i, n)]: positions i, each followed by a token, where a suffix of `context` of length n ends (n as
+        long as the match goes, <= MAX_MATCH). Occurrences of the last two tokens if there are any (every
+        longer match is among them), else of the last token."""
+        if not context:
+            return []
+        candidates = []
+        if len(context) >= 2:
+            candidates = self._followed(self._ends2.get((context[-2], context[-1]), ()))
+        if not candidates:
+            candidates = self._followed(self._ends1.get(context[-1], ()))
+        return [(i, self._match_length(i, context)) for i in candidates]
+
+    def _followed(self, positions) -> list:
+        """The most recent SCAN of `positions` that a token follows."""
+        seq, found = self.tokens, []
+        last = len(seq) - 1
+        for i in reversed(positions):
+            if i < last and seq[i + 1] != SEPARATOR:
+                found.append(i)
+                if len(found) == SCAN:
+                    break
+        return found
+
+    def _match_length(self, i: int, context: list) -> int:
+        seq, n = self.tokens, 0
+        limit = min(MAX_MATCH, len(context), i + 1)
+        while n < limit and seq[i - n] == context[-1 - n]:  # a SEPARATOR never matches
+            n += 1
+        return n
+
+    def continuation(self, i: int, depth: int, vocab: int) -> list:
+        """Up to `depth` tokens after position i, cut at the document's end or at a token outside the vocab
+        (a corpus tokenized by a tokenizer wider than the target's logits)."""
+        out = []
+        for token in self.tokens[i + 1:i + 1 + depth]:
+            if not 0 <= token < vocab:
+                break
+            out.append(token)
+        return out
+
+
+def counted_trie(sequences) -> dict:
+    """Merge sequences into a trie: token -> [count, children] at every level."""
+    root: dict = {}
+    for sequence in sequences:
+        level = root
+        for token in sequence:
+            entry = level.get(token)
+            if entry is None:
+                entry = level[token] = [0, {}]
+            entry[0] += 1
+            level = entry[1]
+    return root
+
+
+def best_tree(sequences, budget: int, min_prob: float = MIN_PROB) -> tuple:
+    """The most probable nodes of the counted trie of `sequences`, best-first: (tokens, parents, score).
+
+    A child is never more probable than its parent, so parents come out first (topological order, -1 = the
+    root); siblings are distinct tokens. score = the sum of the chosen nodes' path probabilities: the expected
+    number of accepted drafts if the target continued like the counts."""
+    tokens: list = []
+    parents: list = []
+    score = 0.0
+    heap: list = []  # (-probability, order pushed, token, parent node, children)
+    order = itertools.count()
+
+    def push(children: dict, parent: int, prob: float) -> None:
+        total = sum(count for count, _ in children.values())
+        for token, (count, grandchildren) in children.items():
+            p = prob * count / total
+            if p >= min_prob:
+                heapq.heappush(heap, (-p, next(order), token, parent, grandchildren))
+
+    push(counted_trie(sequences), -1, 1.0)
+    while heap and len(tokens) < budget:
+        neg_p, _, token, parent, children = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        score -= neg_p
+        push(children, len(tokens) - 1, -neg_p)
+    return tokens, parents, score
+
+
+def candidate_trees(index: SuffixIndex, context: list, k: int, budget: int, vocab: int):
+    """One draft tree per match length tried (the PATTERN_CHOICES longest found), as best_tree gives them."""
+    found = index.occurrences(context)
+    for n in sorted({n for _, n in found}, reverse=True)[:PATTERN_CHOICES]:
+        depth = min(k, max(1, math.ceil(SPEC_FACTOR * n)))
+        yield best_tree([index.continuation(i, depth, vocab) for i, m in found if m >= n], budget)
+
+
+class SuffixMemory:
+    """What suffix decoding remembers across the generations of one decoder (drafters live one generation):
+    earlier prompts with their outputs, and corpus files, in one SuffixIndex of bounded size.
+
+    A generation hands its token list over when it starts (`begin`; its drafter extends the list as rounds
+    commit) and is indexed when the next one begins or on `finish`, so that a generation is never matched
+    twice against itself (its own index covers it) and a stopped generation is remembered as far as it got.
+    Corpora take at most half of max_tokens and stay; past max_tokens the oldest generations are forgotten."""
+
+    def __init__(self, max_tokens: int = MAX_MEMORY_TOKENS):
+        self.max_tokens = max_tokens
+        self.index = SuffixIndex()
+        self._documents: deque = deque()  # (tokens, pinned): pinned = a corpus, never forgotten
+        self._open = None
+        self._corpora: set = set()
+
+    @property
+    def documents(self) -> int:
+        return len(self._documents)
+
+    def begin(self, tokens: list) -> None:
+        """A generation starts: index the previous one, and hold this one's (growing) token list."""
+        self.finish()
+        self._open = tokens
+
+    def finish(self) -> None:
+        if self._open is not None:
+            document, self._open = self._open, None
+            self.add(document)
+
+    def add(self, tokens, pinned: bool = False) -> None:
+        """Index one document (a prompt with its output, or a corpus: pinned)."""
+        document = [int(t) for t in tokens][-self.max_tokens:]
+        if not document:
+            return
+        self._documents.append((document, pinned))
+        self.index.extend(document)
+        self.index.end_document()
+        if len(self.index) > self.max_tokens:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Forget the oldest generations until three quarters of the budget are used; rebuild the index."""
+        used = len(self.index)
+        kept: deque = deque()
+        while self._documents:
+            document, pinned = self._documents.popleft()
+            if pinned or used <= self.max_tokens * 3 // 4:
+                kept.append((document, pinned))
+            else:
+                used -= len(document) + 1
+        self._documents = kept
+        self.index = SuffixIndex()
+        for document, _ in kept:
+            self.index.extend(document)
+            self.index.end_document()
+
+    def clear(self) -> None:
+        """Forget everything (corpus files are read again by the next generation that names them)."""
+        self.index = SuffixIndex()
+        self._documents.clear()
+        self._open = None
+        self._corpora.clear()
+
+    def load_corpus(self, path: str, tokenizer) -> None:
+        """Index a text file once per session (tokenized by the target's tokenizer; the corpora's share of the
+        budget is half of it, beyond which a file is cut)."""
+        key = str(Path(path).resolve())
+        if key in self._corpora:
+            return
+        try:
+            with open(path, "rb") as file:
+                text = file.read(MAX_CORPUS_BYTES).decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise SpecplayError(f"suffix corpus {path!r}: cannot read it ({exc.strerror or exc})") from None
+        room = self.max_tokens // 2 - sum(len(d) + 1 for d, pinned in self._documents if pinned)
+        if text.strip() and room > 1:
+            self.add(tokenizer.encode(text)[:room - 1], pinned=True)
+        self._corpora.add(key)
+
+
+class SuffixDrafter(Drafter):
+    name = "suffix"
+
+    def __init__(self, memory: SuffixMemory, tree_nodes: int):
+        self.memory = memory
+        self.budget = tree_nodes
+        self.own = SuffixIndex()  # this generation: prompt and output so far
+
+    def start(self, state: DecodeState, start: DraftStart) -> None:
+        self.own = SuffixIndex()
+        self.own.extend(state.tokens)
+        self.memory.begin(self.own.tokens)
+
+    def propose(self, state: DecodeState, k: int) -> Draft:
+        context = state.tokens[-MAX_MATCH:]
+        best = ([], [], 0.0)
+        for index in (self.own, self.memory.index):
+            for tree in candidate_trees(index, context, k, self.budget, state.vocab_size):
+                if tree[2] > best[2]:
+                    best = tree
+        tokens, parents, _ = best
+        if not tokens:
+            return Draft(tokens=to_device([], state.device))
+        tokens, parents = as_tensors(tokens, parents, state.device)
+        return Draft(tokens=tokens, parents=parents)
+
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        self.own.extend(state.tokens[len(self.own):])

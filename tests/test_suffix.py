@@ -1,0 +1,166 @@
+"""Suffix decoding: the index, the draft tree, the session memory, losslessness (greedy and chi-squared)."""
+import pytest
+from tiny_models import make_tiny_llama
+
+from engine.cli import main
+from engine.config import GenerationConfig, SamplingParams
+from engine.decoder import SpeculativeDecoder
+from engine.drafters.suffix import MAX_MATCH, SuffixIndex, SuffixMemory, best_tree
+from engine.errors import SpecplayError
+from engine.lossless import check_sampling
+from engine.metrics import final_metrics
+from engine.models import load_pair
+
+PROMPT = "the cat sat on the mat. the cat sat on the"
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("suffix") / "target", hidden=64, layers=2, seed=0)
+
+
+@pytest.fixture
+def decoder(target_dir):
+    """A fresh decoder: a fresh session memory."""
+    return SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+
+
+def suffix(**kw) -> GenerationConfig:
+    return GenerationConfig(method="suffix", **kw)
+
+
+def test_index_finds_the_longest_match_and_its_occurrences():
+    index = SuffixIndex()
+    index.extend([1, 2, 3, 4, 9, 2, 3, 5])
+    index.end_document()
+    index.extend([7, 3, 6])
+    found = dict(index.occurrences([0, 2, 3]))  # occurrences of (2, 3) first: positions 2 and 6
+    assert found == {2: 2, 6: 2}
+    assert index.continuation(2, 3, vocab=100) == [4, 9, 2]
+    assert index.continuation(6, 3, vocab=100) == [5]  # cut at the document's end
+    assert index.continuation(2, 3, vocab=5) == [4]  # cut at a token outside the vocabulary
+    assert dict(index.occurrences([8, 3])) == {2: 1, 6: 1, 10: 1}  # no (8, 3) anywhere: the last token alone
+    assert index.occurrences([42]) == []
+
+
+def test_index_match_length_is_capped_and_stops_at_documents():
+    index = SuffixIndex()
+    index.extend([5] * (MAX_MATCH + 10))
+    assert max(n for _, n in index.occurrences([5] * (MAX_MATCH + 10))) == MAX_MATCH
+    index = SuffixIndex()
+    index.extend([1, 2])
+    index.end_document()
+    index.extend([2, 3])
+    # [1, 2] ends the first document (nothing follows it): the 2 of the second document, matched alone
+    assert dict(index.occurrences([1, 2])) == {3: 1}
+
+
+def test_best_tree_is_topological_probable_first_and_within_budget():
+    sequences = [[1, 2, 3], [1, 2, 4], [1, 2, 3], [1, 5], [6]]
+    tokens, parents, score = best_tree(sequences, budget=10, min_prob=0.0)
+    assert all(p < i for i, p in enumerate(parents))
+    assert tokens[:2] == [1, 2] and parents[:2] == [-1, 0]  # 4/5, then 4/5 * 3/4
+    siblings = {}
+    for token, parent in zip(tokens, parents, strict=True):
+        siblings.setdefault(parent, []).append(token)
+    assert all(len(s) == len(set(s)) for s in siblings.values())
+    assert score == pytest.approx(0.8 + 0.6 + 0.4 + 0.2 + 0.2 + 0.2)
+    small = best_tree(sequences, budget=3, min_prob=0.0)
+    assert small[0] == [1, 2, 3] and small[2] == pytest.approx(0.8 + 0.6 + 0.4)
+    pruned = best_tree(sequences, budget=10, min_prob=0.5)
+    assert pruned[0] == [1, 2] and pruned[1] == [-1, 0]
+    assert best_tree([], budget=4) == ([], [], 0.0)
+
+
+@pytest.mark.parametrize("k, nodes", [(1, 0), (2, 0), (4, 0), (4, 3), (6, 16)])
+def test_greedy_equals_plain(decoder, k, nodes):
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    for _ in range(2):  # the second generation drafts from the session memory too
+        assert decoder.generate_ids(PROMPT, suffix(k=k, tree_nodes=nodes, max_new_tokens=48)) == plain
+
+
+def test_rounds_are_trees_within_the_budget_and_depth(decoder):
+    decoder.generate_ids(PROMPT, suffix(max_new_tokens=40))  # something to remember
+    for k, nodes in ((3, 5), (4, 0)):
+        budget = nodes or 2 * k
+        events = list(decoder.generate("the cat sat on", suffix(k=k, tree_nodes=nodes, max_new_tokens=40)))
+        assert any(len(e.drafted) > 0 for e in events)
+        for e in events:
+            assert len(e.drafted) <= budget
+            assert all(t.depth < k for t in e.drafted)
+            assert all(t.q == pytest.approx(1.0) for t in e.drafted)  # one-hot drafts
+            accepted = sorted((t for t in e.drafted if t.accepted), key=lambda t: t.depth)
+            assert [t.depth for t in accepted] == list(range(e.accepted_count))
+
+
+def test_a_repeated_task_drafts_from_the_session(decoder):
+    """A second generation of the same prompt finds the first one's output in the session memory."""
+    config = suffix(k=4, max_new_tokens=64, stop_at_eos=False)
+    first = final_metrics(list(decoder.generate(PROMPT, config)))
+    second = final_metrics(list(decoder.generate(PROMPT, config)))
+    assert decoder.suffix_memory().documents == 1  # the first generation (the second is still open)
+    assert second.tokens_per_forward >= 3.0, (first.tokens_per_forward, second.tokens_per_forward)
+    assert second.tokens_per_forward > first.tokens_per_forward
+
+
+def test_a_corpus_file_is_remembered(decoder, target_dir, tmp_path):
+    config = suffix(k=4, max_new_tokens=48, stop_at_eos=False)
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48,
+                                                          stop_at_eos=False))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(PROMPT + decoder.tokenizer.decode(plain), encoding="utf-8")
+    fresh = SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+    metrics = final_metrics(list(fresh.generate(PROMPT, GenerationConfig(
+        method="suffix", k=4, max_new_tokens=48, stop_at_eos=False, suffix_corpus=str(corpus)))))
+    assert metrics.tokens_per_forward >= 3.0
+    assert fresh.generate_ids(PROMPT, config) == plain
+
+
+def test_memory_is_bounded_and_clears():
+    memory = SuffixMemory(max_tokens=100)
+    for i in range(50):
+        memory.add([i % 7] * 9)
+    assert len(memory.index) <= 100
+    assert memory.documents < 50
+    memory.begin([1, 2, 3])
+    memory.finish()
+    assert memory.index.tokens[-4:] == [1, 2, 3, -1]
+    memory.clear()
+    assert len(memory.index) == 0 and memory.documents == 0
+
+
+class CharTokenizer:
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def test_a_corpus_stays_while_generations_are_forgotten(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("x" * 500, encoding="utf-8")
+    memory = SuffixMemory(max_tokens=100)
+    memory.load_corpus(str(corpus), CharTokenizer())
+    assert len(memory.index) == 50  # half the budget: 49 tokens and the separator
+    for i in range(30):
+        memory.add([i] * 9)
+    assert len(memory.index) <= 100 and memory.index.tokens[:49] == [ord("x")] * 49
+    memory.load_corpus(str(corpus), CharTokenizer())  # once per session
+    assert memory.index.tokens.count(ord("x")) == 49
+
+
+def test_a_missing_corpus_is_a_clean_error(target_dir, tmp_path, capsys):
+    missing = str(tmp_path / "nope.txt")
+    with pytest.raises(SpecplayError, match="no such file"):
+        GenerationConfig(method="suffix", suffix_corpus=missing).validate()
+    code = main(["run", "--prompt", PROMPT, "--target", str(target_dir), "--method", "suffix",
+                 "--suffix-corpus", missing, "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: suffix corpus") and len(err.strip().splitlines()) == 1
+
+
+def test_sampling_is_lossless(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chi_suffix")
+    target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=1, seed=11, std=0.3)
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    config = suffix(k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
+    report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
+    assert report.bins >= 8 and report.passed, report
