@@ -100,25 +100,81 @@ def captures_graphs(decoder) -> bool:
 
 
 def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progress=None) -> list:
-    """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
+    """Measured speedup per K next to three predictions:
+    - predicted_speedup: the cost model (calibrated, refitted on this K's phase times) and this K's measured
+      tokens per forward: t_plain / (t_round(K) / E);
+    - textbook_speedup: the chapter's E_uniform / (1 + cK) at the measured alpha and a measured c;
+    - from_run_speedup: "predicted from this run": the counterfactual from the largest K's run alone
+      (engine.predict), filled into every row once that run was measured.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far
     return)."""
     calibration = decoder.calibrate(max(ks))
-    c = calibration.c if base.method == "draft" else 0.0
+    costs = getattr(calibration, "costs", None)
+    c = calibration.c_for(base.method) if hasattr(calibration, "c_for") else calibration.c
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
     plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
-    rows = []
+    rows, traces = [], {}
     for k in ks:
         if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
             measure(decoder, prompts[:1], replace(base, k=k))
-        r = measure(decoder, prompts, replace(base, k=k), repeats)
-        rows.append({"k": k, "alpha": r.acceptance_rate, "tokens_per_forward": r.tokens_per_forward,
-                     "analytic_tokens_per_forward": analytic.expected_tokens(r.acceptance_rate, k),
-                     "tokens_per_s": r.tokens_per_s, "speedup": _ratio(r.tokens_per_s, plain),
-                     "predicted_speedup": analytic.speedup(r.acceptance_rate, k, c), "c": c})
+        r, events = _measure_keeping_events(decoder, prompts, replace(base, k=k), repeats)
+        traces[k] = events
+        rows.append(_sweep_row(k, r, plain, c, costs, events))
         if progress is not None and progress(rows[-1]) is False:
             break
+    _add_from_run(rows, traces, costs)
     return rows
+
+
+def _measure_keeping_events(decoder, prompts, config, repeats) -> tuple:
+    """measure(), keeping each generation's events as (generation, event) pairs for the predictions."""
+    totals, events, index = RunTotals(config.drafts), [], 0
+    for _ in range(repeats):
+        for prompt in prompts:
+            generation = list(decoder.generate(prompt, config))
+            totals.add(final_metrics(generation))
+            events += [(index, e) for e in generation]
+            index += 1
+    return totals, events
+
+
+def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
+    row = {"k": k, "alpha": r.acceptance_rate, "tokens_per_forward": r.tokens_per_forward,
+           "analytic_tokens_per_forward": analytic.expected_tokens(r.acceptance_rate, k),
+           "tokens_per_s": r.tokens_per_s, "speedup": _ratio(r.tokens_per_s, plain),
+           "textbook_speedup": analytic.speedup(r.acceptance_rate, k, c), "c": c}
+    row["predicted_speedup"] = row["textbook_speedup"]
+    if costs is not None and events:
+        from engine.costmodel import timing_of
+
+        method = events[0][1].method
+        refitted = costs.refit(timing_of(e) for _, e in events)
+        row["predicted_speedup"] = refitted.speedup(method, k, r.tokens_per_forward, _block(events))
+    return row
+
+
+def _block(events) -> int:
+    sizes = sorted(len(e.drafted) + 1 for _, e in events)
+    return sizes[len(sizes) // 2]
+
+
+def _add_from_run(rows: list, traces: dict, costs) -> None:
+    """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run."""
+    if costs is None or not rows:
+        return
+    from engine.predict import predict_from_trace, trace_from_events
+
+    source = max(r["k"] for r in rows)
+    try:
+        trace = trace_from_events(traces[source])
+    except (AttributeError, TypeError, KeyError):  # stand-in decoders without full events
+        return
+    report = predict_from_trace(trace, [r["k"] for r in rows], costs)
+    by_k = {p.k: p for p in report.predictions}
+    for row in rows:
+        p = by_k[row["k"]]
+        row.update(from_run_speedup=p.speedup, from_run_tokens_per_forward=p.tokens_per_forward,
+                   from_run_basis=p.basis, from_run_k=source)
 
 
 def format_rows(rows: list, columns: list) -> str:
@@ -127,7 +183,7 @@ def format_rows(rows: list, columns: list) -> str:
     for row in rows:
         cells = []
         for c in columns:
-            v = row[c]
+            v = row.get(c, "-")
             cells.append(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}")
         lines.append(" | ".join(cells))
     return "\n".join(lines)
