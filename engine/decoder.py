@@ -35,6 +35,9 @@ class Calibration:
 
     @property
     def c(self) -> float:
+        """The draft model's c: one draft step over one plain verification."""
+        if self.costs is not None:
+            return self.costs.c("draft")
         return self.draft_step_ms / self.target_step_ms if self.target_step_ms > 0 else 0.0
 
     def c_for(self, method: str) -> float:
