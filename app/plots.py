@@ -89,7 +89,8 @@ class PlotPanel(QWidget):
             "per_position_tpf": self._line(self.tpf_plot, c.per_position, "1+Σ Π α_j", dash=True),
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
             "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
-            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "TPOT_plain·(1+cK)/E", dash=True),
+            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E (measured costs)", dash=True),
+            "textbook_tpot": self._line(self.tpot_plot, c.analytic, "textbook TPOT_plain·(1+cK)/E", dash=True),
         }
         self.hist_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.running)
         self.hist_plot.addItem(self.hist_bars)
@@ -106,7 +107,8 @@ class PlotPanel(QWidget):
             lambda: self._draw_curves(self.alpha_plot, "round_alpha", "running_alpha"),
             lambda: self._draw_curves(self.tpf_plot, "round_tpf", "running_tpf", "analytic_tpf",
                                       "per_position_tpf"),
-            lambda: self._draw_curves(self.tpot_plot, "round_tpot", "running_tpot", "predicted_tpot"),
+            lambda: self._draw_curves(self.tpot_plot, "round_tpot", "running_tpot", "predicted_tpot",
+                                      "textbook_tpot"),
             self._draw_histogram,
             self._draw_positions,
             self._draw_summary,

@@ -34,10 +34,15 @@ class Measured:
         values = sorted(float(s) for s in samples)
         if not values:
             return cls(0.0, 0.0, 0)
-        if len(values) < 4:
-            return cls(statistics.median(values), (values[-1] - values[0]) / 2, len(values))
-        q1, _, q3 = statistics.quantiles(values, n=4)
-        return cls(statistics.median(values), (q3 - q1) / 2, len(values))
+        return cls(statistics.median(values), _half_iqr(values), len(values))
+
+    @classmethod
+    def mean_of(cls, samples: Sequence[float]) -> "Measured":
+        """The mean (what a run's totals, and so its tokens/s, add up), with the half-IQR spread."""
+        values = sorted(float(s) for s in samples)
+        if not values:
+            return cls(0.0, 0.0, 0)
+        return cls(statistics.fmean(values), _half_iqr(values), len(values))
 
     def scaled(self, factor: float) -> "Measured":
         return Measured(self.median * factor, self.spread * factor, self.n)
@@ -126,25 +131,27 @@ class CostModel:
         return self.c(method) * (plain.spread / plain.median + step.spread / step.median)
 
     # ------------------------------------------------------------------------------------------ live refit
-    def refit(self, rounds: Iterable[RoundTiming]) -> "CostModel":
+    def refit(self, rounds: Iterable[RoundTiming], keep_shape: bool = False) -> "CostModel":
         """A copy updated from a run's phase times. The verification curve keeps its calibrated shape and takes
-        the run's level (median ratio observed / calibrated), and each block size the run timed often enough
-        takes the run's own median; the method's draft cost and overhead become the run's medians."""
+        the run's level (median ratio observed / calibrated: the machine as loaded during the run), and each
+        block size the run timed often enough takes the run's own mean; the method's draft cost and overhead
+        become the run's means (means, not medians: a run's tokens/s adds up its rounds' times). keep_shape:
+        only the level changes (calibration itself, whose forwards are the better shape)."""
         rounds = list(rounds)
         if not rounds:
             return self
         model = replace(self, verify=dict(self.verify), draft_step=dict(self.draft_step),
                         draft_fixed=dict(self.draft_fixed), overhead=dict(self.overhead),
                         source="calibration + run" if self.verify else "trace only")
-        model._refit_verify(rounds)
+        model._refit_verify(rounds, keep_shape)
         for method in {r.method for r in rounds}:
             mine = [r for r in rounds if r.method == method]
-            model.overhead[method] = Measured.of([r.overhead_ms for r in mine])
+            model.overhead[method] = Measured.mean_of([r.overhead_ms for r in mine])
             if method != "none":
                 model._refit_draft(method, [r for r in mine if r.depth > 0])
         return model
 
-    def _refit_verify(self, rounds: list) -> None:
+    def _refit_verify(self, rounds: list, keep_shape: bool) -> None:
         by_block: dict = {}
         for r in rounds:
             by_block.setdefault(r.block, []).append(r.verify_ms)
@@ -154,17 +161,37 @@ class CostModel:
                 level = statistics.median(ratios)
                 self.verify = {n: m.scaled(level) for n, m in self.verify.items()}
         for n, values in by_block.items():
-            if len(values) >= MIN_OBSERVATIONS or not self.verify:
-                self.verify[n] = Measured.of(values)
+            if not self.verify or (len(values) >= MIN_OBSERVATIONS and not keep_shape):
+                self.verify[n] = Measured.mean_of(values)
 
     def _refit_draft(self, method: str, rounds: list) -> None:
+        """Step methods cost fixed + step x depth: with a calibrated split, the run rescales both (one run at one
+        K cannot separate them); without one, the run's cost is all step. Other methods: a cost a round."""
         if not rounds:
             return
-        if method in STEP_METHODS:
-            self.draft_step[method] = Measured.of([r.draft_ms / r.depth for r in rounds])
-            self.draft_fixed.pop(method, None)
+        mean = Measured.mean_of([r.draft_ms for r in rounds])
+        if method not in STEP_METHODS:
+            self.draft_fixed[method] = mean
+            return
+        depth = statistics.fmean(r.depth for r in rounds)
+        calibrated = self.t_draft(method, depth) if method in self.draft_step else 0.0
+        if calibrated > 0:
+            level = mean.median / calibrated
+            self.draft_step[method] = self.draft_step[method].scaled(level)
+            if method in self.draft_fixed:
+                self.draft_fixed[method] = self.draft_fixed[method].scaled(level)
         else:
-            self.draft_fixed[method] = Measured.of([r.draft_ms for r in rounds])
+            self.draft_step[method] = Measured.mean_of([r.draft_ms / r.depth for r in rounds])
+            self.draft_fixed.pop(method, None)
+
+    def fit_draft(self, method: str, short: list, long: list) -> None:
+        """Split a step method's cost into fixed + step x depth from runs at two draft depths."""
+        d1, d2 = (statistics.fmean(r.depth for r in rs) for rs in (short, long))
+        t1, t2 = (Measured.mean_of([r.draft_ms for r in rs]) for rs in (short, long))
+        step = max(0.0, (t2.median - t1.median) / (d2 - d1)) if d2 > d1 else t2.median / max(d2, 1)
+        fixed = max(0.0, t2.median - step * d2)
+        self.draft_step[method] = Measured(step, t2.spread / max(d2, 1), t2.n)
+        self.draft_fixed[method] = Measured(fixed, t1.spread, t1.n)
 
     # ------------------------------------------------------------------------------------------ files
     def to_dict(self) -> dict:
@@ -190,6 +217,13 @@ class CostModel:
                 f"{self.c_spread(method):.3f} ({self.source})")
 
 
+def _half_iqr(values: list) -> float:
+    if len(values) < 4:
+        return (values[-1] - values[0]) / 2
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / 2
+
+
 def _line(a: tuple, b: tuple, x: float, floor: bool = False) -> float:
     (x0, y0), (x1, y1) = a, b
     y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -199,31 +233,36 @@ def _line(a: tuple, b: tuple, x: float, floor: bool = False) -> float:
 # ------------------------------------------------------------------------------------------------ calibration
 def time_forward_curve(runner, probe_ids: list, sizes: Sequence[int], warmup: int = 2, repeats: int = 5,
                        prefix: int = 32) -> dict:
-    """Median and spread of a forward over n tokens after a `prefix`-token context, for each n in sizes (the
-    cache rolled back after each). Returns {n: Measured}."""
+    """A forward over n tokens after a `prefix`-token context, for each n in sizes (the cache rolled back
+    after each). The sizes are timed round-robin, one of each per repeat, and each size is kept as its median
+    ratio to the one-token forward of the same repeat times the one-token median: a burst of load from other
+    processes then moves the level, not the shape. Returns {n: Measured}."""
     import torch
 
     from engine.timing import Stopwatch
 
+    sizes = [n for n in sorted(set(sizes) | {1}) if prefix + n <= runner.max_length]
     ids = (list(probe_ids) * (1 + (prefix + max(sizes)) // max(1, len(probe_ids))))[:prefix + max(sizes)]
     tokens = torch.tensor(ids, dtype=torch.long, device=runner.device)
-    out = {}
+    samples: dict = {n: [] for n in sizes}
     with torch.inference_mode():
         runner.reset()
         runner.forward(tokens[:prefix])
-        for n in sizes:
-            if prefix + n > runner.max_length:
-                continue
-            samples = []
-            for i in range(warmup + repeats):
+        for i in range(warmup + repeats):
+            for n in sizes:
                 watch = Stopwatch(runner.device)
                 runner.forward(tokens[prefix:prefix + n])
                 elapsed = watch.elapsed_ms()
                 runner.rollback(prefix)
                 if i >= warmup:
-                    samples.append(elapsed)
-            out[n] = Measured.of(samples)
+                    samples[n].append(elapsed)
         runner.reset()
+    one = Measured.of(samples[1])
+    out = {}
+    for n in sizes:
+        ratios = Measured.of([t / max(t1, 1e-9) for t, t1 in zip(samples[n], samples[1])])
+        out[n] = Measured(ratios.median * one.median, ratios.spread * one.median, ratios.n)
+    out[1] = one
     return out
 
 
@@ -231,28 +270,27 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
                     warmup: int = 2, sizes: Sequence[int] = VERIFY_SIZES, tokens: int = 24) -> CostModel:
     """Measure the cost model on this machine.
 
-    The verification curve: raw target forwards over each block size, plus the decoder's own extra work in the
-    verify phase (verification kernel, slicing), read off short plain generations. The draft and overhead terms:
-    short generations of each available method at K (after a warm-up one), their median phase times."""
+    The verification curve: target forwards over each block size (round-robin, see time_forward_curve). The
+    draft and overhead terms: short generations of plain decoding and of each method at K (after a warm-up
+    one), their phase times; their verification phases refit the curve's level like a live run would."""
     from engine.config import GenerationConfig
 
     probe = decoder.tokenizer.encode(prompt) or [0]
-    curve = time_forward_curve(decoder.target, probe, sizes, warmup, repeats)
-    runs = {}
+    model = CostModel(verify=time_forward_curve(decoder.target, probe, sizes, warmup, repeats))
+    runs, by_method = [], {}
     for method in ["none"] + [m for m in methods if m != "none"]:
-        config = GenerationConfig(method=method, k=k, max_new_tokens=tokens, stop_at_eos=False)
-        for _ in range(max(1, warmup // 2)):
-            list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
-        runs[method] = [timing_of(e) for _ in range(max(1, repeats // 2)) for e in decoder.generate(prompt, config)]
-    plain_verify = Measured.of([r.verify_ms for r in runs["none"]])
-    extra = max(0.0, plain_verify.median - curve[1].median) if 1 in curve else 0.0
-    model = CostModel(verify={n: Measured(m.median + extra, m.spread, m.n) for n, m in curve.items()})
-    model.verify[1] = plain_verify
-    model.overhead["none"] = Measured.of([r.overhead_ms for r in runs["none"]])
-    for method, rounds in runs.items():
-        if method != "none":
-            model.overhead[method] = Measured.of([r.overhead_ms for r in rounds])
-            model._refit_draft(method, [r for r in rounds if r.depth > 0])
+        for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,)):
+            config = GenerationConfig(method=method, k=depth, max_new_tokens=tokens, stop_at_eos=False)
+            for _ in range(max(1, warmup // 2)):
+                list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
+            timed = [timing_of(e) for _ in range(max(1, repeats // 2)) for e in decoder.generate(prompt, config)]
+            by_method.setdefault(method, []).append(timed)
+            runs += timed
+    model = model.refit(runs, keep_shape=True)
+    for method, (short, *rest) in by_method.items():
+        if method in STEP_METHODS and rest:
+            model.fit_draft(method, [r for r in short if r.depth], [r for r in rest[0] if r.depth])
+    model.source = "calibration"
     return model
 
 
