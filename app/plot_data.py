@@ -136,10 +136,12 @@ def _prediction_lines(buffers: PlotBuffers, event, m) -> list:
         lines.append("costs: " + costs.describe(event.method))
     c = cal.c_for(event.method) if hasattr(cal, "c_for") else cal.c
     textbook = buffers.latest("textbook_tpot")
-    lines.append(f"textbook TPOT_plain·(1+cK)/E = {textbook:.2f} ms (TPOT_plain = {cal.target_step_ms:.2f} ms, "
+    lines.append(f"textbook TPOT_plain·(1+cK)/E = {textbook:.2f} ms "
+                 f"(TPOT_plain = {cal.target_step_ms:.2f} ms, "
                  f"c = {c:.3f})")
     if m.drafted:
         best_k, best = analytic.optimal_k(min(m.acceptance_rate, 0.999), c)
-        lines.append(f"textbook speedup E/(1+cK) = {analytic.speedup(min(m.acceptance_rate, 1.0), event.k, c):.2f}×; "
+        textbook_speedup = analytic.speedup(min(m.acceptance_rate, 1.0), event.k, c)
+        lines.append(f"textbook speedup E/(1+cK) = {textbook_speedup:.2f}×; "
                      f"its best K: {best_k} ({best:.2f}×)")
     return lines

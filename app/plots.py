@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QWidget
 
@@ -89,8 +88,8 @@ class PlotPanel(QWidget):
             "per_position_tpf": self._line(self.tpf_plot, c.per_position, "1+Σ Π α_j", dash=True),
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
             "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
-            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E (measured costs)", dash=True),
-            "textbook_tpot": self._line(self.tpot_plot, c.analytic, "textbook TPOT_plain·(1+cK)/E", dash=True),
+            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E (measured)", dash=True),
+            "textbook_tpot": self._line(self.tpot_plot, c.analytic, "TPOT_plain·(1+cK)/E", dash=True),
         }
         self.hist_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=c.running)
         self.hist_plot.addItem(self.hist_bars)

@@ -1,4 +1,4 @@
-"""A measured cost model of one decoding round: t_round(K) = t_draft(method, K) + t_verify(block) + t_overhead.
+"""A measured cost model of a decoding round: t_round(K) = t_draft(method, K) + t_verify(block) + t_overhead.
 
 Every term is timed on this machine. The verification forward is a curve over block sizes (a forward over 9
 tokens is not one forward over 1 on a CPU); the draft cost is per method (the draft model's step, EAGLE's head
@@ -132,9 +132,9 @@ class CostModel:
 
     # ------------------------------------------------------------------------------------------ live refit
     def refit(self, rounds: Iterable[RoundTiming], keep_shape: bool = False) -> "CostModel":
-        """A copy updated from a run's phase times. The verification curve keeps its calibrated shape and takes
-        the run's level (median ratio observed / calibrated: the machine as loaded during the run), and each
-        block size the run timed often enough takes the run's own mean; the method's draft cost and overhead
+        """A copy updated from a run's phase times. The verification curve keeps its calibrated shape and
+        takes the run's level (median ratio observed / calibrated: the machine as loaded during the run), and
+        each block size the run timed often enough takes the run's own mean; the method's draft cost and overhead
         become the run's means (means, not medians: a run's tokens/s adds up its rounds' times). keep_shape:
         only the level changes (calibration itself, whose forwards are the better shape)."""
         rounds = list(rounds)
@@ -156,7 +156,8 @@ class CostModel:
         for r in rounds:
             by_block.setdefault(r.block, []).append(r.verify_ms)
         if self.verify:
-            ratios = [statistics.median(v) / self.t_verify(n) for n, v in by_block.items() if self.t_verify(n) > 0]
+            ratios = [statistics.median(v) / self.t_verify(n) for n, v in by_block.items()
+                      if self.t_verify(n) > 0]
             if ratios:
                 level = statistics.median(ratios)
                 self.verify = {n: m.scaled(level) for n, m in self.verify.items()}
@@ -165,8 +166,9 @@ class CostModel:
                 self.verify[n] = Measured.mean_of(values)
 
     def _refit_draft(self, method: str, rounds: list) -> None:
-        """Step methods cost fixed + step x depth: with a calibrated split, the run rescales both (one run at one
-        K cannot separate them); without one, the run's cost is all step. Other methods: a cost a round."""
+        """Step methods cost fixed + step x depth: with a calibrated split, the run rescales both (one run at
+        one K cannot separate them); without one, the run's cost is all step. Other methods: a cost a
+        round."""
         if not rounds:
             return
         mean = Measured.mean_of([r.draft_ms for r in rounds])
@@ -205,8 +207,9 @@ class CostModel:
         def table(name, key=str):
             return {key(k): Measured(*v) for k, v in data.get(name, {}).items()}
 
-        return cls(verify=table("verify", int), draft_step=table("draft_step"), draft_fixed=table("draft_fixed"),
-                   overhead=table("overhead"), source=data.get("source", "calibration"))
+        return cls(verify=table("verify", int), draft_step=table("draft_step"),
+                   draft_fixed=table("draft_fixed"), overhead=table("overhead"),
+                   source=data.get("source", "calibration"))
 
     def describe(self, method: str) -> str:
         """One line of the figures and their spread."""
@@ -276,14 +279,16 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
     from engine.config import GenerationConfig
 
     probe = decoder.tokenizer.encode(prompt) or [0]
-    model = CostModel(verify=time_forward_curve(decoder.target, probe, sizes, warmup, repeats))
+    curve_repeats = 3 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
+    model = CostModel(verify=time_forward_curve(decoder.target, probe, sizes, warmup, curve_repeats))
     runs, by_method = [], {}
     for method in ["none"] + [m for m in methods if m != "none"]:
         for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,)):
             config = GenerationConfig(method=method, k=depth, max_new_tokens=tokens, stop_at_eos=False)
             for _ in range(max(1, warmup // 2)):
                 list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
-            timed = [timing_of(e) for _ in range(max(1, repeats // 2)) for e in decoder.generate(prompt, config)]
+            timed = [timing_of(e) for _ in range(max(1, repeats // 2))
+                     for e in decoder.generate(prompt, config)]
             by_method.setdefault(method, []).append(timed)
             runs += timed
     model = model.refit(runs, keep_shape=True)

@@ -169,8 +169,8 @@ class SpeculativeDecoder:
             ids.extend(event.emitted_ids)
         return ids
 
-    def calibrate(self, k: int = 4, repeats: int = 5, methods_to_time=None, prompt: str = "def merge(a, b):\n    "
-                  ) -> Calibration:
+    def calibrate(self, k: int = 4, repeats: int = 5, methods_to_time=None,
+                  prompt: str = "def merge(a, b):\n    ") -> Calibration:
         """Measure the cost model on this machine (engine.costmodel): the verification curve over block sizes,
         each available method's draft and overhead terms, with warm-ups and repeats (median and spread)."""
         from engine.costmodel import calibrate_costs

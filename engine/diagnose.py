@@ -1,7 +1,7 @@
 """Why is it slow? The chapter's symptom -> suspect list as rules over a run's measured figures.
 
-Each Finding names the figure it rests on, so the GUI can point at it and the CLI can print it. The rules read a
-Trace (engine.predict) and a cost model refitted on it; the thresholds are the constants below.
+Each Finding names the figure it rests on, so the GUI can point at it and the CLI can print it. The rules read
+a Trace (engine.predict) and a cost model refitted on it; the thresholds are the constants below.
 """
 from __future__ import annotations
 
@@ -128,7 +128,9 @@ def _overhead(trace, report, bars) -> Optional[Finding]:
 def _k_past_optimum(trace, report, bars) -> Optional[Finding]:
     by_k = {p.k: p for p in report.predictions}
     current, best = by_k.get(trace.k), report.best
-    if trace.method == "none" or current is None or best.k == trace.k or best.speedup < current.speedup * K_MARGIN:
+    if trace.method == "none" or current is None or best.k == trace.k:
+        return None
+    if best.speedup < current.speedup * K_MARGIN:
         return None
     direction = "lower" if best.k < trace.k else "raise"
     return Finding("k_past_optimum", f"K = {trace.k} is off its optimum (predicted best K = {best.k})",
@@ -164,7 +166,8 @@ def _output_changed(trace, reference_output) -> Optional[Finding]:
     if first is None:
         return None
     return Finding("output_changed", "output changed: not lossless",
-                   "speculative greedy output differs from plain greedy decoding: run `main.py check-lossless`",
+                   "speculative greedy output differs from plain greedy decoding: "
+                   "run `main.py check-lossless`",
                    f"greedy output vs plain: first difference at token {first}")
 
 
@@ -181,7 +184,8 @@ def format_diagnosis(d: Diagnosis) -> str:
     lines = ["phase bars (ms a round: draft / verify / overhead, tokens a round):"]
     for bar in d.bars:
         lines.append(f"  {bar.label:<28} {bar.draft_ms:7.2f} / {bar.verify_ms:7.2f} / {bar.overhead_ms:7.2f}"
-                     f"  = {bar.total_ms:7.2f} ms, {bar.tokens:.2f} tokens, {bar.per_token_ms:.2f} ms a token")
+                     f"  = {bar.total_ms:7.2f} ms, {bar.tokens:.2f} tokens, "
+                     f"{bar.per_token_ms:.2f} ms a token")
     lines.append("findings:" if d.findings else "findings: none (the run looks healthy)")
     lines += [f"  {f.line()}" for f in d.findings]
     return "\n".join(lines)

@@ -2,9 +2,9 @@
 
 Exact part. With greedy decoding and the draft model, the output G is the target's greedy text whatever K is
 (speculation is lossless), and the draft model's next token after a context is a function of that context
-alone. A round starting at position p drafted d_1..d_K and had a accepted, so d_{j+1} is the draft's next token
-after G[:p+j] for every j <= a (and j < K): the trace knows the draft's next token at every position but the
-bonus positions of fully accepted rounds. A K' round from p accepts the run of positions from p where the
+alone. A round starting at position p drafted d_1..d_K and had a accepted, so d_{j+1} is the draft's next
+token after G[:p+j] for every j <= a (and j < K): the trace knows the draft's next token at every position
+but the bonus positions of fully accepted rounds. A K' round from p accepts the run of positions from p where the
 draft's next token equals G's, so wherever those positions are known the K' round is determined exactly.
 
 Model part. Unknown positions (and every other drafter, and sampling) use the fitted per-depth alpha_d: an
@@ -105,7 +105,8 @@ def trace_round(event) -> TraceRound:
     ids = [_get(d, "token_id") for d in drafted]
     sampled = any(_get(d, "u") is not None for d in drafted)
     return TraceRound(method=_get(event, "method"), k=_get(event, "k"), drafted=ids,
-                      depths=[_get(d, "depth") for d in drafted], parents=[_get(d, "parent") for d in drafted],
+                      depths=[_get(d, "depth") for d in drafted],
+                      parents=[_get(d, "parent") for d in drafted],
                       accepted=_get(event, "accepted_count"), emitted=list(_get(event, "emitted_ids", [])),
                       timing=timing_of(event), sampled=sampled,
                       greedy_violation=not sampled and _violates_greedy(event, drafted),
@@ -167,7 +168,7 @@ def load_trace(path) -> Trace:
     return trace
 
 
-# ------------------------------------------------------------------------------------------------ the exact part
+# -------------------------------------------------------------------------------------------- the exact part
 class DraftOracle:
     """What one greedy generation's trace says about the draft at each output position."""
 
@@ -187,7 +188,7 @@ class DraftOracle:
         return None if token is None else token == self.output[position]
 
     def exact_accepted(self, position: int, k: int) -> Optional[int]:
-        """The accepted count of a K round starting at `position`, or None when the trace does not determine it.
+        """The accepted count of a K round starting at `position`, or None when the trace does not say.
         A round that reaches the end of the output is determined (the output ends there)."""
         n = len(self.output)
         for i in range(k):
@@ -202,7 +203,8 @@ class DraftOracle:
 
 
 def _accepted_distribution(oracle: DraftOracle, position: int, k: int, alphas: list) -> dict:
-    """P(accepted = a) for a K round from `position`: known positions decide, unknown ones agree w.p. alpha_d."""
+    """P(accepted = a) for a K round from `position`: known positions decide, unknown ones agree with
+    probability alpha_d."""
     out: dict = {}
     alive = 1.0
     n = len(oracle.output)
@@ -248,7 +250,7 @@ def determined_share(oracle: DraftOracle, k: int) -> float:
 class KPrediction:
     k: int
     tokens_per_forward: float
-    basis: str  # "exact", "exact + model (93 % determined)", "per-depth model", "per-depth model, extrapolated"
+    basis: str  # "exact", "exact + model (93 % ...)", "per-depth model", "per-depth model, extrapolated"
     uniform_tokens_per_forward: float  # the chapter's (1 - alpha^(K+1)) / (1 - alpha) at the pooled alpha
     round_ms: float
     tpot_ms: float
@@ -293,7 +295,8 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
         block = _block_size(trace, k)
         round_ms = costs.t_round(method, k, block)
         tpot = round_ms / max(expected, 1e-9)
-        out.append(KPrediction(k=k, tokens_per_forward=expected, basis=basis, uniform_tokens_per_forward=uniform,
+        out.append(KPrediction(k=k, tokens_per_forward=expected, basis=basis,
+                               uniform_tokens_per_forward=uniform,
                                round_ms=round_ms, tpot_ms=tpot,
                                speedup=costs.t_plain / tpot if tpot > 0 else 0.0,
                                textbook_speedup=uniform / (1 + c * k)))
@@ -332,7 +335,8 @@ class PredictionReport:
                 "best_k": self.best.k, "predictions": [p.to_dict() for p in self.predictions]}
 
 
-def predict_from_trace(trace: Trace, ks: Sequence[int], costs: Optional[CostModel] = None) -> PredictionReport:
+def predict_from_trace(trace: Trace, ks: Sequence[int],
+                       costs: Optional[CostModel] = None) -> PredictionReport:
     """Refit the cost model on the trace's phase times, then predict every K."""
     from engine.costmodel import from_trace
 

@@ -65,5 +65,6 @@ def test_calibration_on_tiny_models(tiny_pair_dirs):
     assert costs.draft_step["draft"].median > 0 and "ngram" in costs.draft_fixed
     assert costs.t_plain > 0 and costs.c("draft") > 0
     calibration = decoder.calibrate(2, repeats=2)
-    assert calibration.costs is not None and calibration.target_step_ms == pytest.approx(calibration.costs.t_plain)
+    assert calibration.costs is not None
+    assert calibration.target_step_ms == pytest.approx(calibration.costs.t_plain)
     assert calibration.c_for("draft") == pytest.approx(calibration.c)

@@ -1,10 +1,10 @@
 """Each diagnosis rule fires on a trace built to trigger it, and a healthy trace gets none."""
 import pytest
+from trace_fixtures import chain_round, write_trace
 
 from engine.costmodel import CostModel, Measured
 from engine.diagnose import diagnose, format_diagnosis
 from engine.predict import load_trace, trace_from_events
-from trace_fixtures import chain_round, write_trace
 
 
 def costs(verify9=2.2) -> CostModel:
@@ -35,7 +35,8 @@ def test_c_too_high():
     records = [chain_round(i, 4, 4, draft_ms=4 * 1.2, verify_ms=2.1, overhead_ms=0.1) for i in range(20)]
     found = diagnose(trace_from_events(records), costs(), range(1, 5))
     assert "c_too_high" in found.rules()
-    assert "c = t_draft step / t_verify(1)" in next(f.figure for f in found.findings if f.rule == "c_too_high")
+    figure = next(f.figure for f in found.findings if f.rule == "c_too_high")
+    assert "c = t_draft step / t_verify(1)" in figure
 
 
 def test_overhead_dominated():

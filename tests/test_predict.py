@@ -1,13 +1,18 @@
 """Per-depth acceptance, the geometric-law test and counterfactual K, on hand-made traces and a real one."""
 import pytest
+from trace_fixtures import chain_round, tree_round, write_trace
 
 from engine import analytic
-from engine.acceptance import DepthAcceptance, RoundShape, geometric_test, wilson_interval
+from engine.acceptance import RoundShape, geometric_test, wilson_interval
 from engine.costmodel import CostModel, Measured
 from engine.errors import SpecplayError
-from engine.predict import (DraftOracle, load_trace, predict_from_trace, predict_tokens_per_forward,
-                            trace_from_events)
-from trace_fixtures import chain_round, tree_round, write_trace
+from engine.predict import (
+    DraftOracle,
+    load_trace,
+    predict_from_trace,
+    predict_tokens_per_forward,
+    trace_from_events,
+)
 
 
 def bursty_chain(rounds=40, k=8, every=5) -> list:
@@ -100,7 +105,8 @@ def test_counterfactual_speedups_use_the_cost_model():
     p8 = next(p for p in report.predictions if p.k == 8)
     assert p8.tokens_per_forward == pytest.approx(2.6, rel=0.02)
     refitted = report.costs  # the trace's own times (verify 2.0 at block 9, draft 1.0 / 8 a step) took over
-    assert refitted.t_verify(9) == pytest.approx(2.0) and refitted.draft_step["draft"].median == pytest.approx(0.125)
+    assert refitted.t_verify(9) == pytest.approx(2.0)
+    assert refitted.draft_step["draft"].median == pytest.approx(0.125)
     assert p8.round_ms == pytest.approx(0.125 * 8 + 2.0 + 0.2)
     assert p8.speedup == pytest.approx(refitted.t_plain / (p8.round_ms / p8.tokens_per_forward))
     assert report.best.k in (1, 4, 8)
@@ -109,10 +115,11 @@ def test_counterfactual_speedups_use_the_cost_model():
 # ------------------------------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
 def close_decoder(tmp_path_factory):
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
     from spec_fixtures import make_perturbed_copy
     from tiny_models import make_tiny_pair
+
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair
 
     root = tmp_path_factory.mktemp("close")
     target, _ = make_tiny_pair(root)

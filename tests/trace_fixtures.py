@@ -24,7 +24,8 @@ def chain_round(index, k, accepted, method="draft", draft_ms=1.0, verify_ms=2.0,
             "overhead_ms": overhead_ms, "finished": finish is not None, "finish_reason": finish}
 
 
-def tree_round(index, parents, path, method="eagle", k=3, draft_ms=1.0, verify_ms=2.0, overhead_ms=0.2) -> dict:
+def tree_round(index, parents, path, method="eagle", k=3, draft_ms=1.0, verify_ms=2.0,
+               overhead_ms=0.2) -> dict:
     """A tree round: nodes with `parents`; `path` the accepted node indices (root to leaf)."""
     depths = []
     for parent in parents:
