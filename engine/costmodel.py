@@ -134,9 +134,9 @@ class CostModel:
     def refit(self, rounds: Iterable[RoundTiming], keep_shape: bool = False) -> "CostModel":
         """A copy updated from a run's phase times. The verification curve keeps its calibrated shape and
         takes the run's level (median ratio observed / calibrated: the machine as loaded during the run), and
-        each block size the run timed often enough takes the run's own mean; the method's draft cost and overhead
-        become the run's means (means, not medians: a run's tokens/s adds up its rounds' times). keep_shape:
-        only the level changes (calibration itself, whose forwards are the better shape)."""
+        each block size the run timed often enough takes the run's own mean; the method's draft cost and
+        overhead become the run's means (means, not medians: a run's tokens/s adds up its rounds' times).
+        keep_shape: only the level changes (calibration itself, whose forwards are the better shape)."""
         rounds = list(rounds)
         if not rounds:
             return self
