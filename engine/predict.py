@@ -5,7 +5,8 @@ Exact part. With greedy decoding and the draft model, the output G is the target
 alone. A round starting at position p drafted d_1..d_K and had a accepted, so d_{j+1} is the draft's next
 token after G[:p+j] for every j <= a (and j < K): the trace knows the draft's next token at every position
 but the bonus positions of fully accepted rounds. A K' round from p accepts the run of positions from p
-where the draft's next token equals G's, so wherever those positions are known the K' round is determined exactly.
+where the draft's next token equals G's, so wherever those positions are known the K' round is determined
+exactly.
 
 Model part. Unknown positions (and every other drafter, and sampling) use the fitted per-depth alpha_d: an
 unknown position at depth d agrees with probability alpha_d, and the expected number of rounds over the
