@@ -23,6 +23,8 @@ from engine.costmodel import CostModel, RoundTiming, timing_of
 from engine.errors import SpecplayError
 
 EXACT_METHODS = ("draft",)  # greedy drafters whose next token depends only on the context (see the docstring)
+# n-gram lookup is a pure function of the context too, but its later proposals are not the tail of its first
+# one; it is replayed exactly when the trace's header carries the prompt's token ids ("prompt_ids").
 
 
 # ------------------------------------------------------------------------------------------------ traces
@@ -80,6 +82,15 @@ class Trace:
     @property
     def is_tree(self) -> bool:
         return any(r.is_tree for r in self.rounds)
+
+    @property
+    def prompt_ids(self) -> Optional[list]:
+        ids = self.header.get("prompt_ids")
+        return list(ids) if ids else None
+
+    @property
+    def ngram_n(self) -> int:
+        return int((self.header.get("config") or {}).get("ngram_n", 3))
 
     @property
     def emitted(self) -> int:
@@ -263,7 +274,26 @@ class KPrediction:
 
 
 def exact_applies(trace: Trace) -> bool:
-    return trace.greedy and trace.method in EXACT_METHODS and not trace.is_tree
+    if not trace.greedy or trace.is_tree:
+        return False
+    return trace.method in EXACT_METHODS or (trace.method == "ngram" and trace.prompt_ids is not None)
+
+
+def ngram_rounds(prompt_ids: list, output: list, k: int, n: int) -> int:
+    """Rounds the n-gram drafter needs for `output` with K: replayed, since its proposal after a context is
+    lookup_continuation(context) and greedy verification accepts its prefix that matches the output."""
+    from engine.drafters.ngram import lookup_continuation
+
+    position, rounds = 0, 0
+    while position < len(output):
+        proposal = lookup_continuation(list(prompt_ids) + output[:position], n, k)
+        accepted = 0
+        while accepted < len(proposal) and position + accepted < len(output) \
+                and proposal[accepted] == output[position + accepted]:
+            accepted += 1
+        position += accepted + 1
+        rounds += 1
+    return rounds
 
 
 def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
@@ -272,6 +302,9 @@ def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
     if not exact_applies(trace):
         extrapolated = k > acceptance.extrapolated_from()
         return acceptance.expected(k), "per-depth model" + (", extrapolated" if extrapolated else "")
+    if trace.method == "ngram":  # one generation's prompt in the header
+        output = [t for r in trace.generations[0] for t in r.emitted]
+        return len(output) / max(1, ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n)), "exact (replayed)"
     alphas = acceptance.alphas_for(k)
     rounds, tokens, shares = 0.0, 0, []
     for generation in trace.generations:

@@ -149,3 +149,19 @@ def test_exact_counterfactual_agrees_with_real_runs(close_decoder):
         tpf, _ = predict_tokens_per_forward(trace, k)
         assert tpf == pytest.approx(len(oracle.output) / len(real), rel=0.1)
     assert determined >= 0.6 * total
+
+
+def test_ngram_counterfactual_replays_the_lookup_exactly(close_decoder):
+    from engine.config import GenerationConfig
+
+    ids = close_decoder.tokenizer.encode(PROMPT)
+    source = list(close_decoder.generate(PROMPT, GenerationConfig(method="ngram", k=8, max_new_tokens=60)))
+    trace = trace_from_events(source)
+    trace.header = {"prompt_ids": ids, "config": {"ngram_n": 3}}
+    for k in (1, 3, 8):
+        real = list(close_decoder.generate(PROMPT, GenerationConfig(method="ngram", k=k, max_new_tokens=60)))
+        tpf, basis = predict_tokens_per_forward(trace, k)
+        assert basis == "exact (replayed)"
+        assert tpf == pytest.approx(sum(len(e.emitted_ids) for e in real) / len(real))
+    trace.header = {}
+    assert "per-depth" in predict_tokens_per_forward(trace, 4)[1]
