@@ -304,7 +304,8 @@ def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
         return acceptance.expected(k), "per-depth model" + (", extrapolated" if extrapolated else "")
     if trace.method == "ngram":  # one generation's prompt in the header
         output = [t for r in trace.generations[0] for t in r.emitted]
-        return len(output) / max(1, ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n)), "exact (replayed)"
+        rounds = ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n)
+        return len(output) / max(1, rounds), "exact (replayed)"
     alphas = acceptance.alphas_for(k)
     rounds, tokens, shares = 0.0, 0, []
     for generation in trace.generations:
