@@ -249,6 +249,10 @@ def cmd_bench(args) -> int:
         best = max(rows, key=lambda r: r["speedup"])
         print(f"fastest measured K = {best['k']} ({best['speedup']:.2f}x over plain decoding)",
               file=sys.stderr)
+        if all("from_run_speedup" in r for r in rows):
+            guess = max(rows, key=lambda r: r["from_run_speedup"])
+            print(f"predicted from the K = {guess['from_run_k']} run alone: best K = {guess['k']} "
+                  f"({guess['from_run_speedup']:.2f}x)", file=sys.stderr)
     else:
         specs = [s.strip() for s in args.methods.split(",") if s.strip()]
         decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
