@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)  # block sizes timed: K + 1 for K = 0, 1, 2, 4, 8, 16, 32, 64
 STEP_METHODS = ("draft", "eagle")  # drafters whose cost grows with the draft depth (one step a depth)
@@ -234,53 +234,70 @@ def _line(a: tuple, b: tuple, x: float, floor: bool = False) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ calibration
+def round_robin_curve(time_block: Callable[[int], float], sizes: Sequence[int], warmup: int = 2,
+                      repeats: int = 5) -> dict:
+    """time_block(n) -> ms for each n in sizes, timed round-robin (one of each size a repeat). Each size is
+    kept as its median ratio to the one-token time of the same repeat, times the one-token median: a burst of
+    load from other processes then moves the level, not the shape. Returns {n: Measured}."""
+    sizes = sorted(set(sizes) | {1})
+    samples: dict = {n: [] for n in sizes}
+    for i in range(warmup + repeats):
+        for n in sizes:
+            elapsed = time_block(n)
+            if i >= warmup:
+                samples[n].append(elapsed)
+    one = Measured.of(samples[1])
+    out = {1: one}
+    for n in sizes[1:]:
+        ratios = Measured.of([t / max(t1, 1e-9) for t, t1 in zip(samples[n], samples[1])])
+        out[n] = Measured(ratios.median * one.median, ratios.spread * one.median, ratios.n)
+    return out
+
+
 def time_forward_curve(runner, probe_ids: list, sizes: Sequence[int], warmup: int = 2, repeats: int = 5,
                        prefix: int = 32) -> dict:
-    """A forward over n tokens after a `prefix`-token context, for each n in sizes (the cache rolled back
-    after each). The sizes are timed round-robin, one of each per repeat, and each size is kept as its median
-    ratio to the one-token forward of the same repeat times the one-token median: a burst of load from other
-    processes then moves the level, not the shape. Returns {n: Measured}."""
+    """Raw forwards of a runner over n tokens after a `prefix`-token context (round_robin_curve); for a
+    decoder, SpeculativeDecoder.verify_curve times the whole verification phase instead."""
     import torch
 
     from engine.timing import Stopwatch
 
-    sizes = [n for n in sorted(set(sizes) | {1}) if prefix + n <= runner.max_length]
+    sizes = [n for n in sizes if prefix + n <= runner.max_length]
     ids = (list(probe_ids) * (1 + (prefix + max(sizes)) // max(1, len(probe_ids))))[:prefix + max(sizes)]
     tokens = torch.tensor(ids, dtype=torch.long, device=runner.device)
-    samples: dict = {n: [] for n in sizes}
+
+    def time_block(n: int) -> float:
+        watch = Stopwatch(runner.device)
+        runner.forward(tokens[prefix:prefix + n])
+        elapsed = watch.elapsed_ms()
+        runner.rollback(prefix)
+        return elapsed
+
     with torch.inference_mode():
         runner.reset()
         runner.forward(tokens[:prefix])
-        for i in range(warmup + repeats):
-            for n in sizes:
-                watch = Stopwatch(runner.device)
-                runner.forward(tokens[prefix:prefix + n])
-                elapsed = watch.elapsed_ms()
-                runner.rollback(prefix)
-                if i >= warmup:
-                    samples[n].append(elapsed)
+        curve = round_robin_curve(time_block, sizes, warmup, repeats)
         runner.reset()
-    one = Measured.of(samples[1])
-    out = {}
-    for n in sizes:
-        ratios = Measured.of([t / max(t1, 1e-9) for t, t1 in zip(samples[n], samples[1])])
-        out[n] = Measured(ratios.median * one.median, ratios.spread * one.median, ratios.n)
-    out[1] = one
-    return out
+    return curve
 
 
 def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, repeats: int = 5,
                     warmup: int = 2, sizes: Sequence[int] = VERIFY_SIZES, tokens: int = 24) -> CostModel:
     """Measure the cost model on this machine.
 
-    The verification curve: target forwards over each block size (round-robin, see time_forward_curve). The
+    The verification curve: the decoder's verification phase over each block size (round-robin, see
+    round_robin_curve; raw target forwards for a decoder that cannot time its phase). The
     draft and overhead terms: short generations of plain decoding and of each method at K (after a warm-up
     one), their phase times; their verification phases refit the curve's level like a live run would."""
     from engine.config import GenerationConfig
 
-    probe = decoder.tokenizer.encode(prompt) or [0]
     curve_repeats = 3 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
-    model = CostModel(verify=time_forward_curve(decoder.target, probe, sizes, warmup, curve_repeats))
+    if hasattr(decoder, "verify_curve"):
+        curve = decoder.verify_curve(prompt, sizes, warmup, curve_repeats)
+    else:
+        curve = time_forward_curve(decoder.target, decoder.tokenizer.encode(prompt) or [0], sizes, warmup,
+                                   curve_repeats)
+    model = CostModel(verify=curve)
     runs, by_method = [], {}
     for method in ["none"] + [m for m in methods if m != "none"]:
         for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,)):

@@ -18,7 +18,7 @@ from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
 from engine.runner import to_device
 from engine.text import IncrementalText
-from engine.timing import RoundClock
+from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
@@ -180,6 +180,36 @@ class SpeculativeDecoder:
         costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats)
         draft_ms = costs.t_draft("draft", 1) if "draft" in chosen else 0.0
         return Calibration(target_step_ms=costs.t_plain, draft_step_ms=draft_ms, costs=costs)
+
+    def verify_curve(self, prompt: str, sizes, warmup: int = 2, repeats: int = 15) -> dict:
+        """The verification phase as a round runs it (one target forward over the block, then the greedy
+        verification kernel) for each block size in sizes, after the prompt: {size: Measured ms}, timed
+        round-robin (engine.costmodel.round_robin_curve). The cache is rolled back after each block."""
+        from engine.costmodel import round_robin_curve
+
+        config = GenerationConfig(method="none", k=1)
+        ids = self._encode(prompt)
+        sizes = [n for n in sizes if len(ids) + n <= self.target.max_length]
+        state = DecodeState(tokens=list(ids), prompt_len=len(ids), config=config,
+                            generator=torch.Generator().manual_seed(0), backend=self.backend,
+                            vocab_size=self.vocab_size, device=self.device)
+        filler = to_device((ids * (1 + max(sizes) // len(ids)))[:max(sizes)], self.device)
+
+        def time_block(n: int) -> float:
+            watch = Stopwatch(self.device)
+            self._verify(state, Draft(tokens=filler[:n - 1]), config)
+            elapsed = watch.elapsed_ms()
+            self.target.rollback(start)
+            return elapsed
+
+        with torch.inference_mode():
+            self.target.reset()
+            if len(ids) > 1:
+                self.target.forward(to_device(ids[:-1], self.device))
+            start = self.target.length
+            curve = round_robin_curve(time_block, sizes, warmup, repeats)
+            self.target.reset()
+        return curve
 
     # ------------------------------------------------------------------------------------------ internals
     def _encode(self, prompt: str) -> list:
