@@ -92,6 +92,24 @@ class DepthAcceptance:
         """The per-depth E = 1 + sum_{d<K} prod_{j<=d} alpha_j."""
         return analytic.expected_tokens_per_position(self.alphas_for(k))
 
+    def tokens_distribution(self, k: int) -> list:
+        """P(a round yields l + 1 tokens) for l = 0..K under the per-depth model."""
+        alphas, survive, out = self.alphas_for(k), 1.0, []
+        for a in alphas:
+            out.append(survive * (1 - a))
+            survive *= a
+        return out + [survive]
+
+    def expected_rounds(self, tokens: int, k: int, cut: bool = True) -> float:
+        """Rounds to emit `tokens` tokens: tokens / E, plus, when the generation's last round was cut (at the
+        token budget or an end of text), the renewal overshoot E[X^2] / 2E^2 (X: a round's tokens)."""
+        dist = self.tokens_distribution(k)
+        mean = sum(p * (i + 1) for i, p in enumerate(dist))
+        if tokens <= 0 or mean <= 0:
+            return 0.0
+        second = sum(p * (i + 1) ** 2 for i, p in enumerate(dist))
+        return tokens / mean + (second / (2 * mean * mean) if cut else 0.0)
+
     def uniform_expected(self, k: int) -> float:
         """The chapter's model at the pooled alpha: (1 - alpha^(K+1)) / (1 - alpha)."""
         return analytic.expected_tokens(min(max(self.pooled_alpha, 0.0), 1.0), k)

@@ -301,7 +301,11 @@ def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
     acceptance = trace.acceptance()
     if not exact_applies(trace):
         extrapolated = k > acceptance.extrapolated_from()
-        return acceptance.expected(k), "per-depth model" + (", extrapolated" if extrapolated else "")
+        lengths = [sum(len(r.emitted) for r in gen) for gen in trace.generations]
+        rounds = sum(acceptance.expected_rounds(n, k, gen[-1].finish_reason in ("length", "eos"))
+                     for n, gen in zip(lengths, trace.generations))
+        basis = "per-depth model" + (", extrapolated" if extrapolated else "")
+        return (sum(lengths) / rounds if rounds else 1.0), basis
     if trace.method == "ngram":  # one generation's prompt in the header
         output = [t for r in trace.generations[0] for t in r.emitted]
         rounds = ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n)

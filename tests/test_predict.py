@@ -165,3 +165,12 @@ def test_ngram_counterfactual_replays_the_lookup_exactly(close_decoder):
         assert tpf == pytest.approx(sum(len(e.emitted_ids) for e in real) / len(real))
     trace.header = {}
     assert "per-depth" in predict_tokens_per_forward(trace, 4)[1]
+
+
+def test_rounds_to_a_token_budget_count_the_cut_last_round():
+    from engine.acceptance import DepthAcceptance
+
+    a = DepthAcceptance(reached=[10], accepted=[5])  # a round yields 1 or 2 tokens, each with chance 1/2
+    assert a.tokens_distribution(1) == pytest.approx([0.5, 0.5])
+    assert a.expected_rounds(30, 1, cut=False) == pytest.approx(20.0)
+    assert a.expected_rounds(30, 1) == pytest.approx(20.0 + 2.5 / (2 * 1.5 ** 2))
