@@ -118,10 +118,14 @@ class CostModel:
         return self.t_plain / tpot if tpot > 0 else 0.0
 
     def c(self, method: str) -> float:
-        """The textbook c: one draft step over one plain verification (a per-round cost counts as K steps'
-        worth at K = 1, so model-free drafters show their bookkeeping rather than a flat 0)."""
+        """The textbook c: one draft step over one plain verification. For step methods the step is the
+        marginal one (the per-round part is not in 1 + cK); a drafter that costs per round, not per token,
+        shows that cost (its bookkeeping) rather than a flat 0."""
         plain = self.t_verify(1)
-        return self.t_draft(method, 1) / plain if plain > 0 else 0.0
+        if plain <= 0 or method == "none":
+            return 0.0
+        step = self.draft_step.get(method)
+        return (step.median if step else self.t_draft(method, 1)) / plain
 
     def c_spread(self, method: str) -> float:
         """c's spread, from the spreads of its two timings (relative errors added)."""
@@ -214,8 +218,11 @@ class CostModel:
     def describe(self, method: str) -> str:
         """One line of the figures and their spread."""
         v1 = self.verify.get(1, Measured(self.t_verify(1)))
+        step, fixed = self.draft_step.get(method), self.draft_fixed.get(method)
+        draft = " + ".join(part for part in (f"{step.median:.2f} ms a step" if step else "",
+                                             f"{fixed.median:.2f} ms a round" if fixed else "") if part)
         return (f"t_verify(1) = {v1.median:.2f} ± {v1.spread:.2f} ms, "
-                f"t_draft({method}, 1) = {self.t_draft(method, 1):.2f} ms, "
+                f"t_verify(9) = {self.t_verify(9):.2f} ms, draft = {draft or '0'}, "
                 f"overhead = {self.t_overhead(method):.2f} ms, c = {self.c(method):.3f} ± "
                 f"{self.c_spread(method):.3f} ({self.source})")
 
