@@ -55,10 +55,13 @@ class DepthAcceptance:
 
     @classmethod
     def from_metrics(cls, metrics) -> "DepthAcceptance":
-        """From a RoundMetrics (the live session's running figures)."""
-        reached = list(getattr(metrics, "per_position_reached", []) or [])
-        alphas = list(metrics.per_position_acceptance)
-        return cls(reached, [round(a * n) for a, n in zip(alphas, reached)])
+        """From a RoundMetrics (the live session's running figures): a round reached depth d when it accepted
+        at least d drafts, so the counts come from the accepted-length histogram (exact for drafts of one
+        depth; a round whose draft was shallower than d counts as reaching it)."""
+        histogram = list(metrics.accepted_length_histogram)
+        depths = len(metrics.per_position_acceptance)
+        reached = [sum(histogram[d:]) for d in range(depths)]
+        return cls(reached, [sum(histogram[d + 1:]) for d in range(depths)])
 
     @property
     def depths(self) -> int:

@@ -38,7 +38,6 @@ class RoundMetrics:
     analytic_tokens_per_forward: float
     per_position_tokens_per_forward: float
     per_position_acceptance: list = field(default_factory=list)  # alpha_i: accepted / reached at depth i
-    per_position_reached: list = field(default_factory=list)  # rounds that reached depth i (for alpha_i's CI)
     accepted_length_histogram: list = field(default_factory=list)  # rounds by accepted count 0, 1, 2, ...
     draft_ms: float = 0.0  # totals over the generation so far
     verify_ms: float = 0.0

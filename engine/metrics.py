@@ -114,7 +114,6 @@ class MetricsAccumulator(Totals):
             analytic_tokens_per_forward=self.analytic_tokens_per_forward,
             per_position_tokens_per_forward=analytic.expected_tokens_per_position(self.per_position_acceptance),
             per_position_acceptance=self.per_position_acceptance,
-            per_position_reached=list(self.position_reached),
             accepted_length_histogram=list(self.length_histogram),
             draft_ms=self.draft_ms, verify_ms=self.verify_ms, overhead_ms=self.overhead_ms,
         )

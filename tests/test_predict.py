@@ -174,3 +174,16 @@ def test_rounds_to_a_token_budget_count_the_cut_last_round():
     assert a.tokens_distribution(1) == pytest.approx([0.5, 0.5])
     assert a.expected_rounds(30, 1, cut=False) == pytest.approx(20.0)
     assert a.expected_rounds(30, 1) == pytest.approx(20.0 + 2.5 / (2 * 1.5 ** 2))
+
+
+def test_live_counts_from_running_metrics_match_the_trace():
+    from engine.acceptance import DepthAcceptance
+    from engine.metrics import MetricsAccumulator
+
+    records = bursty_chain(rounds=20, k=4, every=3)
+    acc = MetricsAccumulator(4)
+    for r in records:
+        metrics = acc.add_round(4, r["accepted_count"], len(r["emitted_ids"]), 4, 1.0, 1.0, 0.1)
+    live = DepthAcceptance.from_metrics(metrics)
+    traced = trace_from_events(records).acceptance()
+    assert live.reached == traced.reached and live.accepted == traced.accepted
