@@ -298,7 +298,7 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
     one), their phase times; their verification phases refit the curve's level like a live run would."""
     from engine.config import GenerationConfig
 
-    curve_repeats = 3 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
+    curve_repeats = 6 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
     if hasattr(decoder, "verify_curve"):
         curve = decoder.verify_curve(prompt, sizes, warmup, curve_repeats)
     else:
