@@ -157,12 +157,14 @@ def geometric_test(rounds: Sequence[RoundShape], min_expected: float = 5.0) -> G
 def _merge_small(observed: list, expected: list, minimum: float) -> tuple:
     """Merge bins from both ends inward until each expectation reaches `minimum`."""
     obs, exp = list(observed), list(expected)
-    while len(exp) > 1 and exp[-1] < minimum:
-        obs[-2] += obs.pop()
-        exp[-2] += exp.pop()
+    while len(exp) > 1 and exp[-1] < minimum:  # pop first: `a[-2] += a.pop()` would add to the wrong bin
+        o, e = obs.pop(), exp.pop()
+        obs[-1] += o
+        exp[-1] += e
     while len(exp) > 1 and exp[0] < minimum:
-        obs[1] += obs.pop(0)
-        exp[1] += exp.pop(0)
+        o, e = obs.pop(0), exp.pop(0)
+        obs[0] += o
+        exp[0] += e
     merged_obs, merged_exp, o_acc, e_acc = [], [], 0.0, 0.0
     for o, e in zip(obs, exp):  # inner bins: carry small ones into the next
         o_acc, e_acc = o_acc + o, e_acc + e

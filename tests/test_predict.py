@@ -187,3 +187,12 @@ def test_live_counts_from_running_metrics_match_the_trace():
     live = DepthAcceptance.from_metrics(metrics)
     traced = trace_from_events(records).acceptance()
     assert live.reached == traced.reached and live.accepted == traced.accepted
+
+
+def test_small_bins_merge_into_their_neighbours():
+    from engine.acceptance import _merge_small
+
+    assert _merge_small([1, 9, 30, 2, 1], [2, 8, 30, 3, 1], 5) == ([10, 33], [10, 34])
+    assert _merge_small([3, 1], [2, 2], 5) == ([4], [4])
+    observed, expected = _merge_small([5, 0, 5, 0, 5], [5, 1, 5, 1, 5], 5)
+    assert sum(observed) == 15 and sum(expected) == 17 and min(expected) >= 5
