@@ -3,10 +3,10 @@ dialog's "predicted from this run" column and the diagnosis dock."""
 import json
 
 import pytest
+from trace_fixtures import chain_round, write_trace
 
 from engine.cli import main
 from engine.costmodel import CostModel, Measured
-from trace_fixtures import chain_round, write_trace
 
 
 def bursty(rounds=30, k=8):
