@@ -2,8 +2,19 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
-                               QSpinBox, QTableWidget, QTableWidgetItem, QTextBrowser, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+)
 
 from engine.config import SamplingParams
 
@@ -201,7 +212,10 @@ class HelpDialog(QDialog):
 SWEEP_COLUMNS = (("k", "K", "{}"), ("alpha", "α", "{:.3f}"),
                  ("tokens_per_forward", "tokens / forward", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
                  ("speedup", "measured speedup", "{:.2f}×"),
-                 ("predicted_speedup", "predicted E/(1+cK)", "{:.2f}×"))
+                 ("predicted_speedup", "predicted (measured costs)", "{:.2f}×"),
+                 ("from_run_tokens_per_forward", "tokens / forward predicted from this run", "{:.2f}"),
+                 ("from_run_speedup", "predicted from this run", "{:.2f}×"),
+                 ("textbook_speedup", "textbook E/(1+cK)", "{:.2f}×"))
 
 
 def fastest_k(rows: list) -> int:
@@ -209,20 +223,29 @@ def fastest_k(rows: list) -> int:
     return max(rows, key=lambda row: row["speedup"])["k"]
 
 
+def sweep_columns(rows: list) -> list:
+    """The columns every row has (a sweep stopped early has no prediction from its largest K's run)."""
+    return [col for col in SWEEP_COLUMNS if all(col[0] in row for row in rows)]
+
+
 class SweepDialog(QDialog):
-    """The measured K sweep: a table, the fastest K, and a button that makes it the K of the next runs."""
+    """The measured K sweep beside its predictions: the cost model at each K's measured acceptance, the
+    counterfactual from the largest K's run alone ("predicted from this run"), and the textbook formula; the
+    fastest K, and a button that makes it the K of the next runs."""
 
     def __init__(self, parent, rows: list, title: str, complete: bool = True):
         super().__init__(parent)
         self.setWindowTitle("Fastest K" if complete else "K sweep (stopped)")
         self.complete = complete
+        rows = sorted(rows, key=lambda row: row["k"])
         self.best = fastest_k(rows)
         best_row = next(row for row in rows if row["k"] == self.best)
-        table = QTableWidget(len(rows), len(SWEEP_COLUMNS))
-        table.setHorizontalHeaderLabels([label for _, label, _ in SWEEP_COLUMNS])
+        columns = sweep_columns(rows)
+        table = QTableWidget(len(rows), len(columns))
+        table.setHorizontalHeaderLabels([label for _, label, _ in columns])
         table.verticalHeader().setVisible(False)
         for r, row in enumerate(rows):
-            for c, (key, _, fmt) in enumerate(SWEEP_COLUMNS):
+            for c, (key, _, fmt) in enumerate(columns):
                 item = QTableWidgetItem(fmt.format(row[key]))
                 if complete and row["k"] == self.best:
                     font = item.font()
@@ -238,7 +261,7 @@ class SweepDialog(QDialog):
             measured = ", ".join(str(row["k"]) for row in rows)
             verdict = (f"Stopped after K = {measured}: the sweep did not measure every K, so it recommends "
                        "none.")
-        summary = QLabel(f"{title}<br>{verdict}")
+        summary = QLabel(f"{title}<br>{verdict}" + (_from_run_line(rows) if complete else ""))
         summary.setWordWrap(True)
         self.summary = summary
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
@@ -251,7 +274,15 @@ class SweepDialog(QDialog):
         layout.addWidget(summary)
         layout.addWidget(table)
         layout.addWidget(buttons)
-        self.resize(620, 120 + 30 * len(rows))
+        self.resize(900, 140 + 30 * len(rows))
+
+
+def _from_run_line(rows: list) -> str:
+    if not all("from_run_speedup" in row for row in rows):
+        return ""
+    best = max(rows, key=lambda row: row["from_run_speedup"])
+    return (f"<br>Predicted from the K = {best['from_run_k']} run alone: best <b>K = {best['k']}</b> "
+            f"({best['from_run_speedup']:.2f}×; {best['from_run_basis']}).")
 
 
 class LosslessDialog(QDialog):

@@ -15,11 +15,12 @@ from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QApplication, QCheckBox, QDockWidget, QFileDialog,
                                QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton, QSpinBox, QSplitter, QTextBrowser, QVBoxLayout,
-                               QWidget)
+                               QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter, QTextBrowser,
+                               QVBoxLayout, QWidget)
 
 from app import backend, exports, gc_guard, style
 from app.compare import CompareTable, plain_reference
+from app.diagnosis_view import CalibrateWorker, DiagnosisView
 from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
 from app.menus import Menus
@@ -73,6 +74,7 @@ class MainWindow(QMainWindow):
         self.gen_slot = JobSlot("generation")
         self.sweep_slot = JobSlot("K sweep")  # "Find the fastest K" (uses the decoder like a generation)
         self.check_slot = JobSlot("lossless check")  # "Check lossless" (uses the decoder like a generation)
+        self.calibrate_slot = JobSlot("calibration")  # K → Recalibrate costs (times the decoder's models)
         self.sweep_rows: list = []
         self.sweep_dialog = None
         self.check_reports: dict = {}
@@ -185,6 +187,9 @@ class MainWindow(QMainWindow):
         self.compare_action = self.compare_dock.toggleViewAction()
         self.compare_action.setText("Compare")
         self.splitDockWidget(self.history_dock, self.compare_dock, Qt.Vertical)  # plots stay in sight
+        self.diagnosis = DiagnosisView()
+        self.diagnosis_dock = self._dock("Why is it slow?", "diagnosisDock", self.diagnosis,
+                                         Qt.RightDockWidgetArea)
 
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -195,7 +200,8 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         view_actions = [self.plots_action, self.tree_action, self.compare_action,
-                        self.history_dock.toggleViewAction(), self.inspector_dock.toggleViewAction()]
+                        self.history_dock.toggleViewAction(), self.inspector_dock.toggleViewAction(),
+                        self.diagnosis_dock.toggleViewAction()]
         m = self.menus = Menus(self, view_actions, SWEEP_KS)
         self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
         self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
@@ -276,7 +282,7 @@ class MainWindow(QMainWindow):
 
     @property
     def _decoder_slots(self) -> tuple:
-        return self.gen_slot, self.sweep_slot, self.check_slot
+        return self.gen_slot, self.sweep_slot, self.check_slot, self.calibrate_slot
 
     @property
     def load_job(self) -> Optional[Job]:
@@ -305,7 +311,7 @@ class MainWindow(QMainWindow):
         self._flush_pending_error()
 
     def _sync_progress(self) -> None:
-        self.progress.setVisible(self.load_slot.busy or self.running)
+        self.progress.setVisible(self.load_slot.busy or self.running or self.calibrate_slot.busy)
 
     def _fail_later(self, title: str):
         """A "failed" handler: keep the message for a dialog once the job has been joined."""
@@ -577,6 +583,7 @@ class MainWindow(QMainWindow):
         if self.shown is gen:
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
+        self.diagnosis.show_generation(gen.events, gen.calibration)
         self._job_ended()
         self.compare.refresh(self.session.generations, self._selected_generations())
         self._next_repeat(gen)
@@ -636,6 +643,20 @@ class MainWindow(QMainWindow):
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title, complete=complete)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
             self.sweep_dialog.show()
+
+    def recalibrate(self) -> None:
+        """Time the cost model again (verification curve, draft and overhead terms) off the GUI thread."""
+        if self.decoder is None or self.running or self.load_slot.busy:
+            self.show_error("Busy", "Load models and wait for the current job to finish first.")
+            return
+        self._start_job(self.calibrate_slot, CalibrateWorker(self.decoder, self.settings.get("decode/k")),
+                        "Calibrating the cost model…", calibrated=self._calibrated,
+                        failed=self._fail_later("Calibration failed"), done=lambda job: self._task_ended())
+
+    def _calibrated(self, calibration) -> None:
+        self.calibration = calibration
+        self._refresh_status()
+        self.show_status("Recalibrated: " + calibration.costs.describe(self.settings.config().method), 8000)
 
     def check_lossless(self) -> None:
         """On the prompt, off the GUI thread: the method's greedy output against plain greedy decoding, token

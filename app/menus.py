@@ -70,6 +70,8 @@ class Menus:
         self.sweep_action.setShortcut("Ctrl+K")
         ks = ", ".join(map(str, sweep_ks))
         self.sweep_action.setToolTip(f"Measure K = {ks} on the prompt; Esc stops")
+        self.recalibrate_action = menu.addAction("Recalibrate costs", w.recalibrate)
+        self.recalibrate_action.setToolTip("Time the verification curve, draft steps and overhead again")
 
     def _sampling_menu(self, menu) -> None:
         self.greedy_action = menu.addAction("Greedy")
@@ -130,7 +132,8 @@ class Menus:
 
     def set_busy(self, running: bool, loading: bool) -> None:
         """While the decoder runs a job or models load, nothing may start another one or swap the models."""
-        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action]:
+        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action,
+                                            self.recalibrate_action]:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
         self.open_trace_action.setEnabled(not running)  # a replay needs no model

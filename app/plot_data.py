@@ -5,7 +5,11 @@ import math
 from typing import Optional
 
 from engine import analytic
+from engine.acceptance import DepthAcceptance, RoundShape, geometric_test
+from engine.costmodel import timing_of
 from engine.metrics import histogram_bars, round_acceptance, round_tokens, round_tpot_ms
+
+REFIT_ROUNDS = 64  # the live cost model is refitted on this many latest rounds
 
 
 class PlotBuffers:
@@ -26,7 +30,10 @@ class PlotBuffers:
         self.per_position_tpf: list = []
         self.round_tpot: list = []
         self.running_tpot: list = []
-        self.predicted_tpot: list = []
+        self.predicted_tpot: list = []  # the cost model: t_round(K) / E (per-depth E), refitted live
+        self.textbook_tpot: list = []  # the chapter's TPOT_plain (1 + cK) / E_uniform, c measured
+        self.timings: list = []  # RoundTiming of every round (for the live refit)
+        self.costs = None  # the cost model refitted on the latest rounds (None without a calibration)
         self.last_event = None
         self.version = 0  # bumped by every change; the plots redraw what is stale
 
@@ -41,7 +48,9 @@ class PlotBuffers:
         self.per_position_tpf.append(m.per_position_tokens_per_forward)
         self.round_tpot.append(round_tpot_ms(event))
         self.running_tpot.append(m.tpot_ms)
-        self.predicted_tpot.append(self._predict_tpot(event))
+        self.timings.append(timing_of(event))
+        self.textbook_tpot.append(self._textbook_tpot(event))
+        self.predicted_tpot.append(self._cost_model_tpot(event))
         self.last_event = event
         self.version += 1
 
@@ -54,17 +63,26 @@ class PlotBuffers:
     def per_position_acceptance(self) -> list:
         return list(self.last_event.metrics.per_position_acceptance) if self.last_event is not None else []
 
-    def _predict_tpot(self, event) -> float:
-        """TPOT_plain x (1 + cK) / E at the running alpha, with TPOT_plain and c from the calibration.
-
-        c is the draft model's cost ratio; model-free drafters (n-gram, lookahead) cost ~0 a drafted token."""
+    def _textbook_tpot(self, event) -> float:
+        """TPOT_plain x (1 + cK) / E at the running alpha, c measured for the method (the chapter's view)."""
         cal = self.calibration
         if cal is None or cal.target_step_ms <= 0:
             return math.nan
         k = len(event.drafted) and event.k
-        c = cal.c if event.method == "draft" else 0.0
+        c = cal.c_for(event.method) if hasattr(cal, "c_for") else (cal.c if event.method == "draft" else 0.0)
         expected = event.metrics.analytic_tokens_per_forward if k else 1.0
         return analytic.predicted_tpot(cal.target_step_ms, c, k, max(expected, 1e-9))
+
+    def _cost_model_tpot(self, event) -> float:
+        """t_round(K) / E with E the per-depth model and the cost model refitted on the latest rounds; the
+        textbook figure when there is no cost model (an old calibration)."""
+        base = getattr(self.calibration, "costs", None)
+        if base is None:
+            return self.textbook_tpot[-1]
+        self.costs = base.refit(self.timings[-REFIT_ROUNDS:])
+        timing = self.timings[-1]
+        expected = event.metrics.per_position_tokens_per_forward if timing.depth else 1.0
+        return self.costs.tpot(event.method, timing.depth, max(expected, 1e-9), timing.block)
 
     def latest(self, name: str) -> Optional[float]:
         values = getattr(self, name)
@@ -72,28 +90,19 @@ class PlotBuffers:
 
 
 def summary_html(buffers: PlotBuffers) -> str:
-    """The analytic model's numbers next to the measured ones, for the panel beside the plots."""
+    """The models' numbers next to the measured ones, for the panel beside the plots: the measured cost model
+    and per-depth acceptance first, the chapter's uniform-alpha model beside them, labelled as such."""
     if not buffers.rounds or buffers.last_event is None:
         return "<b>Model vs measurement</b><br>Generate to see the numbers."
-    event, cal = buffers.last_event, buffers.calibration
-    m = event.metrics
+    event, m = buffers.last_event, buffers.last_event.metrics
     lines = [f"<b>Model vs measurement</b> &nbsp; {event.method}, K={event.k}, {m.rounds} rounds",
              f"tokens / target forward: measured <b>{m.tokens_per_forward:.2f}</b>, "
-             f"(1−α<sup>K+1</sup>)/(1−α) = {m.analytic_tokens_per_forward:.2f}, "
-             f"per-position = {m.per_position_tokens_per_forward:.2f}"]
+             f"per-depth 1+ΣΠα<sub>j</sub> = {m.per_position_tokens_per_forward:.2f}, "
+             f"chapter's uniform-α (1−α<sup>K+1</sup>)/(1−α) = {m.analytic_tokens_per_forward:.2f}"]
     if m.drafted:
-        alphas = ", ".join(f"{a:.2f}" for a in buffers.per_position_acceptance)
-        lines.append(f"running α = <b>{m.acceptance_rate:.3f}</b>; α<sub>i</sub> by position: {alphas}")
+        lines += _acceptance_lines(m)
     lines.append(f"TPOT measured <b>{m.tpot_ms:.2f} ms</b> ({m.tokens_per_s:.0f} tok/s)")
-    if cal is not None and cal.target_step_ms > 0:
-        predicted = buffers.latest("predicted_tpot")
-        lines.append(f"TPOT predicted {predicted:.2f} ms from TPOT_plain = {cal.target_step_ms:.2f} ms, "
-                     f"c = {cal.c:.3f}")
-        if m.drafted and event.method == "draft":
-            best_k, best = analytic.optimal_k(min(m.acceptance_rate, 0.999), cal.c)
-            lines.append(f"predicted speedup E/(1+cK) = "
-                         f"{analytic.speedup(min(m.acceptance_rate, 1.0), event.k, cal.c):.2f}×; "
-                         f"best K at this α and c: {best_k} ({best:.2f}×)")
+    lines += _prediction_lines(buffers, event, m)
     return "<br>".join(lines)
 
 
@@ -111,3 +120,44 @@ def robust_top(values, quantile: float = 0.95) -> float:
     if typical > 0 and high > OUTLIER_FACTOR * typical:
         return 1.5 * typical
     return high * 1.08 if high > 0 else 1.0
+
+
+def _acceptance_lines(m) -> list:
+    depth = DepthAcceptance.from_metrics(m)
+    cells = [f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, (lo, hi) in zip(depth.alphas, depth.intervals())]
+    lines = [f"α per node (raw rate) = <b>{m.acceptance_rate:.3f}</b>; α<sub>d</sub> by depth (95% CI): "
+             + (", ".join(cells) or "-")]
+    depths = len(m.per_position_acceptance)
+    shapes = [RoundShape(depths, length) for length, n in enumerate(m.accepted_length_histogram)
+              for _ in range(n)]
+    if depths and len(shapes) >= 10:
+        test = geometric_test(shapes)
+        verdict = "holds" if test.holds else "<b>rejected</b>"
+        lines.append(f"constant-α law (χ² = {test.statistic:.1f}, dof {test.dof}, p = {test.p_value:.3g}): "
+                     f"{verdict}")
+    return lines
+
+
+def _prediction_lines(buffers: PlotBuffers, event, m) -> list:
+    cal = buffers.calibration
+    if cal is None or cal.target_step_ms <= 0:
+        return []
+    lines = []
+    costs = buffers.costs
+    if costs is not None:
+        predicted = buffers.latest("predicted_tpot")
+        speedup = costs.t_plain / predicted if predicted and predicted > 0 else 0.0
+        lines.append(f"TPOT predicted (measured costs, t_round/E) <b>{predicted:.2f} ms</b>, "
+                     f"speedup {speedup:.2f}× over TPOT_plain = {costs.t_plain:.2f} ms")
+        lines.append("costs: " + costs.describe(event.method))
+    c = cal.c_for(event.method) if hasattr(cal, "c_for") else cal.c
+    textbook = buffers.latest("textbook_tpot")
+    lines.append(f"textbook TPOT_plain·(1+cK)/E = {textbook:.2f} ms "
+                 f"(TPOT_plain = {cal.target_step_ms:.2f} ms, "
+                 f"c = {c:.3f})")
+    if m.drafted:
+        best_k, best = analytic.optimal_k(min(m.acceptance_rate, 0.999), c)
+        textbook_speedup = analytic.speedup(min(m.acceptance_rate, 1.0), event.k, c)
+        lines.append(f"textbook speedup E/(1+cK) = {textbook_speedup:.2f}×; "
+                     f"its best K: {best_k} ({best:.2f}×)")
+    return lines

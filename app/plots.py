@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QStackedLayout,
@@ -139,7 +138,8 @@ class PlotPanel(QWidget):
             "per_position_tpf": self._line(self.tpf_plot, c.per_position, "1+Σ Π α_j", dash=True),
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
             "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
-            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "TPOT_plain·(1+cK)/E", dash=True),
+            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E (measured)", dash=True),
+            "textbook_tpot": self._line(self.tpot_plot, c.analytic, "TPOT_plain·(1+cK)/E", dash=True),
             "round_tps": self._scatter(self.tps_plot, c.measured, "this round"),
             "running_tps": self._line(self.tps_plot, c.running, "measured (running)"),
         }
@@ -166,7 +166,8 @@ class PlotPanel(QWidget):
             lambda: self._draw_curves(self.alpha_plot, "alpha", "round_alpha", "running_alpha"),
             lambda: self._draw_curves(self.tpf_plot, "tpf", "round_tpf", "running_tpf", "analytic_tpf",
                                       "per_position_tpf"),
-            lambda: self._draw_curves(self.tpot_plot, "tpot", "round_tpot", "running_tpot", "predicted_tpot"),
+            lambda: self._draw_curves(self.tpot_plot, "tpot", "round_tpot", "running_tpot", "predicted_tpot",
+                                      "textbook_tpot"),
             self._draw_histogram,
             self._draw_positions,
             lambda: self._draw_curves(self.tps_plot, "tps", "round_tps", "running_tps"),

@@ -107,37 +107,47 @@ def captures_graphs(decoder) -> bool:
 
 
 def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progress=None) -> list:
-    """Measured speedup per K next to the analytic E/(1+cK) at the measured alpha and calibrated c.
+    """Measured speedup per K next to three predictions:
+    - predicted_speedup: the cost model (calibrated, refitted on this K's phase times) and this K's measured
+      tokens per forward: t_plain / (t_round(K) / E);
+    - textbook_speedup: the chapter's E_uniform / (1 + cK) at the measured alpha and a measured c;
+    - from_run_speedup: "predicted from this run": the counterfactual from the largest K's run alone
+      (engine.predict), filled into every row once that run was measured.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far
     return)."""
-    c = draft_cost(decoder, base, max(ks))
+    calibration = decoder.calibrate(max(ks))
+    costs = getattr(calibration, "costs", None)
+    if base.method == "layerskip":  # its c is a partial target step, measured apart
+        c = draft_cost(decoder, base, max(ks))
+    else:
+        c = calibration.c_for(base.method) if hasattr(calibration, "c_for") else calibration.c
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
     plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
-    rows = []
+    rows, traces = [], {}
     for k in ks:
         if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
             measure(decoder, prompts[:1], replace(base, k=k))
-        r = measure(decoder, prompts, replace(base, k=k), repeats)
-        rows.append({"k": k, "alpha": r.acceptance_rate, "tokens_per_forward": r.tokens_per_forward,
-                     "analytic_tokens_per_forward": analytic.expected_tokens(r.acceptance_rate, k),
-                     "tokens_per_s": r.tokens_per_s, "speedup": _ratio(r.tokens_per_s, plain),
-                     "predicted_speedup": analytic.speedup(r.acceptance_rate, k, c), "c": c})
+        r, events = _measure_keeping_events(decoder, prompts, replace(base, k=k), repeats)
+        traces[k] = events
+        rows.append(_sweep_row(k, r, plain, c, costs, events))
         if progress is not None and progress(rows[-1]) is False:
             break
+    _add_from_run(rows, traces, costs)
     return rows
 
 
 COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
     "k": "tokens", "alpha": "ratio", "mean_acceptance_length": "tokens", "tokens_per_forward": "tokens",
     "analytic_tokens_per_forward": "tokens", "tokens_per_s": "tok/s", "speedup": "x",
-    "predicted_speedup": "x", "eager_tokens_per_s": "tok/s", "graph_tokens_per_s": "tok/s", "graph_gain": "x",
+    "predicted_speedup": "x", "from_run_speedup": "x", "textbook_speedup": "x", "eager_tokens_per_s": "tok/s",
+    "graph_tokens_per_s": "tok/s", "graph_gain": "x",
     "eager_speedup": "x", "graph_speedup": "x",
 }
 PLAIN_BLANKS = ("k", "alpha", "mean_acceptance_length")  # plain decoding drafts nothing: no K, no alpha
 
 
 def _cell(row: dict, column: str) -> str:
-    value = row[column]
+    value = row.get(column, "-")
     if row.get("method") == "none" and column in PLAIN_BLANKS:
         return "-"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
@@ -217,13 +227,64 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
     return rows
 
 
+def _measure_keeping_events(decoder, prompts, config, repeats) -> tuple:
+    """measure(), keeping each generation's events as (generation, event) pairs for the predictions."""
+    totals, events, index = RunTotals(config.drafts), [], 0
+    for _ in range(repeats):
+        for prompt in prompts:
+            generation = list(decoder.generate(prompt, config))
+            totals.add(final_metrics(generation))
+            events += [(index, e) for e in generation]
+            index += 1
+    return totals, events
+
+
+def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
+    row = {"k": k, "alpha": r.acceptance_rate, "tokens_per_forward": r.tokens_per_forward,
+           "analytic_tokens_per_forward": analytic.expected_tokens(r.acceptance_rate, k),
+           "tokens_per_s": r.tokens_per_s, "speedup": _ratio(r.tokens_per_s, plain),
+           "textbook_speedup": analytic.speedup(r.acceptance_rate, k, c), "c": c}
+    row["predicted_speedup"] = row["textbook_speedup"]
+    if costs is not None and events:
+        from engine.costmodel import timing_of
+
+        method = events[0][1].method
+        refitted = costs.refit(timing_of(e) for _, e in events)
+        row["predicted_speedup"] = refitted.speedup(method, k, r.tokens_per_forward, _block(events))
+    return row
+
+
+def _block(events) -> int:
+    sizes = sorted(len(e.drafted) + 1 for _, e in events)
+    return sizes[len(sizes) // 2]
+
+
+def _add_from_run(rows: list, traces: dict, costs) -> None:
+    """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run."""
+    if costs is None or not rows:
+        return
+    from engine.predict import predict_from_trace, trace_from_events
+
+    source = max(r["k"] for r in rows)
+    try:
+        trace = trace_from_events(traces[source])
+    except (AttributeError, TypeError, KeyError):  # stand-in decoders without full events
+        return
+    report = predict_from_trace(trace, [r["k"] for r in rows], costs)
+    by_k = {p.k: p for p in report.predictions}
+    for row in rows:
+        p = by_k[row["k"]]
+        row.update(from_run_speedup=p.speedup, from_run_tokens_per_forward=p.tokens_per_forward,
+                   from_run_basis=p.basis, from_run_k=source)
+
+
 def format_rows(rows: list, columns: list) -> str:
     """An aligned table: headers with units ('tokens_per_s [tok/s]'), each column as wide as its widest cell,
     text left-aligned and numbers right-aligned; plain decoding's K and alpha shown as '-'."""
     headers = [f"{c} [{COLUMN_UNITS[c]}]" if c in COLUMN_UNITS else c for c in columns]
     cells = [[_cell(row, c) for c in columns] for row in rows]
     widths = [max([len(h)] + [len(line[i]) for line in cells]) for i, h in enumerate(headers)]
-    numeric = [all(isinstance(row[c], (int, float)) for row in rows) for c in columns]
+    numeric = [all(isinstance(row.get(c), (int, float)) for row in rows) for c in columns]
 
     def line(values: list) -> str:
         return " | ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric,

@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
 
+    _add_prediction_parsers(sub)
     try:
         from engine.train.cli import add_train_parser
     except ImportError:
@@ -249,6 +250,23 @@ BENCHMARKS = {
 BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
 ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
                     "that drafted nothing (an n-gram miss) is left out of α but counts in tokens/forward")
+
+
+def _add_prediction_parsers(sub) -> None:
+    """`predict` and `diagnose`: read a `run --trace` JSONL; the cost model is calibrated on the models
+    (--target/--draft), read from --costs, or taken from the trace alone (--no-calibrate)."""
+    predict = sub.add_parser("predict", help="predict tokens/forward, speedup and the best K for other K "
+                                             "from one recorded trace")
+    diagnose = sub.add_parser("diagnose", help="why is it slow? phase bars and findings for a recorded trace")
+    for p in (predict, diagnose):
+        p.add_argument("--trace", required=True, help="a JSONL trace written by `main.py run --trace`")
+        p.add_argument("--ks", default="1,2,3,4,5,6,7,8,10,12,16", help="K values to predict")
+        p.add_argument("--costs", help="a cost model saved with --save-costs (skips calibration)")
+        p.add_argument("--save-costs", help="write the calibrated cost model to this JSON file")
+        p.add_argument("--no-calibrate", action="store_true",
+                       help="use the trace's phase times alone (no model loading; a flat verification curve)")
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+        _add_model_args(p)
 
 
 def method_from_args(args) -> MethodSpec:
@@ -493,7 +511,7 @@ BENCH_COLUMNS = {
     "graphs": ["method", "k", "alpha", "eager_tokens_per_s", "graph_tokens_per_s", "graph_gain",
                "eager_speedup", "graph_speedup"],
     "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",
-                "predicted_speedup"],
+                "predicted_speedup", "from_run_speedup", "textbook_speedup"],
     "layerskip": ["layers", "k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "c",
                   "tokens_per_s", "speedup", "predicted_speedup"],
 }
@@ -519,6 +537,10 @@ def cmd_bench(args) -> int:
         best = max(rows, key=lambda r: r["speedup"])
         print(f"fastest measured K = {best['k']} ({best['speedup']:.2f}x over plain decoding)",
               file=sys.stderr)
+        if all("from_run_speedup" in r for r in rows):
+            guess = max(rows, key=lambda r: r["from_run_speedup"])
+            print(f"predicted from the K = {guess['from_run_k']} run alone: best K = {guess['k']} "
+                  f"({guess['from_run_speedup']:.2f}x)", file=sys.stderr)
     elif args.what == "layerskip":
         decoder = load_decoder(args, "layerskip")
         rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats)
@@ -580,6 +602,60 @@ def _bench_runtimes(args) -> int:
     return 0
 
 
+def _prediction_costs(args, trace):
+    """The cost model for predict / diagnose: --costs, --no-calibrate (None: trace only) or a calibration."""
+    from engine.costmodel import CostModel
+
+    if args.costs:
+        try:
+            with open(args.costs, encoding="utf-8") as handle:
+                return CostModel.from_dict(json.load(handle))
+        except (OSError, ValueError, TypeError) as exc:
+            raise SpecplayError(f"cannot read the cost model {args.costs}: {exc}") from None
+    if args.no_calibrate:
+        return None
+    if args.save_costs:
+        _check_writable(args.save_costs)
+    decoder = load_decoder(args, trace.method)
+    costs = decoder.calibrate(trace.k or 4, methods_to_time=[trace.method]).costs
+    if args.save_costs:
+        with open(args.save_costs, "w", encoding="utf-8") as handle:
+            json.dump(costs.to_dict(), handle, indent=1)
+    return costs
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a path that cannot be written before a long calibration, not after it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SpecplayError(f"cannot write {path}: not a writable file in an existing folder")
+
+
+def cmd_predict(args) -> int:
+    from engine.predict import format_report, load_trace, predict_from_trace
+
+    ks = _parse_ks(args.ks)
+    trace = load_trace(args.trace)
+    report = predict_from_trace(trace, ks, _prediction_costs(args, trace))
+    print(json.dumps(report.to_dict()) if args.json else format_report(report))
+    return 0
+
+
+def cmd_diagnose(args) -> int:
+    from engine.diagnose import diagnose, format_diagnosis
+    from engine.predict import load_trace
+
+    ks = _parse_ks(args.ks)
+    trace = load_trace(args.trace)
+    result = diagnose(trace, _prediction_costs(args, trace), ks)
+    if args.json:
+        print(json.dumps({"findings": [asdict(f) for f in result.findings],
+                          "bars": [asdict(b) for b in result.bars]}, ensure_ascii=False))
+    else:
+        print(format_diagnosis(result))
+    return 0
+
+
 def _parse_ks(text: str) -> list:
     try:
         ks = sorted({int(k) for k in text.split(",") if k.strip()})
@@ -631,7 +707,7 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
     try:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
-                    "bench": cmd_bench, "train": _cmd_train}
+                    "bench": cmd_bench, "train": _cmd_train, "predict": cmd_predict, "diagnose": cmd_diagnose}
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)

@@ -28,12 +28,24 @@ NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try -
 
 @dataclass
 class Calibration:
-    target_step_ms: float  # one plain target forward of one token
-    draft_step_ms: float  # one draft-model forward of one token (0 without a draft model)
+    """What calibration measured: TPOT_plain, the draft model's step and, behind them, the full cost model."""
+
+    target_step_ms: float  # a plain round (one-token verification + its bookkeeping): TPOT_plain
+    draft_step_ms: float  # one draft-model step (0 without a draft model)
+    costs: Optional[object] = None  # engine.costmodel.CostModel: curves and per-method terms with spread
 
     @property
     def c(self) -> float:
+        """The draft model's c: one draft step over one plain verification."""
+        if self.costs is not None:
+            return self.costs.c("draft")
         return self.draft_step_ms / self.target_step_ms if self.target_step_ms > 0 else 0.0
+
+    def c_for(self, method: str) -> float:
+        """The textbook c of a method (measured for every method, not only the draft model)."""
+        if self.costs is not None:
+            return self.costs.c(method)
+        return self.c if method == "draft" else 0.0
 
 
 @dataclass
@@ -187,13 +199,47 @@ class SpeculativeDecoder:
             ids.extend(event.emitted_ids)
         return ids
 
-    def calibrate(self, k: int = 4, repeats: int = 5) -> Calibration:
-        """Measure one plain target step and one draft step on this machine (for c and TPOT_plain)."""
-        probe = torch.tensor([self._encode("def ")[0]] * 8, dtype=torch.long, device=self.device)
+    def calibrate(self, k: int = 4, repeats: int = 5, methods_to_time=None,
+                  prompt: str = "def merge(a, b):\n    ") -> Calibration:
+        """Measure the cost model on this machine (engine.costmodel): the verification curve over block sizes,
+        each available method's draft and overhead terms, with warm-ups and repeats (median and spread)."""
+        from engine.costmodel import calibrate_costs
+
+        available = self.available_methods()
+        chosen = [m for m in (methods_to_time or available) if m in available and m != "none"]
+        costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats)
+        draft_ms = costs.t_draft("draft", 1) if "draft" in chosen else 0.0
+        return Calibration(target_step_ms=costs.t_plain, draft_step_ms=draft_ms, costs=costs)
+
+    def verify_curve(self, prompt: str, sizes, warmup: int = 2, repeats: int = 15) -> dict:
+        """The verification phase as a round runs it (one target forward over the block, then the greedy
+        verification kernel) for each block size in sizes, after the prompt: {size: Measured ms}, timed
+        round-robin (engine.costmodel.round_robin_curve). The cache is rolled back after each block."""
+        from engine.costmodel import round_robin_curve
+
+        config = GenerationConfig(method="none", k=1)
+        ids = self._encode(prompt)
+        sizes = [n for n in sizes if len(ids) + n <= self.target.max_length]
+        state = DecodeState(tokens=list(ids), prompt_len=len(ids), config=config,
+                            generator=torch.Generator().manual_seed(0), backend=self.backend,
+                            vocab_size=self.vocab_size, device=self.device)
+        filler = to_device((ids * (1 + max(sizes) // len(ids)))[:max(sizes)], self.device)
+
+        def time_block(n: int) -> float:
+            watch = Stopwatch(self.device)
+            self._verify(state, Draft(tokens=filler[:n - 1]), config)
+            elapsed = watch.elapsed_ms()
+            self.target.rollback(start)
+            return elapsed
+
         with torch.inference_mode():
-            target_ms = _time_step(self.target, probe, repeats)
-            draft_ms = _time_step(self.pair.draft, probe, repeats) if self.pair.draft is not None else 0.0
-        return Calibration(target_step_ms=target_ms, draft_step_ms=draft_ms)
+            self.target.reset()
+            if len(ids) > 1:
+                self.target.forward(to_device(ids[:-1], self.device))
+            start = self.target.length
+            curve = round_robin_curve(time_block, sizes, warmup, repeats)
+            self.target.reset()
+        return curve
 
     # ------------------------------------------------------------------------------------------ internals
     def _encode(self, prompt: str) -> list:
@@ -425,18 +471,3 @@ def _eos_ids(tokenizer) -> set:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-def _time_step(runner, probe: torch.Tensor, repeats: int) -> float:
-    """Median ms of a one-token forward after a short prefix (cache rolled back each time)."""
-    runner.reset()
-    runner.forward(probe)
-    times = []
-    for _ in range(repeats + 1):
-        watch = Stopwatch(runner.device)
-        runner.forward(probe[:1])
-        times.append(watch.elapsed_ms())
-        runner.rollback(probe.numel())
-    runner.reset()
-    times = sorted(times[1:])
-    return times[len(times) // 2]

@@ -55,7 +55,8 @@ def test_a_stopped_generation_is_exported_as_stopped(qtbot, make_window, tmp_pat
     path = tmp_path / "trace.jsonl"
     window.ask_save_path = lambda title, file_filter: str(path)
     window.export_jsonl()
-    lines = path.read_text().splitlines()
+    header, *lines = path.read_text().splitlines()
+    assert '"type": "header"' in header  # the trace starts with the generation's settings
     assert len(lines) == len(window.session.generations[0].events) >= 3
     assert '"finish_reason": "stopped"' in lines[-1] and '"finish_reason": null' in lines[0]
     assert window.session.generations[0].events[-1].finish_reason is None  # the session itself is unchanged

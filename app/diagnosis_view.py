@@ -1,0 +1,79 @@
+"""The "Why is it slow?" dock: phase bars of the run against a plain round, and the findings of
+engine.diagnose, each naming the figure it rests on. Also the worker that recalibrates the cost model."""
+from __future__ import annotations
+
+import html
+
+from PySide6.QtWidgets import QTextBrowser
+
+from app.workers import Worker
+
+PHASE_COLORS = (("draft", "#e69f00"), ("verify", "#0072b2"), ("overhead", "#999999"))
+BAR_PX = 260  # the widest bar
+DIAGNOSIS_KS = tuple(range(1, 17))
+
+
+class DiagnosisView(QTextBrowser):
+    """Shows the diagnosis of the last finished generation."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.diagnosis = None
+        self.setPlaceholderText("Generate with a drafting method: this view says where each round's time "
+                                "goes and why the run is as fast as it is.")
+
+    def show_generation(self, events: list, calibration=None) -> None:
+        """Diagnose a generation's events with the calibrated cost model (refitted on them)."""
+        from engine.diagnose import diagnose
+        from engine.predict import trace_from_events
+
+        if not events:
+            return
+        try:
+            trace = trace_from_events(events)
+            self.diagnosis = diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS)
+        except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
+            self.diagnosis = None
+            self.setHtml(f"<b>No diagnosis</b>: {html.escape(str(exc))}")
+            return
+        self.setHtml(diagnosis_html(self.diagnosis))
+
+
+def diagnosis_html(d) -> str:
+    """Phase bars (ms a round and ms a token) and the findings, as rich text."""
+    scale = BAR_PX / max(max(b.total_ms for b in d.bars), 1e-9)
+    parts = ["<b>Where a round's time goes</b> (draft / verify / overhead)",
+             "<table cellspacing='0' cellpadding='1'>"]
+    for bar in d.bars:
+        cells = "".join(f"<td bgcolor='{color}' width='{max(1, int(getattr(bar, name + '_ms') * scale))}'>"
+                        "&nbsp;</td>" for name, color in PHASE_COLORS)
+        parts.append(f"<tr><td>{html.escape(bar.label)}&nbsp;</td><td><table cellspacing='0'><tr>{cells}"
+                     f"</tr></table></td><td>&nbsp;{bar.total_ms:.2f} ms, {bar.tokens:.2f} tok, "
+                     f"<b>{bar.per_token_ms:.2f} ms/tok</b></td></tr>")
+    parts.append("</table>")
+    legend = " ".join(f"<font color='{color}'>■</font> {name}" for name, color in PHASE_COLORS)
+    parts.append(legend)
+    best = d.report.best
+    parts.append(f"<br>Predicted best K from this run: <b>{best.k}</b> ({best.speedup:.2f}×, {best.basis}); "
+                 f"costs: {html.escape(d.report.costs.describe(d.report.trace.method))}")
+    if not d.findings:
+        parts.append("<br><b>Findings</b>: none, the run looks healthy.")
+    else:
+        parts.append("<br><b>Findings</b><ul>")
+        for f in d.findings:
+            parts.append(f"<li><b>{html.escape(f.title)}</b>: {html.escape(f.advice)}<br>"
+                         f"<i>figure: {html.escape(f.figure)}</i></li>")
+        parts.append("</ul>")
+    return "".join(parts)
+
+
+class CalibrateWorker(Worker):
+    """Recalibrates the cost model (decoder.calibrate) off the GUI thread; posts ("calibrated", cal)."""
+
+    def __init__(self, decoder, k: int):
+        super().__init__()
+        self.decoder = decoder
+        self.k = k
+
+    def work(self) -> None:
+        self.post("calibrated", self.decoder.calibrate(self.k))

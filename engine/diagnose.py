@@ -1,0 +1,191 @@
+"""Why is it slow? The chapter's symptom -> suspect list as rules over a run's measured figures.
+
+Each Finding names the figure it rests on, so the GUI can point at it and the CLI can print it. The rules read
+a Trace (engine.predict) and a cost model refitted on it; the thresholds are the constants below.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from engine.costmodel import CostModel
+from engine.predict import PredictionReport, Trace, predict_from_trace
+
+LOW_ALPHA = 0.5  # alpha at the first depth below this: the draft disagrees with the target too often
+HIGH_C = 0.3  # one draft step costs more than this share of a plain verification
+OVERHEAD_SHARE = 0.35  # host bookkeeping above this share of a round
+K_MARGIN = 1.05  # another K predicted at least 5 % faster
+COMPUTE_BOUND = 2.5  # verifying K + 1 tokens costs this many one-token forwards or more
+
+
+@dataclass(frozen=True)
+class PhaseBar:
+    label: str
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float
+    tokens: float  # tokens the round yields
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.overhead_ms
+
+    @property
+    def per_token_ms(self) -> float:
+        return self.total_ms / max(self.tokens, 1e-9)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str  # low_alpha | c_too_high | overhead | k_past_optimum | large_batch | output_changed | slower
+    title: str
+    advice: str
+    figure: str  # the figure it rests on, with its value
+
+    def line(self) -> str:
+        return f"[{self.rule}] {self.title}: {self.advice} (figure: {self.figure})"
+
+
+@dataclass
+class Diagnosis:
+    findings: list
+    bars: list  # [PhaseBar]: the plain round, then the run's median round
+    round_bars: list  # [PhaseBar] a bar per round
+    report: PredictionReport
+
+    def rules(self) -> list:
+        return [f.rule for f in self.findings]
+
+
+def phase_bars(trace: Trace, costs: CostModel) -> tuple:
+    """(summary bars: a plain round from the cost model and the run's median round; a bar per round)."""
+    rounds = [r for r in trace.rounds if r.method != "none"] or trace.rounds
+    per_round = [PhaseBar(f"round {i}", r.timing.draft_ms, r.timing.verify_ms, r.timing.overhead_ms,
+                          len(r.emitted)) for i, r in enumerate(rounds)]
+    plain = PhaseBar("plain round", 0.0, costs.t_verify(1), costs.t_overhead("none"), 1.0)
+    median = PhaseBar(f"{trace.method} round (median)", _median(b.draft_ms for b in per_round),
+                      _median(b.verify_ms for b in per_round), _median(b.overhead_ms for b in per_round),
+                      sum(b.tokens for b in per_round) / max(1, len(per_round)))
+    return [plain, median], per_round
+
+
+def _median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+def diagnose(trace: Trace, costs: Optional[CostModel] = None, ks: Sequence[int] = range(1, 17),
+             reference_output: Optional[list] = None) -> Diagnosis:
+    """Run every rule. reference_output: plain decoding's token ids for the same prompt (greedy), if known."""
+    report = predict_from_trace(trace, sorted(set(ks) | {trace.k}), costs)
+    bars, round_bars = phase_bars(trace, report.costs)
+    findings = []
+    for rule in (_low_alpha, _c_too_high, _overhead, _k_past_optimum, _large_batch):
+        finding = rule(trace, report, bars)
+        if finding is not None:
+            findings.append(finding)
+    changed = _output_changed(trace, reference_output)
+    if changed is not None:
+        findings.append(changed)
+    slower = _slower(trace, bars)
+    if slower is not None:
+        findings.insert(0, slower)
+    return Diagnosis(findings, bars, round_bars, report)
+
+
+def _low_alpha(trace, report, bars) -> Optional[Finding]:
+    alphas = report.acceptance.alphas
+    if trace.method == "none" or not alphas or alphas[0] >= LOW_ALPHA:
+        return None
+    lo, hi = report.acceptance.intervals()[0]
+    return Finding("low_alpha", f"low acceptance: α₁ = {alphas[0]:.2f}",
+                   "the draft is misaligned with the target: distill the draft on the target's outputs, "
+                   "switch to EAGLE, or lower K",
+                   f"per-depth acceptance α₁ = {alphas[0]:.2f} [{lo:.2f}, {hi:.2f}]")
+
+
+def _c_too_high(trace, report, bars) -> Optional[Finding]:
+    c = report.costs.c(trace.method)
+    if trace.method == "none" or c <= HIGH_C:
+        return None
+    return Finding("c_too_high", f"drafting is expensive: c = {c:.2f}",
+                   "a draft step costs too much of a target forward: use a smaller draft model or heads "
+                   "(Medusa, EAGLE)", f"c = t_draft step / t_verify(1) = {c:.2f}")
+
+
+def _overhead(trace, report, bars) -> Optional[Finding]:
+    run = bars[1]
+    share = run.overhead_ms / run.total_ms if run.total_ms > 0 else 0.0
+    if share <= OVERHEAD_SHARE:
+        return None
+    return Finding("overhead", f"overhead-dominated rounds: {100 * share:.0f} % bookkeeping",
+                   "the round is host-bound at this model size: acceptance, rollback and detokenisation "
+                   "cost more than the forwards they serve (a larger model, or a device-resident round)",
+                   f"phase bars: overhead {run.overhead_ms:.2f} of {run.total_ms:.2f} ms a round")
+
+
+def _k_past_optimum(trace, report, bars) -> Optional[Finding]:
+    by_k = {p.k: p for p in report.predictions}
+    current, best = by_k.get(trace.k), report.best
+    if trace.method == "none" or current is None or best.k == trace.k:
+        return None
+    if best.speedup < current.speedup * K_MARGIN:
+        return None
+    direction = "lower" if best.k < trace.k else "raise"
+    return Finding("k_past_optimum", f"K = {trace.k} is off its optimum (predicted best K = {best.k})",
+                   f"{direction} K to {best.k}: predicted {best.speedup:.2f}x against {current.speedup:.2f}x",
+                   f"counterfactual K curve: speedup({best.k}) = {best.speedup:.2f}x, "
+                   f"speedup({trace.k}) = {current.speedup:.2f}x")
+
+
+def _large_batch(trace, report, bars) -> Optional[Finding]:
+    costs = report.costs
+    block = max((len(r.drafted) + 1 for r in trace.rounds), default=1)
+    ratio = costs.t_verify(block) / costs.t_verify(1) if costs.t_verify(1) > 0 else 1.0
+    if trace.batch <= 1 and ratio < COMPUTE_BOUND:
+        return None
+    figure = (f"verify curve: t_verify({block}) = {ratio:.1f} × t_verify(1)" if trace.batch <= 1 else
+              f"batch = {trace.batch}; verify curve t_verify({block}) = {ratio:.1f} × t_verify(1)")
+    return Finding("large_batch", "verification is compute-bound",
+                   "the idle compute speculation spends is gone (a large batch, or a CPU): the extra drafted "
+                   "tokens cost nearly full price; lower K or the batch (see the batch regime)", figure)
+
+
+def _output_changed(trace, reference_output) -> Optional[Finding]:
+    bad = [i for i, r in enumerate(trace.rounds) if r.greedy_violation]
+    if bad:
+        return Finding("output_changed", "output changed: not lossless",
+                       "a greedy round emitted a token that is not the target's top choice: run "
+                       "`main.py check-lossless` with this method", f"greedy check: round {bad[0]}")
+    if reference_output is None or not trace.greedy or not trace.generations:
+        return None
+    output = [t for r in trace.generations[0] for t in r.emitted]
+    n = min(len(output), len(reference_output))
+    first = next((i for i in range(n) if output[i] != reference_output[i]), None)
+    if first is None:
+        return None
+    return Finding("output_changed", "output changed: not lossless",
+                   "speculative greedy output differs from plain greedy decoding: "
+                   "run `main.py check-lossless`",
+                   f"greedy output vs plain: first difference at token {first}")
+
+
+def _slower(trace, bars) -> Optional[Finding]:
+    plain, run = bars
+    if trace.method == "none" or run.per_token_ms <= plain.per_token_ms:
+        return None
+    return Finding("slower", "speculation is slower than plain decoding here",
+                   "see the findings below for why",
+                   f"phase bars: {run.per_token_ms:.2f} ms a token against {plain.per_token_ms:.2f} ms plain")
+
+
+def format_diagnosis(d: Diagnosis) -> str:
+    lines = ["phase bars (ms a round: draft / verify / overhead, tokens a round):"]
+    for bar in d.bars:
+        lines.append(f"  {bar.label:<28} {bar.draft_ms:7.2f} / {bar.verify_ms:7.2f} / {bar.overhead_ms:7.2f}"
+                     f"  = {bar.total_ms:7.2f} ms, {bar.tokens:.2f} tokens, "
+                     f"{bar.per_token_ms:.2f} ms a token")
+    lines.append("findings:" if d.findings else "findings: none (the run looks healthy)")
+    lines += [f"  {f.line()}" for f in d.findings]
+    return "\n".join(lines)

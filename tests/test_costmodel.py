@@ -1,0 +1,70 @@
+"""The measured cost model: its formulas, the live refit, files, and a calibration on tiny models."""
+import pytest
+
+from engine.costmodel import CostModel, Measured, RoundTiming, calibrate_costs, from_trace
+
+
+def model() -> CostModel:
+    return CostModel(verify={1: Measured(1.0, 0.1), 5: Measured(2.0), 9: Measured(4.0)},
+                     draft_step={"draft": Measured(0.25, 0.05)}, draft_fixed={"ngram": Measured(0.1)},
+                     overhead={"none": Measured(0.2), "draft": Measured(0.3)})
+
+
+def test_measured_median_and_spread():
+    m = Measured.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert m.median == 3.0 and m.n == 5 and 0 < m.spread < 50
+    assert Measured.of([]).n == 0
+
+
+def test_verify_curve_interpolates_and_extends():
+    costs = model()
+    assert costs.t_verify(1) == 1.0 and costs.t_verify(3) == pytest.approx(1.5)
+    assert costs.t_verify(7) == pytest.approx(3.0) and costs.t_verify(13) == pytest.approx(6.0)
+
+
+def test_round_tpot_speedup_and_c():
+    costs = model()
+    assert costs.t_plain == pytest.approx(1.2)
+    assert costs.t_round("draft", 4) == pytest.approx(4 * 0.25 + 2.0 + 0.3)
+    assert costs.t_round("ngram", 8) == pytest.approx(0.1 + 4.0 + 0.2)  # fixed cost, plain overhead
+    assert costs.tpot("draft", 4, 2.0) == pytest.approx(3.3 / 2.0)
+    assert costs.speedup("draft", 4, 2.0) == pytest.approx(1.2 / (3.3 / 2.0))
+    assert costs.c("draft") == pytest.approx(0.25) and costs.c("ngram") == pytest.approx(0.1)
+    assert costs.c_spread("draft") == pytest.approx(0.25 * (0.1 + 0.2))
+    assert "c = 0.250" in costs.describe("draft")
+
+
+def test_refit_takes_the_runs_level_and_its_own_points():
+    rounds = [RoundTiming("draft", 4, 5, 4, 2.0, 3.0, 0.5) for _ in range(5)]
+    refitted = model().refit(rounds)
+    assert refitted.t_verify(5) == pytest.approx(3.0)  # observed
+    assert refitted.t_verify(1) == pytest.approx(1.5) and refitted.t_verify(9) == pytest.approx(6.0)  # x 1.5
+    assert refitted.draft_step["draft"].median == pytest.approx(0.5)
+    assert refitted.t_overhead("draft") == pytest.approx(0.5)
+    assert model().t_verify(5) == 2.0  # the original is untouched
+    assert refitted.source == "calibration + run"
+
+
+def test_files_round_trip_and_trace_only_model():
+    costs = model()
+    again = CostModel.from_dict(costs.to_dict())
+    assert again.to_dict() == costs.to_dict() and again.t_round("draft", 4) == costs.t_round("draft", 4)
+    alone = from_trace([RoundTiming("draft", 4, 5, 4, 1.0, 2.0, 0.1)])
+    assert alone.source == "trace only" and alone.t_verify(1) == alone.t_verify(5) == 2.0
+
+
+def test_calibration_on_tiny_models(tiny_pair_dirs):
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair
+
+    target, draft = tiny_pair_dirs
+    decoder = SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+    costs = calibrate_costs(decoder, "the cat sat", ["draft", "ngram"], k=2, repeats=2, warmup=1,
+                            sizes=(1, 3, 9), tokens=6)
+    assert set(costs.verify) == {1, 3, 9} and all(m.median > 0 for m in costs.verify.values())
+    assert costs.draft_step["draft"].median > 0 and "ngram" in costs.draft_fixed
+    assert costs.t_plain > 0 and costs.c("draft") > 0
+    calibration = decoder.calibrate(2, repeats=2)
+    assert calibration.costs is not None
+    assert calibration.target_step_ms == pytest.approx(calibration.costs.t_plain)
+    assert calibration.c_for("draft") == pytest.approx(calibration.c)

@@ -1,0 +1,81 @@
+"""Each diagnosis rule fires on a trace built to trigger it, and a healthy trace gets none."""
+import pytest
+from trace_fixtures import chain_round, write_trace
+
+from engine.costmodel import CostModel, Measured
+from engine.diagnose import diagnose, format_diagnosis
+from engine.predict import load_trace, trace_from_events
+
+
+def costs(verify9=2.2) -> CostModel:
+    """A plain round of 2.0 ms; verifying 9 tokens costs verify9."""
+    return CostModel(verify={1: Measured(2.0), 3: Measured(2.05), 5: Measured(2.1), 9: Measured(verify9)},
+                     overhead={"none": Measured(0.1)})
+
+
+def healthy(i, k=4, **kw):
+    return chain_round(i, k, k, draft_ms=0.1 * k, verify_ms=2.1, overhead_ms=0.1, **kw)
+
+
+def rules(records, ks=range(1, 5), **kw):
+    return diagnose(trace_from_events(records), costs(), ks, **kw).rules()
+
+
+def test_a_healthy_run_has_no_findings():
+    assert rules([healthy(i) for i in range(20)]) == []
+
+
+def test_low_alpha():
+    records = [chain_round(i, 4, 1 if i % 4 == 0 else 0, draft_ms=0.4, verify_ms=2.1, overhead_ms=0.1)
+               for i in range(20)]
+    assert "low_alpha" in rules(records)
+
+
+def test_c_too_high():
+    records = [chain_round(i, 4, 4, draft_ms=4 * 1.2, verify_ms=2.1, overhead_ms=0.1) for i in range(20)]
+    found = diagnose(trace_from_events(records), costs(), range(1, 5))
+    assert "c_too_high" in found.rules()
+    figure = next(f.figure for f in found.findings if f.rule == "c_too_high")
+    assert "c = t_draft step / t_verify(1)" in figure
+
+
+def test_overhead_dominated():
+    records = [chain_round(i, 4, 4, draft_ms=0.4, verify_ms=2.1, overhead_ms=3.0) for i in range(20)]
+    assert "overhead" in rules(records)
+
+
+def test_k_past_optimum():
+    # K = 8 but the draft never gets past depth 2: drafting 6 more tokens a round is wasted
+    records = [chain_round(i, 8, 2, draft_ms=8 * 0.3, verify_ms=2.2, overhead_ms=0.1) for i in range(20)]
+    found = diagnose(trace_from_events(records), costs(), range(1, 9))
+    assert "k_past_optimum" in found.rules()
+    assert found.report.best.k < 8
+
+
+def test_large_batch(tmp_path):
+    records = [healthy(i) for i in range(20)]
+    path = write_trace(tmp_path / "b.jsonl", records, header={"batch": 16})
+    assert "large_batch" in diagnose(load_trace(path), costs(), range(1, 5)).rules()
+    steep = diagnose(trace_from_events(records), CostModel(verify={1: Measured(1.0), 5: Measured(3.0)},
+                                                           overhead={"none": Measured(0.1)}), range(1, 5))
+    assert "large_batch" in steep.rules()
+
+
+def test_output_changed():
+    records = [healthy(i) for i in range(10)]
+    records[3]["drafted"][0]["p"] = 0.2  # accepted in a greedy run, though the target's top choice had 0.9
+    assert "output_changed" in rules(records)
+    clean = [healthy(i) for i in range(3)]
+    output = [t for r in clean for t in r["emitted_ids"]]
+    assert "output_changed" not in rules(clean, reference_output=output)
+    assert "output_changed" in rules(clean, reference_output=output[:2] + [7] + output[3:])
+
+
+def test_slower_than_plain_and_the_report():
+    records = [chain_round(i, 4, 0, draft_ms=4 * 1.2, verify_ms=2.1, overhead_ms=0.1) for i in range(20)]
+    found = diagnose(trace_from_events(records), costs(), range(1, 5))
+    assert found.rules()[0] == "slower"
+    text = format_diagnosis(found)
+    assert "plain round" in text and "figure:" in text
+    plain, run = found.bars
+    assert plain.total_ms == pytest.approx(2.1) and run.draft_ms == pytest.approx(4.8)
