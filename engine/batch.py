@@ -65,6 +65,13 @@ class BatchResult:
     seconds: float = 0.0  # decoding rounds, wall clock (the prefill apart)
     prefill_ms: float = 0.0
     device: str = "CPU"
+    depth_tested: list = field(default_factory=list)  # [K] draft positions tested, by depth
+    depth_accepted: list = field(default_factory=list)  # [K] of those, accepted
+
+    @property
+    def per_position_acceptance(self) -> list:
+        """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round."""
+        return [a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tested)]
 
     @property
     def batch(self) -> int:
@@ -91,7 +98,8 @@ class BatchResult:
                 "tokens": self.tokens, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
                 "prefill_ms": self.prefill_ms, "tokens_per_round": self.tokens_per_round,
                 "drafted": drafted, "accepted": accepted,
-                "acceptance_rate": accepted / drafted if drafted else 0.0, "device": self.device}
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "per_position_acceptance": self.per_position_acceptance, "device": self.device}
 
 
 # ------------------------------------------------------------------------------------------------ drafts
@@ -197,7 +205,8 @@ def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> None:
     if width == 0:
         return
     rows = [p + [0] * (width - len(p)) for p in prefixes]
-    runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes])
+    runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes],
+                   with_logits=False)
 
 
 def _forward_ragged(runner: BatchRunner, feeds: List[list], device) -> torch.Tensor:
@@ -305,7 +314,8 @@ class BatchDecoder:
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)
         sampler = _Sampler(config, self.backend, self.vocab_size, self.device)
-        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
+        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name,
+                             depth_tested=[0] * config.k, depth_accepted=[0] * config.k)
         with torch.inference_mode():
             target, drafter = self._prepare(len(seqs), max_length, config)
             began = time.perf_counter()
@@ -317,7 +327,7 @@ class BatchDecoder:
             while not all(s.done for s in seqs):
                 if should_stop is not None and should_stop():
                     break
-                self._round(target, drafter, seqs, config, sampler)
+                self._round(target, drafter, seqs, config, sampler, result)
                 result.rounds += 1
             _sync(self.device)
             result.seconds = time.perf_counter() - began
@@ -367,7 +377,8 @@ class BatchDecoder:
             drafter.batch.use_graphs = self.use_graphs
         return t, drafter
 
-    def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler) -> None:
+    def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler,
+               result: BatchResult) -> None:
         """Draft -> one target forward over every block -> verify -> ragged accept, roll back, finish."""
         live = [not s.done for s in seqs]
         draft = drafter.propose(seqs, config.k, sampler)
@@ -375,8 +386,8 @@ class BatchDecoder:
         block = torch.cat([last, draft.tokens], dim=1)  # [B, N+1]
         starts = list(target.lengths)
         logits = target.forward(block, [c + 1 if ok else 0 for c, ok in zip(draft.counts, live)])[0]
-        result = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
-        values = torch.cat([result.accepted[:, None], result.next_token[:, None], draft.tokens], dim=1)
+        verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
         self._check_nan(rows)  # the CUDA kernels flag NaN logits with -1 (no extra sync)
         accepted = [0] * len(seqs)
@@ -386,6 +397,7 @@ class BatchDecoder:
                 continue
             acc = min(int(row[0]), draft.counts[b])  # the padding makes acc <= counts; min() is belt and braces
             accepted[b] = acc
+            _count_depths(result, draft.counts[b], acc)
             target.rollback(b, starts[b] + 1 + acc)  # the last committed token and the accepted drafts
             self._accept(s, row[2:2 + acc] + [int(row[1])], draft.counts[b], acc, config)
         drafter.commit(seqs, accepted)
@@ -421,6 +433,13 @@ class BatchDecoder:
             res.finish_reason = res.finish_reason or "length"
         res.ids.extend(emitted)
         s.tokens.extend(emitted)
+
+
+def _count_depths(result: BatchResult, drafted: int, accepted: int) -> None:
+    """Depths 0..accepted-1 were accepted; depth `accepted` was tested and rejected (if it was drafted)."""
+    for depth in range(min(drafted, accepted + 1)):
+        result.depth_tested[depth] += 1
+        result.depth_accepted[depth] += depth < accepted
 
 
 def _sync(device) -> None:

@@ -74,11 +74,12 @@ class BatchRunner:
 
     # -- forward ---------------------------------------------------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor, counts: Optional[Sequence[int]] = None):
+    def forward(self, tokens: torch.Tensor, counts: Optional[Sequence[int]] = None, with_logits: bool = True):
         """Append a block tokens [B, n] (int64, right-padded) at each sequence's own length.
 
         counts: real tokens per sequence (default n each; 0 leaves a sequence untouched, e.g. a finished one).
-        Returns (logits [B, n, V] float32, features [B, n, H]); rows past counts[b] are padding."""
+        Returns (logits [B, n, V] float32, features [B, n, H]); rows past counts[b] are padding.
+        with_logits=False skips the LM head (a prefill: [B, P, V] logits nobody reads) and returns None for them."""
         tokens = tokens.to(self.device)
         n = tokens.shape[1]
         counts = [n] * self.batch if counts is None else [int(c) for c in counts]
@@ -87,16 +88,16 @@ class BatchRunner:
             raise SpecplayError(f"context full: {max(self.lengths)} cached + {n} new tokens exceed the "
                                 f"batched max_length {self.max_length}")
         kv = self._kv_width(top)
-        captured = self._captured_step(n, kv)
+        captured = self._captured_step(n, kv) if with_logits else None
         start = to_device(self.lengths, self.device)  # [B]
         if captured is not None:
             logits, hidden = captured.run(tokens, start)
         else:
-            logits, hidden = self.step(tokens, start, kv)
+            logits, hidden = self.step(tokens, start, kv, with_logits)
         self.lengths = [length + c for length, c in zip(self.lengths, counts)]
         return logits, hidden
 
-    def step(self, tokens: torch.Tensor, start: torch.Tensor, kv: int):
+    def step(self, tokens: torch.Tensor, start: torch.Tensor, kv: int, with_logits: bool = True):
         """tokens [B, n] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32, features [B, n, H]).
         Device tensors only, so that the CUDA graph captures exactly this."""
         bsz, n = tokens.shape
@@ -109,6 +110,8 @@ class BatchRunner:
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, float("-inf"))
         hidden = self._layers(x, positions, mask)  # [B n, H]
+        if not with_logits:
+            return None, hidden.view(bsz, n, -1)
         logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
         return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
 
