@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict
 from typing import Callable, Optional
 
-from engine import bench, methods
+from engine import batch, bench, methods
 from engine.config import MAX_K, GenerationConfig, SamplingParams
 from engine.errors import SpecplayError
 from engine.methods import MethodSpec
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gui)
 
     run = sub.add_parser("run", help="generate once and print the text and a summary")
-    _add_generation_args(run)
+    _add_generation_args(run, prompt_required=False)
+    batch.add_run_options(run)
     run.add_argument("--csv", help="write one row per round to this CSV file")
     run.add_argument("--trace", help="write the full RoundEvents to this JSONL file")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--sample-top-p", type=float, default=0.9)
 
     bench = sub.add_parser("bench", help="measured benchmarks (ratios side by side in one run)")
-    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels", "runtimes"))
+    bench.add_argument("what", choices=("methods", "k-sweep", "graphs", "kernels", "runtimes", "batch"))
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="K values for k-sweep")
     bench.add_argument("--methods", default="none,draft,ngram",
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runtimes: a random-weight pair of a real shape instead of --target/--draft, "
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
+    batch.add_bench_options(bench)
 
     try:
         from engine.train.cli import add_train_parser
@@ -146,6 +148,10 @@ def _check_writable(path: Optional[str]) -> None:
 
 def cmd_run(args) -> int:
     config = config_from_args(args)
+    if args.prompts_file:
+        return batch.cmd_run_batch(args, config)
+    if args.prompt is None:
+        raise SpecplayError("run needs --prompt (or --prompts-file)")
     if not args.prompt.strip():
         raise SpecplayError("the prompt is empty")
     _check_writable(args.csv)
@@ -231,6 +237,8 @@ def cmd_bench(args) -> int:
         return _bench_kernels()
     if args.what == "runtimes":
         return _bench_runtimes(args)
+    if args.what == "batch":
+        return batch.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
     config = config_from_args(args)
     prompts = [args.prompt] if args.prompt else bench.heldout_prompts(args.prompts)
     if args.what == "k-sweep":
