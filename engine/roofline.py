@@ -51,13 +51,14 @@ class Roofline:
 def fit_roofline(points: Sequence[tuple]) -> Roofline:
     """Least squares in log time over every split of the points (sorted by tokens) into a memory-bound head
     and a compute-bound tail: the head's geometric mean is the floor, the tail's mean log(t / T) the slope.
-    The split whose max() model fits best wins. points: [(tokens, ms)], tokens > 0, ms > 0."""
+    The split whose max() model fits best wins; on a tie the one with fewer compute-bound points (a tail that
+    adds nothing is no knee). points: [(tokens, ms)], tokens > 0, ms > 0."""
     pts = sorted((float(t), float(ms)) for t, ms in points if t > 0 and ms > 0)
     if not pts:
         raise ValueError("no step times to fit")
     logs = [(math.log(t), math.log(ms)) for t, ms in pts]
     best = None
-    for split in range(1, len(pts) + 1):
+    for split in range(len(pts), 0, -1):
         head, tail = logs[:split], logs[split:]
         floor = math.exp(sum(m for _, m in head) / len(head))
         slope = math.exp(sum(m - t for t, m in tail) / len(tail)) if tail else 0.0
