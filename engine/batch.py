@@ -1,19 +1,19 @@
 """Batched speculative decoding: B prompts of different lengths, one target forward verifies B blocks of K+1.
 
-Acceptance is ragged: each sequence accepts its own count, rolls back its own cache rows and finishes on its own
-EOS or budget. A finished sequence stays in the batch as padding (its block is computed and thrown away) and stops
-counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides of every
-comparison are measured alike.
+Acceptance is ragged: each sequence accepts its own count, rolls back its own cache rows and finishes on its
+own EOS or budget. A finished sequence stays in the batch as padding (its block is computed and thrown away)
+and stops counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides
+of every comparison are measured alike.
 
 Ragged drafts (n-gram proposals of different lengths) are right-padded to the round's longest one. The
-verification kernels take one N per call, so padded positions are made impossible to accept: the logits get one
-extra column at -inf (p = 0 at every row, the other columns' warped distribution unchanged) and a padded draft is
-that column's token, with one-hot q on it. Greedy: the pad never equals the argmax, so verification stops at the
-first pad and the next token is the argmax of row n_b, the bonus row. Sampling: the pad's acceptance
-probability is min(1, 0/1) = 0, and the residual normalize(max(p - e_pad, 0)) is p itself, so the next token is
-drawn from row n_b's distribution, again the bonus. Every real position is tested exactly as without padding
-(causal attention keeps the pads out of rows 0..n_b). See tests/test_batch.py for the check.
-"""
+verification kernels take one N per call, so padded positions are made impossible to accept: the logits get
+one extra column at -inf (p = 0 at every row, the other columns' warped distribution unchanged) and a padded
+draft is that column's token, with one-hot q on it. Greedy: the pad never equals the argmax, so verification
+stops at the first pad and the next token is the argmax of row n_b, the bonus row. Sampling: the pad's
+acceptance probability is min(1, 0/1) = 0, and the residual normalize(max(p - e_pad, 0)) is p itself, so the
+next token is drawn from row n_b's distribution, again the bonus. Every real position is tested exactly as
+without padding (causal attention keeps the pads out of rows 0..n_b). See tests/test_batch.py for the
+check."""
 from __future__ import annotations
 
 import re
@@ -72,7 +72,7 @@ class BatchResult:
     @property
     def per_position_acceptance(self) -> list:
         """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round."""
-        return [a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tested)]
+        return [a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tested, strict=True)]
 
     @property
     def batch(self) -> int:
@@ -178,7 +178,8 @@ class _DraftModelDrafts(_BatchDrafter):
     def propose(self, seqs, k, sampler) -> BatchDraft:
         runner = self.batch
         live = [not s.done for s in seqs]
-        feeds = [s.tokens[length:] if ok else [] for s, length, ok in zip(seqs, runner.lengths, live)]
+        feeds = [s.tokens[length:] if ok else []
+                 for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
         self.base, self.last_k = [len(s.tokens) for s in seqs], k
         logits = _forward_ragged(runner, feeds, sampler.device)  # [B, V]: draft token 0's distribution
         tokens, probs = [], []
@@ -195,7 +196,7 @@ class _DraftModelDrafts(_BatchDrafter):
 
     def commit(self, seqs, accepted) -> None:
         # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
-        for b, (base, acc) in enumerate(zip(self.base, accepted)):
+        for b, (base, acc) in enumerate(zip(self.base, accepted, strict=True)):
             self.batch.rollback(b, min(self.batch.lengths[b], base + min(acc, self.last_k - 1)))
 
 
@@ -251,7 +252,7 @@ def pad_for_verify(logits: torch.Tensor, draft: BatchDraft, live: Sequence[bool]
     live sequence impossible to accept (see the module docstring). Unchanged when no live row is ragged.
     logits [B, N+1, V] -> [B, N+1, V] or [B, N+1, V+1]; tokens [B, N]; probs [B, N, V(+1)] or None."""
     n = draft.width
-    if all(c == n for c, ok in zip(draft.counts, live) if ok):
+    if all(c == n for c, ok in zip(draft.counts, live, strict=True) if ok):
         return logits, draft.tokens, draft.probs
     bsz, rows, vocab = logits.shape
     device = logits.device
@@ -301,7 +302,8 @@ class BatchDecoder:
 
     def generate(self, prompts: Sequence, config: GenerationConfig,
                  budgets: Optional[Sequence[int]] = None,
-                 should_stop: Optional[Callable[[], bool]] = None, until_first_done: bool = False) -> BatchResult:
+                 should_stop: Optional[Callable[[], bool]] = None,
+                 until_first_done: bool = False) -> BatchResult:
         """Decode every prompt (a string, or a list of token ids) of the batch. budgets: max new tokens per
         sequence (default config.max_new_tokens each). should_stop() is polled once a round.
 
@@ -311,7 +313,8 @@ class BatchDecoder:
         if not prompts:
             raise SpecplayError("no prompts to decode")
         if config.method not in BATCH_METHODS:
-            raise SpecplayError(f"method {config.method!r} is not batched; choose one of: {', '.join(BATCH_METHODS)}")
+            raise SpecplayError(f"method {config.method!r} is not batched; choose one of: "
+                                f"{', '.join(BATCH_METHODS)}")
         if config.method == "draft" and self.pair.draft is None:
             raise SpecplayError("method 'draft' needs a draft model")
         seqs = self._sequences(prompts, config, budgets)
@@ -349,7 +352,7 @@ class BatchDecoder:
         if len(budgets) != len(prompts) or min(budgets) < 1:
             raise SpecplayError("budgets: one positive token budget per prompt")
         seqs = []
-        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
             ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             if not ids:
                 raise SpecplayError(f"prompt {i + 1} has no tokens")
@@ -361,8 +364,8 @@ class BatchDecoder:
         if config.method == "draft":
             limit = min(limit, self.pair.draft.max_length)
         if max_length > limit:
-            raise SpecplayError(f"the longest prompt + max-new-tokens + K needs {max_length} tokens; the model's "
-                                f"context is {limit}")
+            raise SpecplayError(f"the longest prompt + max-new-tokens + K needs {max_length} tokens; "
+                                f"the model's context is {limit}")
 
     def _prepare(self, batch: int, max_length: int, config: GenerationConfig):
         """The target's batched runner (kept while B and the context fit) and a drafter for the method."""
@@ -391,17 +394,18 @@ class BatchDecoder:
         last = to_device([s.tokens[-1] for s in seqs], self.device)[:, None]  # [B, 1]
         block = torch.cat([last, draft.tokens], dim=1)  # [B, N+1]
         starts = list(target.lengths)
-        logits = target.forward(block, [c + 1 if ok else 0 for c, ok in zip(draft.counts, live)])[0]
+        counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
+        logits = target.forward(block, counts)[0]  # [B, N+1, V]
         verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
         values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
         self._check_nan(rows)  # the CUDA kernels flag NaN logits with -1 (no extra sync)
         accepted = [0] * len(seqs)
-        for b, (s, row) in enumerate(zip(seqs, rows)):
+        for b, (s, row) in enumerate(zip(seqs, rows, strict=True)):
             if s.done:
                 target.rollback(b, starts[b])
                 continue
-            acc = min(int(row[0]), draft.counts[b])  # the padding makes acc <= counts; min() is belt and braces
+            acc = min(int(row[0]), draft.counts[b])  # the padding already makes acc <= counts
             accepted[b] = acc
             _count_depths(result, draft.counts[b], acc)
             target.rollback(b, starts[b] + 1 + acc)  # the last committed token and the accepted drafts
@@ -418,11 +422,13 @@ class BatchDecoder:
             return self.backend.verify_chain_stochastic(logits, tokens, probs, uniforms, s.temperature,
                                                         s.top_k, s.top_p)
         except ValueError as exc:  # the reference raises on NaN logits
-            raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") from None
+            raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") \
+                from None
 
     def _check_nan(self, rows) -> None:
         if any(r[0] < 0 or r[1] < 0 for r in rows):
-            raise SpecplayError("the target model produced NaN logits (a numerical overflow? try --dtype float32)")
+            raise SpecplayError("the target model produced NaN logits (a numerical overflow? "
+                                "try --dtype float32)")
 
     def _accept(self, s: _Seq, emitted: list, drafted: int, accepted: int, config) -> None:
         res = s.result
@@ -472,8 +478,10 @@ def add_bench_options(bench) -> None:
     bench.add_argument("--batch-new-tokens", type=int, default=BENCH_NEW_TOKENS,
                        help="batch: new tokens per sequence (--max-new-tokens is not used there)")
     bench.add_argument("--sweep-k", action="store_true",
-                       help="batch: also measure every K of --ks at every batch (slow); else the best K is predicted")
-    bench.add_argument("--prompts-file", help="batch: prompts, one a line (default: the held-out prompts, cycled)")
+                       help="batch: also measure every K of --ks at every batch (slow); "
+                            "else the best K is predicted")
+    bench.add_argument("--prompts-file",
+                       help="batch: prompts, one a line (default: the held-out prompts, cycled)")
 
 
 def read_prompts_file(path: str) -> list:
@@ -482,11 +490,16 @@ def read_prompts_file(path: str) -> list:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecplayError(f"cannot read --prompts-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    prompts = [_ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), line) for line in lines if line.strip()]
+        reason = getattr(exc, "strerror", None) or exc
+        raise SpecplayError(f"cannot read --prompts-file {path}: {reason}") from None
+    prompts = [_unescape(line) for line in lines if line.strip()]
     if not prompts:
         raise SpecplayError(f"--prompts-file {path} holds no prompts")
     return prompts
+
+
+def _unescape(line: str) -> str:
+    return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), line)
 
 
 def parse_batches(text: str) -> list:
@@ -512,7 +525,8 @@ def _load(args, method: str):
         print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
         pair = build_synthetic_pair(args.synthetic, device, resolve_dtype(args.dtype, device)).pair
     else:
-        pair = load_pair(args.target, args.draft, device=device, need_draft=method == "draft", dtype=args.dtype)
+        pair = load_pair(args.target, args.draft, device=device, need_draft=method == "draft",
+                         dtype=args.dtype)
     decoder = BatchDecoder(pair)
     decoder.use_graphs = decoder.use_graphs and not args.no_cuda_graphs
     if decoder.backend.compiles_kernels:
@@ -528,15 +542,17 @@ def cmd_run_batch(args, config: GenerationConfig) -> int:
     import sys
 
     if args.csv or args.trace:
-        raise SpecplayError("--csv and --trace record one generation's rounds; they do not take --prompts-file")
+        raise SpecplayError("--csv and --trace record one generation's rounds; "
+                            "they do not take --prompts-file")
     if config.method not in BATCH_METHODS:
-        raise SpecplayError(f"--prompts-file decodes methods {', '.join(BATCH_METHODS)} (got {config.method!r})")
+        raise SpecplayError(f"--prompts-file decodes methods {', '.join(BATCH_METHODS)} "
+                            f"(got {config.method!r})")
     prompts = read_prompts_file(args.prompts_file)
     decoder = _load(args, config.method)
     result = decoder.generate(prompts, config)
     summary = result.summary()
     if args.json:
-        for prompt, seq in zip(prompts, result.sequences):
+        for prompt, seq in zip(prompts, result.sequences, strict=True):
             print(json.dumps({"prompt": prompt, **seq.as_dict()}, ensure_ascii=False))
         print(json.dumps({"batch": summary}, ensure_ascii=False))
         return 0
@@ -562,8 +578,8 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
     if args.batch_new_tokens < 1:
         raise SpecplayError(f"--batch-new-tokens must be >= 1 (got {args.batch_new_tokens})")
     if config.method not in BATCH_METHODS or config.method == "none":
-        raise SpecplayError(f"bench batch compares a drafting method with plain decoding: --method draft or ngram "
-                            f"(got {config.method!r})")
+        raise SpecplayError(f"bench batch compares a drafting method with plain decoding: --method draft or "
+                            f"ngram (got {config.method!r})")
     if args.prompts_file:
         prompts = read_prompts_file(args.prompts_file)
     else:

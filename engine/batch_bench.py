@@ -1,11 +1,11 @@
 """`bench batch`: the gain of speculation against the batch size, measured, beside the roofline's prediction.
 
-For each batch B: plain batched decoding and speculative batched decoding of the same B prompts (the same loop,
-empty drafts for plain), and the target's forward timed alone for B and for B (K+1) tokens per forward (the
-draft's for B and 2B). A roofline fitted to every measured step time predicts each batch's speedup from the
-measured tokens per round; the crossover (speedup < 1) is reported measured and predicted, and the best K of a
-small set is predicted per batch from the measured per-position acceptance (measured too with sweep_k).
-"""
+For each batch B: plain batched decoding and speculative batched decoding of the same B prompts (the same
+loop, empty drafts for plain), and the target's forward timed alone for B and for B (K+1) tokens per forward
+(the draft's for B and 2B). A roofline fitted to every measured step time predicts each batch's speedup from
+the measured tokens per round; the crossover (speedup < 1) is reported measured and predicted, and the best K
+of a small set is predicted per batch from the measured per-position acceptance (measured too
+with sweep_k)."""
 from __future__ import annotations
 
 import statistics
@@ -81,7 +81,8 @@ class BatchReport:
                 "measured_matmul_flops": self.matmul_flops, "fit": self.target_fit.as_dict(),
                 "fit_bandwidth": fitted["bandwidth"], "fit_matmul_flops": fitted["matmul_flops"],
                 "draft_fit": self.draft_fit.as_dict() if self.draft_fit else None,
-                "measured_crossover": self.measured_crossover, "predicted_crossover": self.predicted_crossover,
+                "measured_crossover": self.measured_crossover,
+                "predicted_crossover": self.predicted_crossover,
                 "note": self.note, "rows": [r.as_dict() for r in self.rows]}
 
 
@@ -118,8 +119,9 @@ def _warm(decoder: BatchDecoder, prompts, config) -> None:
 
 
 def measure_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig) -> tuple:
-    """(plain BatchResult, speculative BatchResult, step times dict) at len(prompts) sequences. Both run without
-    EOS and stop when the first sequence reaches its budget, so every timed round decodes all B sequences."""
+    """(plain BatchResult, speculative BatchResult, step times dict) at len(prompts) sequences. Both run
+    without EOS and stop when the first sequence reaches its budget, so every timed round decodes all B
+    sequences."""
     config = replace(config, stop_at_eos=False)
     plain_config = replace(config, method="none")
     _warm(decoder, prompts, plain_config)
@@ -128,7 +130,8 @@ def measure_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig
     spec = decoder.generate(prompts, config, until_first_done=True)
     context = (max(s.prompt_len for s in plain.sequences) + config.max_new_tokens // 2)
     target = decoder._target_batch
-    steps = {"step_ms": time_step(target, 1, context), "verify_step_ms": time_step(target, config.k + 1, context)}
+    steps = {"step_ms": time_step(target, 1, context),
+             "verify_step_ms": time_step(target, config.k + 1, context)}
     drafter = decoder._drafters.get("draft")
     if config.method == "draft" and drafter is not None and drafter.batch is not None:
         steps["draft_step_ms"] = time_step(drafter.batch, 1, context)
@@ -170,7 +173,8 @@ def _sweep_k(decoder, prompts, config, ks, plain_tokens_per_s: float) -> dict:
     for k in ks:
         run = replace(config, k=k)
         _warm(decoder, prompts, run)
-        out[k] = decoder.generate(prompts, run).tokens_per_s / plain_tokens_per_s if plain_tokens_per_s else 0.0
+        tokens_per_s = decoder.generate(prompts, run, until_first_done=True).tokens_per_s
+        out[k] = tokens_per_s / plain_tokens_per_s if plain_tokens_per_s else 0.0
     return out
 
 
@@ -191,8 +195,8 @@ def analyse(rows: List[BatchRow], decoder: BatchDecoder, config: GenerationConfi
     bandwidth = roofline.measure_bandwidth(decoder.device)
     matmul = roofline.measure_matmul_rate(decoder.device, decoder.target.dtype)
     for r in rows:
-        r.predicted_speedup = roofline.predicted_speedup(target_fit, r.batch, k, r.tokens_per_round, draft_fit,
-                                                         r.plain_tokens_per_round)
+        r.predicted_speedup = roofline.predicted_speedup(target_fit, r.batch, k, r.tokens_per_round,
+                                                         draft_fit, r.plain_tokens_per_round)
         r.best_k, r.best_k_speedup = roofline.best_k(target_fit, r.batch, r.per_position_acceptance, ks,
                                                      draft_fit)
         bound = max(weight_bytes / bandwidth if bandwidth else 0.0, flops_per_token * r.batch / matmul)
@@ -202,18 +206,18 @@ def analyse(rows: List[BatchRow], decoder: BatchDecoder, config: GenerationConfi
         nearest = min(rows, key=lambda r: abs(r.batch - b))
         return nearest.tokens_per_round / (nearest.plain_tokens_per_round or 1.0)
 
+    measured = roofline.crossover([r.batch for r in rows], [r.speedup for r in rows])
+    predicted = roofline.predicted_crossover(target_fit, k, tokens_at, draft_fit) if rows else None
     return BatchReport(rows=rows, method=config.method, k=k, ks=list(ks), device=decoder.device_name,
                        max_new_tokens=config.max_new_tokens, target_fit=target_fit, draft_fit=draft_fit,
                        weight_bytes=weight_bytes, flops_per_token=flops_per_token, bandwidth=bandwidth,
-                       matmul_flops=matmul,
-                       measured_crossover=roofline.crossover([r.batch for r in rows], [r.speedup for r in rows]),
-                       predicted_crossover=roofline.predicted_crossover(target_fit, k, tokens_at, draft_fit)
-                       if rows else None)
+                       matmul_flops=matmul, measured_crossover=measured, predicted_crossover=predicted)
 
 
 def _params(runner) -> int:
     """Weights a token multiplies by (the matrices of every layer and the LM head)."""
-    total = sum(t.numel() for layer in runner.layers for t in vars(layer).values() if t is not None and t.dim() == 2)
+    total = sum(t.numel() for layer in runner.layers for t in vars(layer).values()
+                if t is not None and t.dim() == 2)
     return total + runner.lm_head.numel()
 
 
@@ -239,17 +243,19 @@ def format_report(report: BatchReport) -> str:
     d = report.as_dict()
     fit = report.target_fit
     knee = f"{fit.knee:.0f} tokens/forward" if fit.ms_per_token > 0 else "not reached"
-    lines = [f"device={report.device} method={report.method} K={report.k} max_new_tokens={report.max_new_tokens}",
-             f"measured: read bandwidth {report.bandwidth / 1e9:.1f} GB/s, matmul {report.matmul_flops / 1e12:.2f} "
-             f"TFLOP/s; target weights {report.weight_bytes / 1e9:.3f} GB",
+    lines = [f"device={report.device} method={report.method} K={report.k} "
+             f"max_new_tokens={report.max_new_tokens}",
+             f"measured: read bandwidth {report.bandwidth / 1e9:.1f} GB/s, matmul "
+             f"{report.matmul_flops / 1e12:.2f} TFLOP/s; target weights {report.weight_bytes / 1e9:.3f} GB",
              f"roofline fit: floor {fit.floor_ms:.3f} ms, {fit.ms_per_token * 1e3:.3f} us/token, knee {knee} "
              f"(implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, {d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "
               f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'best K':>7} {'%bound':>7}")
     lines += [header, "-" * len(header)]
     for r in report.rows:
-        lines.append(f"{r.batch:>5} {r.plain_tokens_per_s:>12.1f} {r.spec_tokens_per_s:>11.1f} {r.speedup:>8.2f} "
-                     f"{r.predicted_speedup:>6.2f} {r.tokens_per_round:>5.2f} {r.step_ms:>10.3f} "
+        lines.append(f"{r.batch:>5} {r.plain_tokens_per_s:>12.1f} {r.spec_tokens_per_s:>11.1f} "
+                     f"{r.speedup:>8.2f} {r.predicted_speedup:>6.2f} {r.tokens_per_round:>5.2f} "
+                     f"{r.step_ms:>10.3f} "
                      f"{r.verify_step_ms:>12.3f} {r.draft_step_ms:>9.3f} "
                      f"{f'{r.best_k} ({r.best_k_speedup:.2f}x)':>7} {r.plain_pct_bound:>7.1f}")
         if r.measured_k_speedups:

@@ -1,19 +1,18 @@
 """A batched forward for B sequences that share one LlamaRunner's weights, each at its own length.
 
-Why a separate runner: the single-sequence LlamaRunner keeps one cache and one length; batched decoding needs B
-caches that grow and roll back independently (ragged acceptance), with every sequence's block written at its own
-positions. The weights (the runner's _Layer objects, embedding, final norm, LM head, rope tables) are used as they
-are: nothing is copied.
+Why a separate runner: the single-sequence LlamaRunner keeps one cache and one length; batched decoding needs
+B caches that grow and roll back independently (ragged acceptance), with every sequence's block written at its
+own positions. The weights (the runner's _Layer objects, embedding, final norm, LM head, rope tables) are used
+as they are: nothing is copied.
 
-Cache layout: `kv` [layers, 2, B, kv_heads, max_length, head_dim]; row r of sequence b holds b's token at cache
-index r. Lengths live on the host (the round loop reads each round's outcome anyway); a step gets them as a
-device tensor `start` [B], so the step itself never waits for the host and, for a fixed (n, kv), is captured in
-a CUDA graph on GPU (CapturedBatchStep).
+Cache layout: `kv` [layers, 2, B, kv_heads, max_length, head_dim]; row r of sequence b holds b's token at
+cache index r. Lengths live on the host (the round loop reads each round's outcome anyway); a step gets them
+as a device tensor `start` [B], so the step itself never waits for the host and, for a fixed (n, kv), is
+captured in a CUDA graph on GPU (CapturedBatchStep).
 
 A block is n tokens per sequence, right-padded: `counts[b]` <= n of them are real and the length of b grows by
-counts[b]. Padded tokens sit after the real ones, so causal attention keeps them out of the real tokens' outputs;
-their K/V land in rows past the new length, which the mask hides and later blocks overwrite.
-"""
+counts[b]. Padded tokens sit after the real ones, so causal attention keeps them out of the real tokens'
+outputs; their K/V land in rows past the new length, which the mask hides and later blocks overwrite."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -64,7 +63,8 @@ class BatchRunner:
     def rollback(self, b: int, length: int) -> None:
         """Forget sequence b's cached tokens at index >= length."""
         if not 0 <= length <= self.lengths[b]:
-            raise ValueError(f"rollback of sequence {b} to {length}: its cache holds {self.lengths[b]} tokens")
+            raise ValueError(f"rollback of sequence {b} to {length}: "
+                             f"its cache holds {self.lengths[b]} tokens")
         self.lengths[b] = int(length)
 
     def set_lengths(self, lengths: Sequence[int]) -> None:
@@ -79,7 +79,7 @@ class BatchRunner:
 
         counts: real tokens per sequence (default n each; 0 leaves a sequence untouched, e.g. a finished one).
         Returns (logits [B, n, V] float32, features [B, n, H]); rows past counts[b] are padding.
-        with_logits=False skips the LM head (a prefill: [B, P, V] logits nobody reads) and returns None for them."""
+        with_logits=False skips the LM head (a prefill: [B, P, V] logits nobody reads): logits None."""
         tokens = tokens.to(self.device)
         n = tokens.shape[1]
         counts = [n] * self.batch if counts is None else [int(c) for c in counts]
@@ -94,7 +94,7 @@ class BatchRunner:
             logits, hidden = captured.run(tokens, start)
         else:
             logits, hidden = self.step(tokens, start, kv, with_logits)
-        self.lengths = [length + c for length, c in zip(self.lengths, counts)]
+        self.lengths = [length + c for length, c in zip(self.lengths, counts, strict=True)]
         return logits, hidden
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor, kv: int, with_logits: bool = True):
@@ -116,7 +116,8 @@ class BatchRunner:
         return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The decoder stack on x [B n, H]; writes each layer's K/V at rows `positions` [B, n] of each sequence.
+        """The decoder stack on x [B n, H]; writes each layer's K/V at rows `positions` [B, n] of each
+        sequence.
         mask: [B, n, kv] additive float. Returns features [B n, H] (pre-norm)."""
         s, r = self.spec, self.runner
         bsz, n = positions.shape
@@ -130,10 +131,12 @@ class BatchRunner:
         for li, layer in enumerate(r.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv).view(bsz, n, -1)  # [B, n, (heads + 2 kvh) D]
-            qk = apply_rope(qkv[..., :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim)), cos, sin)  # [B,n,h+kvh,D]
+            qk = qkv[..., :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim))  # [B, n, heads + kvh, D]
+            qk = apply_rope(qk, cos, sin)
             k = qk[:, :, s.num_heads:]  # [B, n, kvh, D]
             v = qkv[..., q_dim + kv_dim:].unflatten(-1, (s.num_kv_heads, s.head_dim))  # [B, n, kvh, D]
-            self.kv[li, 0][seq, :, positions] = k  # cache [B, kvh, max_length, D] indexed at [B, n] -> [B,n,kvh,D]
+            # cache [B, kvh, max_length, D] indexed at ([B, n], :, [B, n]) is [B, n, kvh, D], like k and v
+            self.kv[li, 0][seq, :, positions] = k
             self.kv[li, 1][seq, :, positions] = v
             keys, values = self.kv[li, 0, :bsz, :, :kv], self.kv[li, 1, :bsz, :, :kv]  # [B, kvh, kv, D]
             q = qk[:, :, :s.num_heads].transpose(1, 2)  # [B, heads, n, D]
@@ -175,9 +178,9 @@ class BatchRunner:
 class CapturedBatchStep:
     """BatchRunner.step for a fixed (n, kv), captured as a CUDA graph (see engine.llama.CapturedStep).
 
-    The warm-up and the capture write K/V at rows lengths..lengths+n-1 of each sequence: free rows (the capture
-    happens before the real step, which writes the same rows next). Outputs are cloned after each replay, since
-    graphs share one memory pool."""
+    The warm-up and the capture write K/V at rows lengths..lengths+n-1 of each sequence: free rows (the
+    capture happens before the real step, which writes the same rows next). Outputs are cloned after each
+    replay, since graphs share one memory pool."""
 
     def __init__(self, runner: BatchRunner, n: int, kv: int, pool):
         device = runner.device

@@ -1,16 +1,15 @@
 """The batch regime's roofline: a step-time model fitted to measured forward times, and what it predicts.
 
-A decoder forward over T tokens (B sequences x n tokens each) reads every weight once, whatever T, and does
-2 x params x T flops. Below the knee it is bound by the weight reads (a flat floor); above it by the matrix
+A decoder forward over T tokens (B sequences x n tokens each) reads every weight once, whatever T, and does 2
+x params x T flops. Below the knee it is bound by the weight reads (a flat floor); above it by the matrix
 products (a line through the origin). The fitted model is
 
     t(T) = max(floor_ms, ms_per_token x T),  knee = floor_ms / ms_per_token.
 
-Speculation at batch B replaces a plain round (one forward of B tokens) by a forward of B (K+1) tokens plus the
-draft's steps, and gains E tokens per sequence per round instead of 1: while B (K+1) stays below the knee the
-verification is nearly free; past it, its cost grows K+1 times faster than plain decoding's and the speedup falls
-below 1 (the crossover).
-"""
+Speculation at batch B replaces a plain round (one forward of B tokens) by a forward of B (K+1) tokens plus
+the draft's steps, and gains E tokens per sequence per round instead of 1: while B (K+1) stays below the knee
+the verification is nearly free; past it, its cost grows K+1 times faster than plain decoding's and the
+speedup falls below 1 (the crossover)."""
 from __future__ import annotations
 
 import math
@@ -31,7 +30,7 @@ class Roofline:
 
     @property
     def knee(self) -> float:
-        """Tokens per forward where the step turns compute-bound (inf when the fit found no compute-bound part)."""
+        """Tokens per forward where the step turns compute-bound (inf: no compute-bound part was found)."""
         return self.floor_ms / self.ms_per_token if self.ms_per_token > 0 else math.inf
 
     def step_ms(self, tokens: float) -> float:
@@ -89,7 +88,8 @@ def predicted_speedup(target: Roofline, batch: int, k: int, tokens_per_round: fl
 
 
 def tokens_for_k(alphas: Sequence[float], k: int) -> float:
-    """E[tokens per round] at K from per-position acceptance (the last alpha extends past the measured depth)."""
+    """E[tokens per round] at K from per-position acceptance (the last alpha extends past the measured
+    depth)."""
     if k <= 0:
         return 1.0
     alphas = list(alphas) or [0.0]
@@ -112,7 +112,7 @@ def best_k(target: Roofline, batch: int, alphas: Sequence[float], ks: Sequence[i
 def crossover(batches: Sequence[int], speedups: Sequence[float]) -> Optional[float]:
     """The batch where the speedup falls below 1, interpolated in log2(B) between the last measured batch at
     or above 1 and the first below; the first batch itself when it is already below 1; None when never."""
-    pairs = sorted(zip(batches, speedups))
+    pairs = sorted(zip(batches, speedups, strict=True))
     for i, (b, s) in enumerate(pairs):
         if s < 1.0:
             if i == 0:
@@ -154,7 +154,7 @@ def measure_matmul_rate(device, dtype: torch.dtype, size: Optional[int] = None, 
 
 
 def measure_bandwidth(device, repeats: int = 5) -> float:
-    """Bytes/s a reduction reads from memory: engine.runtimes' measurement on CUDA, a 256 MiB sum on the CPU."""
+    """Bytes/s a reduction reads from memory: engine.runtimes' measurement on CUDA, a 256 MiB sum on CPU."""
     device = torch.device(device)
     if device.type == "cuda":
         from engine.runtimes import measure_read_bandwidth

@@ -1,10 +1,12 @@
-"""Batched decoding: the batched forward, ragged acceptance, losslessness per sequence, the roofline, the CLI."""
+"""Batched decoding: the batched forward, ragged acceptance, losslessness per sequence, roofline, CLI."""
 import json
 import math
 from dataclasses import replace
 
 import pytest
 import torch
+from spec_fixtures import make_perturbed_copy
+from tiny_models import make_tiny_llama
 
 from engine import roofline
 from engine.analytic import chi2_sf
@@ -16,8 +18,6 @@ from engine.decoder import SpeculativeDecoder
 from engine.lossless import chi_square, exact_two_token_distribution
 from engine.models import load_pair
 from kernels import reference
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_llama
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a", "def f(x):\n    return x + 1\n\ndef g(x):\n",
            "hello hello hello world"]
@@ -116,7 +116,7 @@ def test_padded_greedy_verification_equals_unpadded(seed):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("with_probs", [False, True])
 def test_padded_stochastic_verification_equals_unpadded(seed, with_probs):
-    """Same uniforms (the pad's correction uniform is column N, the unpadded run's column n_b): same result."""
+    """Same uniforms (the pad's correction uniform is column N, the unpadded run's n_b): same result."""
     logits, tokens, counts, gen = _random_case(seed)
     batch, n, vocab = tokens.shape[0], tokens.shape[1], logits.shape[-1]
     probs = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1) if with_probs else None
@@ -126,7 +126,8 @@ def test_padded_stochastic_verification_equals_unpadded(seed, with_probs):
     for b, c in enumerate(counts):
         u = torch.cat([uniforms[b, :c], uniforms[b, n:]])[None]
         q = probs[b:b + 1, :c] if with_probs else None
-        alone = reference.verify_chain_stochastic(logits[b:b + 1, :c + 1], tokens[b:b + 1, :c], q, u, 0.9, 0, 0.95)
+        alone = reference.verify_chain_stochastic(logits[b:b + 1, :c + 1], tokens[b:b + 1, :c], q, u,
+                                                  0.9, 0, 0.95)
         assert int(padded.accepted[b]) == int(alone.accepted[0]) <= c
         assert int(padded.next_token[b]) == int(alone.next_token[0]) < vocab
 
@@ -152,7 +153,7 @@ def test_batched_greedy_equals_batch1_plain_per_sequence(pair, method):
     batched.eos_ids = {2, eos}
     config = GenerationConfig(method=method, k=3, max_new_tokens=30)
     result = batched.generate(PROMPTS, config, budgets=BUDGETS)
-    for prompt, budget, seq in zip(PROMPTS, BUDGETS, result.sequences):
+    for prompt, budget, seq in zip(PROMPTS, BUDGETS, result.sequences, strict=True):
         assert seq.ids == plain_ids(single, prompt, budget), (method, seq.index)
     assert result.sequences[0].finish_reason == "eos" and len(result.sequences[0].ids) == stop + 1
     assert len({s.rounds for s in result.sequences}) > 1  # sequences finished at different rounds
@@ -170,7 +171,7 @@ def test_batch_of_one_and_repeated_runs(pair):
     one = batched.generate(PROMPTS[:1], config)
     assert one.sequences[0].ids == plain_ids(single, PROMPTS[0], 16)
     three = batched.generate(PROMPTS[1:], config)
-    for prompt, seq in zip(PROMPTS[1:], three.sequences):
+    for prompt, seq in zip(PROMPTS[1:], three.sequences, strict=True):
         assert seq.ids == plain_ids(single, prompt, 16)
     assert 0 < three.tokens_per_round <= 5 and three.summary()["batch"] == 3
 
@@ -199,7 +200,7 @@ def test_chi_square_per_sequence(pair, method):
             key = tuple(seq.ids[:2])
             counts[i // copies][key] = counts[i // copies].get(key, 0) + 1
     samples = copies * seeds
-    for prompt, observed in zip(prompts, counts):
+    for prompt, observed in zip(prompts, counts, strict=True):
         expected = exact_two_token_distribution(single, prompt, sampling)
         statistic, bins = chi_square(observed, expected, samples)
         p_value = chi2_sf(statistic, max(bins - 1, 1))
@@ -242,7 +243,8 @@ def test_roofline_predicts_the_crossover_and_best_k():
     assert big < 1
     cross = roofline.predicted_crossover(fit, 4, lambda b: e)
     assert cross is not None and 40 < cross < 200
-    assert roofline.predicted_speedup(fit, cross, 4, e) < 1 <= roofline.predicted_speedup(fit, cross / 1.2, 4, e)
+    assert roofline.predicted_speedup(fit, cross, 4, e) < 1
+    assert roofline.predicted_speedup(fit, cross / 1.2, 4, e) >= 1
     assert roofline.best_k(fit, 1, [0.8, 0.75, 0.7], [1, 2, 4, 8])[0] >= 4
     assert roofline.best_k(fit, 4096, [0.8, 0.75, 0.7], [1, 2, 4, 8]) == (0, 1.0)
     draft = roofline.Roofline(1.0, 0.0)
@@ -289,8 +291,9 @@ def test_run_prompts_file(dirs, capsys, tmp_path):
 
 def test_bench_batch_json(dirs, capsys):
     target, draft = dirs
-    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft, "--batches", "1,2",
-                             "--k", "2", "--ks", "1,2", "--batch-new-tokens", "6", "--prompt", PROMPTS[0], "--json")
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                             "--batches", "1,2", "--k", "2", "--ks", "1,2", "--batch-new-tokens", "6",
+                             "--prompt", PROMPTS[0], "--json")
     assert code == 0, err
     report = json.loads(out)
     assert [r["batch"] for r in report["rows"]] == [1, 2]
@@ -304,8 +307,9 @@ def test_bench_batch_json(dirs, capsys):
 
 def test_bench_batch_table(dirs, capsys):
     target, _ = dirs
-    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--method", "ngram", "--batches", "2",
-                             "--k", "2", "--ks", "2", "--batch-new-tokens", "4", "--prompt", PROMPTS[3], "--sweep-k")
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--method", "ngram",
+                             "--batches", "2", "--k", "2", "--ks", "2", "--batch-new-tokens", "4",
+                             "--prompt", PROMPTS[3], "--sweep-k")
     assert code == 0, err
     assert "crossover" in out and "roofline fit" in out and "measured K sweep" in out
 
@@ -325,6 +329,6 @@ def test_bad_batch_inputs_one_line_exit_2(dirs, capsys, tmp_path, argv, needle):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n", encoding="utf-8")
     argv = [str(empty) if a == "EMPTY" else a for a in argv]
-    code, out, err = run_cli(capsys, *argv, "--target", dirs[0], "--draft", dirs[1])
+    code, _out, err = run_cli(capsys, *argv, "--target", dirs[0], "--draft", dirs[1])
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
