@@ -181,7 +181,7 @@ class _DraftModelDrafts(_BatchDrafter):
         feeds = [s.tokens[length:] if ok else []
                  for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
         self.base, self.last_k = [len(s.tokens) for s in seqs], k
-        logits = _forward_ragged(runner, feeds, sampler.device)  # [B, V]: draft token 0's distribution
+        logits = _forward_ragged(runner, feeds, sampler.device, 2)  # [B, V]: draft token 0's distribution
         tokens, probs = [], []
         ones = [1 if ok else 0 for ok in live]
         for i in range(k):
@@ -211,10 +211,11 @@ def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> None:
                    with_logits=False)
 
 
-def _forward_ragged(runner: BatchRunner, feeds: List[list], device) -> torch.Tensor:
-    """Feed each sequence its own tokens (right-padded); the logits [B, V] after each one's last real token
-    (a sequence fed nothing gets row 0, which nobody reads)."""
-    width = max(1, max(len(f) for f in feeds))
+def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
+    """Feed each sequence its own tokens (right-padded to at least `width`: a fixed block size keeps to one
+    captured graph); the logits [B, V] after each one's last real token (a sequence fed nothing gets row 0,
+    which nobody reads)."""
+    width = max(width, max(len(f) for f in feeds))
     rows = [f + [0] * (width - len(f)) for f in feeds]
     logits = runner.forward(to_device(rows, device).view(len(feeds), width), [len(f) for f in feeds])[0]
     last = to_device([max(len(f) - 1, 0) for f in feeds], device)  # [B]
@@ -287,6 +288,9 @@ class BatchDecoder:
         self._drafters: dict = {}
         if not hasattr(self.target, "layers"):
             raise SpecplayError("batched decoding needs a Llama-family target (the compact forward)")
+        if self.device.type == "cuda":
+            # as SpeculativeDecoder does: cuDNN's SDPA plans a kernel per new shape (tens of ms each)
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
     @property
     def device_name(self) -> str:
@@ -315,8 +319,8 @@ class BatchDecoder:
         if config.method not in BATCH_METHODS:
             raise SpecplayError(f"method {config.method!r} is not batched; choose one of: "
                                 f"{', '.join(BATCH_METHODS)}")
-        if config.method == "draft" and self.pair.draft is None:
-            raise SpecplayError("method 'draft' needs a draft model")
+        if config.method == "draft" and not hasattr(self.pair.draft, "layers"):
+            raise SpecplayError("batched method 'draft' needs a Llama-family draft model")
         seqs = self._sequences(prompts, config, budgets)
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)

@@ -24,7 +24,7 @@ from engine.errors import SpecplayError
 from engine.llama import GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
 from engine.runner import to_device
 
-KV_ALIGN = 64  # on GPU the attention width is rounded up to this many rows (aligned masks, fewer graphs)
+KV_ALIGN = 64  # on GPU the cache length is rounded up to this many rows (an aligned attention mask)
 GRAPH_LIMIT = 32  # captured steps kept per batch runner; past this, new shapes run eagerly
 
 
@@ -152,9 +152,10 @@ class BatchRunner:
     # -- CUDA graphs -----------------------------------------------------------------------------------------
 
     def _kv_width(self, rows: int) -> int:
-        if self.device.type != "cuda":
-            return rows
-        return min(self.max_length, -(-rows // KV_ALIGN) * KV_ALIGN)
+        """Cache rows a step attends over: the whole (aligned) cache on GPU, so that one captured graph per
+        block size serves a whole generation (a capture in the middle of a timed run would cost more than the
+        rows it saves: a batched cache is short, the longest prompt + the budget); exactly `rows` on CPU."""
+        return self.max_length if self.device.type == "cuda" else rows
 
     def _captured_step(self, n: int, kv: int) -> Optional["CapturedBatchStep"]:
         """The captured step for blocks of n at attention width kv; None runs eagerly (CPU, prefills, and
