@@ -595,7 +595,8 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
         print(f"  B={row.batch}: plain {row.plain_tokens_per_s:.1f} tokens/s, speculative "
               f"{row.spec_tokens_per_s:.1f} tokens/s ({row.speedup:.2f}x)", file=sys.stderr, flush=True)
 
-    report = batch_bench.bench_batch(decoder, prompts, config, batches, ks, args.sweep_k, progress)
+    report = batch_bench.bench_batch(decoder, prompts, config, batches, ks, args.sweep_k, progress,
+                                     repeats=args.repeats)
     if args.synthetic:
         report.note = f"synthetic {args.synthetic}: random weights, timing only"
     print(json.dumps(report.as_dict()) if args.json else batch_bench.format_report(report))
