@@ -48,9 +48,18 @@ class BatchRow:
     def speedup(self) -> float:
         return self.spec_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
 
-    def as_dict(self) -> dict:
+    def overheads_ms(self, k: int) -> tuple:
+        """(plain, speculative) round time the step times do not explain: host work, the verification
+        kernel, copies; what the roofline prediction leaves out."""
+        spec_steps = self.verify_step_ms
+        if self.draft_step_ms:
+            spec_steps += self.draft_step2_ms + (k - 1) * self.draft_step_ms
+        return self.plain_round_ms - self.step_ms, self.spec_round_ms - spec_steps
+
+    def as_dict(self, k: int = 0) -> dict:
         out = dict(vars(self))
         out["speedup"] = self.speedup
+        out["plain_overhead_ms"], out["spec_overhead_ms"] = self.overheads_ms(k)
         out["measured_k_speedups"] = {str(k): v for k, v in self.measured_k_speedups.items()}
         return out
 
@@ -83,7 +92,7 @@ class BatchReport:
                 "draft_fit": self.draft_fit.as_dict() if self.draft_fit else None,
                 "measured_crossover": self.measured_crossover,
                 "predicted_crossover": self.predicted_crossover,
-                "note": self.note, "rows": [r.as_dict() for r in self.rows]}
+                "note": self.note, "rows": [r.as_dict(self.k) for r in self.rows]}
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -258,17 +267,21 @@ def format_report(report: BatchReport) -> str:
              f"roofline fit: floor {fit.floor_ms:.3f} ms, {fit.ms_per_token * 1e3:.3f} us/token, knee {knee} "
              f"(implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, {d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "
-              f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'best K':>7} {'%bound':>7}")
+              f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'round ms':>15} {'best K':>11} "
+              f"{'%bound':>7}")
     lines += [header, "-" * len(header)]
     for r in report.rows:
         lines.append(f"{r.batch:>5} {r.plain_tokens_per_s:>12.1f} {r.spec_tokens_per_s:>11.1f} "
                      f"{r.speedup:>8.2f} {r.predicted_speedup:>6.2f} {r.tokens_per_round:>5.2f} "
                      f"{r.step_ms:>10.3f} "
                      f"{r.verify_step_ms:>12.3f} {r.draft_step_ms:>9.3f} "
-                     f"{f'{r.best_k} ({r.best_k_speedup:.2f}x)':>7} {r.plain_pct_bound:>7.1f}")
+                     f"{f'{r.plain_round_ms:.2f}/{r.spec_round_ms:.2f}':>15} "
+                     f"{f'{r.best_k} ({r.best_k_speedup:.2f}x)':>11} {r.plain_pct_bound:>7.1f}")
         if r.measured_k_speedups:
             sweep = ", ".join(f"K={k}: {s:.2f}x" for k, s in r.measured_k_speedups.items())
             lines.append(f"{'':>5} measured K sweep: {sweep}")
+    lines.append("E: tokens per sequence per round; round ms: plain/speculative, measured; best K: predicted "
+                 "(0 = speculation off); %bound: the roofline bound of a plain round / its measured time")
     lines.append(f"crossover (speedup < 1): measured {_fmt_batch(report.measured_crossover)}, "
                  f"predicted {_fmt_batch(report.predicted_crossover)}")
     if report.note:

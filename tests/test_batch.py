@@ -332,3 +332,24 @@ def test_bad_batch_inputs_one_line_exit_2(dirs, capsys, tmp_path, argv, needle):
     code, _out, err = run_cli(capsys, *argv, "--target", dirs[0], "--draft", dirs[1])
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_plot_script_writes_an_svg(tmp_path):
+    import importlib.util
+    import xml.dom.minidom
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_batch.py"
+    spec = importlib.util.spec_from_file_location("plot_batch", script)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    rows = [{"batch": b, "speedup": s, "predicted_speedup": p}
+            for b, s, p in ((1, 2.5, 2.7), (8, 2.0, 2.2), (64, 0.9, 1.0), (256, 0.4, 0.45))]
+    report = {"rows": rows, "method": "draft", "k": 4, "device": "GPU", "fit": {"knee_tokens": 300.0},
+              "measured_crossover": 50.0, "predicted_crossover": 64.0}
+    src, out = tmp_path / "b.json", tmp_path / "b.svg"
+    src.write_text(json.dumps(report), encoding="utf-8")
+    assert plot.main([str(src), str(out)]) == 0
+    svg = out.read_text(encoding="utf-8")
+    xml.dom.minidom.parseString(svg)
+    assert "measured crossover" in svg and "predicted crossover" in svg
