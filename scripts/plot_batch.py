@@ -78,9 +78,10 @@ def render(report: dict) -> str:
             parts.append(f'<text x="{x(b) + 4:.1f}" y="{label_y}" '
                          f'font-size="12" fill="{colour}">{label} crossover B≈{b:.0f}</text>')
     knee = report["fit"].get("knee_tokens")
-    title = (f'{report["method"]}, K={report["k"]} on {report["device"]}: measured (solid) and roofline '
-             f'prediction (dashed); knee {knee:.0f} tokens/forward' if knee else
-             f'{report["method"]}, K={report["k"]} on {report["device"]}: measured (solid), prediction (dashed)')
+    title = (f'{report["method"]}, K={report["k"]} on {report["device"]}: measured (solid), roofline '
+             f'prediction (dashed)')
+    if knee:
+        title += f'; knee {knee:.0f} tokens/forward'
     parts.append(f'<text x="{LEFT}" y="24" font-size="14">{title}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
