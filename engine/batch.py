@@ -307,12 +307,13 @@ class BatchDecoder:
     def generate(self, prompts: Sequence, config: GenerationConfig,
                  budgets: Optional[Sequence[int]] = None,
                  should_stop: Optional[Callable[[], bool]] = None,
-                 until_first_done: bool = False) -> BatchResult:
+                 until_first_done: bool = False, texts: bool = True) -> BatchResult:
         """Decode every prompt (a string, or a list of token ids) of the batch. budgets: max new tokens per
         sequence (default config.max_new_tokens each). should_stop() is polled once a round.
 
         until_first_done stops once any sequence has finished: every measured round then runs the full batch
-        (the steady state a server that refills finished slots sees), not the static batch's ragged tail."""
+        (the steady state a server that refills finished slots sees), not the static batch's ragged tail.
+        texts=False leaves SequenceResult.text empty (benchmarks: B x tokens decodes cost seconds)."""
         config.validate()
         if not prompts:
             raise SpecplayError("no prompts to decode")
@@ -344,7 +345,7 @@ class BatchDecoder:
                 result.rounds += 1
             _sync(self.device)
             result.seconds = time.perf_counter() - began
-        for s in seqs:
+        for s in seqs if texts else ():
             s.result.text = self.tokenizer.decode(s.result.ids, skip_special_tokens=True,
                                                   clean_up_tokenization_spaces=False)
         return result

@@ -124,12 +124,13 @@ def _warm(decoder: BatchDecoder, prompts, config) -> None:
         rounds[0] += 1
         return rounds[0] > WARM_ROUNDS
 
-    decoder.generate(prompts, config, should_stop=stop)
+    decoder.generate(prompts, config, should_stop=stop, texts=False)
 
 
 def _fastest(decoder: BatchDecoder, prompts: list, config: GenerationConfig, repeats: int):
     """The fastest of `repeats` timed runs (noise on a shared machine only ever slows a run down)."""
-    runs = [decoder.generate(prompts, config, until_first_done=True) for _ in range(max(1, repeats))]
+    runs = [decoder.generate(prompts, config, until_first_done=True, texts=False)
+            for _ in range(max(1, repeats))]
     return max(runs, key=lambda r: r.tokens_per_s)
 
 
