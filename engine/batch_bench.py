@@ -258,33 +258,38 @@ def _fmt_batch(value: Optional[float]) -> str:
 
 
 def format_report(report: BatchReport) -> str:
-    d = report.as_dict()
-    fit = report.target_fit
-    knee = f"{fit.knee:.0f} tokens/forward" if fit.ms_per_token > 0 else "not reached"
-    lines = [f"device={report.device} method={report.method} K={report.k} "
-             f"max_new_tokens={report.max_new_tokens}",
-             f"measured: read bandwidth {report.bandwidth / 1e9:.1f} GB/s, matmul "
-             f"{report.matmul_flops / 1e12:.2f} TFLOP/s; target weights {report.weight_bytes / 1e9:.3f} GB",
-             f"roofline fit: floor {fit.floor_ms:.3f} ms, {fit.ms_per_token * 1e3:.3f} us/token, knee {knee} "
-             f"(implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, {d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
+    return format_json(report.as_dict())
+
+
+def format_json(d: dict) -> str:
+    """The table of a report, from its as_dict() form (what `bench batch --json` prints)."""
+    fit = d["fit"]
+    knee = f"{fit['knee_tokens']:.0f} tokens/forward" if fit["knee_tokens"] else "not reached"
+    lines = [f"device={d['device']} method={d['method']} K={d['k']} max_new_tokens={d['max_new_tokens']}",
+             f"measured: read bandwidth {d['measured_bandwidth'] / 1e9:.1f} GB/s, matmul "
+             f"{d['measured_matmul_flops'] / 1e12:.2f} TFLOP/s; "
+             f"target weights {d['weight_bytes'] / 1e9:.3f} GB",
+             f"roofline fit: floor {fit['floor_ms']:.3f} ms, {fit['ms_per_token'] * 1e3:.3f} us/token, "
+             f"knee {knee} (implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, "
+             f"{d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "
               f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'round ms':>15} {'best K':>11} "
               f"{'%bound':>7}")
     lines += [header, "-" * len(header)]
-    for r in report.rows:
-        lines.append(f"{r.batch:>5} {r.plain_tokens_per_s:>12.1f} {r.spec_tokens_per_s:>11.1f} "
-                     f"{r.speedup:>8.2f} {r.predicted_speedup:>6.2f} {r.tokens_per_round:>5.2f} "
-                     f"{r.step_ms:>10.3f} "
-                     f"{r.verify_step_ms:>12.3f} {r.draft_step_ms:>9.3f} "
-                     f"{f'{r.plain_round_ms:.2f}/{r.spec_round_ms:.2f}':>15} "
-                     f"{f'{r.best_k} ({r.best_k_speedup:.2f}x)':>11} {r.plain_pct_bound:>7.1f}")
-        if r.measured_k_speedups:
-            sweep = ", ".join(f"K={k}: {s:.2f}x" for k, s in r.measured_k_speedups.items())
+    for r in d["rows"]:
+        rounds = f"{r['plain_round_ms']:.2f}/{r['spec_round_ms']:.2f}"
+        best = f"{r['best_k']} ({r['best_k_speedup']:.2f}x)"
+        lines.append(f"{r['batch']:>5} {r['plain_tokens_per_s']:>12.1f} {r['spec_tokens_per_s']:>11.1f} "
+                     f"{r['speedup']:>8.2f} {r['predicted_speedup']:>6.2f} {r['tokens_per_round']:>5.2f} "
+                     f"{r['step_ms']:>10.3f} {r['verify_step_ms']:>12.3f} {r['draft_step_ms']:>9.3f} "
+                     f"{rounds:>15} {best:>11} {r['plain_pct_bound']:>7.1f}")
+        if r["measured_k_speedups"]:
+            sweep = ", ".join(f"K={k}: {s:.2f}x" for k, s in r["measured_k_speedups"].items())
             lines.append(f"{'':>5} measured K sweep: {sweep}")
     lines.append("E: tokens per sequence per round; round ms: plain/speculative, measured; best K: predicted "
                  "(0 = speculation off); %bound: the roofline bound of a plain round / its measured time")
-    lines.append(f"crossover (speedup < 1): measured {_fmt_batch(report.measured_crossover)}, "
-                 f"predicted {_fmt_batch(report.predicted_crossover)}")
-    if report.note:
-        lines.append(report.note)
+    lines.append(f"crossover (speedup < 1): measured {_fmt_batch(d['measured_crossover'])}, "
+                 f"predicted {_fmt_batch(d['predicted_crossover'])}")
+    if d.get("note"):
+        lines.append(d["note"])
     return "\n".join(lines)
