@@ -66,13 +66,18 @@ class BatchResult:
     seconds: float = 0.0  # decoding rounds, wall clock (the prefill apart)
     prefill_ms: float = 0.0
     device: str = "CPU"
-    depth_tested: list = field(default_factory=list)  # [K] draft positions tested, by depth
-    depth_accepted: list = field(default_factory=list)  # [K] of those, accepted
+    outcomes: dict = field(default_factory=dict)  # (drafted, accepted) -> sequence-rounds that ended so
 
     @property
     def per_position_acceptance(self) -> list:
-        """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round."""
-        return [a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tested, strict=True)]
+        """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round. A round that
+        drafted n and accepted a tested depths 0..min(a, n-1) and accepted depths 0..a-1."""
+        tested, accepted = [0] * self.k, [0] * self.k
+        for (drafted, acc), times in self.outcomes.items():
+            for depth in range(min(drafted, acc + 1, self.k)):
+                tested[depth] += times
+                accepted[depth] += times * (depth < acc)
+        return [a / t if t else 0.0 for a, t in zip(accepted, tested, strict=True)]
 
     @property
     def batch(self) -> int:
@@ -196,8 +201,9 @@ class _DraftModelDrafts(_BatchDrafter):
 
     def commit(self, seqs, accepted) -> None:
         # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
-        for b, (base, acc) in enumerate(zip(self.base, accepted, strict=True)):
-            self.batch.rollback(b, min(self.batch.lengths[b], base + min(acc, self.last_k - 1)))
+        keep = self.last_k - 1
+        self.batch.lengths = [min(length, base + min(acc, keep)) for length, base, acc
+                              in zip(self.batch.lengths, self.base, accepted, strict=True)]
 
 
 def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> None:
@@ -326,8 +332,7 @@ class BatchDecoder:
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)
         sampler = _Sampler(config, self.backend, self.vocab_size, self.device)
-        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name,
-                             depth_tested=[0] * config.k, depth_accepted=[0] * config.k)
+        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
         with torch.inference_mode():
             target, drafter = self._prepare(len(seqs), max_length, config)
             began = time.perf_counter()
@@ -404,18 +409,32 @@ class BatchDecoder:
         verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
         values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
-        self._check_nan(rows)  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+        accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
+        # each cache keeps the last committed token and the accepted drafts (a finished sequence: nothing)
+        target.lengths = [start + (1 + acc if ok else 0)
+                          for start, acc, ok in zip(starts, accepted, live, strict=True)]
+        drafter.commit(seqs, accepted)
+
+    def _settle(self, seqs: List[_Seq], rows: list, counts: list, config, outcomes: dict) -> list:
+        """Each live sequence's accepted count and emitted tokens from the round's readout rows [B][2 + N]
+        (accepted, next token, the drafts). One lean pass: at large B this host loop is on the critical
+        path."""
         accepted = [0] * len(seqs)
         for b, (s, row) in enumerate(zip(seqs, rows, strict=True)):
             if s.done:
-                target.rollback(b, starts[b])
                 continue
-            acc = min(int(row[0]), draft.counts[b])  # the padding already makes acc <= counts
+            acc, next_token = row[0], row[1]
+            if acc < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+                raise SpecplayError("the target model produced NaN logits (a numerical overflow? "
+                                    "try --dtype float32)")
+            acc = min(acc, counts[b])  # the padding already makes acc <= counts
             accepted[b] = acc
-            _count_depths(result, draft.counts[b], acc)
-            target.rollback(b, starts[b] + 1 + acc)  # the last committed token and the accepted drafts
-            self._accept(s, row[2:2 + acc] + [int(row[1])], draft.counts[b], acc, config)
-        drafter.commit(seqs, accepted)
+            key = (counts[b], acc)
+            outcomes[key] = outcomes.get(key, 0) + 1
+            emitted = row[2:2 + acc]
+            emitted.append(next_token)
+            self._accept(s, emitted, counts[b], acc, config)
+        return accepted
 
     def _verify(self, logits: torch.Tensor, draft: BatchDraft, live, sampler):
         logits, tokens, probs = pad_for_verify(logits, draft, live)
@@ -430,33 +449,22 @@ class BatchDecoder:
             raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") \
                 from None
 
-    def _check_nan(self, rows) -> None:
-        if any(r[0] < 0 or r[1] < 0 for r in rows):
-            raise SpecplayError("the target model produced NaN logits (a numerical overflow? "
-                                "try --dtype float32)")
-
     def _accept(self, s: _Seq, emitted: list, drafted: int, accepted: int, config) -> None:
         res = s.result
         res.rounds += 1
         res.drafted += drafted
         res.accepted += accepted
-        for i, token in enumerate(emitted):
-            if config.stop_at_eos and token in self.eos_ids:
-                emitted, s.done, res.finish_reason = emitted[:i + 1], True, "eos"
-                break
+        if config.stop_at_eos and self.eos_ids:
+            for i, token in enumerate(emitted):
+                if token in self.eos_ids:
+                    emitted, s.done, res.finish_reason = emitted[:i + 1], True, "eos"
+                    break
         room = s.budget - len(res.ids)
         if len(emitted) >= room:
             emitted, s.done = emitted[:room], True
             res.finish_reason = res.finish_reason or "length"
         res.ids.extend(emitted)
         s.tokens.extend(emitted)
-
-
-def _count_depths(result: BatchResult, drafted: int, accepted: int) -> None:
-    """Depths 0..accepted-1 were accepted; depth `accepted` was tested and rejected (if it was drafted)."""
-    for depth in range(min(drafted, accepted + 1)):
-        result.depth_tested[depth] += 1
-        result.depth_accepted[depth] += depth < accepted
 
 
 def _sync(device) -> None:

@@ -353,3 +353,11 @@ def test_plot_script_writes_an_svg(tmp_path):
     svg = out.read_text(encoding="utf-8")
     xml.dom.minidom.parseString(svg)
     assert "measured crossover" in svg and "predicted crossover" in svg
+
+
+def test_per_position_acceptance_from_outcomes():
+    from engine.batch import BatchResult
+
+    result = BatchResult([], "draft", 3, outcomes={(3, 0): 2, (3, 3): 1, (3, 1): 1, (1, 1): 1})
+    # depth 0: tested 5, accepted 3; depth 1: tested 2 ((3,3), (3,1)), accepted 1; depth 2: 1 of 1
+    assert result.per_position_acceptance == pytest.approx([3 / 5, 1 / 2, 1.0])
