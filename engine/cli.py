@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict
 from typing import Callable, Optional
 
-from engine import batch, bench, methods
+from engine import batch_cli, bench, methods
 from engine.config import MAX_K, GenerationConfig, SamplingParams
 from engine.errors import SpecplayError
 from engine.methods import MethodSpec
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="generate once and print the text and a summary")
     _add_generation_args(run, prompt_required=False)
-    batch.add_run_options(run)
+    batch_cli.add_run_options(run)
     run.add_argument("--csv", help="write one row per round to this CSV file")
     run.add_argument("--trace", help="write the full RoundEvents to this JSONL file")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runtimes: a random-weight pair of a real shape instead of --target/--draft, "
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
-    batch.add_bench_options(bench)
+    batch_cli.add_bench_options(bench)
 
     try:
         from engine.train.cli import add_train_parser
@@ -149,7 +149,7 @@ def _check_writable(path: Optional[str]) -> None:
 def cmd_run(args) -> int:
     config = config_from_args(args)
     if args.prompts_file:
-        return batch.cmd_run_batch(args, config)
+        return batch_cli.cmd_run_batch(args, config)
     if args.prompt is None:
         raise SpecplayError("run needs --prompt (or --prompts-file)")
     if not args.prompt.strip():
@@ -238,7 +238,7 @@ def cmd_bench(args) -> int:
     if args.what == "runtimes":
         return _bench_runtimes(args)
     if args.what == "batch":
-        return batch.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
+        return batch_cli.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
     config = config_from_args(args)
     prompts = [args.prompt] if args.prompt else bench.heldout_prompts(args.prompts)
     if args.what == "k-sweep":

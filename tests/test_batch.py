@@ -10,7 +10,8 @@ from tiny_models import make_tiny_llama
 
 from engine import roofline
 from engine.analytic import chi2_sf
-from engine.batch import BatchDecoder, BatchDraft, pad_for_verify, read_prompts_file
+from engine.batch import BATCH_METHODS, BatchDecoder, BatchDraft, pad_for_verify
+from engine.batch_cli import read_prompts_file
 from engine.batch_runner import BatchRunner
 from engine.cli import main
 from engine.config import GenerationConfig, SamplingParams
@@ -361,3 +362,17 @@ def test_per_position_acceptance_from_outcomes():
     result = BatchResult([], "draft", 3, outcomes={(3, 0): 2, (3, 3): 1, (3, 1): 1, (1, 1): 1})
     # depth 0: tested 5, accepted 3; depth 1: tested 2 ((3,3), (3,1)), accepted 1; depth 2: 1 of 1
     assert result.per_position_acceptance == pytest.approx([3 / 5, 1 / 2, 1.0])
+
+
+def test_cli_glue_stays_light():
+    """engine.cli imports the glue at start-up: it must not pull in torch (every CLI call would pay)."""
+    import subprocess
+    import sys
+
+    code = "import sys, engine.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert out.stdout.strip() == "False"
+    from engine import batch_cli
+
+    assert batch_cli.BATCH_METHODS == BATCH_METHODS
