@@ -289,6 +289,9 @@ class BatchDecoder:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set() if eos is None else {int(eos)}
         self.use_graphs = self.device.type == "cuda"
+        # A simulation for timing studies (it changes the output): each drafted token is accepted with this
+        # probability, independently, whatever the target says; None = real verification.
+        self.simulated_acceptance: Optional[float] = None
         self._target_batch: Optional[BatchRunner] = None
         self._drafters: dict = {}
         if not hasattr(self.target, "layers"):
@@ -405,7 +408,10 @@ class BatchDecoder:
         starts = list(target.lengths)
         counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
         logits = target.forward(block, counts)[0]  # [B, N+1, V]
-        verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        if self.simulated_acceptance is None:
+            verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        else:
+            verdict = self._simulate(logits[..., :self.vocab_size], draft.counts, sampler)
         values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
         accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
@@ -413,6 +419,22 @@ class BatchDecoder:
         target.lengths = [start + (1 + acc if ok else 0)
                           for start, acc, ok in zip(starts, accepted, live, strict=True)]
         drafter.commit(seqs, accepted)
+
+    def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":
+        """The forced-acceptance verdict: a run of independent successes of probability simulated_acceptance
+        (at most each row's drafts), then the target's argmax at the row after the run. logits [B, N+1, V]."""
+        rate = float(self.simulated_acceptance)
+        width = logits.shape[1] - 1
+        draws = (torch.rand(len(counts), max(width, 1), generator=sampler.generator) < rate).tolist()
+        accepted = []
+        for row, count in zip(draws, counts, strict=True):
+            acc = 0
+            while acc < count and row[acc]:
+                acc += 1
+            accepted.append(acc)
+        acc_dev = to_device(accepted, logits.device)  # [B]
+        rows = torch.arange(len(counts), device=logits.device)
+        return _Simulated(acc_dev, logits[rows, acc_dev].argmax(-1))
 
     def _settle(self, seqs: List[_Seq], rows: list, counts: list, config, outcomes: dict) -> list:
         """Each live sequence's accepted count and emitted tokens from the round's readout rows [B][2 + N]
@@ -464,6 +486,12 @@ class BatchDecoder:
             res.finish_reason = res.finish_reason or "length"
         res.ids.extend(emitted)
         s.tokens.extend(emitted)
+
+
+@dataclass
+class _Simulated:
+    accepted: torch.Tensor  # [B] int64
+    next_token: torch.Tensor  # [B] int64
 
 
 def _sync(device) -> None:

@@ -35,6 +35,9 @@ def add_bench_options(bench) -> None:
                             "else the best K is predicted")
     bench.add_argument("--prompts-file",
                        help="batch: prompts, one a line (default: the held-out prompts, cycled)")
+    bench.add_argument("--acceptance", type=float, default=None,
+                       help="batch: SIMULATION for timing studies: accept each drafted token with this "
+                            "probability whatever the target says (changes the output)")
 
 
 def read_prompts_file(path: str) -> list:
@@ -130,8 +133,11 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
         prompts = read_prompts_file(args.prompts_file)
     else:
         prompts = [args.prompt] if args.prompt else heldout_prompts(args.prompts)
+    if args.acceptance is not None and not 0.0 <= args.acceptance <= 1.0:
+        raise SpecplayError(f"--acceptance must be in [0, 1] (got {args.acceptance})")
     config = replace(config, max_new_tokens=args.batch_new_tokens)
     decoder = _load(args, config.method)
+    decoder.simulated_acceptance = args.acceptance
 
     def progress(row) -> None:
         print(f"  B={row.batch}: plain {row.plain_tokens_per_s:.1f} tokens/s, speculative "
@@ -139,7 +145,9 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
 
     report = batch_bench.bench_batch(decoder, prompts, config, batches, ks, args.sweep_k, progress,
                                      repeats=args.repeats)
-    if args.synthetic:
-        report.note = f"synthetic {args.synthetic}: random weights, timing only"
+    notes = [f"synthetic {args.synthetic}: random weights, timing only"] if args.synthetic else []
+    if args.acceptance is not None:
+        notes.append(f"SIMULATED acceptance {args.acceptance}: drafts accepted at random, output changed")
+    report.note = "; ".join(notes)
     print(json.dumps(report.as_dict()) if args.json else batch_bench.format_report(report))
     return 0

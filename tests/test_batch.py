@@ -376,3 +376,25 @@ def test_cli_glue_stays_light():
     from engine import batch_cli
 
     assert batch_cli.BATCH_METHODS == BATCH_METHODS
+
+
+def test_simulated_acceptance(pair):
+    """--acceptance forces the acceptance rate (a timing study): rate 1 accepts every draft, rate 0 none."""
+    batched = BatchDecoder(pair)
+    config = GenerationConfig(method="draft", k=3, max_new_tokens=12, stop_at_eos=False)
+    for rate, per_round in ((1.0, 4.0), (0.0, 1.0)):
+        batched.simulated_acceptance = rate
+        result = batched.generate(PROMPTS[:2], config, until_first_done=True)
+        assert result.tokens_per_round == pytest.approx(per_round)
+
+
+def test_bench_batch_simulated_acceptance_is_labelled(dirs, capsys):
+    target, draft = dirs
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                             "--batches", "1", "--k", "2", "--ks", "2", "--batch-new-tokens", "6",
+                             "--prompt", PROMPTS[0], "--acceptance", "0.8")
+    assert code == 0, err
+    assert "SIMULATED acceptance 0.8" in out
+    code, _out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                              "--acceptance", "1.5")
+    assert code == 2 and "--acceptance" in err
