@@ -185,7 +185,8 @@ class _DraftModelDrafts(_BatchDrafter):
         feeds = [s.tokens[length:] if ok else []
                  for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
         self.base, self.last_k = [len(s.tokens) for s in seqs], k
-        logits = _forward_ragged(runner, feeds, sampler.device, 2)  # [B, V]: draft token 0's distribution
+        width = 2 if runner.use_graphs else 1  # a fixed width keeps the first step to one captured graph
+        logits = _forward_ragged(runner, feeds, sampler.device, width)  # [B, V]: draft token 0's distribution
         tokens, probs = [], []
         ones = [1 if ok else 0 for ok in live]
         for i in range(k):
