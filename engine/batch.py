@@ -172,10 +172,13 @@ class _DraftModelDrafts(_BatchDrafter):
         self.batch: Optional[BatchRunner] = None
         self.base: List[int] = []
         self.last_k = 0
+        self.use_graphs = runner.device.type == "cuda"
 
     def start(self, seqs, max_length) -> None:
         if self.batch is None or self.batch.batch != len(seqs) or self.batch.max_length < max_length:
+            self.batch = None  # free the old cache first
             self.batch = BatchRunner(self.runner, len(seqs), max_length)
+        self.batch.use_graphs = self.use_graphs
         self.batch.reset()
         _prefill(self.batch, seqs)
 
@@ -395,8 +398,7 @@ class BatchDecoder:
         drafter = self._drafters.get("draft")
         if drafter is None:
             drafter = self._drafters["draft"] = _DraftModelDrafts(self.pair.draft)
-        if drafter.batch is not None:
-            drafter.batch.use_graphs = self.use_graphs
+        drafter.use_graphs = self.use_graphs
         return t, drafter
 
     def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler,

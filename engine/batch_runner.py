@@ -39,12 +39,12 @@ class BatchRunner:
         self.device, self.dtype = runner.device, runner.dtype
         self.batch = int(batch)
         self.vocab_size = runner.vocab_size
-        if self.device.type == "cuda":
-            max_length = -(-max_length // KV_ALIGN) * KV_ALIGN
-        self.max_length = int(max_length)
-        if self.max_length > runner.max_length:  # the rope tables cover runner.max_length positions
-            raise SpecplayError(f"batched context of {self.max_length} tokens exceeds the model's "
+        if max_length > runner.max_length:  # the rope tables cover runner.max_length positions
+            raise SpecplayError(f"batched context of {max_length} tokens exceeds the model's "
                                 f"{runner.max_length}")
+        if self.device.type == "cuda":
+            max_length = min(runner.max_length, -(-max_length // KV_ALIGN) * KV_ALIGN)
+        self.max_length = int(max_length)
         s = self.spec
         shape = (s.num_layers, 2, self.batch, s.num_kv_heads, self.max_length, s.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L, 2, B, kvh, max_length, D]
