@@ -418,9 +418,11 @@ class BatchDecoder:
         values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
         accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
-        # each cache keeps the last committed token and the accepted drafts (a finished sequence: nothing)
-        target.lengths = [start + (1 + acc if ok else 0)
-                          for start, acc, ok in zip(starts, accepted, live, strict=True)]
+        # each cache keeps the last committed token and the accepted drafts. A finished sequence (this round
+        # or before) keeps nothing: its later padding blocks then stay inside the cache (the accepted rows of
+        # a last round cut short by the budget could reach K rows past it).
+        target.lengths = [start if s.done else start + 1 + acc
+                          for start, acc, s in zip(starts, accepted, seqs, strict=True)]
         drafter.commit(seqs, accepted)
 
     def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":

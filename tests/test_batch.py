@@ -398,3 +398,14 @@ def test_bench_batch_simulated_acceptance_is_labelled(dirs, capsys):
     code, _out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
                               "--acceptance", "1.5")
     assert code == 2 and "--acceptance" in err
+
+
+def test_a_sequence_finishing_first_leaves_room_for_the_others(pair):
+    """The longest prompt finishes first on a last round cut short by its budget, with K = 8 drafts all
+    accepted: its padding blocks in the later rounds must still fit the batched cache."""
+    batched = BatchDecoder(pair)
+    batched.simulated_acceptance = 1.0
+    config = GenerationConfig(method="draft", k=8, max_new_tokens=30, stop_at_eos=False)
+    result = batched.generate(["the cat sat on the mat. " * 3, "q"], config, budgets=[19, 30])
+    assert [len(s.ids) for s in result.sequences] == [19, 30]
+    assert result.sequences[0].rounds < result.sequences[1].rounds
