@@ -264,12 +264,14 @@ def format_report(report: BatchReport) -> str:
 def format_json(d: dict) -> str:
     """The table of a report, from its as_dict() form (what `bench batch --json` prints)."""
     fit = d["fit"]
-    knee = f"{fit['knee_tokens']:.0f} tokens/forward" if fit["knee_tokens"] else "not reached"
+    knee = f"{fit['knee_tokens']:.0f} tokens/forward" if fit["knee_tokens"] is not None else "not reached"
+    intercept = f" (line + {fit['intercept_ms']:.3f} ms)" if fit.get("intercept_ms") else ""
     lines = [f"device={d['device']} method={d['method']} K={d['k']} max_new_tokens={d['max_new_tokens']}",
              f"measured: read bandwidth {d['measured_bandwidth'] / 1e9:.1f} GB/s, matmul "
              f"{d['measured_matmul_flops'] / 1e12:.2f} TFLOP/s; "
              f"target weights {d['weight_bytes'] / 1e9:.3f} GB",
-             f"roofline fit: floor {fit['floor_ms']:.3f} ms, {fit['ms_per_token'] * 1e3:.3f} us/token, "
+             f"roofline fit: floor {fit['floor_ms']:.3f} ms, "
+             f"{fit['ms_per_token'] * 1e3:.3f} us/token{intercept}, "
              f"knee {knee} (implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, "
              f"{d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "

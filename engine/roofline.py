@@ -4,7 +4,9 @@ A decoder forward over T tokens (B sequences x n tokens each) reads every weight
 x params x T flops. Below the knee it is bound by the weight reads (a flat floor); above it by the matrix
 products (a line through the origin). The fitted model is
 
-    t(T) = max(floor_ms, ms_per_token x T),  knee = floor_ms / ms_per_token.
+    t(T) = max(floor_ms, ms_per_token x T),  knee = floor_ms / ms_per_token
+
+(with an intercept on the compute-bound line where that fits the measurements better).
 
 Speculation at batch B replaces a plain round (one forward of B tokens) by a forward of B (K+1) tokens plus
 the draft's steps, and gains E tokens per sequence per round instead of 1: while B (K+1) stays below the knee
@@ -27,47 +29,67 @@ class Roofline:
     floor_ms: float  # the memory-bound step time
     ms_per_token: float  # the compute-bound slope (0: never compute-bound in the measured range)
     points: list = field(default_factory=list)  # [(tokens, ms)] it was fitted to
+    intercept_ms: float = 0.0  # the compute-bound line's value at 0 tokens (0: the pure roofline)
 
     @property
     def knee(self) -> float:
         """Tokens per forward where the step turns compute-bound (inf: no compute-bound part was found)."""
-        return self.floor_ms / self.ms_per_token if self.ms_per_token > 0 else math.inf
+        if self.ms_per_token <= 0:
+            return math.inf
+        return max(0.0, (self.floor_ms - self.intercept_ms) / self.ms_per_token)
 
     def step_ms(self, tokens: float) -> float:
-        return max(self.floor_ms, self.ms_per_token * tokens)
+        return max(self.floor_ms, self.intercept_ms + self.ms_per_token * tokens)
 
     def rates(self, weight_bytes: int, flops_per_token: float) -> dict:
-        """The bandwidth and matmul rate the fit implies (bytes/s, flop/s)."""
+        """The bandwidth and (marginal) matmul rate the fit implies (bytes/s, flop/s)."""
         return {"bandwidth": weight_bytes / (self.floor_ms / 1e3) if self.floor_ms > 0 else 0.0,
                 "matmul_flops": flops_per_token / (self.ms_per_token / 1e3) if self.ms_per_token > 0 else 0.0}
 
     def as_dict(self) -> dict:
         knee = self.knee
         return {"floor_ms": self.floor_ms, "ms_per_token": self.ms_per_token,
-                "knee_tokens": knee if math.isfinite(knee) else None}
+                "intercept_ms": self.intercept_ms, "knee_tokens": knee if math.isfinite(knee) else None}
 
 
 def fit_roofline(points: Sequence[tuple]) -> Roofline:
     """Least squares in log time over every split of the points (sorted by tokens) into a memory-bound head
-    and a compute-bound tail: the head's geometric mean is the floor, the tail's mean log(t / T) the slope.
-    The split whose max() model fits best wins; on a tie the one with fewer compute-bound points (a tail that
-    adds nothing is no knee). points: [(tokens, ms)], tokens > 0, ms > 0."""
+    and a compute-bound tail. The head's geometric mean is the floor; the tail is either the roofline's line
+    through the origin (slope: the tail's mean log(t / T)) or, with two tail points or more, a least-squares
+    line a + b T (a machine whose step grows before it is compute-bound: launches, a CPU). The candidate
+    whose max() model fits best wins; on a tie the simpler one (fewer compute-bound points, no intercept: a
+    tail that adds nothing is no knee). points: [(tokens, ms)], tokens > 0, ms > 0."""
     pts = sorted((float(t), float(ms)) for t, ms in points if t > 0 and ms > 0)
     if not pts:
         raise ValueError("no step times to fit")
-    logs = [(math.log(t), math.log(ms)) for t, ms in pts]
+    logs = [math.log(ms) for _, ms in pts]
     best = None
     for split in range(len(pts), 0, -1):
-        head, tail = logs[:split], logs[split:]
-        floor = math.exp(sum(m for _, m in head) / len(head))
-        slope = math.exp(sum(m - t for t, m in tail) / len(tail)) if tail else 0.0
-        model = Roofline(floor, slope)
-        error = sum((m - math.log(model.step_ms(math.exp(t)))) ** 2 for t, m in logs)
-        if best is None or error < best[0] - 1e-12:
-            best = (error, model)
+        tail = pts[split:]
+        floor = math.exp(sum(logs[:split]) / split)
+        for model in _tail_models(floor, tail):
+            error = sum((m - math.log(model.step_ms(t))) ** 2 for (t, _), m in zip(pts, logs, strict=True))
+            if best is None or error < best[0] - 1e-9:
+                best = (error, model)
     model = best[1]
     model.points = pts
     return model
+
+
+def _tail_models(floor: float, tail: list) -> list:
+    """Roofline candidates with this floor for the compute-bound points `tail` [(tokens, ms)]."""
+    if not tail:
+        return [Roofline(floor, 0.0)]
+    slope = math.exp(sum(math.log(ms / t) for t, ms in tail) / len(tail))
+    models = [Roofline(floor, slope)]
+    ts = [t for t, _ in tail]
+    if len(tail) >= 2 and max(ts) > min(ts):
+        mean_t, mean_ms = sum(ts) / len(ts), sum(ms for _, ms in tail) / len(tail)
+        b = (sum((t - mean_t) * (ms - mean_ms) for t, ms in tail)
+             / sum((t - mean_t) ** 2 for t in ts))
+        if b > 0:
+            models.append(Roofline(floor, b, intercept_ms=mean_ms - b * mean_t))
+    return models
 
 
 # ------------------------------------------------------------------------------------------------ predictions

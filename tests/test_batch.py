@@ -409,3 +409,13 @@ def test_a_sequence_finishing_first_leaves_room_for_the_others(pair):
     result = batched.generate(["the cat sat on the mat. " * 3, "q"], config, budgets=[19, 30])
     assert [len(s.ids) for s in result.sequences] == [19, 30]
     assert result.sequences[0].rounds < result.sequences[1].rounds
+
+
+def test_roofline_fit_with_an_intercept():
+    """A step that grows before it is compute-bound (launches, a CPU): the tail line gets an intercept."""
+    points = [(t, max(2.0, 1.0 + 0.1 * t)) for t in (1, 2, 5, 10, 20, 40, 80, 160)]
+    fit = roofline.fit_roofline(points)
+    assert fit.floor_ms == pytest.approx(2.0)
+    assert fit.ms_per_token == pytest.approx(0.1) and fit.intercept_ms == pytest.approx(1.0)
+    assert fit.knee == pytest.approx(10.0)
+    assert fit.as_dict()["intercept_ms"] == pytest.approx(1.0)
