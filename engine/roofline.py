@@ -132,17 +132,20 @@ def best_k(target: Roofline, batch: int, alphas: Sequence[float], ks: Sequence[i
 
 
 def crossover(batches: Sequence[int], speedups: Sequence[float]) -> Optional[float]:
-    """The batch where the speedup falls below 1, interpolated in log2(B) between the last measured batch at
-    or above 1 and the first below; the first batch itself when it is already below 1; None when never."""
+    """The batch past which the speedup stays below 1: interpolated in log2(B) between the last measured batch
+    at or above 1 and the next one; the first batch itself when every speedup is below 1; None when the last
+    one is not. (A noisy or prompt-dependent curve may dip below 1 and recover: the dip is no crossover.)"""
     pairs = sorted(zip(batches, speedups, strict=True))
-    for i, (b, s) in enumerate(pairs):
-        if s < 1.0:
-            if i == 0:
-                return float(b)
-            b0, s0 = pairs[i - 1]
-            frac = (s0 - 1.0) / (s0 - s) if s0 != s else 0.0
-            return 2 ** (math.log2(b0) + frac * (math.log2(b) - math.log2(b0)))
-    return None
+    if not pairs or pairs[-1][1] >= 1.0:
+        return None
+    i = len(pairs)
+    while i > 0 and pairs[i - 1][1] < 1.0:
+        i -= 1
+    if i == 0:
+        return float(pairs[0][0])
+    (b0, s0), (b, s) = pairs[i - 1], pairs[i]
+    frac = (s0 - 1.0) / (s0 - s) if s0 != s else 0.0
+    return 2 ** (math.log2(b0) + frac * (math.log2(b) - math.log2(b0)))
 
 
 def predicted_crossover(target: Roofline, k: int, tokens_per_round: Callable[[int], float],

@@ -256,6 +256,8 @@ def test_measured_crossover_interpolates():
     assert roofline.crossover([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]) == pytest.approx(2 ** 2.5)
     assert roofline.crossover([1, 2], [0.9, 0.5]) == 1.0
     assert roofline.crossover([1, 2], [1.9, 1.5]) is None
+    assert roofline.crossover([1, 2, 4, 8], [0.8, 1.5, 1.2, 0.8]) == pytest.approx(2 ** 2.5)  # a dip first
+    assert roofline.crossover([1, 2, 4], [1.5, 0.9, 1.1]) is None  # recovered at the end
 
 
 # ------------------------------------------------------------------------------------------------ CLI
