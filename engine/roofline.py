@@ -150,14 +150,10 @@ def crossover(batches: Sequence[int], speedups: Sequence[float]) -> Optional[flo
 
 def predicted_crossover(target: Roofline, k: int, tokens_per_round: Callable[[int], float],
                         draft: Optional[Roofline] = None, max_batch: int = 1 << 16) -> Optional[float]:
-    """The first batch (searched on a 1/8-octave grid up to max_batch) where the predicted speedup is below 1.
-    tokens_per_round(B) gives E at B (the measured E of the nearest measured batch, say)."""
-    steps = int(8 * math.log2(max_batch))
-    for i in range(steps + 1):
-        b = 2 ** (i / 8)
-        if predicted_speedup(target, b, k, tokens_per_round(b), draft) < 1.0:
-            return b
-    return None
+    """The batch past which the predicted speedup stays below 1 (see crossover), searched on a 1/8-octave
+    grid up to max_batch. tokens_per_round(B) gives E at B (the measured E of the nearest measured batch)."""
+    grid = [2 ** (i / 8) for i in range(int(8 * math.log2(max_batch)) + 1)]
+    return crossover(grid, [predicted_speedup(target, b, k, tokens_per_round(b), draft) for b in grid])
 
 
 # ------------------------------------------------------------------------------------------------ the machine
