@@ -183,8 +183,33 @@ def test_unbatched_methods_are_refused(pair):
 
 
 # ------------------------------------------------------------------------------------------------ sampling
+@pytest.fixture
+def padded_rounds(monkeypatch):
+    """Counts the rounds whose drafts were ragged (padded with the impossible column)."""
+    import engine.batch as batch_module
+
+    count = [0]
+    original = batch_module.pad_for_verify
+
+    def counting(logits, draft, live):
+        out = original(logits, draft, live)
+        count[0] += out[0].shape[-1] > logits.shape[-1]
+        return out
+
+    monkeypatch.setattr(batch_module, "pad_for_verify", counting)
+    return count
+
+
+def test_ragged_ngram_rounds_are_padded_and_lossless(pair, padded_rounds):
+    single = SpeculativeDecoder(pair)
+    result = BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="ngram", k=4, max_new_tokens=24))
+    assert padded_rounds[0] > 0
+    for prompt, seq in zip(PROMPTS, result.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, 24)
+
+
 @pytest.mark.parametrize("method", ["draft", "ngram"])
-def test_chi_square_per_sequence(pair, method):
+def test_chi_square_per_sequence(pair, method, padded_rounds):
     """The first two sampled tokens of every sequence of a batch follow that sequence's exact target
     distribution. Each prompt fills COPIES rows (independent uniforms per row), over SEEDS seeds."""
     copies, seeds = 100, 3
@@ -206,6 +231,8 @@ def test_chi_square_per_sequence(pair, method):
         statistic, bins = chi_square(observed, expected, samples)
         p_value = chi2_sf(statistic, max(bins - 1, 1))
         assert bins >= 3 and p_value > 1e-3, (method, prompt, statistic, bins)
+    if method == "ngram":
+        assert padded_rounds[0] > 0  # the ragged (padded) verification was sampled through
 
 
 # ------------------------------------------------------------------------------------------------ roofline
