@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from engine import bench, methods
+from engine import batch_cli, bench, methods
 from engine.config import MAX_K, GenerationConfig, SamplingParams, check_int
 from engine.errors import SpecplayError
 from engine.exports import FORMATS, StreamingExport
@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "in the window")
 
     run = sub.add_parser("run", help="generate once and print the text and a summary")
-    _add_generation_args(run)
+    _add_generation_args(run, prompt_required=False)
+    batch_cli.add_run_options(run)
     run.add_argument("--csv", help="write one row per round to this CSV file")
     run.add_argument("--trace", help="write the full RoundEvents to this JSONL file")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runtimes: a random-weight pair of a real shape instead of --target/--draft, "
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
+    batch_cli.add_bench_options(bench)
 
     _add_prediction_parsers(sub)
     try:
@@ -246,6 +248,8 @@ BENCHMARKS = {
                 "beside the measured weight-read floor; options: --methods, --hf, --synthetic, --json",
     "layerskip": "layer skip with each draft depth L of --ls against plain decoding, with the measured c "
                  "of L layers; options: --ls, --k, --prompts",
+    "batch": "plain and speculative tokens/s at each batch size of --batches, the step-time roofline, the "
+             "crossover batch and the best K per batch; options: --batches, --method, --k, --synthetic, --json",
 }
 BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
 ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
@@ -401,7 +405,11 @@ def signals_as_interrupts():
 # ------------------------------------------------------------------------------------------------ run
 def cmd_run(args) -> int:
     config = config_from_args(args)
+    if getattr(args, "prompts_file", None):
+        return batch_cli.cmd_run_batch(args, config)
     prompt = prompt_from_args(args)
+    if prompt is None:
+        raise SpecplayError("run needs --prompt, --prompt-file or --prompts-file")
     events: list = []
     targets = export_targets(args)
     try:
@@ -523,6 +531,8 @@ def cmd_bench(args) -> int:
         return _bench_kernels()
     if args.what == "runtimes":
         return _bench_runtimes(args)
+    if args.what == "batch":
+        return batch_cli.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
     config = config_from_args(args)
     check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
     check_int("--repeats", args.repeats, 1, MAX_BENCH_COUNT)

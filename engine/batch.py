@@ -1,0 +1,504 @@
+"""Batched speculative decoding: B prompts of different lengths, one target forward verifies B blocks of K+1.
+
+Acceptance is ragged: each sequence accepts its own count, rolls back its own cache rows and finishes on its
+own EOS or budget. A finished sequence stays in the batch as padding (its block is computed and thrown away)
+and stops counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides
+of every comparison are measured alike.
+
+Ragged drafts (n-gram proposals of different lengths) are right-padded to the round's longest one. The
+verification kernels take one N per call, so padded positions are made impossible to accept: the logits get
+one extra column at -inf (p = 0 at every row, the other columns' warped distribution unchanged) and a padded
+draft is that column's token, with one-hot q on it. Greedy: the pad never equals the argmax, so verification
+stops at the first pad and the next token is the argmax of row n_b, the bonus row. Sampling: the pad's
+acceptance probability is min(1, 0/1) = 0, and the residual normalize(max(p - e_pad, 0)) is p itself, so the
+next token is drawn from row n_b's distribution, again the bonus. Every real position is tested exactly as
+without padding (causal attention keeps the pads out of rows 0..n_b). See tests/test_batch.py for the
+check."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from engine.batch_runner import BatchRunner
+from engine.config import GenerationConfig
+from engine.drafters.ngram import lookup_continuation
+from engine.errors import SpecplayError
+from engine.runner import to_device
+from kernels import select_backend
+
+BATCH_METHODS = ("none", "draft", "ngram")
+
+
+# ------------------------------------------------------------------------------------------------ results
+@dataclass
+class SequenceResult:
+    index: int
+    prompt_len: int
+    ids: list = field(default_factory=list)  # generated token ids
+    text: str = ""
+    finish_reason: Optional[str] = None
+    rounds: int = 0  # rounds in which this sequence was still decoding
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return len(self.ids) / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "prompt_tokens": self.prompt_len, "text": self.text,
+                "tokens": len(self.ids), "finish_reason": self.finish_reason, "rounds": self.rounds,
+                "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+                "tokens_per_round": self.tokens_per_round}
+
+
+@dataclass
+class BatchResult:
+    sequences: List[SequenceResult]
+    method: str
+    k: int
+    rounds: int = 0  # target forwards after the prefill (one per round, the whole batch)
+    seconds: float = 0.0  # decoding rounds, wall clock (the prefill apart)
+    prefill_ms: float = 0.0
+    device: str = "CPU"
+    outcomes: dict = field(default_factory=dict)  # (drafted, accepted) -> sequence-rounds that ended so
+
+    @property
+    def per_position_acceptance(self) -> list:
+        """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round. A round that
+        drafted n and accepted a tested depths 0..min(a, n-1) and accepted depths 0..a-1."""
+        tested, accepted = [0] * self.k, [0] * self.k
+        for (drafted, acc), times in self.outcomes.items():
+            for depth in range(min(drafted, acc + 1, self.k)):
+                tested[depth] += times
+                accepted[depth] += times * (depth < acc)
+        return [a / t if t else 0.0 for a, t in zip(accepted, tested, strict=True)]
+
+    @property
+    def batch(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.ids) for s in self.sequences)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens per sequence per round, counting finished sequences' padded rounds as idle (what a static
+        batch pays for); 1 for plain decoding with equal budgets."""
+        return self.tokens / (self.rounds * self.batch) if self.rounds else 0.0
+
+    def summary(self) -> dict:
+        drafted = sum(s.drafted for s in self.sequences)
+        accepted = sum(s.accepted for s in self.sequences)
+        return {"method": self.method, "k": self.k, "batch": self.batch, "rounds": self.rounds,
+                "tokens": self.tokens, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
+                "prefill_ms": self.prefill_ms, "tokens_per_round": self.tokens_per_round,
+                "drafted": drafted, "accepted": accepted,
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "per_position_acceptance": self.per_position_acceptance, "device": self.device}
+
+
+# ------------------------------------------------------------------------------------------------ drafts
+@dataclass
+class BatchDraft:
+    tokens: torch.Tensor  # [B, N] int64 on the device (rows past counts[b] are padding)
+    counts: List[int]  # real drafts per sequence (0 for finished ones)
+    probs: Optional[torch.Tensor] = None  # [B, N, V] float32: what each draft was drawn from; None = one-hot
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+@dataclass
+class _Seq:
+    """A sequence while it decodes: committed tokens (the last one not yet in the target cache)."""
+
+    tokens: list
+    prompt_len: int
+    budget: int
+    result: SequenceResult
+    done: bool = False
+
+
+class _BatchDrafter:
+    """Drafts for every sequence at once; `commit` gets each sequence's accepted count."""
+
+    def start(self, seqs: List[_Seq], max_length: int) -> None:
+        pass
+
+    def propose(self, seqs: List[_Seq], k: int, sampler: "_Sampler") -> BatchDraft:
+        raise NotImplementedError
+
+    def commit(self, seqs: List[_Seq], accepted: List[int]) -> None:
+        pass
+
+
+class _NoDrafts(_BatchDrafter):
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        device = sampler.device
+        return BatchDraft(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
+
+
+class _NgramDrafts(_BatchDrafter):
+    """Prompt lookup on the host, per sequence; proposals are ragged."""
+
+    def __init__(self, max_n: int):
+        self.max_n = max_n
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        proposals = [[] if s.done else lookup_continuation(s.tokens, self.max_n, k) for s in seqs]
+        width = max(len(p) for p in proposals)
+        rows = [p + [0] * (width - len(p)) for p in proposals]
+        tokens = to_device(rows, sampler.device).view(len(seqs), width)
+        return BatchDraft(tokens, [len(p) for p in proposals])
+
+
+class _DraftModelDrafts(_BatchDrafter):
+    """The draft model drafts K tokens for all B sequences at once over its own batched cache (mirrors
+    engine.drafters.draft_model: feed what the cache lacks, 1 or 2 tokens, then K-1 single steps)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.batch: Optional[BatchRunner] = None
+        self.base: List[int] = []
+        self.last_k = 0
+        self.use_graphs = runner.device.type == "cuda"
+
+    def start(self, seqs, max_length) -> None:
+        if self.batch is None or self.batch.batch != len(seqs) or self.batch.max_length < max_length:
+            self.batch = None  # free the old cache first
+            self.batch = BatchRunner(self.runner, len(seqs), max_length)
+        self.batch.use_graphs = self.use_graphs
+        self.batch.reset()
+        _prefill(self.batch, seqs)
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        runner = self.batch
+        live = [not s.done for s in seqs]
+        feeds = [s.tokens[length:] if ok else []
+                 for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
+        self.base, self.last_k = [len(s.tokens) for s in seqs], k
+        width = 2 if runner.use_graphs else 1  # a fixed width keeps the first step to one captured graph
+        logits = _forward_ragged(runner, feeds, sampler.device, width)  # [B, V]: draft token 0's distribution
+        tokens, probs = [], []
+        ones = [1 if ok else 0 for ok in live]
+        for i in range(k):
+            token, q = sampler.draw(logits)  # [B], [B, V] or None
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:
+                logits = runner.forward(token[:, None], ones)[0][:, 0]
+        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
+        counts = [k if ok else 0 for ok in live]
+        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
+
+    def commit(self, seqs, accepted) -> None:
+        # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
+        keep = self.last_k - 1
+        self.batch.lengths = [min(length, base + min(acc, keep)) for length, base, acc
+                              in zip(self.batch.lengths, self.base, accepted, strict=True)]
+
+
+def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> None:
+    """Every prompt but its last token (fed by the first round), right-padded into one block."""
+    prefixes = [s.tokens[:-1] for s in seqs]
+    width = max(len(p) for p in prefixes)
+    if width == 0:
+        return
+    rows = [p + [0] * (width - len(p)) for p in prefixes]
+    runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes],
+                   with_logits=False)
+
+
+def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
+    """Feed each sequence its own tokens (right-padded to at least `width`: a fixed block size keeps to one
+    captured graph); the logits [B, V] after each one's last real token (a sequence fed nothing gets row 0,
+    which nobody reads)."""
+    width = max(width, max(len(f) for f in feeds))
+    rows = [f + [0] * (width - len(f)) for f in feeds]
+    logits = runner.forward(to_device(rows, device).view(len(feeds), width), [len(f) for f in feeds])[0]
+    last = to_device([max(len(f) - 1, 0) for f in feeds], device)  # [B]
+    return logits[torch.arange(len(feeds), device=logits.device), last]  # [B, V]
+
+
+class _Sampler:
+    """The run's randomness and sampling settings (one CPU generator for the whole batch: rows get
+    independent uniforms, and a seed reproduces the run)."""
+
+    def __init__(self, config: GenerationConfig, backend, vocab_size: int, device):
+        self.config, self.backend, self.vocab_size, self.device = config, backend, vocab_size, device
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.sampling.greedy
+
+    def uniforms(self, *shape: int) -> torch.Tensor:
+        return to_device(torch.rand(*shape, generator=self.generator), self.device, torch.float32)
+
+    def draw(self, logits: torch.Tensor):
+        """One draft token per row of logits [B, V']: (tokens [B], q [B, V] or None when greedy)."""
+        logits = logits[:, :self.vocab_size]
+        if self.greedy:
+            return logits.argmax(-1), None
+        s = self.config.sampling
+        q = self.backend.warp_probs(logits, s.temperature, s.top_k, s.top_p)  # [B, V]
+        return self.backend.sample_from_probs(q, self.uniforms(logits.shape[0])), q
+
+
+# ------------------------------------------------------------------------------------------------ padding
+def pad_for_verify(logits: torch.Tensor, draft: BatchDraft, live: Sequence[bool]):
+    """(logits, draft tokens, draft probs) for the verification kernels, with every padded draft position of a
+    live sequence impossible to accept (see the module docstring). Unchanged when no live row is ragged.
+    logits [B, N+1, V] -> [B, N+1, V] or [B, N+1, V+1]; tokens [B, N]; probs [B, N, V(+1)] or None."""
+    n = draft.width
+    if all(c == n for c, ok in zip(draft.counts, live, strict=True) if ok):
+        return logits, draft.tokens, draft.probs
+    bsz, rows, vocab = logits.shape
+    device = logits.device
+    logits = torch.cat([logits, logits.new_full((bsz, rows, 1), float("-inf"))], dim=-1)  # [B, N+1, V+1]
+    padded = (torch.arange(n, device=device)[None, :]
+              >= to_device(draft.counts, device)[:, None])  # [B, N] True at pads
+    tokens = torch.where(padded, torch.full_like(draft.tokens, vocab), draft.tokens)
+    probs = draft.probs
+    if probs is not None:
+        probs = torch.cat([probs, probs.new_zeros(bsz, n, 1)], dim=-1)  # [B, N, V+1]
+        one_hot = torch.zeros_like(probs)
+        one_hot[..., vocab] = 1.0
+        probs = torch.where(padded[..., None], one_hot, probs)
+    return logits.contiguous(), tokens, probs
+
+
+# ------------------------------------------------------------------------------------------------ decoder
+class BatchDecoder:
+    """Decode B prompts as one batch with one of the batched methods (none, draft, ngram)."""
+
+    def __init__(self, pair, backend=None):
+        self.pair = pair
+        self.target = pair.target
+        self.tokenizer = pair.tokenizer
+        self.device = self.target.device
+        self.backend = backend or select_backend(self.device)
+        self.vocab_size = pair.vocab_size
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_ids = set() if eos is None else {int(eos)}
+        self.use_graphs = self.device.type == "cuda"
+        # A simulation for timing studies (it changes the output): each drafted token is accepted with this
+        # probability, independently, whatever the target says; None = real verification.
+        self.simulated_acceptance: Optional[float] = None
+        self._target_batch: Optional[BatchRunner] = None
+        self._drafters: dict = {}
+        if not hasattr(self.target, "layers"):
+            raise SpecplayError("batched decoding needs a Llama-family target (the compact forward)")
+        if self.device.type == "cuda":
+            # as SpeculativeDecoder does: cuDNN's SDPA plans a kernel per new shape (tens of ms each)
+            torch.backends.cuda.enable_cudnn_sdp(False)
+
+    @property
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
+
+    def encode(self, prompt: str) -> list:
+        if not prompt or not prompt.strip():
+            raise SpecplayError("a prompt is empty")
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise SpecplayError("a prompt encodes to no tokens")
+        return ids
+
+    def generate(self, prompts: Sequence, config: GenerationConfig,
+                 budgets: Optional[Sequence[int]] = None,
+                 should_stop: Optional[Callable[[], bool]] = None,
+                 until_first_done: bool = False, texts: bool = True) -> BatchResult:
+        """Decode every prompt (a string, or a list of token ids) of the batch. budgets: max new tokens per
+        sequence (default config.max_new_tokens each). should_stop() is polled once a round.
+
+        until_first_done stops once any sequence has finished: every measured round then runs the full batch
+        (the steady state a server that refills finished slots sees), not the static batch's ragged tail.
+        texts=False leaves SequenceResult.text empty (benchmarks: B x tokens decodes cost seconds)."""
+        config.validate()
+        if not prompts:
+            raise SpecplayError("no prompts to decode")
+        if config.method not in BATCH_METHODS:
+            raise SpecplayError(f"method {config.method!r} is not batched; choose one of: "
+                                f"{', '.join(BATCH_METHODS)}")
+        if config.method == "draft" and not hasattr(self.pair.draft, "layers"):
+            raise SpecplayError("batched method 'draft' needs a Llama-family draft model")
+        seqs = self._sequences(prompts, config, budgets)
+        max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
+        self._check_length(max_length, config)
+        sampler = _Sampler(config, self.backend, self.vocab_size, self.device)
+        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
+        with torch.inference_mode():
+            target, drafter = self._prepare(len(seqs), max_length, config)
+            began = time.perf_counter()
+            _prefill(target, seqs)
+            drafter.start(seqs, max_length)
+            _sync(self.device)
+            result.prefill_ms = 1000.0 * (time.perf_counter() - began)
+            began = time.perf_counter()
+            while not all(s.done for s in seqs):
+                if should_stop is not None and should_stop():
+                    break
+                if until_first_done and any(s.done for s in seqs):
+                    break
+                self._round(target, drafter, seqs, config, sampler, result)
+                result.rounds += 1
+            _sync(self.device)
+            result.seconds = time.perf_counter() - began
+        for s in seqs if texts else ():
+            s.result.text = self.tokenizer.decode(s.result.ids, skip_special_tokens=True,
+                                                  clean_up_tokenization_spaces=False)
+        return result
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _sequences(self, prompts, config, budgets) -> List[_Seq]:
+        budgets = [config.max_new_tokens] * len(prompts) if budgets is None else list(budgets)
+        if len(budgets) != len(prompts) or min(budgets) < 1:
+            raise SpecplayError("budgets: one positive token budget per prompt")
+        seqs = []
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+            ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if not ids:
+                raise SpecplayError(f"prompt {i + 1} has no tokens")
+            seqs.append(_Seq(list(ids), len(ids), int(budget), SequenceResult(i, len(ids))))
+        return seqs
+
+    def _check_length(self, max_length: int, config: GenerationConfig) -> None:
+        limit = self.target.max_length
+        if config.method == "draft":
+            limit = min(limit, self.pair.draft.max_length)
+        if max_length > limit:
+            raise SpecplayError(f"the longest prompt + max-new-tokens + K needs {max_length} tokens; "
+                                f"the model's context is {limit}")
+
+    def _prepare(self, batch: int, max_length: int, config: GenerationConfig):
+        """The target's batched runner (kept while B and the context fit) and a drafter for the method."""
+        t = self._target_batch
+        if t is None or t.batch != batch or t.max_length < max_length:
+            self._target_batch = t = None  # free the old cache before allocating the new one
+            t = self._target_batch = BatchRunner(self.target, batch, max_length)
+        t.use_graphs = self.use_graphs
+        t.reset()
+        if config.method == "none":
+            return t, _NoDrafts()
+        if config.method == "ngram":
+            return t, _NgramDrafts(config.ngram_n)
+        drafter = self._drafters.get("draft")
+        if drafter is None:
+            drafter = self._drafters["draft"] = _DraftModelDrafts(self.pair.draft)
+        drafter.use_graphs = self.use_graphs
+        return t, drafter
+
+    def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler,
+               result: BatchResult) -> None:
+        """Draft -> one target forward over every block -> verify -> ragged accept, roll back, finish."""
+        live = [not s.done for s in seqs]
+        draft = drafter.propose(seqs, config.k, sampler)
+        last = to_device([s.tokens[-1] for s in seqs], self.device)[:, None]  # [B, 1]
+        block = torch.cat([last, draft.tokens], dim=1)  # [B, N+1]
+        starts = list(target.lengths)
+        counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
+        logits = target.forward(block, counts)[0]  # [B, N+1, V]
+        if self.simulated_acceptance is None:
+            verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        else:
+            verdict = self._simulate(logits[..., :self.vocab_size], draft.counts, sampler)
+        values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
+        rows = values.tolist()  # the round's one host sync: [B, 2 + N]
+        accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
+        # each cache keeps the last committed token and the accepted drafts. A finished sequence (this round
+        # or before) keeps nothing: its later padding blocks then stay inside the cache (the accepted rows of
+        # a last round cut short by the budget could reach K rows past it).
+        target.lengths = [start if s.done else start + 1 + acc
+                          for start, acc, s in zip(starts, accepted, seqs, strict=True)]
+        drafter.commit(seqs, accepted)
+
+    def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":
+        """The forced-acceptance verdict: a run of independent successes of probability simulated_acceptance
+        (at most each row's drafts), then the target's argmax at the row after the run. logits [B, N+1, V]."""
+        rate = float(self.simulated_acceptance)
+        width = logits.shape[1] - 1
+        draws = (torch.rand(len(counts), max(width, 1), generator=sampler.generator) < rate).tolist()
+        accepted = []
+        for row, count in zip(draws, counts, strict=True):
+            acc = 0
+            while acc < count and row[acc]:
+                acc += 1
+            accepted.append(acc)
+        acc_dev = to_device(accepted, logits.device)  # [B]
+        rows = torch.arange(len(counts), device=logits.device)
+        return _Simulated(acc_dev, logits[rows, acc_dev].argmax(-1))
+
+    def _settle(self, seqs: List[_Seq], rows: list, counts: list, config, outcomes: dict) -> list:
+        """Each live sequence's accepted count and emitted tokens from the round's readout rows [B][2 + N]
+        (accepted, next token, the drafts). One lean pass: at large B this host loop is on the critical
+        path."""
+        accepted = [0] * len(seqs)
+        for b, (s, row) in enumerate(zip(seqs, rows, strict=True)):
+            if s.done:
+                continue
+            acc, next_token = row[0], row[1]
+            if acc < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+                raise SpecplayError("the target model produced NaN logits (a numerical overflow? "
+                                    "try --dtype float32)")
+            acc = min(acc, counts[b])  # the padding already makes acc <= counts
+            accepted[b] = acc
+            key = (counts[b], acc)
+            outcomes[key] = outcomes.get(key, 0) + 1
+            emitted = row[2:2 + acc]
+            emitted.append(next_token)
+            self._accept(s, emitted, counts[b], acc, config)
+        return accepted
+
+    def _verify(self, logits: torch.Tensor, draft: BatchDraft, live, sampler):
+        logits, tokens, probs = pad_for_verify(logits, draft, live)
+        try:
+            if sampler.greedy:
+                return self.backend.verify_chain_greedy(logits, tokens)
+            s = sampler.config.sampling
+            uniforms = sampler.uniforms(logits.shape[0], logits.shape[1])  # [B, N+1]
+            return self.backend.verify_chain_stochastic(logits, tokens, probs, uniforms, s.temperature,
+                                                        s.top_k, s.top_p)
+        except ValueError as exc:  # the reference raises on NaN logits
+            raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") \
+                from None
+
+    def _accept(self, s: _Seq, emitted: list, drafted: int, accepted: int, config) -> None:
+        res = s.result
+        res.rounds += 1
+        res.drafted += drafted
+        res.accepted += accepted
+        if config.stop_at_eos and self.eos_ids:
+            for i, token in enumerate(emitted):
+                if token in self.eos_ids:
+                    emitted, s.done, res.finish_reason = emitted[:i + 1], True, "eos"
+                    break
+        room = s.budget - len(res.ids)
+        if len(emitted) >= room:
+            emitted, s.done = emitted[:room], True
+            res.finish_reason = res.finish_reason or "length"
+        res.ids.extend(emitted)
+        s.tokens.extend(emitted)
+
+
+@dataclass
+class _Simulated:
+    accepted: torch.Tensor  # [B] int64
+    next_token: torch.Tensor  # [B] int64
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,450 @@
+"""Batched decoding: the batched forward, ragged acceptance, losslessness per sequence, roofline, CLI."""
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from spec_fixtures import make_perturbed_copy
+from tiny_models import make_tiny_llama
+
+from engine import roofline
+from engine.analytic import chi2_sf
+from engine.batch import BATCH_METHODS, BatchDecoder, BatchDraft, pad_for_verify
+from engine.batch_cli import read_prompts_file
+from engine.batch_runner import BatchRunner
+from engine.cli import main
+from engine.config import GenerationConfig, SamplingParams
+from engine.decoder import SpeculativeDecoder
+from engine.lossless import chi_square, exact_two_token_distribution
+from engine.models import load_pair
+from kernels import reference
+
+PROMPTS = ["the cat sat on the mat. the cat sat on the", "a", "def f(x):\n    return x + 1\n\ndef g(x):\n",
+           "hello hello hello world"]
+BUDGETS = [24, 17, 30, 9]
+METHODS = ("none", "draft", "ngram")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch")
+    target = make_tiny_llama(root / "target", vocab=96, hidden=64, layers=2, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def pair(dirs):
+    return load_pair(dirs[0], dirs[1], device="cpu", dtype=torch.float32)
+
+
+def plain_ids(decoder: SpeculativeDecoder, prompt, budget: int) -> list:
+    return decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=budget))
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+def test_batch_runner_matches_the_single_runner_per_sequence(pair):
+    runner = pair.target
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 96, (n,), generator=gen) for n in (6, 11, 1)]
+    batch = BatchRunner(runner, 3, 40)
+    width = max(len(s) for s in seqs)
+    block = torch.zeros(3, width, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        block[b, :len(s)] = s
+    logits, _ = batch.forward(block, [len(s) for s in seqs])  # ragged prefill, right-padded
+    extra = torch.randint(3, 96, (3, 4), generator=gen)
+    counts = [4, 2, 3]
+    logits2, _ = batch.forward(extra, counts)
+    assert batch.lengths == [10, 13, 4]
+    for b, s in enumerate(seqs):
+        runner.reset()
+        ref = runner.forward(s).logits
+        ref2 = runner.forward(extra[b, :counts[b]]).logits
+        torch.testing.assert_close(logits[b, :len(s)], ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits2[b, :counts[b]], ref2, atol=1e-5, rtol=1e-5)
+    runner.reset()
+
+
+def test_rollback_per_sequence(pair):
+    """Rolling one sequence back and feeding other tokens gives what a fresh cache gives; the other
+    sequences' caches are untouched."""
+    runner = pair.target
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, 96, (2, 7), generator=gen)
+    batch = BatchRunner(runner, 2, 32)
+    batch.forward(prefix)
+    before = batch.forward(torch.tensor([[5], [6]]))[0]  # [2, 1, V]
+    batch.rollback(0, 4)  # sequence 0 forgets 4 tokens; sequence 1 keeps its 8
+    batch.rollback(1, 7)  # and sequence 1 forgets its last one
+    assert batch.lengths == [4, 7]
+    after = batch.forward(torch.tensor([[9, 9], [6, 0]]), [2, 1])[0]
+    runner.reset()
+    fresh0 = runner.forward(torch.cat([prefix[0, :4], torch.tensor([9, 9])])).logits[-1]
+    torch.testing.assert_close(after[0, 1], fresh0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after[1, 0], before[1, 0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        batch.rollback(0, 99)
+    runner.reset()
+
+
+# ------------------------------------------------------------------------------------------------ padding
+def _random_case(seed: int, batch=5, n=4, vocab=12):
+    gen = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(batch, n + 1, vocab, generator=gen)
+    tokens = torch.randint(0, vocab, (batch, n), generator=gen)
+    # make real drafts often the argmax so that acceptance runs deep
+    argmax = logits.argmax(-1)[:, :n]
+    tokens = torch.where(torch.rand(batch, n, generator=gen) < 0.7, argmax, tokens)
+    counts = [int(c) for c in torch.randint(0, n + 1, (batch,), generator=gen)]
+    counts[0] = n
+    return logits, tokens, counts, gen
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_padded_greedy_verification_equals_unpadded(seed):
+    logits, tokens, counts, _ = _random_case(seed)
+    draft = BatchDraft(tokens, counts)
+    lp, tp, _ = pad_for_verify(logits, draft, [True] * len(counts))
+    padded = reference.verify_chain_greedy(lp, tp)
+    for b, c in enumerate(counts):
+        alone = reference.verify_chain_greedy(logits[b:b + 1, :c + 1], tokens[b:b + 1, :c])
+        assert int(padded.accepted[b]) == int(alone.accepted[0]) <= c
+        assert int(padded.next_token[b]) == int(alone.next_token[0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_padded_stochastic_verification_equals_unpadded(seed, with_probs):
+    """Same uniforms (the pad's correction uniform is column N, the unpadded run's n_b): same result."""
+    logits, tokens, counts, gen = _random_case(seed)
+    batch, n, vocab = tokens.shape[0], tokens.shape[1], logits.shape[-1]
+    probs = torch.softmax(torch.randn(batch, n, vocab, generator=gen), -1) if with_probs else None
+    uniforms = torch.rand(batch, n + 1, generator=gen)
+    lp, tp, pp = pad_for_verify(logits, BatchDraft(tokens, counts, probs), [True] * batch)
+    padded = reference.verify_chain_stochastic(lp, tp, pp, uniforms, 0.9, 0, 0.95)
+    for b, c in enumerate(counts):
+        u = torch.cat([uniforms[b, :c], uniforms[b, n:]])[None]
+        q = probs[b:b + 1, :c] if with_probs else None
+        alone = reference.verify_chain_stochastic(logits[b:b + 1, :c + 1], tokens[b:b + 1, :c], q, u,
+                                                  0.9, 0, 0.95)
+        assert int(padded.accepted[b]) == int(alone.accepted[0]) <= c
+        assert int(padded.next_token[b]) == int(alone.next_token[0]) < vocab
+
+
+def test_unragged_drafts_are_not_padded():
+    logits = torch.randn(2, 3, 8)
+    draft = BatchDraft(torch.zeros(2, 2, dtype=torch.long), [2, 0])
+    out = pad_for_verify(logits, draft, [True, False])  # the ragged row is finished: nothing to pad
+    assert out[0] is logits
+
+
+# ------------------------------------------------------------------------------------------------ greedy
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_greedy_equals_batch1_plain_per_sequence(pair, method):
+    """Ragged prompt lengths, ragged budgets, one sequence ending on EOS early: each sequence's output is its
+    batch-1 plain greedy output."""
+    single = SpeculativeDecoder(pair)
+    first = plain_ids(single, PROMPTS[0], 30)
+    stop = next(i for i in range(4, 30) if first[i] not in first[:i])
+    eos = first[stop]  # a token sequence 0 emits early, for the first time
+    single.eos_ids = {2, eos}
+    batched = BatchDecoder(pair)
+    batched.eos_ids = {2, eos}
+    config = GenerationConfig(method=method, k=3, max_new_tokens=30)
+    result = batched.generate(PROMPTS, config, budgets=BUDGETS)
+    for prompt, budget, seq in zip(PROMPTS, BUDGETS, result.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, budget), (method, seq.index)
+    assert result.sequences[0].finish_reason == "eos" and len(result.sequences[0].ids) == stop + 1
+    assert len({s.rounds for s in result.sequences}) > 1  # sequences finished at different rounds
+    assert result.rounds == max(s.rounds for s in result.sequences)
+    assert result.tokens == sum(len(s.ids) for s in result.sequences)
+    if method != "none":
+        assert sum(s.accepted for s in result.sequences) > 0
+
+
+def test_batch_of_one_and_repeated_runs(pair):
+    """B = 1 is the same loop; a decoder reused for another batch size gives the same outputs."""
+    single = SpeculativeDecoder(pair)
+    batched = BatchDecoder(pair)
+    config = GenerationConfig(method="draft", k=4, max_new_tokens=16)
+    one = batched.generate(PROMPTS[:1], config)
+    assert one.sequences[0].ids == plain_ids(single, PROMPTS[0], 16)
+    three = batched.generate(PROMPTS[1:], config)
+    for prompt, seq in zip(PROMPTS[1:], three.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, 16)
+    assert 0 < three.tokens_per_round <= 5 and three.summary()["batch"] == 3
+
+
+def test_unbatched_methods_are_refused(pair):
+    with pytest.raises(Exception, match="not batched"):
+        BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="lookahead"))
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+@pytest.fixture
+def padded_rounds(monkeypatch):
+    """Counts the rounds whose drafts were ragged (padded with the impossible column)."""
+    import engine.batch as batch_module
+
+    count = [0]
+    original = batch_module.pad_for_verify
+
+    def counting(logits, draft, live):
+        out = original(logits, draft, live)
+        count[0] += out[0].shape[-1] > logits.shape[-1]
+        return out
+
+    monkeypatch.setattr(batch_module, "pad_for_verify", counting)
+    return count
+
+
+def test_ragged_ngram_rounds_are_padded_and_lossless(pair, padded_rounds):
+    single = SpeculativeDecoder(pair)
+    result = BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="ngram", k=4, max_new_tokens=24))
+    assert padded_rounds[0] > 0
+    for prompt, seq in zip(PROMPTS, result.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, 24)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_chi_square_per_sequence(pair, method, padded_rounds):
+    """The first two sampled tokens of every sequence of a batch follow that sequence's exact target
+    distribution. Each prompt fills COPIES rows (independent uniforms per row), over SEEDS seeds."""
+    copies, seeds = 100, 3
+    prompts = PROMPTS[:3]
+    sampling = SamplingParams(0.8, 4, 0.95)  # top-k keeps the joint small enough for 300 samples per prompt
+    single = SpeculativeDecoder(pair)
+    batched = BatchDecoder(pair)
+    config = GenerationConfig(method=method, k=3, sampling=sampling, max_new_tokens=2, stop_at_eos=False)
+    counts = [dict() for _ in prompts]
+    rows = [p for p in prompts for _ in range(copies)]
+    for seed in range(seeds):
+        result = batched.generate(rows, replace(config, seed=seed))
+        for i, seq in enumerate(result.sequences):
+            key = tuple(seq.ids[:2])
+            counts[i // copies][key] = counts[i // copies].get(key, 0) + 1
+    samples = copies * seeds
+    for prompt, observed in zip(prompts, counts, strict=True):
+        expected = exact_two_token_distribution(single, prompt, sampling)
+        statistic, bins = chi_square(observed, expected, samples)
+        p_value = chi2_sf(statistic, max(bins - 1, 1))
+        assert bins >= 3 and p_value > 1e-3, (method, prompt, statistic, bins)
+    if method == "ngram":
+        assert padded_rounds[0] > 0  # the ragged (padded) verification was sampled through
+
+
+# ------------------------------------------------------------------------------------------------ roofline
+def _hand_made(floor=10.0, per_token=0.05, noise=0.03):
+    gen = torch.Generator().manual_seed(0)
+    points = []
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for tokens in (b, 5 * b):
+            wobble = 1 + noise * float(torch.randn(1, generator=gen))
+            points.append((tokens, max(floor, per_token * tokens) * wobble))
+    return points
+
+
+def test_roofline_fit_finds_the_knee():
+    fit = roofline.fit_roofline(_hand_made())
+    assert fit.floor_ms == pytest.approx(10.0, rel=0.05)
+    assert fit.ms_per_token == pytest.approx(0.05, rel=0.05)
+    assert fit.knee == pytest.approx(200, rel=0.1)
+    rates = fit.rates(weight_bytes=10**9, flops_per_token=2e9)
+    assert rates["bandwidth"] == pytest.approx(1e11, rel=0.05)  # 1 GB per 10 ms
+    assert rates["matmul_flops"] == pytest.approx(4e13, rel=0.05)  # 2 GFLOP per 50 us
+
+
+def test_roofline_memory_bound_only():
+    fit = roofline.fit_roofline([(t, 3.0) for t in (1, 2, 4, 8)])
+    assert fit.ms_per_token == 0 and math.isinf(fit.knee) and fit.step_ms(10**6) == pytest.approx(3.0)
+
+
+def test_roofline_predicts_the_crossover_and_best_k():
+    fit = roofline.Roofline(10.0, 0.05)  # knee at 200 tokens per forward
+    e = roofline.tokens_for_k([0.8, 0.75, 0.7, 0.7], 4)  # E at K = 4
+    small = roofline.predicted_speedup(fit, 1, 4, e)
+    assert small == pytest.approx(e)  # B (K+1) = 5 tokens: verification is free
+    big = roofline.predicted_speedup(fit, 512, 4, e)
+    assert big == pytest.approx(e * (0.05 * 512) / (0.05 * 512 * 5))
+    assert big < 1
+    cross = roofline.predicted_crossover(fit, 4, lambda b: e)
+    assert cross is not None and 40 < cross < 200
+    assert roofline.predicted_speedup(fit, cross, 4, e) < 1
+    assert roofline.predicted_speedup(fit, cross / 1.2, 4, e) >= 1
+    assert roofline.best_k(fit, 1, [0.8, 0.75, 0.7], [1, 2, 4, 8])[0] >= 4
+    assert roofline.best_k(fit, 4096, [0.8, 0.75, 0.7], [1, 2, 4, 8]) == (0, 1.0)
+    draft = roofline.Roofline(1.0, 0.0)
+    assert roofline.predicted_speedup(fit, 1, 4, e, draft) == pytest.approx(e * 10 / 14)
+
+
+def test_measured_crossover_interpolates():
+    assert roofline.crossover([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8]) == pytest.approx(2 ** 2.5)
+    assert roofline.crossover([1, 2], [0.9, 0.5]) == 1.0
+    assert roofline.crossover([1, 2], [1.9, 1.5]) is None
+    assert roofline.crossover([1, 2, 4, 8], [0.8, 1.5, 1.2, 0.8]) == pytest.approx(2 ** 2.5)  # a dip first
+    assert roofline.crossover([1, 2, 4], [1.5, 0.9, 1.1]) is None  # recovered at the end
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_prompts_file_unescapes_and_skips_blank_lines(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text("line one\n\n  \ndef f():\\n    return 1\nback\\\\slash\n", encoding="utf-8")
+    assert read_prompts_file(str(path)) == ["line one", "def f():\n    return 1", "back\\slash"]
+
+
+def test_run_prompts_file(dirs, capsys, tmp_path):
+    target, draft = dirs
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(p.replace("\n", "\\n") for p in PROMPTS) + "\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, "run", "--prompts-file", str(path), "--target", target, "--draft", draft,
+                             "--k", "3", "--max-new-tokens", "12", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == len(PROMPTS) + 1
+    assert [entry["prompt"] for entry in lines[:-1]] == PROMPTS
+    summary = lines[-1]["batch"]
+    assert summary["batch"] == len(PROMPTS) and summary["method"] == "draft"
+    assert summary["tokens"] == sum(entry["tokens"] for entry in lines[:-1])
+    code, out, err = run_cli(capsys, "run", "--prompts-file", str(path), "--target", target,
+                             "--method", "ngram", "--max-new-tokens", "8")
+    assert code == 0, err
+    assert out.count("=== prompt") == len(PROMPTS) and "tokens/s" in err
+
+
+def test_bench_batch_json(dirs, capsys):
+    target, draft = dirs
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                             "--batches", "1,2", "--k", "2", "--ks", "1,2", "--batch-new-tokens", "6",
+                             "--prompt", PROMPTS[0], "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["batch"] for r in report["rows"]] == [1, 2]
+    for key in ("plain_tokens_per_s", "spec_tokens_per_s", "speedup", "predicted_speedup", "step_ms",
+                "verify_step_ms", "draft_step_ms", "best_k", "tokens_per_round"):
+        assert key in report["rows"][0]
+    for key in ("fit", "measured_crossover", "predicted_crossover", "measured_matmul_flops",
+                "measured_bandwidth", "fit_bandwidth"):
+        assert key in report
+
+
+def test_bench_batch_table(dirs, capsys):
+    target, _ = dirs
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--method", "ngram",
+                             "--batches", "2", "--k", "2", "--ks", "2", "--batch-new-tokens", "4",
+                             "--prompt", PROMPTS[3], "--sweep-k")
+    assert code == 0, err
+    assert "crossover" in out and "roofline fit" in out and "measured K sweep" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["bench", "batch", "--batches", "1,x"], "--batches"),
+    (["bench", "batch", "--batches", "0,2"], "--batches"),
+    (["bench", "batch", "--batches", ""], "--batches"),
+    (["bench", "batch", "--method", "none", "--batches", "1"], "--method"),
+    (["bench", "batch", "--batch-new-tokens", "0"], "--batch-new-tokens"),
+    (["run"], "--prompt"),
+    (["run", "--prompts-file", "/nonexistent/prompts.txt"], "prompts-file"),
+    (["run", "--prompts-file", "EMPTY"], "no prompts"),
+    (["run", "--prompts-file", "EMPTY", "--method", "medusa"], "--prompts-file"),
+])
+def test_bad_batch_inputs_one_line_exit_2(dirs, capsys, tmp_path, argv, needle):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    argv = [str(empty) if a == "EMPTY" else a for a in argv]
+    code, _out, err = run_cli(capsys, *argv, "--target", dirs[0], "--draft", dirs[1])
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_plot_script_writes_an_svg(tmp_path):
+    import importlib.util
+    import xml.dom.minidom
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_batch.py"
+    spec = importlib.util.spec_from_file_location("plot_batch", script)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    rows = [{"batch": b, "speedup": s, "predicted_speedup": p}
+            for b, s, p in ((1, 2.5, 2.7), (8, 2.0, 2.2), (64, 0.9, 1.0), (256, 0.4, 0.45))]
+    report = {"rows": rows, "method": "draft", "k": 4, "device": "GPU", "fit": {"knee_tokens": 300.0},
+              "measured_crossover": 50.0, "predicted_crossover": 64.0}
+    src, out = tmp_path / "b.json", tmp_path / "b.svg"
+    src.write_text(json.dumps(report), encoding="utf-8")
+    assert plot.main([str(src), str(out)]) == 0
+    svg = out.read_text(encoding="utf-8")
+    xml.dom.minidom.parseString(svg)
+    assert "measured crossover" in svg and "predicted crossover" in svg
+
+
+def test_per_position_acceptance_from_outcomes():
+    from engine.batch import BatchResult
+
+    result = BatchResult([], "draft", 3, outcomes={(3, 0): 2, (3, 3): 1, (3, 1): 1, (1, 1): 1})
+    # depth 0: tested 5, accepted 3; depth 1: tested 2 ((3,3), (3,1)), accepted 1; depth 2: 1 of 1
+    assert result.per_position_acceptance == pytest.approx([3 / 5, 1 / 2, 1.0])
+
+
+def test_cli_glue_stays_light():
+    """engine.cli imports the glue at start-up: it must not pull in torch (every CLI call would pay)."""
+    import subprocess
+    import sys
+
+    code = "import sys, engine.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert out.stdout.strip() == "False"
+    from engine import batch_cli
+
+    assert batch_cli.BATCH_METHODS == BATCH_METHODS
+
+
+def test_simulated_acceptance(pair):
+    """--acceptance forces the acceptance rate (a timing study): rate 1 accepts every draft, rate 0 none."""
+    batched = BatchDecoder(pair)
+    config = GenerationConfig(method="draft", k=3, max_new_tokens=12, stop_at_eos=False)
+    for rate, per_round in ((1.0, 4.0), (0.0, 1.0)):
+        batched.simulated_acceptance = rate
+        result = batched.generate(PROMPTS[:2], config, until_first_done=True)
+        assert result.tokens_per_round == pytest.approx(per_round)
+
+
+def test_bench_batch_simulated_acceptance_is_labelled(dirs, capsys):
+    target, draft = dirs
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                             "--batches", "1", "--k", "2", "--ks", "2", "--batch-new-tokens", "6",
+                             "--prompt", PROMPTS[0], "--acceptance", "0.8")
+    assert code == 0, err
+    assert "SIMULATED acceptance 0.8" in out
+    code, _out, err = run_cli(capsys, "bench", "batch", "--target", target, "--draft", draft,
+                              "--acceptance", "1.5")
+    assert code == 2 and "--acceptance" in err
+
+
+def test_a_sequence_finishing_first_leaves_room_for_the_others(pair):
+    """The longest prompt finishes first on a last round cut short by its budget, with K = 8 drafts all
+    accepted: its padding blocks in the later rounds must still fit the batched cache."""
+    batched = BatchDecoder(pair)
+    batched.simulated_acceptance = 1.0
+    config = GenerationConfig(method="draft", k=8, max_new_tokens=30, stop_at_eos=False)
+    result = batched.generate(["the cat sat on the mat. " * 3, "q"], config, budgets=[19, 30])
+    assert [len(s.ids) for s in result.sequences] == [19, 30]
+    assert result.sequences[0].rounds < result.sequences[1].rounds
+
+
+def test_roofline_fit_with_an_intercept():
+    """A step that grows before it is compute-bound (launches, a CPU): the tail line gets an intercept."""
+    points = [(t, max(2.0, 1.0 + 0.1 * t)) for t in (1, 2, 5, 10, 20, 40, 80, 160)]
+    fit = roofline.fit_roofline(points)
+    assert fit.floor_ms == pytest.approx(2.0)
+    assert fit.ms_per_token == pytest.approx(0.1) and fit.intercept_ms == pytest.approx(1.0)
+    assert fit.knee == pytest.approx(10.0)
+    assert fit.as_dict()["intercept_ms"] == pytest.approx(1.0)
