@@ -35,10 +35,11 @@ def set_threads(pair) -> int:
 def preload_engine() -> None:
     """Import the engine (torch, transformers) on the calling thread. Called before the window opens: a first
     import of torch inside a worker thread, racing the GUI thread for the GIL, can crawl for a minute."""
-    import engine.decoder  # noqa: F401
-    import engine.models  # noqa: F401
     # transformers resolves its modules lazily on first attribute access: do it here, not in the loader thread
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import engine.decoder  # noqa: F401
+    import engine.models  # noqa: F401
 
 
 def models_label(target: Optional[str], draft: Optional[str]) -> str:

@@ -7,8 +7,16 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QPixmap
-from PySide6.QtWidgets import (QFrame, QGraphicsItem, QGridLayout, QLabel, QSizePolicy, QStackedLayout,
-                               QTabWidget, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QGraphicsItem,
+    QGridLayout,
+    QLabel,
+    QSizePolicy,
+    QStackedLayout,
+    QTabWidget,
+    QWidget,
+)
 
 from app.plot_data import PlotBuffers, robust_top, summary_html
 from app.style import LIGHT, TokenColors

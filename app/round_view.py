@@ -12,8 +12,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from PySide6.QtCore import QEvent, QPoint, Signal
-from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPainter, QPen, QTextCharFormat, QTextCursor,
-                           QTextFormat)
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QPainter,
+    QPen,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+)
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from app.style import LIGHT, TokenColors

@@ -10,8 +10,20 @@ from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
-from app.round_view import (ACCEPTED, BONUS, CORRECTION, REJECTED, TARGET, UNTESTED, TokenInfo, describe,
-                            drafted_info, is_greedy_test, next_info, visible_whitespace)
+from app.round_view import (
+    ACCEPTED,
+    BONUS,
+    CORRECTION,
+    REJECTED,
+    TARGET,
+    UNTESTED,
+    TokenInfo,
+    describe,
+    drafted_info,
+    is_greedy_test,
+    next_info,
+    visible_whitespace,
+)
 from app.style import LIGHT, TokenColors
 
 ROOT = "root"

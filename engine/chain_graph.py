@@ -1,12 +1,12 @@
 """Greedy draft chains captured as one CUDA graph each: the draft model's K steps, EAGLE's K head steps.
 
-Drafting K tokens eagerly costs K step replays plus, per step, the argmax, the next input's embedding (EAGLE: the
-fusion of feature and token) and a handful of copies, each a launch and some Python: on the shipped pair that is
-most of a round. A chain graph queues all of it with one replay. Only greedy drafting is captured (its argmax has
-no host input); sampled drafting draws uniforms and runs the sampling kernels eagerly.
+Drafting K tokens eagerly costs K step replays plus, per step, the argmax, the next input's embedding (EAGLE:
+the fusion of feature and token) and a handful of copies, each a launch and some Python: on the shipped pair
+that is most of a round. A chain graph queues all of it with one replay. Only greedy drafting is captured (its
+argmax has no host input); sampled drafting draws uniforms and runs the sampling kernels eagerly.
 
-A chain graph is specific to (K, the attention width kv); it writes K-1 cache rows after `start`, which it reads
-from a device buffer, so one graph serves every cache length up to kv - K.
+A chain graph is specific to (K, the attention width kv); it writes K-1 cache rows after `start`, which it
+reads from a device buffer, so one graph serves every cache length up to kv - K.
 """
 from __future__ import annotations
 
@@ -168,9 +168,10 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
 def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
                 uniforms: Optional[torch.Tensor] = None):
     """An EAGLE chain of k tokens from the predicted feature [1, H] after the root: token i is drawn from the
-    target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's runner
-    shares the target's final norm and LM head, so its step's logits are the next token's logits (no second
-    LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k], q [k, V] or None) or None."""
+    target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's
+    runner shares the target's final norm and LM head, so its step's logits are the next token's logits (no
+    second LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k], q [k, V] or None) or
+    None."""
     runner = head.runner
     start_row = runner.length
     kv = runner._kv_width(start_row + k)
@@ -204,8 +205,9 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optio
 
 
 def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
-    """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's tokens)
-    as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it eagerly)."""
+    """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's
+    tokens) as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it
+    eagerly)."""
     if not ChainGraphs.available(target, 2):
         return None
 

@@ -251,8 +251,8 @@ class SpeculativeDecoder:
         vocab = self.target.vocab_size
         beyond = sorted({i for i in ids if i >= vocab})
         if beyond:  # a tokenizer may add tokens past the model's rows (Qwen2's <|endoftext|>, say)
-            raise SpecplayError(f"the prompt has token id {beyond[0]}, past the target's {vocab} embedding rows "
-                                f"(a special token the model cannot read?)")
+            raise SpecplayError(f"the prompt has token id {beyond[0]}, past the target's {vocab} "
+                                f"embedding rows (a special token the model cannot read?)")
         return ids
 
     def _check_length(self, prompt_len: int, config: GenerationConfig) -> None:
@@ -261,8 +261,8 @@ class SpeculativeDecoder:
         if self.pair.draft is not None and methods.get(config.method).needs_draft_model:
             limit = min(limit, self.pair.draft.max_length)
         if needed > limit:
-            raise SpecplayError(f"prompt ({prompt_len} tokens) + max-new-tokens ({config.max_new_tokens}) + K "
-                                f"exceeds the model's context of {limit} tokens")
+            raise SpecplayError(f"prompt ({prompt_len} tokens) + max-new-tokens ({config.max_new_tokens}) "
+                                f"+ K exceeds the model's context of {limit} tokens")
 
     def _prefill(self, state: DecodeState, drafter: Drafter) -> None:
         """Fill the target's cache with the prompt but its last token (fed first by the first round)."""
@@ -275,10 +275,11 @@ class SpeculativeDecoder:
         drafter.start(state, DraftStart(prompt=list(state.tokens), prefill_features=features))
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
-        """Rounds. On the GPU they are pipelined by one: as soon as a round's outcome is known and the caches are
-        rolled back, the next round is queued on the device, and only then is the finished round's event built
-        and yielded, so that the host's event work (and the consumer's) overlaps the GPU's next round. The events
-        are the same. On the CPU work is synchronous, nothing would overlap, and rounds run one after another."""
+        """Rounds. On the GPU they are pipelined by one: as soon as a round's outcome is known and the caches
+        are rolled back, the next round is queued on the device, and only then is the finished round's event
+        built and yielded, so that the host's event work (and the consumer's) overlaps the GPU's next round.
+        The events are the same. On the CPU work is synchronous, nothing would overlap, and rounds run one
+        after another."""
         metrics = MetricsAccumulator(config.drafts)
         generated: list = []
         text = IncrementalText(self.tokenizer)
@@ -289,8 +290,8 @@ class SpeculativeDecoder:
 
         if stopped():
             return
-        # plain decoding keeps two rounds in flight: its next input is the last round's next token, still on the
-        # device, and it never rolls a cache back, so a round can be queued before the last one is read
+        # plain decoding keeps two rounds in flight: its next input is the last round's next token, still on
+        # the device, and it never rolls a cache back, so a round can be queued before the last one is read
         ahead = self.pipelined and isinstance(drafter, NoDrafter)
         inflight = deque([self._launch_round(state, drafter, config)])
         last_end = None
@@ -338,20 +339,23 @@ class SpeculativeDecoder:
         needs = drafter.needs
         drafter.commit(state, RoundCommit(
             accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
-            draft_tokens=round_.draft_tokens, block_features=launched.features if needs.block_features else None,
+            draft_tokens=round_.draft_tokens,
+            block_features=launched.features if needs.block_features else None,
             block_logits=launched.logits if needs.block_logits else None))
 
     def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
         draft = launched.draft
         details = self._details(draft, round_, launched.uniforms, outcome)
-        draft_ms, verify_ms, overhead_ms = launched.clock.phases_ms()  # the readout's copy waited for the events
+        # the readout's copy waited for the events
+        draft_ms, verify_ms, overhead_ms = launched.clock.phases_ms()
         round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
                                           1 + max((t.depth for t in details["drafted"]), default=-1),
                                           draft_ms, verify_ms, overhead_ms)
         return RoundEvent(
             round=index, method=config.method, k=config.k, drafted=details["drafted"],
             accepted_count=outcome.accepted, next_token_id=outcome.next_token,
-            next_token_text=self._token_text(outcome.next_token), next_is_bonus=outcome.accepted == draft.size,
+            next_token_text=self._token_text(outcome.next_token),
+            next_is_bonus=outcome.accepted == draft.size,
             next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
             emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
             overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
@@ -380,7 +384,8 @@ class SpeculativeDecoder:
         probs = draft.probs[None] if draft.probs is not None else None  # [1, N, V] or one-hot
         warp = (sampling.temperature, sampling.top_k, sampling.top_p)
         if draft.is_tree:
-            result = backend.verify_tree_stochastic(logits[None], tokens, draft.parents, probs, device_uniforms, *warp)
+            result = backend.verify_tree_stochastic(logits[None], tokens, draft.parents, probs,
+                                                    device_uniforms, *warp)
         else:
             result = backend.verify_chain_stochastic(logits[None], tokens, probs, device_uniforms, *warp)
         return logits, out.hidden, result, uniforms
@@ -400,7 +405,8 @@ class SpeculativeDecoder:
                              finish_reason=finish)
 
     def _roll_back(self, draft: Draft, outcome: _RoundOutcome, start: int) -> None:
-        """Keep the last committed token and the accepted path in the target cache; the next token stays out."""
+        """Keep the last committed token and the accepted path in the target cache; the next token stays
+        out."""
         if draft.is_tree:
             keep = to_device([0] + [i + 1 for i in outcome.path], self.device)
             self.target.compact(start, keep)
@@ -408,10 +414,10 @@ class SpeculativeDecoder:
             self.target.rollback(start + 1 + outcome.accepted)
 
     def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":
-        """Everything the host needs from the round, in one copy: the verdict (accepted count, next token, path),
-        the draft's tokens, and the per-token figures of the event (p, q, min(1, p/q), tested, p of the next
-        token, the target's top alternatives per row). Computed on the device first, so the GPU never waits for
-        the host between the verdict and the details."""
+        """Everything the host needs from the round, in one copy: the verdict (accepted count, next token,
+        path), the draft's tokens, and the per-token figures of the event (p, q, min(1, p/q), tested, p of the
+        next token, the target's top alternatives per row). Computed on the device first, so the GPU never
+        waits for the host between the verdict and the details."""
         n = draft.size
         soft = torch.softmax(logits.float() if config.sampling.greedy else
                              logits.float() / config.sampling.temperature, dim=-1)  # [N+1, V]
@@ -422,9 +428,10 @@ class SpeculativeDecoder:
             last = result.path[0].gather(0, (accepted - 1).clamp(0, n - 1))
             next_row = torch.where(accepted > 0, last + 1, next_row)
         next_p = soft[next_row, next_token.clamp(0, soft.shape[-1] - 1)]  # [1]
-        values = torch.cat([accepted.float(), next_token.float(), result.path[0].float(), draft.tokens.float(),
-                            result.p_draft[0], result.q_draft[0], result.accept_prob[0], result.tested[0].float(),
-                            next_p, top_p.flatten(), top_i.flatten().float()]).tolist()
+        values = torch.cat([accepted.float(), next_token.float(), result.path[0].float(),
+                            draft.tokens.float(), result.p_draft[0], result.q_draft[0], result.accept_prob[0],
+                            result.tested[0].float(), next_p, top_p.flatten(),
+                            top_i.flatten().float()]).tolist()
         return _RoundReadout.unpack(values, n, top_p.shape[-1])
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
@@ -453,7 +460,8 @@ class SpeculativeDecoder:
     def _token_text(self, token: int) -> str:
         text = self._token_texts.get(token)
         if text is None:
-            text = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = self.tokenizer.decode([token], skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False)
             self._token_texts[token] = text
         return text
 

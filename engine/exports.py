@@ -359,7 +359,8 @@ def export_runs(path, fmt: str, runs) -> int:
 
 
 def export_events(path, fmt: str, events, finish: Optional[str] = None) -> int:
-    """Write (generation, RoundEvent) pairs or bare RoundEvents without run headers; returns the rows written."""
+    """Write (generation, RoundEvent) pairs or bare RoundEvents without run headers; returns the rows
+    written."""
     with StreamingExport(path, FORMATS[fmt]()) as export:
         for item in events:
             generation, event = item if isinstance(item, tuple) else (0, item)

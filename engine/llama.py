@@ -29,8 +29,14 @@ import torch.nn.functional as F
 
 from engine import validate
 from engine.errors import SpecplayError
-from engine.runner import (CausalRunner, ForwardOutput, fill_unknown, to_device, tree_ancestor_mask,
-                           tree_depths)
+from engine.runner import (
+    CausalRunner,
+    ForwardOutput,
+    fill_unknown,
+    to_device,
+    tree_ancestor_mask,
+    tree_depths,
+)
 from kernels.step import StepKernels
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
@@ -404,7 +410,8 @@ class LlamaRunner(CausalRunner):
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
         self._trees: Dict[tuple, tuple] = {}  # parents -> the same for a tree block
         self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
-        self.fused_kernels = StepKernels.load(self.device)  # CUDA: fused rope/cache and SiLU kernels, else None
+        # CUDA: fused rope/cache and SiLU kernels, else None
+        self.fused_kernels = StepKernels.load(self.device)
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
         self._graph_pool = None
 

@@ -68,13 +68,17 @@ def target_next_logits(decoder: SpeculativeDecoder, ids: list) -> torch.Tensor:
 
 
 def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampling: SamplingParams,
-                                 min_prob: float = 1e-6, should_stop: Optional[Callable[[], bool]] = None) -> dict:
+                                 min_prob: float = 1e-6,
+                                 should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob
     (empty when should_stop() turned true before the end)."""
     from kernels.reference import warp_probs
 
     ids = decoder.tokenizer.encode(prompt)
-    warp = lambda logits: warp_probs(logits[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+
+    def warp(logits):
+        return warp_probs(logits[None], sampling.temperature, sampling.top_k, sampling.top_p)[0]
+
     p1 = warp(target_next_logits(decoder, ids))
     joint = {}
     for x1 in torch.nonzero(p1 > min_prob).flatten().tolist():
@@ -108,24 +112,28 @@ def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationC
     dof = max(bins - 1, 1)
     p_value = chi2_sf(statistic, dof)
     return ChiSquareReport(p_value >= significance, samples, bins, statistic, dof, p_value, significance,
-                           {f"{a},{b}": n for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]})
+                           {f"{a},{b}": n
+                            for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])[:10]})
 
 
 def greedy_summary(report: GreedyReport, describe_token: Callable[[int], str] = str) -> str:
-    """One line for people: PASS with the tokens compared, or where and how plain and speculative output differ."""
+    """One line for people: PASS with the tokens compared, or where and how plain and speculative output
+    differ."""
     if report.passed:
         return f"greedy: PASS ({report.tokens_compared} generated tokens identical to plain greedy decoding)"
     if report.plain_token is None:
         return (f"greedy: FAIL the outputs have different lengths after {report.first_divergence} identical "
                 "tokens")
     return (f"greedy: FAIL first divergence at generated position {report.first_divergence}: plain "
-            f"{describe_token(report.plain_token)} vs speculative {describe_token(report.speculative_token)}; "
+            f"{describe_token(report.plain_token)} vs speculative "
+            f"{describe_token(report.speculative_token)}; "
             f"target top-2 logit gap there {report.top2_logit_gap:.4g}")
 
 
 def sampling_summary(report: ChiSquareReport, sampling: SamplingParams) -> str:
     verdict = "PASS" if report.passed else "FAIL"
-    return (f"sampling (T={sampling.temperature}, top-k={sampling.top_k}, top-p={sampling.top_p}, first two tokens, "
+    return (f"sampling (T={sampling.temperature}, top-k={sampling.top_k}, top-p={sampling.top_p}, "
+            f"first two tokens, "
             f"{report.samples} seeds): {verdict} chi2={report.statistic:.2f} dof={report.dof} "
             f"p={report.p_value:.4f} (fail below {report.alpha})")
 

@@ -1,7 +1,8 @@
-"""The one registry of decoding methods: name, label, chain or tree, what each needs, how its drafter is built.
+"""The one registry of decoding methods: name, label, chain or tree, needs, how its drafter is built.
 
 CLI choices, GUI menus, availability reasons and the session's labels all come from here. A method with a tree
-size is spelled `NAME:NODES` everywhere (`eagle:8`, `medusa:16`); the bare name means the method's default shape.
+size is spelled `NAME:NODES` everywhere (`eagle:8`, `medusa:16`); the bare name means the method's default
+shape.
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ METHODS = {m.name: m for m in (
     Method("layerskip", "Layer skip (self-speculation)", "chain", needs_llama_target=True, build=_layerskip),
 )}
 NAMES = tuple(METHODS)
-# What the GUI's Method menu offers, in order: plain methods, and EAGLE's dynamic tree at the default K's 2K nodes.
+# What the GUI's Method menu offers, in order: plain methods, and EAGLE's dynamic tree at the default K's
+# 2K nodes.
 MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead", "suffix", "layerskip")
 
 
@@ -135,7 +137,9 @@ class MethodSpec:
 
 
 def parse_spec(spec: str) -> MethodSpec:
-    """'eagle:8' -> MethodSpec('eagle', 8); 'draft' -> MethodSpec('draft', 0). Bad spellings raise SpecplayError."""
+    """'eagle:8' -> MethodSpec('eagle', 8); 'draft' -> MethodSpec('draft', 0).
+
+    Bad spellings raise SpecplayError."""
     name, colon, nodes = str(spec).strip().partition(":")
     method = get(name)
     if not colon:
@@ -176,7 +180,8 @@ def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: boo
     folder = Path(str(target_dir)) if target_dir is not None else None
     for filename in method.files:
         if folder is None or not (folder / filename).exists():
-            return f"the target has no {method.label} {'heads' if method.name == 'medusa' else 'head'} ({filename})"
+            noun = "heads" if method.name == "medusa" else "head"
+            return f"the target has no {method.label} {noun} ({filename})"
     return None
 
 

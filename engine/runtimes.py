@@ -1,9 +1,10 @@
-"""`bench runtimes`: specplay's methods and HF transformers' `generate` side by side, in one process, on the same
-prompts and pair, end to end (what a user waits for), with the time to first token apart and the target's
+"""`bench runtimes`: specplay's methods and HF transformers' `generate` side by side, in one process, on the
+same prompts and pair, end to end (what a user waits for), with the time to first token apart and the target's
 weight-read floor measured on this machine beside them.
 
-Every runtime gets one warm-up generation on a prompt that is not measured (kernels compiled, graphs captured),
-so the measured prompts' lengths are new to it: their time to first token includes what a new length costs.
+Every runtime gets one warm-up generation on a prompt that is not measured (kernels compiled, graphs
+captured), so the measured prompts' lengths are new to it: their time to first token includes what a new
+length costs.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ class RuntimeRow:
         out = {k: v for k, v in asdict(self).items() if k != "first_token_ms"}
         out.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, ttft_ms=self.ttft_ms,
                    tokens_per_forward=self.tokens_per_forward,
-                   pct_of_floor=100.0 * floor_ms / self.ms_per_token if floor_ms and self.ms_per_token else 0.0)
+                   pct_of_floor=(100.0 * floor_ms / self.ms_per_token
+                                 if floor_ms and self.ms_per_token else 0.0))
         return out
 
 
@@ -108,7 +110,8 @@ def time_specplay(decoder, prompts: list, config: GenerationConfig, label: str) 
 
 
 class _FirstTokenClock:
-    """A transformers streamer that notes when the first generated token arrives (the first put is the prompt)."""
+    """A transformers streamer that notes when the first generated token arrives (the first put is the
+    prompt)."""
 
     def __init__(self, device):
         self.device = device
@@ -147,8 +150,9 @@ def hf_generator(model, device, max_new_tokens: int, **options) -> Callable:
     def generate(ids: list, streamer) -> int:
         inputs = torch.tensor([ids], dtype=torch.long, device=device)
         with torch.inference_mode():
-            out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                                 do_sample=False, streamer=streamer, pad_token_id=0, **options)
+            out = model.generate(inputs, attention_mask=torch.ones_like(inputs),
+                                 max_new_tokens=max_new_tokens, do_sample=False, streamer=streamer,
+                                 pad_token_id=0, **options)
         return int(out.shape[1] - inputs.shape[1])
 
     return generate
@@ -185,8 +189,9 @@ class RuntimesReport:
     max_new_tokens: int
 
     def as_dict(self) -> dict:
-        return {"device": self.device, "bandwidth_tb_s": self.bandwidth / 1e12, "weight_bytes": self.weight_bytes,
-                "floor_ms_per_token": self.floor_ms, "prompts": self.prompts, "max_new_tokens": self.max_new_tokens,
+        return {"device": self.device, "bandwidth_tb_s": self.bandwidth / 1e12,
+                "weight_bytes": self.weight_bytes, "floor_ms_per_token": self.floor_ms,
+                "prompts": self.prompts, "max_new_tokens": self.max_new_tokens,
                 "rows": [r.as_dict(self.floor_ms) for r in self.rows]}
 
 
@@ -211,8 +216,8 @@ def bench_runtimes(decoder, prompts: list, config: GenerationConfig, specs: list
             rows.append(_report(row, progress))
     bandwidth = measure_read_bandwidth(decoder.device)
     weight_bytes = weight_bytes_per_step(decoder.target) if hasattr(decoder.target, "layers") else 0
-    return RuntimesReport(rows, decoder.device_name, bandwidth, weight_bytes, floor_ms(weight_bytes, bandwidth),
-                          len(prompts), config.max_new_tokens)
+    return RuntimesReport(rows, decoder.device_name, bandwidth, weight_bytes,
+                          floor_ms(weight_bytes, bandwidth), len(prompts), config.max_new_tokens)
 
 
 def _report(row: RuntimeRow, progress) -> RuntimeRow:

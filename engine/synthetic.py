@@ -2,8 +2,8 @@
 
 The target is a transformers `LlamaForCausalLM` made directly on the device with random weights; the draft is
 its first few layers with the same embeddings, final norm and LM head (no extra memory). Scaling the later
-layers' output projections (o_proj, down_proj) by `damping` makes the target stay close to its first layers, so
-the draft agrees with it often enough to give speculation something to accept (0.02 gave ~3.2 tokens per
+layers' output projections (o_proj, down_proj) by `damping` makes the target stay close to its first layers,
+so the draft agrees with it often enough to give speculation something to accept (0.02 gave ~3.2 tokens per
 forward at K = 4 on the 7B shape). Nothing is written to disk. The text these pairs produce means nothing.
 """
 from __future__ import annotations
@@ -44,8 +44,8 @@ class SyntheticPair:
 
 
 class SyntheticTokenizer:
-    """Encodes prompts with a real tokenizer (ids below its size) and decodes any id of the synthetic vocabulary;
-    no EOS, so every generation runs to its token budget."""
+    """Encodes prompts with a real tokenizer (ids below its size) and decodes any id of the synthetic
+    vocabulary; no EOS, so every generation runs to its token budget."""
 
     eos_token_id = None
 
@@ -59,7 +59,8 @@ class SyntheticTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list:
         return [i for i in self.base.encode(text, add_special_tokens=False) if i < self.vocab_size]
 
-    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+    def decode(self, ids, skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool = False) -> str:
         known = len(self.base)
         return "".join(self.base.decode([i], skip_special_tokens=skip_special_tokens) if i < known else "·"
                        for i in ids)
@@ -99,13 +100,13 @@ def build_synthetic_pair(shape: str, device, dtype: torch.dtype, max_length: int
     _share_first_layers(draft, target, draft_layers)
     spec_t = LlamaSpec.from_dict(target.config.to_dict())
     spec_d = LlamaSpec.from_dict(draft.config.to_dict())
-    runner_t = LlamaRunner(spec_t, dict(target.state_dict()), device=device, dtype=dtype, max_length=max_length,
-                           path=f"synthetic:{shape}")
-    runner_d = LlamaRunner(spec_d, dict(draft.state_dict()), device=device, dtype=dtype, max_length=max_length,
-                           path=f"synthetic:{shape}:draft")
+    runner_t = LlamaRunner(spec_t, dict(target.state_dict()), device=device, dtype=dtype,
+                           max_length=max_length, path=f"synthetic:{shape}")
+    runner_d = LlamaRunner(spec_d, dict(draft.state_dict()), device=device, dtype=dtype,
+                           max_length=max_length, path=f"synthetic:{shape}:draft")
     tokenizer = SyntheticTokenizer(load_tokenizer(shipped_pair()[0]), config.vocab_size)
-    pair = ModelPair(runner_t, runner_d, tokenizer, f"synthetic:{shape}", f"synthetic:{shape}:{draft_layers}L",
-                     config.vocab_size)
+    pair = ModelPair(runner_t, runner_d, tokenizer, f"synthetic:{shape}",
+                     f"synthetic:{shape}:{draft_layers}L", config.vocab_size)
     return SyntheticPair(pair, target, draft, shape)
 
 
@@ -134,8 +135,8 @@ def _share_first_layers(draft, target, layers: int) -> None:
 
 
 def weight_bytes_per_step(runner) -> int:
-    """Bytes of weights one decode step reads: every layer's matrices and norms, the final norm and the LM head
-    (the embedding is read one row per token and is left out unless it is the tied head)."""
+    """Bytes of weights one decode step reads: every layer's matrices and norms, the final norm and the LM
+    head (the embedding is read one row per token and is left out unless it is the tied head)."""
     total = sum(t.numel() * t.element_size() for layer in runner.layers for t in vars(layer).values()
                 if t is not None)
     total += runner.norm_weight.numel() * runner.norm_weight.element_size()

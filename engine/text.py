@@ -1,8 +1,9 @@
 """Incremental detokenization: the text of a growing token list, decoding a short window per round.
 
 Decoding the whole output every round made a long generation quadratic (4,000 tokens of the shipped tokenizer
-take ~2 ms to decode, four times a whole round on the GPU). A window that starts one emitted chunk back keeps the
-context that tokenizers need at a boundary (a leading-space marker, a multi-byte character split over tokens).
+take ~2 ms to decode, four times a whole round on the GPU). A window that starts one emitted chunk back keeps
+the context that tokenizers need at a boundary (a leading-space marker, a multi-byte character split over
+tokens).
 """
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ class Stopwatch:
 class RoundClock:
     """Marks phase ends; on CUDA each mark also records an event on the current stream.
 
-    A phase lasts from the previous mark until the GPU has run what the phase queued (the event's time), or until
-    the host queued it when the GPU was idle sooner. Read `phases_ms` after a host sync that follows the last mark,
-    when every event has completed. On CPU, work is synchronous and the marks are host times."""
+    A phase lasts from the previous mark until the GPU has run what the phase queued (the event's time), or
+    until the host queued it when the GPU was idle sooner. Read `phases_ms` after a host sync that follows the
+    last mark, when every event has completed. On CPU, work is synchronous and the marks are host times."""
 
     def __init__(self, device: torch.device):
         self.cuda = torch.device(device).type == "cuda"
@@ -46,9 +46,10 @@ class RoundClock:
         self.marks.append(self._event() if self.cuda else time.perf_counter())
 
     def stop(self, since: Optional[float] = None) -> float:
-        """The round's host work is over (what the host does next belongs to the next round); returns the time.
+        """The round's host work is over (what the host does next is the next round's); returns the time.
         since: the previous round's end, when this round was queued before it ended (rounds in flight
-        together): this round's host time then starts there, so that rounds never count the same time twice."""
+        together): this round's host time then starts there, so that rounds never count the same time
+        twice."""
         self.end = time.perf_counter()
         if since is not None and since > self.start:
             self.start = since

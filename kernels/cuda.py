@@ -35,8 +35,19 @@ import numpy as np
 import torch
 
 from kernels.backend import ModuleBackend
-from kernels.launch_spec import (BLOCK, MAX_N, MAX_V, NULL, SOURCE, SPECS, WARP_ARGS, row_stats_bytes,
-                                 wide_chunks, wide_sync_words, wide_workspace_bytes)
+from kernels.launch_spec import (
+    BLOCK,
+    MAX_N,
+    MAX_V,
+    NULL,
+    SOURCE,
+    SPECS,
+    WARP_ARGS,
+    row_stats_bytes,
+    wide_chunks,
+    wide_sync_words,
+    wide_workspace_bytes,
+)
 from kernels.reference import VerifyResult
 
 try:

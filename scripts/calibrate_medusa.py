@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/calibrate_medusa.py [--model assets/models/target] [--device cpu]
 
-The drafter builds its tree from these path accuracies (engine/drafters/medusa.py). New training runs save them
-(the medusa stage); this script adds them to heads trained before that, measured the way the stage does: on the
-`full` preset's validation windows (64 x 1024 tokens of this interpreter's standard-library files that the
-models never trained on).
+The drafter builds its tree from these path accuracies (engine/drafters/medusa.py). New training runs save
+them (the medusa stage); this script adds them to heads trained before that, measured the way the stage does:
+on the `full` preset's validation windows (64 x 1024 tokens of this interpreter's standard-library files that
+the models never trained on).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Time one live-plot redraw (data update + paint) with and without a busy Python thread beside it.
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/plot_paint_bench.py [--busy-thread] [--switch-interval S]
+    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/plot_paint_bench.py \\
+        [--busy-thread] [--switch-interval S]
 
 A busy pure-Python thread stands in for a decoder thread that holds the GIL; `--switch-interval` sets
 sys.setswitchinterval as the app does (app/main_window.py, GIL_SWITCH_INTERVAL_S). Prints the median and worst

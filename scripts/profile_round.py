@@ -42,8 +42,10 @@ def main() -> int:
     profile.disable()
     rounds = len(events)
     total_ms = sum(e.round_ms for e in events)
-    print(f"{args.method}: {rounds} rounds, {events[-1].metrics.emitted} tokens, {total_ms / rounds:.3f} ms/round "
-          f"(draft {sum(e.draft_ms for e in events) / rounds:.3f}, verify {sum(e.verify_ms for e in events) / rounds:.3f},"
+    print(f"{args.method}: {rounds} rounds, {events[-1].metrics.emitted} tokens, "
+          f"{total_ms / rounds:.3f} ms/round "
+          f"(draft {sum(e.draft_ms for e in events) / rounds:.3f}, "
+          f"verify {sum(e.verify_ms for e in events) / rounds:.3f},"
           f" rest {sum(e.overhead_ms for e in events) / rounds:.3f})")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
     return 0

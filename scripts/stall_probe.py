@@ -9,7 +9,6 @@ figures there are pessimistic for a desktop with a GPU compositor.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -23,7 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 class GapMonitor:
-    """Records the time between QTimer ticks; a watchdog thread samples the GUI thread's stack in long gaps."""
+    """Records the time between QTimer ticks; a watchdog thread samples the GUI thread's stack in long
+    gaps."""
 
     def __init__(self, dump_ms: float):
         from PySide6.QtCore import QTimer

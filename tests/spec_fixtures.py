@@ -1,4 +1,5 @@
-"""Shared test helpers for decoder / lossless tests: a draft that agrees with the target often but not always."""
+"""Shared test helpers for decoder / lossless tests: a draft that agrees with the target often but not
+always."""
 from __future__ import annotations
 
 import shutil

@@ -17,8 +17,18 @@ from PySide6.QtGui import QTextCursor
 from app import backend, gc_guard
 from app.jobs import JobSlot
 from app.main_window import GIL_SWITCH_INTERVAL_S, MainWindow
-from app.round_view import (ACCEPTED, BONUS, CORRECTION, PROMPT, REJECTED, TARGET, UNTESTED, TokenInfo,
-                            display_text, round_tokens)
+from app.round_view import (
+    ACCEPTED,
+    BONUS,
+    CORRECTION,
+    PROMPT,
+    REJECTED,
+    TARGET,
+    UNTESTED,
+    TokenInfo,
+    display_text,
+    round_tokens,
+)
 from app.settings import AppSettings
 from app.workers import Worker
 from engine.errors import SpecplayError

@@ -7,10 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tiny_models import make_tiny_llama, make_tiny_pair
 
 from engine.cli import main
 from engine.metrics import csv_header
-from tiny_models import make_tiny_llama, make_tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "the cat sat on the mat. the cat"

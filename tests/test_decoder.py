@@ -1,13 +1,13 @@
 """The round loop on tiny random models: greedy equality, cache rollback, events and metrics."""
 import pytest
 import torch
+from spec_fixtures import make_perturbed_copy
+from tiny_models import make_tiny_llama, make_tiny_pair
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.drafters.ngram import lookup_continuation
 from engine.models import load_pair, load_runner
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_llama, make_tiny_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -58,11 +58,12 @@ def test_plain_greedy_matches_transformers_generate(decoder, tmp_path):
 
 
 def test_self_draft_accepts_everything(self_draft_decoder):
-    events = list(self_draft_decoder.generate(PROMPT, GenerationConfig(method="draft", k=4, max_new_tokens=40)))
+    config = GenerationConfig(method="draft", k=4, max_new_tokens=40)
+    events = list(self_draft_decoder.generate(PROMPT, config))
     assert all(e.accepted_count == 4 and e.next_is_bonus for e in events[:-1])
     assert events[-1].metrics.acceptance_rate == pytest.approx(1.0)
     assert events[-2].metrics.tokens_per_forward == pytest.approx(5.0)
-    assert self_draft_decoder.generate_ids(PROMPT, GenerationConfig(method="draft", k=4, max_new_tokens=40)) == \
+    assert self_draft_decoder.generate_ids(PROMPT, config) == \
         plain_greedy(self_draft_decoder, PROMPT, 40)
 
 
@@ -74,7 +75,8 @@ def _fresh_next_logits(path, ids):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_caches_after_rejection_equal_fresh_prefill(close_decoder, temperature):
     decoder = close_decoder
-    config = GenerationConfig(method="draft", k=4, sampling=SamplingParams(temperature), max_new_tokens=60, seed=3)
+    config = GenerationConfig(method="draft", k=4, sampling=SamplingParams(temperature), max_new_tokens=60,
+                              seed=3)
     prompt_ids = decoder.tokenizer.encode(PROMPT, add_special_tokens=False)
     generated = []
     gen = decoder.generate(PROMPT, config)
@@ -91,14 +93,16 @@ def test_caches_after_rejection_equal_fresh_prefill(close_decoder, temperature):
         cached = decoder.target.forward(torch.tensor(tokens[-1:])).logits[-1]
         draft_runner = decoder.pair.draft
         draft_cached = draft_runner.forward(torch.tensor(tokens[draft_runner.length:])).logits[-1]
-    torch.testing.assert_close(cached, _fresh_next_logits(decoder.pair.target_name, tokens), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cached, _fresh_next_logits(decoder.pair.target_name, tokens), atol=1e-4,
+                               rtol=1e-4)
     torch.testing.assert_close(draft_cached, _fresh_next_logits(decoder.pair.draft_name, tokens), atol=1e-4,
                                rtol=1e-4)
     gen.close()
 
 
 def test_events_are_consistent(decoder):
-    config = GenerationConfig(method="draft", k=4, sampling=SamplingParams(0.8, 0, 0.9), max_new_tokens=30, seed=1)
+    config = GenerationConfig(method="draft", k=4, sampling=SamplingParams(0.8, 0, 0.9), max_new_tokens=30,
+                              seed=1)
     events = list(decoder.generate(PROMPT, config))
     total = sum(len(e.emitted_ids) for e in events)
     assert total == 30 and events[-1].finished and events[-1].finish_reason == "length"
@@ -126,11 +130,13 @@ def test_events_are_consistent(decoder):
 
 
 def test_seed_makes_sampling_reproducible(decoder):
-    config = GenerationConfig(method="draft", k=3, sampling=SamplingParams(1.0, 20, 0.95), max_new_tokens=25, seed=7)
+    config = GenerationConfig(method="draft", k=3, sampling=SamplingParams(1.0, 20, 0.95), max_new_tokens=25,
+                              seed=7)
     first = decoder.generate_ids(PROMPT, config)
     assert decoder.generate_ids(PROMPT, config) == first
     others = {tuple(decoder.generate_ids(PROMPT, GenerationConfig(
-        method="draft", k=3, sampling=SamplingParams(1.0, 20, 0.95), max_new_tokens=25, seed=s))) for s in range(5)}
+        method="draft", k=3, sampling=SamplingParams(1.0, 20, 0.95), max_new_tokens=25, seed=s)))
+        for s in range(5)}
     assert len(others) > 1
 
 
@@ -150,7 +156,8 @@ def test_stop_at_eos(tmp_path, monkeypatch):
         return ForwardOutput(logits, out.hidden)
 
     monkeypatch.setattr(pair.target, "forward", eos_loving_forward)
-    events = list(SpeculativeDecoder(pair).generate(PROMPT, GenerationConfig(method="ngram", max_new_tokens=20)))
+    events = list(SpeculativeDecoder(pair).generate(PROMPT,
+                                                    GenerationConfig(method="ngram", max_new_tokens=20)))
     assert events[-1].finish_reason == "eos" and events[-1].emitted_ids[-1] == eos
     assert sum(len(e.emitted_ids) for e in events) == 1
 
@@ -162,7 +169,8 @@ def test_stop_callback_ends_within_one_round(decoder):
         calls["n"] += 1
         return calls["n"] > 2
 
-    events = list(decoder.generate(PROMPT, GenerationConfig(method="draft", k=2, max_new_tokens=50), should_stop))
+    events = list(decoder.generate(PROMPT, GenerationConfig(method="draft", k=2, max_new_tokens=50),
+                                   should_stop))
     assert len(events) == 2
 
 
@@ -193,7 +201,8 @@ def test_per_position_acceptance_and_histogram(close_decoder):
     # alpha_0 = rounds whose first draft was accepted / rounds
     assert m.per_position_acceptance[0] == pytest.approx(sum(e.accepted_count > 0 for e in events) / m.rounds)
     reached_1 = [e for e in events if e.accepted_count >= 1]
-    assert m.per_position_acceptance[1] == pytest.approx(sum(e.accepted_count > 1 for e in reached_1) / len(reached_1))
+    assert m.per_position_acceptance[1] == pytest.approx(
+        sum(e.accepted_count > 1 for e in reached_1) / len(reached_1))
     assert m.draft_ms == pytest.approx(sum(e.draft_ms for e in events))
 
 
@@ -218,7 +227,8 @@ def test_pipelined_rounds_give_the_same_events(close_decoder, method, temperatur
     """The GPU's one-round pipelining (the next round queued before an event is built) changes no event:
     forced on here, on the CPU, it must reproduce the synchronous loop's tokens, verdicts and uniforms."""
     decoder = close_decoder
-    config = GenerationConfig(method=method, k=4, sampling=SamplingParams(temperature), max_new_tokens=40, seed=5)
+    config = GenerationConfig(method=method, k=4, sampling=SamplingParams(temperature), max_new_tokens=40,
+                              seed=5)
 
     def run(pipelined):
         decoder.pipelined = pipelined

@@ -7,13 +7,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
+from spec_fixtures import make_perturbed_copy  # noqa: E402
+from test_tree_methods import add_random_eagle_head, add_random_medusa_heads  # noqa: E402
+from tiny_models import make_tiny_llama  # noqa: E402
+
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
 from engine.decoder import SpeculativeDecoder  # noqa: E402
 from engine.lossless import check_sampling  # noqa: E402
 from engine.models import load_pair  # noqa: E402
-from spec_fixtures import make_perturbed_copy  # noqa: E402
-from test_tree_methods import add_random_eagle_head, add_random_medusa_heads  # noqa: E402
-from tiny_models import make_tiny_llama  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("lookahead", 0)]
@@ -41,7 +42,8 @@ def test_engine_uses_the_cuda_kernels(decoder):
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
-    spec = decoder.generate_ids(PROMPT, GenerationConfig(method=method, k=k, tree_nodes=nodes, max_new_tokens=48))
+    spec = decoder.generate_ids(PROMPT, GenerationConfig(method=method, k=k, tree_nodes=nodes,
+                                                         max_new_tokens=48))
     assert spec == plain
 
 
@@ -53,8 +55,8 @@ def small_vocab_decoder(tmp_path_factory):
 @pytest.mark.parametrize("method,nodes", METHODS)
 @pytest.mark.parametrize("temperature", [0.8])
 def test_sampling_is_lossless_on_cuda(small_vocab_decoder, method, nodes, temperature):
-    config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(temperature, 0, 0.9),
-                              seed=1000)
+    config = GenerationConfig(method=method, k=3, tree_nodes=nodes,
+                              sampling=SamplingParams(temperature, 0, 0.9), seed=1000)
     report = check_sampling(small_vocab_decoder, "a tea at the tea at", config, samples=1000)
     assert report.bins >= 8 and report.passed, report
 
@@ -94,8 +96,8 @@ def test_chains_replay_as_one_graph(decoder, method, k, temperature):
     once (engine/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
     from engine.chain_graph import ChainGraphs
 
-    config = GenerationConfig(method=method, k=k, max_new_tokens=40, sampling=SamplingParams(temperature, 0, 0.9),
-                              seed=7)
+    config = GenerationConfig(method=method, k=k, max_new_tokens=40,
+                              sampling=SamplingParams(temperature, 0, 0.9), seed=7)
     decoder.set_cuda_graphs(False)
     try:
         eager = decoder.generate_ids(PROMPT, config)

@@ -94,8 +94,8 @@ def test_a_full_disk_mid_export_is_one_clear_error_and_drops_the_temp_file(tmp_p
     target = tmp_path / "m.csv"
     target.write_text("earlier run\n")
     with pytest.raises(SpecplayError, match="No space left on device"):
-        with StreamingExport(target, ExportFormat(begin=lambda h: h.write("header\n"), header=lambda h, r: None,
-                                                  row=row)) as export:
+        with StreamingExport(target, ExportFormat(begin=lambda h: h.write("header\n"),
+                                                  header=lambda h, r: None, row=row)) as export:
             for event in events:
                 export.add(event)
     assert target.read_text() == "earlier run\n" and leftovers(tmp_path) == []

@@ -39,7 +39,7 @@ def test_parse_params_normalises_restrict_and_pointer_spacing():
                     ls.Arg("tp", "u64"))
     assert "".join(a.format for a in args) == "QiQQ"
     with pytest.raises(ValueError):
-        ls.Arg("x", "double").format
+        _ = ls.Arg("x", "double").format
 
 
 @pytest.mark.parametrize("name", sorted(ls.SPECS))

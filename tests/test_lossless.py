@@ -1,13 +1,13 @@
 """Speculative sampling reproduces the target's distribution (chi-squared, fixed seeds)."""
 
 import pytest
+from spec_fixtures import make_perturbed_copy
+from tiny_models import make_tiny_llama
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.lossless import check_greedy, check_sampling, chi_square
 from engine.models import load_pair
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_llama
 
 VOCAB = 24  # small, so that the exact two-token distribution is cheap and well covered by samples
 PROMPT = "a tea at the tea at"
@@ -43,8 +43,8 @@ def test_the_chi_square_check_catches_a_lossy_verifier(decoder, monkeypatch):
     from kernels import reference
 
     def accept_all(logits, tokens, probs, uniforms, temperature, top_k=0, top_p=1.0):
-        return reference.verify_chain_stochastic(logits, tokens, probs, uniforms * 0.0 - 1.0, temperature, top_k,
-                                                 top_p)
+        return reference.verify_chain_stochastic(logits, tokens, probs, uniforms * 0.0 - 1.0, temperature,
+                                                 top_k, top_p)
 
     lossy = SpeculativeDecoder(decoder.pair)
     monkeypatch.setattr(lossy, "backend", replace_backend(lossy.backend, verify_chain_stochastic=accept_all))

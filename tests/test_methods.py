@@ -4,6 +4,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from test_tree_methods import add_random_eagle_head, add_random_medusa_heads
+from tiny_models import make_tiny_pair
 
 from engine import methods
 from engine.config import GenerationConfig
@@ -11,8 +13,6 @@ from engine.decoder import SpeculativeDecoder
 from engine.drafters.base import DrafterNeeds
 from engine.errors import SpecplayError
 from engine.models import load_pair
-from test_tree_methods import add_random_eagle_head, add_random_medusa_heads
-from tiny_models import make_tiny_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,8 +76,8 @@ def test_unavailable_reasons_come_from_the_registry(tmp_path):
     assert "medusa_heads.safetensors" in reasons["medusa"] and "eagle_head.safetensors" in reasons["eagle"]
 
 
-@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead", "suffix",
-                                  "layerskip"])
+@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead",
+                                  "suffix", "layerskip"])
 def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
     """The decoder hands a drafter the prefill features, block features and logits only when it asks."""
     config = GenerationConfig(k=3, max_new_tokens=12).with_spec(spec)
@@ -125,5 +125,6 @@ def test_no_string_keyed_state_dict_in_engine():
     """The typed contract replaced DecodeState.extras: no module under engine/ reads or writes `.extras`."""
     for path in (ROOT / "engine").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        uses = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "extras"]
+        uses = [node.lineno for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr == "extras"]
         assert not uses, f"{path.relative_to(ROOT)} uses .extras at lines {uses}"

@@ -6,17 +6,26 @@ import math
 from dataclasses import asdict, replace
 
 import pytest
+from spec_fixtures import make_perturbed_copy
+from tiny_models import make_tiny_pair
 
 from engine import bench
 from engine.cli import summarize
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.events import RoundMetrics
-from engine.metrics import (RunTotals, csv_header, final_metrics, histogram_bars, round_acceptance,
-                            round_depth, round_tokens, round_tpot_ms, write_csv)
+from engine.metrics import (
+    RunTotals,
+    csv_header,
+    final_metrics,
+    histogram_bars,
+    round_acceptance,
+    round_depth,
+    round_tokens,
+    round_tpot_ms,
+    write_csv,
+)
 from engine.models import load_pair
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a b a b a b a"]
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95)

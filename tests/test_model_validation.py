@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny_gpt2, make_tiny_llama
 
 from engine import models, validate
 from engine.errors import SpecplayError
 from engine.hf_runner import HFRunner
 from engine.llama import LlamaRunner, LlamaSpec
-from tiny_models import make_tiny_gpt2, make_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -360,7 +360,7 @@ def test_captured_chatter_collects_logs_warnings_and_prints(capfd):
 
     with models.captured_chatter() as lines:
         logging.getLogger("transformers.modeling_utils").warning("a load report")
-        warnings.warn("a deprecation")
+        warnings.warn("a deprecation", stacklevel=1)
         print("a progress bar", file=sys.stderr)
     assert lines == ["a load report", "a deprecation", "a progress bar"]
     assert capfd.readouterr() == ("", "")

@@ -21,16 +21,19 @@ def test_synthetic_pair_shares_the_targets_first_layers(synthetic):
     assert len(draft.model.layers) == 2 and len(target.model.layers) == SHAPES["tiny"]["num_hidden_layers"]
     assert draft.model.layers[1] is target.model.layers[1] and draft.lm_head is target.lm_head
     shape = SHAPES["tiny"]
-    h, i, layers, v = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    layers, v = shape["num_hidden_layers"], shape["vocab_size"]
     kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
-    per_layer = (h * h + 2 * h * kv + h * h + 3 * h * i + 2 * h) * 4  # q, k, v, o, gate/up/down, two norms (fp32)
+    # q, k, v, o, gate/up/down, two norms (fp32)
+    per_layer = (h * h + 2 * h * kv + h * h + 3 * h * i + 2 * h) * 4
     assert weight_bytes_per_step(synthetic.pair.target) == layers * per_layer + (h + v * h) * 4
 
 
 def test_synthetic_greedy_output_equals_transformers(synthetic):
     decoder = SpeculativeDecoder(synthetic.pair)
     ids = synthetic.pair.tokenizer.encode(PROMPTS[0])
-    out = synthetic.hf_target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    out = synthetic.hf_target.generate(torch.tensor([ids]),
+                                       attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                        max_new_tokens=24, do_sample=False, pad_token_id=0)
     for spec in ("none", "draft"):
         config = GenerationConfig(k=4, max_new_tokens=24).with_spec(spec)

@@ -96,8 +96,8 @@ def test_shipped_pair_passes_check_lossless(capsys):
     """`check-lossless` on the shipped pair: greedy token equality and the chi-squared test of sampling."""
     from engine.cli import main
 
-    code = main(["check-lossless", "--method", "draft", "--k", "4", "--max-new-tokens", "48", "--samples", "400",
-                 "--device", "cpu"])
+    code = main(["check-lossless", "--method", "draft", "--k", "4", "--max-new-tokens", "48",
+                 "--samples", "400", "--device", "cpu"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy: PASS" in out and out.strip().splitlines()[-1].startswith("sampling") and "PASS" in out

@@ -1,4 +1,5 @@
-"""The fused step kernels' boundary on the CPU: specs match the .cu, and the twins are the eager step's math."""
+"""The fused step kernels' boundary on the CPU: specs match the .cu, and the twins are the eager step's
+math."""
 import pytest
 import torch
 

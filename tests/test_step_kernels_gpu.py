@@ -66,15 +66,17 @@ def test_silu_mul_fuzz(kernels):
         dtype = DTYPES[case % 3]
         n, inter = rng.randint(1, 65), rng.choice([16, 96, 1000, 5632])
         g = torch.Generator(device="cuda").manual_seed(case)
-        gate_up = (torch.randn(n, 2 * inter, generator=g, device="cuda") * rng.choice([0.5, 3.0, 20.0])).to(dtype)
+        scale = rng.choice([0.5, 3.0, 20.0])
+        gate_up = (torch.randn(n, 2 * inter, generator=g, device="cuda") * scale).to(dtype)
         out, ref = kernels.silu_mul(gate_up), silu_mul_reference(gate_up)
         assert _ulps_apart(out, ref) <= 1.0, f"case {case}: {dtype}, n={n}, I={inter}"
 
 
 def test_graphs_and_eager_steps_agree_with_fused_kernels(tmp_path):
     """The runner uses the fused kernels on CUDA; its fp32 forward stays within rounding of the torch path."""
-    from engine.models import load_runner
     from tiny_models import make_tiny_llama
+
+    from engine.models import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     fused = load_runner(str(path), "cuda", torch.float32)

@@ -88,9 +88,11 @@ def test_medusa_heads_load_and_predict(tiny_run):
     d = tiny_run / "export" / "target"
     cfg = json.loads((d / "medusa_config.json").read_text())
     assert cfg["num_heads"] == 4 and cfg["offsets"] == [2, 3, 4, 5]
-    chances = {tuple(path): chance for path, chance in cfg["path_accuracy"]}  # the drafter's tree comes from it
+    # the drafter's tree comes from it
+    chances = {tuple(path): chance for path, chance in cfg["path_accuracy"]}
     assert 0 < len(chances) <= heads.PATHS_KEPT and all(0.0 < c <= 1.0 for c in chances.values())
-    assert all(len(p) == 1 or chances[p[:-1]] >= c for p, c in chances.items())  # parents kept, never less right
+    # parents kept, never less right
+    assert all(len(p) == 1 or chances[p[:-1]] >= c for p, c in chances.items())
     assert all(len(p) <= 4 and max(p) < heads.RANKS for p in chances)
     from engine.drafters.medusa import MedusaHeads
 

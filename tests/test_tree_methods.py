@@ -1,19 +1,18 @@
 """Medusa, EAGLE and lookahead: tree drafts verified in one forward, lossless (greedy and chi-squared)."""
+import itertools
 import json
 
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny_models import make_tiny_llama
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
-import itertools
-
 from engine.drafters.medusa import assumed_chances, default_choices, medusa_tree
 from engine.drafters.tree import build_trie
 from engine.lossless import check_sampling
 from engine.models import load_pair
-from tiny_models import make_tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -76,15 +75,16 @@ def test_medusa_default_choices_are_prefix_closed():
 def random_path_chances(generator, heads=2, ranks=3):
     """Chances of paths that are right all the way (a child never more likely than its parent)."""
     chances = {}
-    for path in itertools.chain.from_iterable(itertools.product(range(ranks), repeat=d) for d in range(1, heads + 1)):
+    depths = range(1, heads + 1)
+    for path in itertools.chain.from_iterable(itertools.product(range(ranks), repeat=d) for d in depths):
         parent = chances.get(path[:-1], 1.0)
         chances[path] = parent * float(torch.rand(1, generator=generator)) * 0.6
     return tuple(chances.items())
 
 
 def test_medusa_tree_maximises_the_expected_accepted_drafts():
-    """The expected number of accepted drafts is the sum of the tree's path chances (siblings differ, so at most one
-    is right): check the chosen tree against every prefix-closed tree of 4 nodes (brute force)."""
+    """The expected number of accepted drafts is the sum of the tree's path chances (siblings differ, so at
+    most one is right): check the chosen tree against every prefix-closed tree of 4 nodes (brute force)."""
     generator = torch.Generator().manual_seed(7)
     for _ in range(10):
         chances = random_path_chances(generator)
@@ -96,7 +96,8 @@ def test_medusa_tree_maximises_the_expected_accepted_drafts():
 
 
 def test_measured_path_chances_change_the_medusa_tree():
-    """Measured heads whose first guesses are often right together grow a deep tree; assumed ones a bushy one."""
+    """Measured heads whose first guesses are often right together grow a deep tree; assumed ones a bushy
+    one."""
     deep = (((0,), 0.3), ((1,), 0.08), ((0, 0), 0.2), ((0, 0, 0), 0.15), ((0, 0, 0, 0), 0.1), ((2,), 0.05))
     assert default_choices(4, deep) == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
     assert default_choices(4, assumed_chances(4)) == ((0,), (0, 0), (1,), (0, 0, 0))
@@ -104,15 +105,16 @@ def test_measured_path_chances_change_the_medusa_tree():
 
 @pytest.mark.parametrize("nodes, depth", [(8, 4), (16, 4), (3, 2), (1, 1), (64, 4)])
 def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
-    """Medusa's tree is built once per choice set and its tokens gathered on the device; it must be exactly the
-    trie of the candidate paths for any ranking of the heads."""
+    """Medusa's tree is built once per choice set and its tokens gathered on the device; it must be exactly
+    the trie of the candidate paths for any ranking of the heads."""
     tree = medusa_tree(nodes, assumed_chances(depth))
     choices = default_choices(nodes, assumed_chances(depth))
     generator = torch.Generator().manual_seed(nodes * 10 + depth)
     for _ in range(20):
         # each head's top ranks are distinct tokens; different heads may share tokens
         ranked = torch.stack([torch.randperm(12, generator=generator)[:tree.width] for _ in range(depth)])
-        tokens, parents = build_trie([[int(ranked[d, r]) for d, r in enumerate(choice)] for choice in choices])
+        tokens, parents = build_trie([[int(ranked[d, r]) for d, r in enumerate(choice)]
+                                      for choice in choices])
         assert ranked.flatten()[list(tree.flat_index)].tolist() == tokens
         assert list(tree.parents) == parents
 

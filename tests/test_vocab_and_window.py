@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from spec_fixtures import make_perturbed_copy
+from tiny_models import load_hf_reference, make_tiny_llama
 
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.lossless import check_sampling, exact_two_token_distribution
 from engine.models import load_pair, load_tokenizer
-from spec_fixtures import make_perturbed_copy
-from tiny_models import load_hf_reference, make_tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 NEW_TOKENS = 40

@@ -19,7 +19,8 @@ class Draft:
     # [N] int64 on the host, topological order, -1 = last committed token; None = chain. On the host because
     # the tree's shape drives host-side work (masks, the event); reading it from the GPU would stall a round.
     parents: Optional[torch.Tensor] = None
-    probs: Optional[torch.Tensor] = None  # [N, V] float32: the distribution node i was drawn from; None = one-hot
+    # [N, V] float32: the distribution node i was drawn from; None = one-hot
+    probs: Optional[torch.Tensor] = None
 
     @property
     def size(self) -> int:
@@ -44,7 +45,8 @@ class DecodeState:
 
     def uniforms(self, n: int) -> torch.Tensor:
         """n uniforms in [0, 1) from the run's generator, on the decoding device."""
-        return to_device(torch.rand(n, generator=self.generator, dtype=torch.float32), self.device, torch.float32)
+        uniforms = torch.rand(n, generator=self.generator, dtype=torch.float32)
+        return to_device(uniforms, self.device, torch.float32)
 
 
 def draw_token(state: DecodeState, logits: torch.Tensor, uniform: torch.Tensor):
@@ -64,7 +66,8 @@ class DrafterNeeds:
     """What a drafter reads from the target besides the tokens; the decoder hands over only these."""
 
     prefill_features: bool = False  # the target's features over the prompt (EAGLE starts from them)
-    block_features: bool = False  # the verified block's features (EAGLE feeds them, Medusa reads the last one)
+    # the verified block's features (EAGLE feeds them, Medusa reads the last one)
+    block_features: bool = False
     block_logits: bool = False  # the verified block's logits (lookahead's Jacobi update)
 
 
@@ -73,7 +76,8 @@ class DraftStart:
     """What a drafter gets when a generation begins."""
 
     prompt: list  # prompt token ids (== state.tokens at the start)
-    prefill_features: Optional[torch.Tensor] = None  # [P-1, H] target features of positions 0..P-2 (if needed)
+    # [P-1, H] target features of positions 0..P-2 (if needed)
+    prefill_features: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ class RoundCommit:
 
     @property
     def last_feature(self) -> Optional[torch.Tensor]:
-        """[H] the feature of the last accepted row: the one that gave the round's correction or bonus token."""
+        """[H] the feature of the last accepted row: the one that gave the round's correction or bonus
+        token."""
         return None if self.block_features is None else self.block_features[self.accepted_rows[-1]]
 
 
@@ -98,14 +103,14 @@ class Drafter(ABC):
     name: str = ""
     needs: ClassVar[DrafterNeeds] = DrafterNeeds()
 
-    def start(self, state: DecodeState, start: DraftStart) -> None:
+    def start(self, state: DecodeState, start: DraftStart) -> None:  # noqa: B027 optional hook
         """A new generation begins (state.tokens is the prompt): reset and prefill any caches."""
 
     @abstractmethod
     def propose(self, state: DecodeState, k: int) -> Draft:
         """Draft up to k tokens (a chain) or a tree after state.tokens."""
 
-    def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+    def commit(self, state: DecodeState, commit: RoundCommit) -> None:  # noqa: B027 optional hook
         """The last draft's accepted path was kept and state.tokens extended."""
 
 

@@ -40,7 +40,8 @@ class DraftModelDrafter(Drafter):
         """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
         tokens, probs = [], []
         for i in range(k):
-            token, q = draw_token(state, fit_vocab(logits, state.vocab_size), uniforms[i:i + 1])  # [1], [1, V]
+            # [1], [1, V]
+            token, q = draw_token(state, fit_vocab(logits, state.vocab_size), uniforms[i:i + 1])
             tokens.append(token)
             probs.append(q)
             if i < k - 1:

@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.chain_graph import CapturedChain, ChainGraphs, chain_sampling, eagle_chain, graph_pool
-from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
+from engine.drafters.base import (
+    DecodeState,
+    Draft,
+    Drafter,
+    DrafterNeeds,
+    DraftStart,
+    RoundCommit,
+    draw_token,
+)
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.runner import to_device
@@ -53,8 +61,10 @@ class EagleHead:
             "num_attention_heads", "num_key_value_heads", "intermediate_size", "rope_theta", "rms_norm_eps",
             "head_dim")})
         config.update(num_hidden_layers=1, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
-        weights = {f"model.layers.0.{k[len('layer.'):]}": v for k, v in tensors.items() if k.startswith("layer.")}
-        weights.update({"model.embed_tokens.weight": target.embed_weight, "model.norm.weight": target.norm_weight,
+        weights = {f"model.layers.0.{k[len('layer.'):]}": v
+                   for k, v in tensors.items() if k.startswith("layer.")}
+        weights.update({"model.embed_tokens.weight": target.embed_weight,
+                        "model.norm.weight": target.norm_weight,
                         "lm_head.weight": target.lm_head})
         runner = LlamaRunner(LlamaSpec.from_dict(config), weights, device=target.device, dtype=target.dtype,
                              max_length=target.max_length, path=model_dir / HEAD_FILE)
@@ -62,7 +72,8 @@ class EagleHead:
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """[n, H] features and [n] next tokens -> [n, H] head inputs."""
-        pair = torch.cat([features.to(self.fc.dtype), self.target.embed(next_tokens).to(self.fc.dtype)], dim=-1)
+        pair = torch.cat([features.to(self.fc.dtype), self.target.embed(next_tokens).to(self.fc.dtype)],
+                         dim=-1)
         return F.linear(pair, self.fc)
 
     def step(self, features, next_tokens, parents=None) -> torch.Tensor:
@@ -117,19 +128,21 @@ class EagleDrafter(Drafter):
         tokens, probs = [], []
         logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
-            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])  # [1], [1, V] or None
+            # [1], [1, V] or None
+            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])
             tokens.append(token)
             probs.append(q)
-            if i < k - 1:  # the head's runner shares the target's norm and LM head: its logits are the next ones
+            # the head's runner shares the target's norm and LM head: its logits are the next ones
+            if i < k - 1:
                 out = self.head.runner.forward_embeds(self.head.fuse(feature, token))
                 feature, logits = out.hidden[-1:], out.logits[-1:]
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
         """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
-        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its parent).
-        Grown on the device level by level (each level's nodes appended to the head's cache, seeing their
-        ancestors), with one host copy at the end for the tree's shape."""
+        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its
+        parent). Grown on the device level by level (each level's nodes appended to the head's cache, seeing
+        their ancestors), with one host copy at the end for the tree's shape."""
         grown = grow_tree(self.head, root_feature, depth, state.vocab_size, self.true_length)
         tokens, parents, scores = grown  # device [T] each
         count = tokens.numel()
@@ -185,9 +198,11 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
             ancestors[rows, rows] = True
             sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
             visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
-            mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible, float("-inf"))
+            mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible,
+                                                                                          float("-inf"))
             positions = (true_length + level).repeat(width)  # [W]
-            feats = runner.step_embeds(head.fuse(feats[local_parent], tokens), positions, true_length + rows, mask)
+            feats = runner.step_embeds(head.fuse(feats[local_parent], tokens), positions, true_length + rows,
+                                       mask)
             frontier, frontier_scores = rows, best.values
         count += width
     return tuple(torch.cat(parts) for parts in zip(*levels))

@@ -3,8 +3,8 @@
 Head d (d = 1..D) reads x = the target's final-normed feature at position t and predicts token t+1+d through
 the target's own LM head: logits_d = lm_head(x + SiLU(W_d x + b_d)). No extra target forward is needed: the
 feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head (the
-paths most often right on validation text, saved with the heads), verified in one target forward with a tree mask
-(one-hot q, so lossless under recursive rejection sampling)."""
+paths most often right on validation text, saved with the heads), verified in one target forward with a tree
+mask (one-hot q, so lossless under recursive rejection sampling)."""
 from __future__ import annotations
 
 import functools
@@ -95,7 +95,8 @@ def _read_path_accuracy(values, heads: int) -> tuple | None:
         if not 0 < len(path) <= heads or min(path) < 0 or not 0.0 <= chance <= 1.0:
             raise ValueError(f"bad path_accuracy entry {list(path)}: {chance}")
         if len(path) > 1 and known.get(path[:-1], -1.0) < chance:
-            raise ValueError(f"path_accuracy has {list(path)} without its parent, or more often right than it")
+            raise ValueError(f"path_accuracy has {list(path)} without its parent, "
+                             f"or more often right than it")
     return table
 
 
@@ -104,9 +105,9 @@ def default_choices(nodes: int, chances: tuple) -> tuple:
     """The `nodes` paths (r_1, ..., r_d) most likely to be right all the way, best first.
 
     Siblings carry different tokens, so at most one of them can be right, and the expected number of accepted
-    drafts is the sum of the chances over the tree: the top `nodes` maximise it. A path is never more likely than
-    its parent and ties go to the shorter path, so the set is closed under prefixes.
-    Cached: building it once a round took ~0.4 ms (docs/measurements/profile_rounds_gpu.txt)."""
+    drafts is the sum of the chances over the tree: the top `nodes` maximise it. A path is never more likely
+    than its parent and ties go to the shorter path, so the set is closed under prefixes. Cached: building it
+    once a round took ~0.4 ms (docs/measurements/profile_rounds_gpu.txt)."""
     ranked = sorted(chances, key=lambda item: (-item[1], len(item[0]), item[0]))
     chosen = tuple(path for path, _ in ranked[:nodes])
     assert all(len(c) == 1 or c[:-1] in chosen for c in chosen)
@@ -115,12 +116,14 @@ def default_choices(nodes: int, chances: tuple) -> tuple:
 
 @dataclass(frozen=True)
 class MedusaTree:
-    """The tree of a choice set, which does not depend on the tokens: node i is choice i (a parent comes before
-    its children), and its token is rank r_d of head d. Siblings differ in rank, and one head's top ranks are
-    distinct tokens, so no two siblings ever share a token: merging paths into a trie would change nothing."""
+    """The tree of a choice set, which does not depend on the tokens: node i is choice i (a parent comes
+    before its children), and its token is rank r_d of head d. Siblings differ in rank, and one head's top
+    ranks are distinct tokens, so no two siblings ever share a token: merging paths into a trie would change
+    nothing."""
 
     parents: tuple  # [N] parent node, -1 = the last committed token
-    flat_index: tuple  # [N] d * width + r: where node i's token sits in the heads' flattened top-`width` ranks
+    # [N] d * width + r: where node i's token sits in the heads' flattened top-`width` ranks
+    flat_index: tuple
     depth: int
     width: int
 
@@ -145,7 +148,8 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        self._trees: dict = {}  # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
+        # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
+        self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
 
     def start(self, state: DecodeState, start: DraftStart) -> None:

@@ -46,11 +46,10 @@ def parse_stages(text: str) -> list[str]:
 
 def run_train(args) -> int:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from engine.train import lm
     from engine.train.stages import Context, run_stages
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # keep the training log readable
     stages = parse_stages(args.stages)

@@ -140,7 +140,8 @@ def export_all(ctx, stage_metrics: dict) -> dict:
 
 def check_sizes(dst: Path, files: list[dict], log) -> None:
     sizes = {r["path"]: r["bytes"] for r in files}
-    for path, cap in (("target/model.safetensors", TARGET_MAX_BYTES), ("draft/model.safetensors", DRAFT_MAX_BYTES)):
+    caps = (("target/model.safetensors", TARGET_MAX_BYTES), ("draft/model.safetensors", DRAFT_MAX_BYTES))
+    for path, cap in caps:
         if sizes.get(path, 0) > cap:
             log(f"[export] WARNING {path} is {sizes[path]} bytes > {cap}")
     total = sum(sizes.values()) + (dst / "README.md").stat().st_size
@@ -160,12 +161,14 @@ def shape_line(cfg: dict) -> str:
 
 
 def sched_line(s: dict) -> str:
-    return (f"{s['steps']} steps max, batch {s['batch_size']}, peak lr {s['lr']}, wall cap {s['time_budget_s']} s, "
+    return (f"{s['steps']} steps max, batch {s['batch_size']}, peak lr {s['lr']}, "
+            f"wall cap {s['time_budget_s']} s, "
             f"warm-up {s['warmup_steps']}, weight decay {s['weight_decay']}")
 
 
 def stage_time_rows(st: dict) -> list[str]:
-    rows = ["| stage | wall time (s) | optimiser steps | kept snapshot (step) | tokens/s | capped by time | hardware |",
+    rows = ["| stage | wall time (s) | optimiser steps | kept snapshot (step) | tokens/s | capped by time "
+            "| hardware |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, m in st.items():
         best = (m.get("best") or {}).get("step", "-")
@@ -188,20 +191,24 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         "",
         "A small Llama-architecture target, a smaller draft, 4 Medusa heads and one EAGLE head, trained from "
         "scratch by `engine/train/` (`python main.py train`) on the Python standard library's source. Every "
-        f"number below was measured by that code; the metrics are in `train_report.json` (preset `{p['name']}`), "
+        f"number below was measured by that code; the metrics are in `train_report.json` "
+        f"(preset `{p['name']}`), "
         "the console log, where kept, in `train_log.txt`.",
         "",
         "## Data",
         f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard "
         f"library of the training machine's interpreter (site-packages skipped, test suites kept, files over "
-        f"{p['max_file_bytes']} bytes skipped), read as UTF-8 with errors replaced. `manifest.json` lists every "
+        f"{p['max_file_bytes']} bytes skipped), read as UTF-8 with errors replaced. `manifest.json` lists "
+        f"every "
         f"file with its sha256.",
-        f"- {tokm.get('n_files')} files, {tokm.get('total_bytes')} bytes; corpus sha256 `{tokm.get('corpus_sha256')}`.",
+        f"- {tokm.get('n_files')} files, {tokm.get('total_bytes')} bytes; "
+        f"corpus sha256 `{tokm.get('corpus_sha256')}`.",
         f"- Split by file (sha256 of the relative path): {tokm.get('n_val_files')} validation files "
         f"(~{p['val_fraction']:.0%}); {tokm.get('train_tokens')} train tokens, {tokm.get('val_tokens')} "
         f"validation tokens.",
         f"- `heldout_prompts.json`: {tokm.get('n_prompts')} code prefixes (100-300 characters, cut at line "
-        f"ends) from validation files; `heldout_sample.txt`: {tokm.get('sample_bytes')} bytes of validation text.",
+        f"ends) from validation files; `heldout_sample.txt`: {tokm.get('sample_bytes')} bytes of validation "
+        f"text.",
         "",
         "## Tokenizer",
         f"Byte-level BPE (`tokenizers`), {tokm.get('vocab_size')} tokens incl. `<s>`=0, `</s>`=1, `<pad>`=2, "
@@ -212,20 +219,20 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         "## Models",
         "| model | shape | parameters | fp16 bytes |",
         "| --- | --- | --- | --- |",
-        f"| target | {shape_line(p['target'])}, tied embeddings, context {p['seq_len']} | {tgt.get('params')} | "
-        f"{tgt.get('fp16_bytes')} |",
-        f"| draft | {shape_line(p['draft'])}, tied embeddings, context {p['seq_len']} | {drf.get('params')} | "
-        f"{drf.get('fp16_bytes')} |",
+        f"| target | {shape_line(p['target'])}, tied embeddings, context {p['seq_len']} | "
+        f"{tgt.get('params')} | {tgt.get('fp16_bytes')} |",
+        f"| draft | {shape_line(p['draft'])}, tied embeddings, context {p['seq_len']} | "
+        f"{drf.get('params')} | {drf.get('fp16_bytes')} |",
         f"| Medusa heads | {p['medusa_heads']} x residual SiLU block (H x H + bias), shared frozen lm_head | "
         f"{med and med.get('params')} | {med and 2 * med['params']} |",
         f"| EAGLE head | fc (2H -> H) + 1 Llama decoder layer, frozen target embeddings/norm/lm_head | "
         f"{eag and eag.get('params')} | {eag and 2 * eag['params']} |",
         "",
         "## Recipe",
-        f"Seed {p['seed']}; AdamW (0.9, 0.95), grad clip 1.0, linear warm-up then cosine to 10% of the peak, the "
-        "cosine following whichever of the step count or the wall-clock cap runs out first; evaluation on "
-        f"{p['eval_windows']} fixed validation windows of {p['seq_len']} tokens, keeping the best snapshot; "
-        "bf16 autocast on CUDA.",
+        f"Seed {p['seed']}; AdamW (0.9, 0.95), grad clip 1.0, linear warm-up then cosine to 10% of the peak, "
+        "the cosine following whichever of the step count or the wall-clock cap runs out first; evaluation "
+        f"on {p['eval_windows']} fixed validation windows of {p['seq_len']} tokens, keeping the best "
+        "snapshot; bf16 autocast on CUDA.",
         f"- target: next-token CE; {sched_line(p['target_sched'])}.",
         f"- draft: next-token CE; {sched_line(p['draft_sched'])}.",
         f"- distillation: KL(target || draft) at T=1 on corpus batches; {sched_line(p['distill_sched'])}.",
@@ -247,10 +254,11 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         f"| draft (pre-trained) | {fmt(drf.get('val_loss'))} | {fmt(drf.get('val_ppl'), 2)} |",
     ]
     if dis:
-        L.append(f"| draft (distilled, shipped) | {fmt(dis['after']['val_loss'])} | {fmt(dis['after']['val_ppl'], 2)} |")
+        L.append(f"| draft (distilled, shipped) | {fmt(dis['after']['val_loss'])} | "
+                 f"{fmt(dis['after']['val_ppl'], 2)} |")
     L += ["",
-          f"On `heldout_sample.txt` ({sl.get('n_tokens')} tokens, shipped fp16 weights, windows of 512): target "
-          f"{fmt(sl.get('target'))}, draft {fmt(sl.get('draft'))}, the text's own unigram entropy "
+          f"On `heldout_sample.txt` ({sl.get('n_tokens')} tokens, shipped fp16 weights, windows of 512): "
+          f"target {fmt(sl.get('target'))}, draft {fmt(sl.get('draft'))}, the text's own unigram entropy "
           f"{fmt(sl.get('unigram_self_entropy'))} nats/token.", ""]
     if dis:
         b, a = dis["before"], dis["after"]
@@ -261,15 +269,17 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               f"| after distillation | {fmt(a['top1_agreement'])} | {fmt(a['kl_target_draft'])} |", ""]
     if med:
         f = med["final"]
-        L += ["## Medusa heads (validation)", "| head | predicts | top-1 | top-5 |", "| --- | --- | --- | --- |"]
+        L += ["## Medusa heads (validation)", "| head | predicts | top-1 | top-5 |",
+              "| --- | --- | --- | --- |"]
         L += [f"| {k} | t+{k + 1} | {fmt(f[f'head{k}_top1'])} | {fmt(f[f'head{k}_top5'])} |"
               for k in range(1, p["medusa_heads"] + 1)]
         L.append("")
     if eag:
         f = eag["final"]
         L += ["## EAGLE head (validation, autoregressive)",
-              "Step s predicts the token s positions past the target's last known one; step 2+ feeds back the "
-              "predicted feature and the predicted token's embedding. `chain` = steps 1..s all right.", "",
+              "Step s predicts the token s positions past the target's last known one; step 2+ feeds back "
+              "the predicted feature and the predicted token's embedding. `chain` = steps 1..s all right.",
+              "",
               "| step | top-1 | chain |", "| --- | --- | --- |"]
         L += [f"| {s} | {fmt(f[f'step{s}_top1'])} | {fmt(f[f'chain{s}_top1'])} |" for s in range(1, 5)]
         L.append("")

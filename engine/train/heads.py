@@ -72,20 +72,21 @@ PATHS_KEPT = 64  # the most often right paths saved with the heads (a tree has a
 def medusa_config(heads: MedusaHeads, hidden_size: int, path_accuracy: list | None = None) -> dict:
     n = len(heads.heads)
     config = {"num_heads": n, "hidden_size": hidden_size, "offsets": [k + 1 for k in range(1, n + 1)],
-              "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts the "
-                                 "token at t+offset (the lm_head itself predicts t+1)",
+              "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts "
+                                 "the token at t+offset (the lm_head itself predicts t+1)",
               "residual": "h = x + SiLU(W x + b); logits = target.lm_head(h)"}
     if path_accuracy is not None:
         config["path_accuracy"] = [[list(path), round(chance, 6)] for path, chance in path_accuracy]
         config["path_accuracy_meaning"] = (
-            "[[r_1, ..., r_d], f]: on held-out text, the fraction of positions where the rank-r_1 candidate of head 1 "
-            "and ... and the rank-r_d candidate of head d were all right; the drafter's tree is the top entries")
+            "[[r_1, ..., r_d], f]: on held-out text, the fraction of positions where the rank-r_1 candidate "
+            "of head 1 and ... and the rank-r_d candidate of head d were all right; the drafter's tree is "
+            "the top entries")
     return config
 
 
 def path_hits(hits: torch.Tensor) -> dict:
-    """hits [D, R, P] bool: head d's rank-r candidate is right at position p -> {(r_1, ..., r_d): the number of
-    positions where every step of that path is right}, for the paths right at least once."""
+    """hits [D, R, P] bool: head d's rank-r candidate is right at position p -> {(r_1, ..., r_d): the number
+    of positions where every step of that path is right}, for the paths right at least once."""
     hits = hits.cpu()
     counts: dict = {}
 
@@ -124,8 +125,9 @@ def medusa_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: int = 8) -> dict:
-    """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1], and `path_accuracy`: how often
-    each path of head candidates is right all the way (see top_paths), over the positions every head can see."""
+    """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1], and `path_accuracy`: how
+    often each path of head candidates is right all the way (see top_paths), over the positions every head can
+    see."""
     n = len(heads.heads)
     hit1, hit5, loss, count = [0] * n, [0] * n, [0.0] * n, [0] * n
     paths: dict = {}

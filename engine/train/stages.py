@@ -174,8 +174,10 @@ def stage_medusa(ctx: Context) -> dict:
         eval_fn=lambda: heads.eval_medusa(mh, target, val, ctx.device), device=ctx.device, log=ctx.log,
         key="mean_loss")
     final = heads.eval_medusa(mh, target, val, ctx.device)
-    heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32, path_accuracy=final["path_accuracy"])
-    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=final, params=lm.count_params(mh))
+    heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32,
+                      path_accuracy=final["path_accuracy"])
+    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=final,
+                   params=lm.count_params(mh))
     return finish(ctx, "medusa", metrics, t0)
 
 
