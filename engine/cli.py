@@ -160,7 +160,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = True) -> None:
     prompt = p.add_mutually_exclusive_group(required=prompt_required)
-    prompt.add_argument("--prompt", help="the prompt text" + ("" if prompt_required else " (default: built-in prompts)"))
+    default_note = "" if prompt_required else " (default: built-in prompts)"
+    prompt.add_argument("--prompt", help="the prompt text" + default_note)
     prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file (- reads stdin)")
     p.add_argument("--method", default="draft", help=METHOD_HELP)
     p.add_argument("--k", type=int, default=4, help=f"tokens drafted per round (1..{MAX_K})")
@@ -249,7 +250,8 @@ BENCHMARKS = {
     "layerskip": "layer skip with each draft depth L of --ls against plain decoding, with the measured c "
                  "of L layers; options: --ls, --k, --prompts",
     "batch": "plain and speculative tokens/s at each batch size of --batches, the step-time roofline, the "
-             "crossover batch and the best K per batch; options: --batches, --method, --k, --synthetic, --json",
+             "crossover batch and the best K per batch; options: --batches, --method, --k, --synthetic, "
+             "--json",
 }
 BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
 ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
@@ -449,7 +451,8 @@ def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -
 
 
 def run_header(args, prompt: str, config: GenerationConfig, decoder) -> dict:
-    """The trace header that reproduces this generation (prompt, settings, models, device, dtype, versions)."""
+    """The trace header that reproduces this generation (prompt, settings, models, device, dtype,
+    versions)."""
     from engine.trace import make_header
 
     dtype = getattr(getattr(decoder, "target", None), "dtype", None)
@@ -583,7 +586,8 @@ def _bench_runtimes(args) -> int:
     hf = [] if args.hf.strip() in ("", "none") else [h.strip() for h in args.hf.split(",") if h.strip()]
     unknown = [h for h in hf if h not in runtimes.HF_RUNTIMES]
     if unknown:
-        raise SpecplayError(f"unknown --hf runtime {unknown[0]!r}; choose from {', '.join(runtimes.HF_RUNTIMES)}")
+        choices = ", ".join(runtimes.HF_RUNTIMES)
+        raise SpecplayError(f"unknown --hf runtime {unknown[0]!r}; choose from {choices}")
     check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
     prompt = prompt_from_args(args)
     device = resolve_device(args.device)
@@ -603,9 +607,11 @@ def _bench_runtimes(args) -> int:
     if decoder.backend.compiles_kernels:
         decoder.backend.warm_up()
     prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
-    progress = (lambda row: print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr))
+    def report_row(row) -> None:
+        print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr)
+
     with torch.inference_mode():
-        report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, progress)
+        report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, report_row)
     if args.synthetic:
         print(f"synthetic {args.synthetic}: random weights, timing only", file=sys.stderr)
     print(json.dumps(report.as_dict()) if args.json else runtimes.format_report(report))

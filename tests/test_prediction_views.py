@@ -15,7 +15,8 @@ def bursty(rounds=30, k=8):
 
 
 def costs() -> CostModel:
-    return CostModel(verify={1: Measured(2.0, 0.1), 9: Measured(2.2)}, draft_step={"draft": Measured(0.2, 0.02)},
+    return CostModel(verify={1: Measured(2.0, 0.1), 9: Measured(2.2)},
+                     draft_step={"draft": Measured(0.2, 0.02)},
                      overhead={"none": Measured(0.1), "draft": Measured(0.1)})
 
 
@@ -79,7 +80,8 @@ def real_events(n=12, k=4):
         metrics = acc.add_round(k, accepted, accepted + 1, k, 0.8, 2.1, 0.1)
         events.append(RoundEvent(round=i, method="draft", k=k, drafted=drafted, accepted_count=accepted,
                                  next_token_id=7, next_token_text="y", next_is_bonus=accepted == k,
-                                 next_token_p=0.9, next_top=[("y", 0.9)], emitted_ids=list(range(accepted + 1)),
+                                 next_token_p=0.9, next_top=[("y", 0.9)],
+                                 emitted_ids=list(range(accepted + 1)),
                                  emitted_text="", position=0, draft_ms=0.8, verify_ms=2.1, overhead_ms=0.1,
                                  finished=i == n - 1, finish_reason="length" if i == n - 1 else None,
                                  metrics=metrics))
