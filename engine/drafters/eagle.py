@@ -180,6 +180,7 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
     ancestors = torch.zeros(total, total, dtype=torch.bool, device=device)  # [T, T] ancestor-or-self
     node_of_col = torch.arange(kv, device=device) - true_length  # [kv]: the tree node a cache column holds
     in_tree = (node_of_col >= 0) & (node_of_col < total)
+    on_self = torch.ones(TREE_FRONTIER, dtype=torch.bool, device=device)
     feats, frontier = root_feature, torch.full((1,), -1, dtype=torch.long, device=device)
     frontier_scores = torch.zeros(1, dtype=torch.float32, device=device)
     levels, count = [], 0
@@ -195,7 +196,7 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
         if level < depth - 1:
             rows = torch.arange(count, count + width, device=device)  # [W] node ids
             ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
-            ancestors[rows, rows] = True
+            ancestors[rows, rows] = on_self[:width]  # a device tensor: a Python True would copy from the host
             sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
             visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
             mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible,
