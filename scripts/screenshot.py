@@ -170,6 +170,10 @@ def shot_diagnosis(app, window, args, path) -> bool:
         return True
     dock.show()
     dock.raise_()
+    window.compare_dock.hide()
+    window.tree_dock.hide()
+    window.resizeDocks([dock], [760], Qt.Horizontal)  # the diagnosis gets the right half
+    window.resizeDocks([dock], [560], Qt.Vertical)
     return save(app, window, path)
 
 
