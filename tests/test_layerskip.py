@@ -140,6 +140,7 @@ def test_layer_sweep_rows(decoder):
         bench.bench_layer_sweep(decoder, [PROMPT], layerskip(), [LAYERS])
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_sampling_is_lossless(tmp_path_factory):
     root = tmp_path_factory.mktemp("chi_layerskip")
     target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=2, seed=11, std=0.3)

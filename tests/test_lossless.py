@@ -22,6 +22,7 @@ def decoder(tmp_path_factory):
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_speculative_sampling_matches_target_distribution(decoder, method, temperature):
@@ -38,6 +39,7 @@ def test_rounds_mix_acceptance_and_rejection(decoder):
     assert 0.1 < events[-1].metrics.acceptance_rate < 0.95
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_the_chi_square_check_catches_a_lossy_verifier(decoder, monkeypatch):
     """Negative control: a verifier that accepts every draft changes the distribution and must FAIL."""
     from kernels import reference

@@ -152,6 +152,7 @@ print(json.dumps({"times": times, "baseline_mib": baseline / 1024, "peak_mib": p
 """
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_absurd_configs_fail_fast_with_low_rss(folder, tmp_path):
     """The issue's cases, in a fresh process: each fails in under 2 s, and failing costs next to no memory:
     the peak RSS stays within 256 MiB of the process's after one good load (which did every import), and

@@ -92,6 +92,7 @@ def test_shipped_pair_through_engine_runner():
         assert torch.allclose(out.hidden.float(), f[0], atol=2e-2, rtol=2e-2), name
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_shipped_pair_passes_check_lossless(capsys):
     """`check-lossless` on the shipped pair: greedy token equality and the chi-squared test of sampling."""
     from engine.cli import main

@@ -157,6 +157,7 @@ def test_a_missing_corpus_is_a_clean_error(target_dir, tmp_path, capsys):
     assert code == 2 and err.startswith("error: suffix corpus") and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_sampling_is_lossless(tmp_path_factory):
     root = tmp_path_factory.mktemp("chi_suffix")
     target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=1, seed=11, std=0.3)

@@ -149,6 +149,7 @@ def test_tree_rounds_are_trees(decoder, method):
             assert token.depth == depth
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 @pytest.mark.parametrize("method", ALL_NEW)
 def test_tree_methods_sampling_is_lossless(tmp_path_factory, method):
     root = tmp_path_factory.mktemp(f"chi_{method}")

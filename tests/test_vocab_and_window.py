@@ -75,6 +75,7 @@ def test_padded_pair_greedy_equals_plain_and_transformers(padded, k):
     assert any(t >= 320 for t in plain), "the run should emit an id only the target can score"
 
 
+@pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_padded_pair_sampling_is_lossless(tmp_path):
     """The same layout, small enough for the exact two-token distribution: target 48, draft 40,
     tokenizer 30, peaked weights (as in test_lossless)."""
