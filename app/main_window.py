@@ -692,8 +692,8 @@ class MainWindow(QMainWindow):
         self.batch_rows.append(row)
         self.show_status("Measured " + ", ".join(f"B={r.batch}: {r.speedup:.2f}×" for r in self.batch_rows))
         batches, done = self.batch_slot.job.worker.batches, len(self.batch_rows)
-        following = f"; measuring B = {batches[done]}" if done < len(batches) else "; fitting the roofline"
-        self.set_progress(done, len(batches), f"Batch regime: %v of %m batches measured{following}")
+        following = f"; B = {batches[done]} next" if done < len(batches) else "; fitting"
+        self.set_progress(done, len(batches), f"Batch regime: %v of %m{following}")
 
     def _on_batch_report(self, report) -> None:
         config, batches = self.batch_slot.job.worker.config, self.batch_slot.job.worker.batches

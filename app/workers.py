@@ -14,6 +14,7 @@ mailbox polled at 40 Hz costs nothing here: the window draws at 20 Hz anyway.
 """
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import traceback
@@ -109,7 +110,7 @@ class BatchWorker(DecoderWorker):
         self.ks = tuple(ks)
 
     def _report(self, row) -> bool:
-        self.post("row", row)
+        self.post("row", copy.copy(row))  # the analysis fills in the row's predictions on this thread later
         return not self._stop.is_set()
 
     def work(self) -> None:

@@ -60,7 +60,8 @@ def test_batch_regime_plots_the_rows_the_prediction_and_suggests(qtbot, window):
     qtbot.waitUntil(lambda: window.batch_dialog is not None, timeout=60000)
     qtbot.waitUntil(lambda: not window.running, timeout=10000)
     assert window.errors == [] and window.batch_action.isEnabled()
-    assert [(d, t) for d, t, text in progress if "batches measured" in text] == [(1, 3), (2, 3), (3, 3)]
+    counted = [(d, t) for d, t, text in progress if text.startswith("Batch regime: %v of %m")]
+    assert counted == [(1, 3), (2, 3), (3, 3)]  # B done of N
     dialog = window.batch_dialog
     assert dialog.complete and [r.batch for r in dialog.rows] == [1, 2, 4]
     assert dialog.table.rowCount() == 3 and dialog.table.item(2, 0).text() == "4"
