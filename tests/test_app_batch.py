@@ -167,3 +167,11 @@ def test_the_suggestion_without_a_crossover_and_when_speculation_always_loses(qt
     assert "off</b> at every batch" in suggestion(off, True)
     assert suggestion(make_report([1.5], None), True) == ""  # one batch: no curve
     assert suggestion(on, complete=False) == ""
+
+
+def test_a_decoder_without_a_model_pair_is_refused_in_words():
+    from app.workers import batch_decoder
+    from engine.errors import SpecplayError
+
+    with pytest.raises(SpecplayError, match="no model pair"):
+        batch_decoder(object())
