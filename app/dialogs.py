@@ -162,12 +162,20 @@ round costs roughly 1 + cK target forwards and yields E tokens, so</p>
 <b>TPOT ≈ TPOT<sub>plain</sub> · (1 + cK) / E</b></p>
 <p>A larger K only pays while the extra guesses still survive often enough to cover their drafting cost: the
 best K grows with α and shrinks with c.</p>
+<h3>Batch regime</h3>
+<p><b>K → Batch regime…</b> (<b>Ctrl+B</b>) decodes the prompt as a batch of B copies, plainly and with the
+method (draft model or n-gram), for B = 1, 2, 4, … 32 on the CPU (… 256 on a GPU), and plots the measured
+speedup against B beside a roofline fitted to the measured forward times. Speculation spends the idle compute
+of memory-bound decoding: as B grows the verification forward of B·(K+1) tokens turns compute-bound, the gain
+shrinks and past the <i>crossover</i> it is a loss. The suggestion follows: speculation on below the
+crossover (few requests, at night), off above it (the day's busy hours). Esc stops after the batch it is
+measuring; a stopped run shows what it measured and suggests nothing.</p>
 
 <h2>Shortcuts</h2>
 <table cellpadding="2">
 <tr><td><b>Ctrl+Enter</b></td><td>generate (anywhere in the window)</td></tr>
 <tr><td><b>Esc</b></td><td>stop whatever runs: a generation, a K sweep, a lossless check, Run N
-times</td></tr>
+times, the batch regime (after the batch it is measuring)</td></tr>
 <tr><td><b>Ctrl+1 … Ctrl+7</b></td><td>method: Off, Draft model, N-gram, Medusa, EAGLE, EAGLE tree,
 Lookahead</td></tr>
 <tr><td><b>Ctrl+] / Ctrl+[</b></td><td>K + 1 / K − 1</td></tr>
@@ -175,6 +183,7 @@ Lookahead</td></tr>
 <tr><td><b>Ctrl+T</b></td><td>round view / clean text</td></tr>
 <tr><td><b>Ctrl+C</b></td><td>copy the selection as clean text</td></tr>
 <tr><td><b>Ctrl+K</b></td><td>find the fastest K</td></tr>
+<tr><td><b>Ctrl+B</b></td><td>batch regime: the speedup against the batch size</td></tr>
 <tr><td><b>Ctrl+L</b></td><td>check lossless</td></tr>
 <tr><td><b>Ctrl+Shift+Enter</b></td><td>run N times</td></tr>
 <tr><td><b>Ctrl+O</b></td><td>open a trace</td></tr>

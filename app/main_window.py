@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import backend, exports, gc_guard, style
+from app import backend, batch_dialog, exports, gc_guard, style
 from app.compare import CompareTable, plain_reference
 from app.diagnosis_view import CalibrateWorker, DiagnosisView
 from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
@@ -47,7 +47,7 @@ from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
 from app.widgets import PromptEdit, SteadyLabel, ask_path
-from app.workers import GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
+from app.workers import BatchWorker, GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
 from engine.methods import parse_spec
@@ -91,8 +91,13 @@ class MainWindow(QMainWindow):
         self.sweep_slot = JobSlot("K sweep")  # "Find the fastest K" (uses the decoder like a generation)
         self.check_slot = JobSlot("lossless check")  # "Check lossless" (uses the decoder like a generation)
         self.calibrate_slot = JobSlot("calibration")  # K → Recalibrate costs (times the decoder's models)
+        self.batch_slot = JobSlot("batch regime")  # K → Batch regime (batches the decoder's models)
         self.sweep_rows: list = []
         self.sweep_dialog = None
+        self.batch_rows: list = []
+        self.batch_dialog = None
+        self.batch_sizes: Optional[tuple] = None  # what K → Batch regime measures; None: by the device
+        self.batch_new_tokens = batch_dialog.BATCH_NEW_TOKENS
         self.check_reports: dict = {}
         self.check_dialog = None
         self.check_samples = CHECK_SAMPLES
@@ -222,6 +227,7 @@ class MainWindow(QMainWindow):
         self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
         self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
         self.check_action, self.sweep_action = m.check_action, m.sweep_action
+        self.batch_action = m.batch_action
 
     def _build_status(self) -> None:
         names = ("device", "models", "method", "live", "calibration")
@@ -298,7 +304,7 @@ class MainWindow(QMainWindow):
 
     @property
     def _decoder_slots(self) -> tuple:
-        return self.gen_slot, self.sweep_slot, self.check_slot, self.calibrate_slot
+        return self.gen_slot, self.sweep_slot, self.check_slot, self.calibrate_slot, self.batch_slot
 
     @property
     def load_job(self) -> Optional[Job]:
@@ -659,6 +665,43 @@ class MainWindow(QMainWindow):
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title, complete=complete)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
             self.sweep_dialog.show()
+
+    def batch_regime(self) -> None:
+        """K → Batch regime: the prompt decoded at each batch size, plainly and speculatively, with the loaded
+        models batched (no reload), off the GUI thread; then the gain against the batch beside the roofline's
+        prediction and a suggested operating point."""
+        inputs = self._drafting_task_inputs("the batch regime compares it with plain decoding.")
+        if inputs is None:
+            return
+        prompt, config = inputs
+        problem = batch_dialog.method_problem(config.method)
+        if problem:
+            self.show_error(*problem)
+            return
+        config = replace(config, max_new_tokens=min(config.max_new_tokens, self.batch_new_tokens))
+        device = getattr(getattr(self.decoder, "device", None), "type", "cpu")
+        batches = self.batch_sizes or batch_dialog.default_batches(device)
+        self.batch_rows = []
+        self._start_job(self.batch_slot, BatchWorker(self.decoder, prompt, config, batches,
+                                                     batch_dialog.BATCH_KS),
+                        f"Batch regime: measuring B = {batches[0]}…", row=self._on_batch_row,
+                        report=self._on_batch_report, failed=self._fail_later("Batch regime failed"),
+                        done=lambda job: self._task_ended())
+
+    def _on_batch_row(self, row) -> None:
+        self.batch_rows.append(row)
+        self.show_status("Measured " + ", ".join(f"B={r.batch}: {r.speedup:.2f}×" for r in self.batch_rows))
+        batches, done = self.batch_slot.job.worker.batches, len(self.batch_rows)
+        following = f"; B = {batches[done]} next" if done < len(batches) else "; fitting"
+        self.set_progress(done, len(batches), f"Batch regime: %v of %m{following}")
+
+    def _on_batch_report(self, report) -> None:
+        config, batches = self.batch_slot.job.worker.config, self.batch_slot.job.worker.batches
+        title = (f"{method_label(config)}, K={config.k}, {sampling_label(config.sampling, config.seed)}, "
+                 f"the prompt × B, {config.max_new_tokens} new tokens each, {self.decoder.device_name}")
+        complete = len(report.rows) == len(batches)
+        self.batch_dialog = batch_dialog.BatchDialog(self, report, title, complete, self.plots.colors)
+        self.batch_dialog.show()
 
     def recalibrate(self) -> None:
         """Time the cost model again (verification curve, draft and overhead terms) off the GUI thread."""

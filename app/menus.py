@@ -70,6 +70,10 @@ class Menus:
         self.sweep_action.setShortcut("Ctrl+K")
         ks = ", ".join(map(str, sweep_ks))
         self.sweep_action.setToolTip(f"Measure K = {ks} on the prompt; Esc stops")
+        self.batch_action = menu.addAction("Batch regime…", w.batch_regime)
+        self.batch_action.setShortcut("Ctrl+B")
+        self.batch_action.setToolTip("Measure the speedup against the batch size beside the roofline's "
+                                     "prediction; Esc stops after the batch it is measuring")
         self.recalibrate_action = menu.addAction("Recalibrate costs", w.recalibrate)
         self.recalibrate_action.setToolTip("Time the verification curve, draft steps and overhead again")
 
@@ -133,7 +137,7 @@ class Menus:
     def set_busy(self, running: bool, loading: bool) -> None:
         """While the decoder runs a job or models load, nothing may start another one or swap the models."""
         for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action,
-                                            self.recalibrate_action]:
+                                            self.recalibrate_action, self.batch_action]:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
         self.open_trace_action.setEnabled(not running)  # a replay needs no model

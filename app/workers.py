@@ -1,4 +1,5 @@
-"""Work that runs off the GUI thread: model loading (+ calibration), generation, K sweeps and lossless checks.
+"""Work that runs off the GUI thread: model loading (+ calibration), generation, K sweeps, the batch regime
+and lossless checks.
 
 A worker runs on a plain Python thread and never touches Qt. It posts messages `(kind, args)` to its mailbox
 (a `queue.SimpleQueue`), and the window hands them to their handlers on its UI tick (`Job.deliver`, through
@@ -13,6 +14,7 @@ mailbox polled at 40 Hz costs nothing here: the window draws at 20 Hz anyway.
 """
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import traceback
@@ -94,6 +96,39 @@ class SweepWorker(DecoderWorker):
         from engine.bench import bench_k_sweep
 
         bench_k_sweep(self.decoder, [self.prompt], self.config, self.ks, progress=self._report)
+
+
+class BatchWorker(DecoderWorker):
+    """The batch regime (engine.batch_bench.bench_batch): a BatchDecoder over the loaded decoder's models (no
+    reload) decodes the prompt at each batch size, plainly and speculatively; one ("row", BatchRow) per batch
+    (the stop flag is read after each, so a stop ends the run after the batch it is measuring), then
+    ("report", BatchReport) of the measured batches with the roofline fit."""
+
+    def __init__(self, decoder, prompt: str, config, batches, ks):
+        super().__init__(decoder, prompt, config)
+        self.batches = tuple(batches)
+        self.ks = tuple(ks)
+
+    def _report(self, row) -> bool:
+        self.post("row", copy.copy(row))  # the analysis fills in the row's predictions on this thread later
+        return not self._stop.is_set()
+
+    def work(self) -> None:
+        from engine.batch_bench import bench_batch
+
+        report = bench_batch(batch_decoder(self.decoder), [self.prompt], self.config, self.batches, self.ks,
+                             progress=self._report)
+        self.post("report", report)
+
+
+def batch_decoder(decoder):
+    """A BatchDecoder sharing the loaded decoder's model pair (weights used as they are) and kernels."""
+    from engine.batch import BatchDecoder
+
+    pair = getattr(decoder, "pair", None)
+    if pair is None:
+        raise SpecplayError("The loaded decoder has no model pair that batched decoding can use.")
+    return BatchDecoder(pair, backend=getattr(decoder, "backend", None))
 
 
 class LosslessWorker(DecoderWorker):

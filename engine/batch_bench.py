@@ -8,6 +8,7 @@ of a small set is predicted per batch from the measured per-position acceptance 
 with sweep_k)."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional, Sequence
@@ -220,16 +221,33 @@ def analyse(rows: List[BatchRow], decoder: BatchDecoder, config: GenerationConfi
         bound = max(weight_bytes / bandwidth if bandwidth else 0.0, flops_per_token * r.batch / matmul)
         r.plain_pct_bound = 100.0 * 1000.0 * bound / r.plain_round_ms if r.plain_round_ms else 0.0
 
-    def tokens_at(b: float) -> float:
-        nearest = min(rows, key=lambda r: abs(r.batch - b))
-        return nearest.tokens_per_round / (nearest.plain_tokens_per_round or 1.0)
-
     measured = roofline.crossover([r.batch for r in rows], [r.speedup for r in rows])
-    predicted = roofline.predicted_crossover(target_fit, k, tokens_at, draft_fit) if rows else None
+    predicted = (roofline.predicted_crossover(target_fit, k, lambda b: _tokens_ratio_at(rows, b), draft_fit)
+                 if rows else None)
     return BatchReport(rows=rows, method=config.method, k=k, ks=list(ks), device=decoder.device_name,
                        max_new_tokens=config.max_new_tokens, target_fit=target_fit, draft_fit=draft_fit,
                        weight_bytes=weight_bytes, flops_per_token=flops_per_token, bandwidth=bandwidth,
                        matmul_flops=matmul, measured_crossover=measured, predicted_crossover=predicted)
+
+
+def _tokens_ratio_at(rows: List[BatchRow], batch: float) -> float:
+    """E / E_plain of the measured batch nearest to `batch` (what the predictions between batches use)."""
+    nearest = min(rows, key=lambda r: abs(r.batch - batch))
+    return nearest.tokens_per_round / (nearest.plain_tokens_per_round or 1.0)
+
+
+def predicted_curve(report: BatchReport, max_batch: Optional[float] = None, per_octave: int = 8) -> list:
+    """[(batch, predicted speedup)] on a 1/per_octave-octave grid from the smallest measured batch to
+    max_batch (default: the largest), E from the nearest measured batch: the roofline's curve between the
+    measured points (equal to each row's predicted_speedup at its batch)."""
+    if not report.rows:
+        return []
+    low = min(r.batch for r in report.rows)
+    high = max(max_batch or 0.0, max(r.batch for r in report.rows))
+    steps = int(math.floor(per_octave * math.log2(high / low) + 1e-9))
+    grid = [low * 2 ** (i / per_octave) for i in range(steps + 1)]
+    return [(b, roofline.predicted_speedup(report.target_fit, b, report.k, _tokens_ratio_at(report.rows, b),
+                                           report.draft_fit)) for b in grid]
 
 
 def _params(runner) -> int:

@@ -448,3 +448,23 @@ def test_roofline_fit_with_an_intercept():
     assert fit.ms_per_token == pytest.approx(0.1) and fit.intercept_ms == pytest.approx(1.0)
     assert fit.knee == pytest.approx(10.0)
     assert fit.as_dict()["intercept_ms"] == pytest.approx(1.0)
+
+
+def test_bench_batch_stops_when_progress_says_so_and_reports_what_it_measured(pair):
+    from engine import batch_bench
+
+    seen = []
+
+    def progress(row) -> bool:
+        seen.append(row.batch)
+        return len(seen) < 2  # stop after the second batch
+
+    config = GenerationConfig(method="draft", k=2, max_new_tokens=6)
+    report = batch_bench.bench_batch(BatchDecoder(pair), [PROMPTS[0]], config, [1, 2, 4], [1, 2],
+                                     progress=progress)
+    assert seen == [1, 2] and [r.batch for r in report.rows] == [1, 2]
+    curve = batch_bench.predicted_curve(report, max_batch=8)
+    assert curve[0][0] == 1 and curve[-1][0] == pytest.approx(8) and len(curve) == 3 * 8 + 1
+    at = dict(curve)
+    for row in report.rows:  # the curve passes through each row's prediction
+        assert at[row.batch] == pytest.approx(row.predicted_speedup)

@@ -1,0 +1,180 @@
+"""K → Batch regime: speculation's measured gain against the batch size, beside the roofline's prediction.
+
+The dialog shows what app.workers.BatchWorker measured (engine.batch_bench's BatchReport): the measured
+speedup per batch on a log2 axis, the fitted roofline's predicted curve, a line at 1× and the crossover
+(where the speedup falls below 1) when the measurements reach it, a table of the rows and one suggested
+operating point (speculation on below the crossover, off above it). A stopped or one-batch run shows what it
+measured and suggests nothing."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout
+
+from app.style import LIGHT, TokenColors
+
+CPU_BATCHES = (1, 2, 4, 8, 16, 32)  # what K → Batch regime measures on the CPU: small and quick
+GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_KS = (1, 2, 3, 4, 6, 8)  # the Ks whose best one is predicted per batch
+BATCH_NEW_TOKENS = 32  # new tokens per sequence (B x context bounds the caches' memory)
+BATCH_METHODS = ("draft", "ngram")  # the batched drafting methods (engine.batch.BATCH_METHODS less "none")
+
+COLUMNS = (("B", "{}", lambda r: r.batch), ("plain tokens/s", "{:.0f}", lambda r: r.plain_tokens_per_s),
+           ("speculative tokens/s", "{:.0f}", lambda r: r.spec_tokens_per_s),
+           ("measured speedup", "{:.2f}×", lambda r: r.speedup),
+           ("predicted (roofline)", "{:.2f}×", lambda r: r.predicted_speedup),
+           ("tokens / round", "{:.2f}", lambda r: r.tokens_per_round),
+           ("α", "{:.3f}", lambda r: r.acceptance_rate),
+           ("step B ms", "{:.2f}", lambda r: r.step_ms),
+           ("step B(K+1) ms", "{:.2f}", lambda r: r.verify_step_ms),
+           ("best K (predicted)", "{}", lambda r: r.best_k or "off"))
+
+
+def default_batches(device_type: str) -> tuple:
+    return GPU_BATCHES if device_type == "cuda" else CPU_BATCHES
+
+
+def method_problem(method: str) -> Optional[tuple]:
+    """(title, message) when the method has no batched form, else None."""
+    if method in BATCH_METHODS:
+        return None
+    return ("No batched method", "Batched decoding runs the draft model or n-gram drafting; pick one in the "
+                                 f"Method menu first (now: {method}).")
+
+
+def suggestion(report, complete: bool) -> str:
+    """The operating point the measurements suggest, or "" (a stopped run, or one batch: no curve)."""
+    rows = sorted(report.rows, key=lambda r: r.batch)
+    if not complete or len(rows) < 2:
+        return ""
+    k, last = report.k, rows[-1]
+    if all(r.speedup < 1.0 for r in rows):
+        best = max(rows, key=lambda r: r.speedup)
+        return (f"Speculation <b>off</b> at every batch: it loses even at B = {rows[0].batch} "
+                f"(best {best.speedup:.2f}× at B = {best.batch}); plain decoding is faster here.")
+    crossover = report.measured_crossover
+    if crossover is None:
+        predicted = (f"; the roofline puts the crossover at B ≈ {report.predicted_crossover:.0f}"
+                     if report.predicted_crossover else "")
+        return (f"Speculation <b>on</b> (K = {k}) at every measured batch: still {last.speedup:.2f}× at "
+                f"B = {last.batch}{predicted}.")
+    return (f"Operating point: speculation <b>on</b> (K = {k}) below B ≈ {crossover:.0f}, <b>off</b> above "
+            f"it. At night, with few requests batched together, speculate; in the day's busy hours, with "
+            f"batches past {crossover:.0f}, decode plainly.")
+
+
+def _vertical(plot, batch: float, name: str, color: str, style, position: float) -> pg.InfiniteLine:
+    pen = pg.mkPen(color, width=2, style=style)
+    line = pg.InfiniteLine(pos=math.log2(batch), angle=90, movable=False, pen=pen,
+                           label=f"{name} B ≈ {batch:.1f}", labelOpts={"position": position, "color": color})
+    plot.addItem(line)
+    return line
+
+
+def _fmt_crossover(value: Optional[float]) -> str:
+    return "not reached" if value is None else f"B ≈ {value:.1f}"
+
+
+class BatchDialog(QDialog):
+    """The batch regime's result: the plot, the rows and the suggestion (see the module's docstring)."""
+
+    def __init__(self, parent, report, title: str, complete: bool = True, colors: TokenColors = LIGHT):
+        super().__init__(parent)
+        self.setWindowTitle("Batch regime" if complete else "Batch regime (stopped)")
+        self.report, self.complete, self.colors = report, complete, colors
+        self.rows = sorted(report.rows, key=lambda r: r.batch)
+        self.suggestion_text = suggestion(report, complete)
+        self.summary = QLabel(f"{title}<br>{self._verdict()}")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(self.summary.textInteractionFlags() | Qt.TextSelectableByMouse)
+        self.plot_widget = self._plot()
+        self.table = self._table()
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.plot_widget, 3)
+        layout.addWidget(self.table, 2)
+        layout.addWidget(buttons)
+        self.resize(960, 720)
+
+    def _verdict(self) -> str:
+        report = self.report
+        crossovers = (f"Crossover (speedup below 1): measured {_fmt_crossover(report.measured_crossover)}, "
+                      f"predicted {_fmt_crossover(report.predicted_crossover)}.")
+        if self.suggestion_text:
+            return f"{self.suggestion_text}<br>{crossovers}"
+        measured = ", ".join(str(r.batch) for r in self.rows)
+        why = ("the run was stopped before every batch" if not self.complete
+               else "one batch is no curve")
+        return f"Measured B = {measured}: {why}, so it suggests no operating point.<br>{crossovers}"
+
+    # ---------------------------------------------------------------------------------------------- plot
+    def _plot(self) -> pg.PlotWidget:
+        c = self.colors
+        widget = pg.PlotWidget(title=f"Speedup against batch size (K = {self.report.k})",
+                               background=c.plot_bg)
+        plot = widget.getPlotItem()
+        plot.setLabel("left", "speculative / plain tokens/s")
+        plot.setLabel("bottom", "batch B (log2 axis)")
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        plot.addLegend(offset=(-10, 10))
+        self.unity_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
+                                          pen=pg.mkPen(c.plot_fg, width=1, style=Qt.DotLine), label="1×",
+                                          labelOpts={"position": 0.02, "color": c.plot_fg})
+        plot.addItem(self.unity_line, ignoreBounds=True)
+        self.predicted_curve = self._predicted(plot)
+        xs = [math.log2(r.batch) for r in self.rows]
+        self.measured_curve = plot.plot(xs, [r.speedup for r in self.rows], name="measured",
+                                        pen=pg.mkPen(c.running, width=2), symbol="o", symbolSize=8,
+                                        symbolBrush=c.running, symbolPen=None)
+        self.crossover_line = self._crossover(plot)
+        self._ticks(plot)
+        return widget
+
+    def _predicted(self, plot):
+        from engine.batch_bench import predicted_curve
+
+        report = self.report
+        high = max(r.batch for r in self.rows)
+        predicted = report.predicted_crossover
+        if predicted is not None and high < predicted <= 4 * high:  # show the predicted crossover too
+            high = predicted * 1.25
+        points = predicted_curve(report, max_batch=high)
+        return plot.plot([math.log2(b) for b, _ in points], [s for _, s in points],
+                         name="roofline prediction", pen=pg.mkPen(self.colors.predicted, width=2,
+                                                                  style=Qt.DashLine))
+
+    def _crossover(self, plot) -> Optional[pg.InfiniteLine]:
+        """The measured crossover, a solid vertical line; the predicted one dashed when it is in the plot's
+        range (self.predicted_crossover_line, else None)."""
+        c, report = self.colors, self.report
+        shown = max(float(x) for x in self.predicted_curve.getData()[0]) if self.rows else 0.0
+        predicted = report.predicted_crossover
+        self.predicted_crossover_line = None
+        if predicted is not None and math.log2(predicted) <= shown:
+            self.predicted_crossover_line = _vertical(plot, predicted, "predicted crossover", c.predicted,
+                                                      Qt.DashLine, 0.75)
+        if report.measured_crossover is None:
+            return None
+        return _vertical(plot, report.measured_crossover, "crossover", c.analytic, Qt.SolidLine, 0.9)
+
+    def _ticks(self, plot) -> None:
+        """Powers of two labelled as batch sizes; the axis is log2(B)."""
+        xs = [float(x) for item in (self.measured_curve, self.predicted_curve) for x in item.getData()[0]]
+        top = int(math.ceil(max(xs, default=0.0)))
+        plot.getAxis("bottom").setTicks([[(i, str(2 ** i)) for i in range(0, top + 1)]])
+
+    # --------------------------------------------------------------------------------------------- table
+    def _table(self) -> QTableWidget:
+        table = QTableWidget(len(self.rows), len(COLUMNS))
+        table.setHorizontalHeaderLabels([label for label, _, _ in COLUMNS])
+        table.verticalHeader().setVisible(False)
+        for r, row in enumerate(self.rows):
+            for col, (_, fmt, value) in enumerate(COLUMNS):
+                table.setItem(r, col, QTableWidgetItem(fmt.format(value(row))))
+        table.resizeColumnsToContents()
+        return table

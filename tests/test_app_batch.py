@@ -1,0 +1,177 @@
+"""K → Batch regime: the batched bench off the GUI thread, its dialog, Esc and failures (tiny real models)."""
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app import backend
+from app.batch_dialog import BatchDialog, suggestion
+from app.dialogs import HELP_HTML
+from app.main_window import MainWindow
+from engine import batch_bench, roofline
+from engine.batch_bench import BatchReport, BatchRow
+
+pytestmark = pytest.mark.usefixtures("isolated_qsettings")
+backend.preload_engine()
+
+PROMPT = "the cat sat on the mat. the cat"
+
+
+@pytest.fixture
+def window(qtbot, tiny_pair_dirs):
+    """The window on the tiny real pair, method draft model, K = 2, batches 1, 2, 4 of 6 new tokens."""
+    target, draft = tiny_pair_dirs
+    window = MainWindow(device="cpu")
+    window.errors = []
+    window.show_error = lambda title, message: window.errors.append((title, message))
+    qtbot.addWidget(window)
+    window.show()
+    window.start(str(target), str(draft))
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
+    assert window.errors == [] and window.decoder is not None
+    window.method_actions["draft"].trigger()
+    window.k_actions[2].trigger()
+    window.prompt.setPlainText(PROMPT)
+    window.batch_sizes = (1, 2, 4)
+    window.batch_new_tokens = 6
+    return window
+
+
+def record_progress(window) -> list:
+    calls = []
+    real = window.set_progress
+
+    def spy(done, total, text=""):
+        calls.append((done, total, text))
+        real(done, total, text)
+
+    window.set_progress = spy
+    return calls
+
+
+def test_batch_regime_plots_the_rows_the_prediction_and_suggests(qtbot, window):
+    progress = record_progress(window)
+    window.batch_action.trigger()
+    assert window.running and not window.batch_action.isEnabled() and not window.sweep_action.isEnabled()
+    assert window.progress.isVisible()
+    qtbot.waitUntil(lambda: window.batch_dialog is not None, timeout=60000)
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    assert window.errors == [] and window.batch_action.isEnabled()
+    counted = [(d, t) for d, t, text in progress if text.startswith("Batch regime: %v of %m")]
+    assert counted == [(1, 3), (2, 3), (3, 3)]  # B done of N
+    dialog = window.batch_dialog
+    assert dialog.complete and [r.batch for r in dialog.rows] == [1, 2, 4]
+    assert dialog.table.rowCount() == 3 and dialog.table.item(2, 0).text() == "4"
+    xs, ys = dialog.measured_curve.getData()
+    assert list(xs) == [0.0, 1.0, 2.0] and list(ys) == pytest.approx([r.speedup for r in dialog.rows])
+    px, py = dialog.predicted_curve.getData()
+    assert len(px) >= 17 and px[0] == 0.0 and all(s > 0 for s in py)
+    assert dialog.unity_line.value() == 1.0
+    assert dialog.report.k == 2 and dialog.report.method == "draft"
+    assert "speculation" in dialog.suggestion_text.lower() and dialog.suggestion_text in dialog.summary.text()
+    if dialog.report.measured_crossover is None:
+        assert dialog.crossover_line is None
+    else:
+        assert dialog.crossover_line.value() == pytest.approx(math.log2(dialog.report.measured_crossover))
+
+
+def test_escape_stops_after_the_batch_it_measures_and_suggests_nothing(qtbot, window, monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+    real = batch_bench.measure_batch
+
+    def gated(decoder, prompts, config, repeats=1):
+        entered.set()
+        release.wait(20)
+        return real(decoder, prompts, config, repeats)
+
+    monkeypatch.setattr(batch_bench, "measure_batch", gated)
+    window.batch_action.trigger()
+    qtbot.waitUntil(entered.is_set, timeout=10000)  # measuring B = 1
+    window.view.setFocus()
+    qtbot.keyClick(window.view, Qt.Key_Escape)
+    release.set()
+    qtbot.waitUntil(lambda: window.batch_dialog is not None, timeout=60000)
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    dialog = window.batch_dialog
+    assert [r.batch for r in window.batch_rows] == [1] and [r.batch for r in dialog.rows] == [1]
+    assert not dialog.complete and dialog.suggestion_text == "" and dialog.table.rowCount() == 1
+    assert "suggests no operating point" in dialog.summary.text()
+    assert "stopped" in dialog.windowTitle() and window.errors == []
+
+
+def test_a_failure_becomes_a_dialog(qtbot, window, monkeypatch):
+    def explode(*args, **kwargs):
+        raise RuntimeError("the roofline melted")
+
+    monkeypatch.setattr(batch_bench, "bench_batch", explode)
+    window.batch_action.trigger()
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    qtbot.waitUntil(lambda: window.errors != [], timeout=5000)
+    assert window.errors == [("Batch regime failed", "The engine failed: RuntimeError: the roofline melted")]
+    assert window.batch_dialog is None and window.batch_action.isEnabled()
+
+
+def test_batch_regime_needs_a_batched_method(qtbot, window):
+    window.method_actions["none"].trigger()
+    window.batch_action.trigger()
+    assert window.errors[-1][0] == "No drafting method" and not window.running
+    if window.method_actions["lookahead"].isEnabled():
+        window.method_actions["lookahead"].trigger()
+        window.batch_action.trigger()
+        assert window.errors[-1][0] == "No batched method" and not window.running
+
+
+def test_the_shortcut_is_in_the_menu_and_in_help(qtbot, window):
+    assert window.batch_action.shortcut().toString() == "Ctrl+B"
+    assert "<b>Ctrl+B</b>" in HELP_HTML and "Batch regime" in HELP_HTML
+
+
+# ------------------------------------------------------------------------------------- the dialog alone
+def make_report(speedups, measured_crossover, predicted_crossover=None) -> BatchReport:
+    batches = [2 ** i for i in range(len(speedups))]
+    rows = [BatchRow(batch=b, plain_tokens_per_s=100.0 * b, spec_tokens_per_s=100.0 * b * s,
+                     tokens_per_round=2.0, plain_tokens_per_round=1.0, acceptance_rate=0.6,
+                     plain_round_ms=1.0, spec_round_ms=1.0, step_ms=1.0, verify_step_ms=1.0 + b,
+                     predicted_speedup=s) for b, s in zip(batches, speedups, strict=True)]
+    fit = roofline.Roofline(floor_ms=1.0, ms_per_token=0.1)
+    return BatchReport(rows=rows, method="draft", k=3, ks=[1, 2, 3], device="CPU", max_new_tokens=8,
+                       target_fit=fit, draft_fit=None, weight_bytes=1, flops_per_token=1.0, bandwidth=1.0,
+                       matmul_flops=1.0, measured_crossover=measured_crossover,
+                       predicted_crossover=predicted_crossover)
+
+
+def test_the_dialog_marks_the_crossover_and_suggests_the_operating_point(qtbot):
+    speedups = [1.8, 1.5, 1.1, 0.8, 0.6]
+    crossover = roofline.crossover([1, 2, 4, 8, 16], speedups)
+    dialog = BatchDialog(None, make_report(speedups, crossover, 6.0), "title")
+    qtbot.addWidget(dialog)
+    assert 4 < crossover < 8 and dialog.crossover_line.value() == pytest.approx(math.log2(crossover))
+    text = dialog.suggestion_text
+    assert f"below B ≈ {crossover:.0f}" in text and "off</b> above" in text
+    assert dialog.table.rowCount() == 5
+    assert dialog.predicted_crossover_line.value() == pytest.approx(math.log2(6.0))
+
+
+def test_the_suggestion_without_a_crossover_and_when_speculation_always_loses(qtbot):
+    on = make_report([1.6, 1.4, 1.2], None, 40.0)
+    text = suggestion(on, True)
+    assert "on</b> (K = 3) at every measured batch" in text and "B ≈ 40" in text
+    dialog = BatchDialog(None, on, "title")
+    qtbot.addWidget(dialog)
+    assert dialog.crossover_line is None
+    assert dialog.predicted_crossover_line is None  # 40 > 4 x 4: off the plot
+    off = make_report([0.9, 0.8], 1.0)
+    assert "off</b> at every batch" in suggestion(off, True)
+    assert suggestion(make_report([1.5], None), True) == ""  # one batch: no curve
+    assert suggestion(on, complete=False) == ""
+
+
+def test_a_decoder_without_a_model_pair_is_refused_in_words():
+    from app.workers import batch_decoder
+    from engine.errors import SpecplayError
+
+    with pytest.raises(SpecplayError, match="no model pair"):
+        batch_decoder(object())
