@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional, Sequence
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)  # block sizes timed: K + 1 for K = 0, 1, 2, 4, 8, 16, 32, 64
-STEP_METHODS = ("draft", "eagle")  # drafters whose cost grows with the draft depth (one step a depth)
+STEP_METHODS = ("draft", "eagle", "layerskip")  # drafters whose cost grows with the depth (a step a depth)
 MIN_OBSERVATIONS = 3  # rounds at one block size before the run's own median replaces the calibrated point
 
 
