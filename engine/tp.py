@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -355,6 +356,7 @@ def _worker_main(rank: int, world: int, store_dir: str, device: str, dtype: str,
     _watch_parent()
     torch.set_num_threads(threads)
     dev = torch.device(device)
+    ready.put((rank, "started"))
     try:
         channel = _init(rank, world, store_dir, dev)
         shard, _ = load_shard(model_dir, rank, world, _rank_device(dev, rank), DTYPES[dtype], max_length)
@@ -396,22 +398,30 @@ class TPGroup:
             proc = ctx.Process(target=_worker_main, args=args, daemon=True)
             proc.start()
             self.procs.append(proc)
+        self._wait(ready, "started")  # a rank dying on the way up is seen here, not as a rendezvous timeout
         self.channel = _init(0, self.world, self.store_dir, self.device)
         shard, lm_head = load_shard(model_dir, 0, self.world, _rank_device(self.device, 0), dtype, max_length)
-        self._wait_ready(ready)
+        self._wait(ready, None)
         return TPRunner(shard, lm_head, self)
 
-    def _wait_ready(self, ready) -> None:
+    def _wait(self, ready, expected: Optional[str]) -> None:
+        """Wait until every worker has put (rank, expected) on the queue; SpecplayError when one reports a
+        problem instead, dies, or the time runs out."""
         deadline = time.monotonic() + INIT_TIMEOUT_S
         waiting = set(range(1, self.world))
         while waiting:
+            dead = [r for r, proc in enumerate(self.procs, 1) if r in waiting and not proc.is_alive()]
+            if dead:
+                raise SpecplayError(f"--tp: rank {dead[0]} exited while starting (code "
+                                    f"{self.procs[dead[0] - 1].exitcode})")
+            if time.monotonic() > deadline:
+                raise SpecplayError(f"--tp: ranks {sorted(waiting)} did not start within {INIT_TIMEOUT_S} s")
             try:
-                rank, problem = ready.get(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # queue.Empty
-                raise SpecplayError(f"--tp: ranks {sorted(waiting)} did not start within "
-                                    f"{INIT_TIMEOUT_S} s") from None
-            if problem is not None:
-                raise SpecplayError(f"--tp: rank {rank} could not load its shard ({problem})")
+                rank, message = ready.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if message != expected:
+                raise SpecplayError(f"--tp: rank {rank} could not load its shard ({message})")
             waiting.discard(rank)
 
     def close(self) -> None:
