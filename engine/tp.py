@@ -364,8 +364,12 @@ def _worker_main(rank: int, world: int, store_dir: str, device: str, dtype: str,
         ready.put((rank, f"{type(exc).__name__}: {exc}"))
         return
     ready.put((rank, None))
-    with torch.inference_mode():
-        _serve(shard, channel)
+    try:
+        with torch.inference_mode():
+            _serve(shard, channel)
+    except RuntimeError as exc:  # rank 0 went away mid-command (it is being stopped): leave quietly
+        print(f"tp rank {rank}: stopped ({str(exc).splitlines()[0][:120]})", file=sys.stderr, flush=True)
+        os._exit(1)
     dist.destroy_process_group()
 
 
@@ -432,8 +436,8 @@ class TPGroup:
         if self.in_sync and self.channel is not None and all(p.is_alive() for p in self.procs):
             with contextlib.suppress(Exception):
                 self.channel.header(STOP)
-        for proc in self.procs:
-            proc.join(JOIN_TIMEOUT_S)
+            for proc in self.procs:
+                proc.join(JOIN_TIMEOUT_S)
         for proc in self.procs:
             if proc.is_alive():
                 proc.terminate()

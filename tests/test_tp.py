@@ -1,7 +1,11 @@
 """Tensor-parallel target (--tp 2 over gloo): the same greedy tokens as one rank for every method, lossless
 sampling, clean errors for bad uses. The process group is started once for the module."""
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +139,37 @@ def test_cli_run_with_two_ranks_exits_cleanly(models):
             "draft", "--prompt", PROMPT, "--max-new-tokens", "8", "--device", "cpu", "--tp", "2", "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_ctrl_c_stops_every_rank(models):
+    """SIGINT to rank 0 mid-run: exit code 130 (interrupted), and no worker left behind."""
+    target, draft = models
+    argv = [sys.executable, str(REPO / "main.py"), "check-lossless", "--target", target, "--draft", draft,
+            "--method", "draft", "--samples", "5000", "--device", "cpu", "--tp", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=env, start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        assert "greedy" in proc.stdout.readline()  # rank 0 is sampling now, the workers serving
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid), "a worker rank outlived rank 0"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _default_sigint() -> None:
+    """A background shell starts children with SIGINT ignored; the test's rank 0 must feel it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
