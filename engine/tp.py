@@ -246,6 +246,7 @@ class TPRunner(CausalRunner):
         self.embed_weight, self.norm_weight = shard.embed_weight, shard.norm_weight  # [V, H], [H]
         self.lm_head = lm_head  # [V, H]: the heads' projections (EAGLE, Medusa) run on rank 0 alone
         self.tp = shard.world
+        self.forwards = 0  # target steps, for the all-reduce time per step (bench runtimes)
 
     @property
     def input_fill(self):
@@ -294,6 +295,7 @@ class TPRunner(CausalRunner):
             raise SpecplayError(f"context full: {self.length} cached + {n} new tokens exceed max_length "
                                 f"{self.max_length}")
         channel = self.group.channel
+        self.forwards += 1
         with self.group.command():
             channel.header(FORWARD, n, int(parents is not None))
             tokens = channel.tensor(tokens, (n,), torch.long)

@@ -96,6 +96,15 @@ def test_two_ranks_sample_losslessly(decoders, spec):
     assert report.passed, report
 
 
+def test_bench_runtimes_reports_the_all_reduce_time_per_step(decoders):
+    from engine.runtimes import time_specplay
+
+    _, split = decoders
+    row = time_specplay(split, [PROMPT], config_for("none", max_new_tokens=8), "specplay none")
+    assert row.note.startswith("tp=2: all-reduce ") and row.note.endswith(" ms/step")
+    assert float(row.note.split()[2]) > 0
+
+
 def test_layer_skip_is_refused_with_a_clear_error(decoders):
     _, split = decoders
     with pytest.raises(SpecplayError):
