@@ -182,3 +182,19 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_qwen2_biases_and_tied_head_split_the_same(tmp_path):
+    """q/k/v biases (Qwen2) are split with their weights; a tied LM head is split from the embedding. Runs
+    last: it replaces the module's group with its own."""
+    target = make_tiny_llama(tmp_path / "qwen2", arch="qwen2", vocab=VOCAB, hidden=32, layers=2, seed=3,
+                             tie=True, std=0.3)
+    single = load_pair(str(target), None, device="cpu", need_draft=False, dtype="float32").target
+    split = tp.load_pair(str(target), None, 2, device="cpu", need_draft=False, dtype="float32").target
+    tokens, parents = torch.tensor([3, 4, 5, 6]), torch.tensor([-1, 0, 0, 2])
+    for runner in (single, split):
+        runner.reset()
+    assert torch.allclose(single.forward(tokens).logits, split.forward(tokens).logits, atol=1e-4)
+    assert torch.allclose(single.forward(tokens, parents).logits, split.forward(tokens, parents).logits,
+                          atol=1e-4)
+    tp.shutdown()
