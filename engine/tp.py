@@ -45,6 +45,7 @@ INIT_TIMEOUT_S = 120  # rendezvous and every collective inside a forward
 IDLE_TIMEOUT_S = 24 * 3600  # a worker waiting for rank 0's next command (the user may be thinking)
 JOIN_TIMEOUT_S = 10
 STOP, FORWARD, ROLLBACK, COMPACT, RESET = range(5)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -395,6 +396,9 @@ class TPGroup:
         self.in_sync = True
 
     def start(self, model_dir: str, dtype: torch.dtype, max_length: Optional[int]) -> TPRunner:
+        if self.device.type == "cuda":  # NVLink multicast stays off (shared hosts); the workers inherit it
+            for name, value in NO_MULTICAST.items():
+                os.environ.setdefault(name, value)
         ctx = torch.multiprocessing.get_context("spawn")
         ready = ctx.Queue()
         name = next(k for k, v in DTYPES.items() if v == dtype)
