@@ -86,16 +86,6 @@ def target_spec(model_dir: Path) -> LlamaSpec:
 # Sharding
 
 
-def _rows(t: Optional[torch.Tensor], rank: int, world: int) -> Optional[torch.Tensor]:
-    """This rank's slice of dim 0 (column-parallel weights and their biases)."""
-    return None if t is None else t.chunk(world, dim=0)[rank].contiguous()
-
-
-def _cols(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's slice of dim 1 (row-parallel weights)."""
-    return t.chunk(world, dim=1)[rank].contiguous()
-
-
 def vocab_shard(lm_head: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """Rows rank*Vs..(rank+1)*Vs of the LM head [V, H], Vs = ceil(V / world); missing rows are zeros (the
     gathered logits are cut back to V)."""
@@ -104,32 +94,54 @@ def vocab_shard(lm_head: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return padded[rank * per:(rank + 1) * per].contiguous()  # [Vs, H]
 
 
-def shard_tensors(tensors: Dict[str, torch.Tensor], spec: LlamaSpec, rank: int,
-                  world: int) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
-    """(this rank's checkpoint tensors under the usual names, the full LM head [V, H]). tensors: the whole
-    checkpoint (names normalised), consumed."""
+def split_of(name: str) -> str:
+    """How a checkpoint tensor is split: "rows" (q/k/v, gate/up and their biases: by heads / intermediate),
+    "cols" (o and down: the row-parallel inputs) or "full" (embedding, norms, o/down biases, added once after
+    the all-reduce). The LM head is handled apart (vocab_shard)."""
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return "cols"
+    if name.startswith("model.layers.") and name.endswith(("_proj.weight", "_proj.bias")) \
+            and not name.endswith(("o_proj.bias", "down_proj.bias")):
+        return "rows"
+    return "full"
+
+
+def _read_slice(part, split: str, rank: int, world: int) -> torch.Tensor:
+    """This rank's part of one safetensors tensor, read without the rest (a 70B checkpoint is not read
+    whole by every rank)."""
+    shape = part.get_shape()
+    if split == "rows":
+        per = shape[0] // world
+        return part[rank * per:(rank + 1) * per]
+    if split == "cols":
+        per = shape[1] // world
+        return part[:, rank * per:(rank + 1) * per]
+    return part[:]
+
+
+def read_shard(model_dir: Path, spec: LlamaSpec, rank: int, world: int,
+               device: torch.device) -> Tuple[Dict[str, torch.Tensor], Optional[torch.Tensor]]:
+    """(this rank's tensors under the usual names, with its LM head shard; the full LM head [V, H] on rank 0
+    only, for the heads' projections, else None)."""
+    from safetensors import safe_open
+
+    from engine.llama import _safetensors_files
     from engine.validate import normalise_llama_names
 
-    src = normalise_llama_names(tensors)
-    tensors.clear()
-    out = {"model.embed_tokens.weight": src["model.embed_tokens.weight"],
-           "model.norm.weight": src["model.norm.weight"]}
-    lm_head = src.get("lm_head.weight")
+    out: Dict[str, torch.Tensor] = {}
+    lm_head = None
+    for file in _safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                name = next(iter(normalise_llama_names({key: None})))
+                if name == "lm_head.weight":
+                    lm_head = f.get_tensor(key).to(device)
+                    continue
+                out[name] = _read_slice(f.get_slice(key), split_of(name), rank, world).to(device)
     if lm_head is None or spec.tie_word_embeddings is True:
-        lm_head = src["model.embed_tokens.weight"]  # tied
+        lm_head = out["model.embed_tokens.weight"]  # tied
     out["lm_head.weight"] = vocab_shard(lm_head, rank, world)
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        for name, t in src.items():
-            if not name.startswith(p):
-                continue
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                out[name] = _cols(t, rank, world)
-            elif name.endswith(("o_proj.bias", "down_proj.bias", "layernorm.weight")):
-                out[name] = t  # added once after the all-reduce; norms are replicated
-            else:  # q/k/v and gate/up, weights and biases: split by heads / intermediate
-                out[name] = _rows(t, rank, world)
-    return out, lm_head
+    return out, (lm_head if rank == 0 else None)
 
 
 def local_spec(spec: LlamaSpec, world: int) -> LlamaSpec:
@@ -168,18 +180,16 @@ class ShardRunner(LlamaRunner):
 
 
 def load_shard(model_dir: str, rank: int, world: int, device: torch.device, dtype: torch.dtype,
-               max_length: Optional[int]) -> Tuple[ShardRunner, torch.Tensor]:
-    """(this rank's ShardRunner, the full LM head on the device). The checkpoint is read whole on the host and
-    sliced (simple; a 70B checkpoint would want safetensors slices per rank)."""
-    from engine.llama import DEFAULT_MAX_LENGTH, load_safetensors
+               max_length: Optional[int]) -> Tuple[ShardRunner, Optional[torch.Tensor]]:
+    """(this rank's ShardRunner, the full LM head in the runner's dtype on rank 0, else None)."""
+    from engine.llama import DEFAULT_MAX_LENGTH
 
     spec = target_spec(Path(model_dir))
     max_length = int(max_length or min(spec.max_position_embeddings, DEFAULT_MAX_LENGTH))
-    tensors, lm_head = shard_tensors(load_safetensors(model_dir, torch.device("cpu")), spec, rank, world)
-    tensors = {k: v.to(device) for k, v in tensors.items()}
+    tensors, lm_head = read_shard(Path(model_dir), spec, rank, world, device)
     shard = ShardRunner(spec, tensors, world, device=device, dtype=dtype, max_length=max_length,
                         path=model_dir)
-    return shard, lm_head.to(device, dtype)
+    return shard, (None if lm_head is None else lm_head.to(dtype))
 
 
 # ------------------------------------------------------------------------------------------------------------
