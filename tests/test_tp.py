@@ -107,7 +107,7 @@ def test_bench_runtimes_reports_the_all_reduce_time_per_step(decoders):
 
 def test_layer_skip_is_refused_with_a_clear_error(decoders):
     _, split = decoders
-    with pytest.raises(SpecplayError):
+    with pytest.raises(SpecplayError, match="tensor-parallel"):
         split.generate_ids(PROMPT, config_for("layerskip", k=2, max_new_tokens=4))
 
 
