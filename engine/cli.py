@@ -153,6 +153,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run the GPU forwards eagerly instead of replaying captured CUDA graphs")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks for a Llama-family target (gloo on CPU, NCCL on cuda:0..N-1)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: 1 for small models, else physical cores - 1; "
                         "OMP_NUM_THREADS is respected)")
@@ -310,7 +312,12 @@ def load_decoder(args, *method_names: str):
         apply_threads((), requested)
     progress(f"loading {args.target or 'the shipped target'}"
              + (f" and {args.draft or 'the shipped draft'}" if need_draft else "") + f" on {device}…")
-    pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
+    tp = getattr(args, "tp", 1)
+    if tp != 1:
+        from engine import tp as tensor_parallel
+        pair = tensor_parallel.load_pair(args.target, args.draft, tp, device, need_draft, args.dtype)
+    else:
+        pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
     if pair is not None:
         apply_threads((pair.target, pair.draft), requested)
     decoder = SpeculativeDecoder(pair)
@@ -365,6 +372,13 @@ def _read_bytes(path: str) -> bytes:
 def check_common_args(args) -> None:
     """Checks every command's shared options before anything loads."""
     check_threads(getattr(args, "threads", None))
+    tp = getattr(args, "tp", 1)
+    if tp < 1:
+        raise SpecplayError(f"--tp {tp}: must be at least 1")
+    if tp != 1 and (args.command == "gui" or getattr(args, "what", None) == "batch"
+                    or getattr(args, "synthetic", None)):
+        raise SpecplayError("--tp runs with run, check-lossless, bench methods|k-sweep|runtimes and predict "
+                            "(not the GUI, bench batch or synthetic pairs yet)")
     for name in ("target", "draft"):
         value = getattr(args, name, None)
         if value is not None and not value.strip():

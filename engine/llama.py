@@ -634,7 +634,7 @@ class LlamaRunner(CausalRunner):
             qg = q.reshape(1, s.num_kv_heads, group * n, s.head_dim)  # [1, kvh, group * n, D]
             attn = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=layer_masks[li])
             attn = attn.reshape(s.num_heads, n, s.head_dim).transpose(0, 1).reshape(n, q_dim)  # [n, heads*D]
-            x = _linear_residual(x, attn, layer.w_o, layer.b_o)
+            x = self._residual_out(x, attn, layer.w_o, layer.b_o)
             h = rms_norm(x, layer.ln2, s.rms_norm_eps)
             gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)  # [n, 2 I]
             if fused is not None:
@@ -642,8 +642,14 @@ class LlamaRunner(CausalRunner):
             else:
                 gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
                 act = F.silu(gate) * up
-            x = _linear_residual(x, act, layer.w_down, layer.b_down)
+            x = self._residual_out(x, act, layer.w_down, layer.b_down)
         return x
+
+    def _residual_out(self, x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """x + inputs @ weight.T (+ bias) for o and down: a hook, so that a tensor-parallel shard
+        (engine/tp.py) all-reduces its partial sums here."""
+        return _linear_residual(x, inputs, weight, bias)
 
     def _rope_tables(self):
         """cos and [-sin, sin] for every cache position, in the runner dtype, computed in float32 like

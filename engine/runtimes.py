@@ -91,6 +91,8 @@ def time_specplay(decoder, prompts: list, config: GenerationConfig, label: str) 
     """End-to-end wall clock of decoder.generate on each prompt; first token = the first event."""
     list(decoder.generate(WARM_UP_PROMPT, config))
     row = RuntimeRow(label)
+    split = getattr(decoder.target, "tp", 1) > 1  # engine.tp's TPRunner: it counts its all-reduce time
+    since = (decoder.target.allreduce_s, decoder.target.forwards) if split else None
     for prompt in prompts:
         _sync(decoder.device)
         began = time.perf_counter()
@@ -106,7 +108,17 @@ def time_specplay(decoder, prompts: list, config: GenerationConfig, label: str) 
         row.first_token_ms.append(1000.0 * (first - began))
         row.tokens += sum(len(e.emitted_ids) for e in events)
         row.forwards += len(events)
+    if since is not None:
+        row.note = _allreduce_note(decoder.target, *since)
     return row
+
+
+def _allreduce_note(target, since_s: float, since_steps: int) -> str:
+    """A tensor-parallel target's all-reduce time per target step since (since_s, since_steps): host time
+    around the collectives (the whole wait with gloo; on CUDA only the launch, NCCL runs asynchronously)."""
+    steps = target.forwards - since_steps
+    ms = 1000.0 * (target.allreduce_s - since_s) / steps if steps else 0.0
+    return f"tp={target.tp}: all-reduce {ms:.3f} ms/step"
 
 
 class _FirstTokenClock:

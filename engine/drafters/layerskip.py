@@ -31,6 +31,8 @@ def default_draft_layers(num_layers: int) -> int:
 
 def resolve_draft_layers(target, requested: int) -> int:
     """The draft's layer count for this target (0 = the default); SpecplayError when it cannot be."""
+    if getattr(target, "tp", 1) > 1:
+        raise SpecplayError("layer skip does not run on a tensor-parallel target (--tp) yet")
     if not isinstance(target, LlamaRunner):
         raise SpecplayError("layer skip drafts with the target's own layers: it needs a Llama-family target")
     total = len(target.layers)
