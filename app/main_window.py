@@ -46,7 +46,7 @@ from app.round_view import RoundView, describe, legend_html
 from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
-from app.widgets import PromptEdit, SteadyLabel, ask_path
+from app.widgets import PromptEdit, SteadyLabel, ask_path, settle_clipboard
 from app.workers import BatchWorker, GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
@@ -976,6 +976,7 @@ def run_gui(target: Optional[str] = None, draft: Optional[str] = None, device: s
         backend.preload_engine()
     except Exception:  # noqa: BLE001 - the window opens anyway; loading will report the engine's error
         pass
+    app.aboutToQuit.connect(settle_clipboard)
     window = MainWindow(device=device)
     window.show()
     window.start(target, draft)

@@ -63,7 +63,9 @@ def file_dialog(parent, title: str, mode, file_filter: str = "") -> QFileDialog:
     dialog = QFileDialog(parent, title, "", file_filter)
     dialog.setOption(QFileDialog.DontUseNativeDialog, True)
     dialog.setOption(QFileDialog.DontUseCustomDirectoryIcons, True)
-    dialog.setIconProvider(SafeIconProvider())
+    provider = SafeIconProvider()
+    dialog.setIconProvider(provider)
+    dialog.icon_provider = provider  # Qt does not own it: the dialog's Python side keeps it alive
     dialog.setFileMode(mode)
     return dialog
 
@@ -77,3 +79,16 @@ def ask_path(parent, title: str, mode, file_filter: str = "", save: bool = False
     if dialog.exec() and dialog.selectedFiles():
         return dialog.selectedFiles()[0]
     return None
+
+
+def settle_clipboard() -> None:
+    """Hand the clipboard's text to a mime-data object Qt owns alone. A copy from the round view puts a
+    QMimeData made in Python on the clipboard; Qt deletes it in its exit handlers, after Python has
+    finalized, and Shiboken's bookkeeping for it then crashes the process. Run while Python lives (at
+    quit); the user's copied text stays on the clipboard."""
+    from PySide6.QtGui import QGuiApplication
+
+    if QGuiApplication.instance() is None:
+        return
+    clipboard = QGuiApplication.clipboard()
+    clipboard.setText(clipboard.text())

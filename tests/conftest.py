@@ -6,6 +6,19 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def settled_clipboard():
+    """After the session, the clipboard holds no mime data made in Python (see app.widgets.settle_clipboard):
+    otherwise the process crashes in Qt's exit handlers after every test has passed."""
+    yield
+    import sys
+
+    if "PySide6.QtGui" in sys.modules:
+        from app.widgets import settle_clipboard
+
+        settle_clipboard()
+
+
 @pytest.fixture
 def isolated_qsettings(tmp_path):
     """Point QSettings (INI, user scope) at a temp dir so tests never read or write the user's settings."""

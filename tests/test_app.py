@@ -1010,7 +1010,7 @@ def test_opening_a_bad_trace_or_a_special_file_gives_a_dialog(qtbot, make_window
     assert window.session.generations == []
 
 
-def test_file_dialogs_never_read_special_files(tmp_path):
+def test_file_dialogs_never_read_special_files(qtbot, tmp_path):  # qtbot: icons need a QApplication
     """Qt's icon provider sniffs contents for the type column (typing /proc froze the GUI on /proc/kmsg)."""
     from PySide6.QtCore import QFileInfo
     from PySide6.QtWidgets import QFileDialog
@@ -1023,6 +1023,7 @@ def test_file_dialogs_never_read_special_files(tmp_path):
     assert provider.type(QFileInfo(str(fifo))) == "Special file"
     provider.icon(QFileInfo(str(fifo)))  # returns at once
     dialog = file_dialog(None, "Open", QFileDialog.ExistingFile)
+    qtbot.addWidget(dialog)  # closed and deleted while the QApplication lives
     assert isinstance(dialog.iconProvider(), SafeIconProvider)
     assert dialog.testOption(QFileDialog.DontUseNativeDialog)
 
