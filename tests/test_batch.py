@@ -208,6 +208,7 @@ def test_ragged_ngram_rounds_are_padded_and_lossless(pair, padded_rounds):
         assert seq.ids == plain_ids(single, prompt, 24)
 
 
+@pytest.mark.slow  # a statistical check: `make test-fast` skips it
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_chi_square_per_sequence(pair, method, padded_rounds):
     """The first two sampled tokens of every sequence of a batch follow that sequence's exact target

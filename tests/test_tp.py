@@ -88,6 +88,7 @@ def test_two_ranks_give_the_same_greedy_tokens(decoders, spec):
         assert sum(e.accepted_count for e in events) >= 3, "expected accepted drafts (rollback, compaction)"
 
 
+@pytest.mark.slow  # a statistical check: `make test-fast` skips it
 @pytest.mark.parametrize("spec", ["draft", "eagle:8"])
 def test_two_ranks_sample_losslessly(decoders, spec):
     _, split = decoders
