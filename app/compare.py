@@ -91,7 +91,8 @@ class CompareTable(QTableWidget):
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.horizontalHeader().setStretchLastSection(True)
         self.setToolTip("Select runs in History to compare them. Speedup: tokens/s over a plain run "
-                        "(Method → Off) of the same prompt in this session; ± is the standard deviation.")
+                        "(Method → Off) of the same prompt in this window's History; ± is the standard "
+                        "deviation.")
         self.rows: list = []
 
     def refresh(self, generations, selected) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from engine.batch_runner import BatchRunner
 from engine.config import GenerationConfig
+from engine.decoder import attention_without_plans, eos_ids
 from engine.drafters.ngram import lookup_continuation
 from engine.errors import SpecplayError
 from engine.runner import to_device
@@ -290,9 +291,10 @@ class BatchDecoder:
         self.device = self.target.device
         self.backend = backend or select_backend(self.device)
         self.vocab_size = pair.vocab_size
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        self.eos_ids = set() if eos is None else {int(eos)}
+        self.eos_ids = eos_ids(self.tokenizer)
         self.use_graphs = self.device.type == "cuda"
+        if self.use_graphs:
+            attention_without_plans()  # as the single-sequence decoder: no cuDNN plan per prompt length
         # A simulation for timing studies (it changes the output): each drafted token is accepted with this
         # probability, independently, whatever the target says; None = real verification.
         self.simulated_acceptance: Optional[float] = None

@@ -117,7 +117,7 @@ class SpeculativeDecoder:
         self.device = self.target.device
         self.backend = backend or select_backend(self.device)
         self.vocab_size = pair.vocab_size  # the target's logit width (its whole distribution)
-        self.eos_ids = _eos_ids(self.tokenizer)
+        self.eos_ids = eos_ids(self.tokenizer)
         self._token_texts: dict = {}  # token id -> its text, decoded once
         self._medusa = None  # heads load on first use
         self._eagle = None
@@ -125,7 +125,7 @@ class SpeculativeDecoder:
         self.cuda_graphs = self.device.type == "cuda"
         self.pipelined = self.device.type == "cuda"  # see _rounds
         if self.device.type == "cuda":
-            _attention_without_plans()
+            attention_without_plans()
 
     # ------------------------------------------------------------------------------------------ public API
     @property
@@ -467,14 +467,15 @@ class SpeculativeDecoder:
 
 
 
-def _attention_without_plans() -> None:
+def attention_without_plans() -> None:
     """Keep SDPA off its cuDNN backend: in bf16 it builds a plan for every new prompt length (48-95 ms on the
     first prefill of each length, measured on an H200), where the memory-efficient kernel costs what the
     forward costs. Process-wide, which is what a playground that owns its process wants."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def _eos_ids(tokenizer) -> set:
+def eos_ids(tokenizer) -> set:
+    """The ids that end a generation (the tokenizer's EOS, when it has one)."""
     ids = set()
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batch regime on the lent GPU, from the repo root; logs, JSON and the SVG plot to $OUT.
+# The batch regime on a CUDA GPU, from the repo root; logs, JSON and the SVG plot to $OUT.
 #   STAGES="tests shipped synthetic" SHAPE=llama-8b BATCHES=1,2,4,8,16,32,64,128,256 scripts/gpu_batch.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

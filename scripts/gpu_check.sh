@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the lent GPU must confirm, run from the repo root on the device machine; logs to $OUT.
+# Everything a CUDA machine must confirm (GPU tests and benchmarks), run from the repo root; logs to $OUT.
 # STAGES picks parts (default: all): tests bench runtimes synthetic lossless kernels steps
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# This session's closing GPU run, in priority order (a run cut short keeps what came first); logs to $OUT.
+# The GPU tests and the README's GPU tables in one run, most important first (a run cut short keeps what came
+# first); logs to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
