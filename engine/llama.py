@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -37,7 +38,7 @@ from engine.runner import (
     tree_ancestor_mask,
     tree_depths,
 )
-from kernels.step import StepKernels
+from kernels.step import ATTENTION_MAX_D, GEMV_MAX_ROWS, HALF_DTYPES, StepKernels, gemv_fits
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
@@ -412,6 +413,7 @@ class LlamaRunner(CausalRunner):
         self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
         # CUDA: fused rope/cache and SiLU kernels, else None
         self.fused_kernels = StepKernels.load(self.device)
+        self.decode_kernels = self._decode_kernels()  # the fused decode path for short blocks, else None
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
         self._graph_pool = None
 
@@ -495,6 +497,8 @@ class LlamaRunner(CausalRunner):
     def _block_step(self, x, start, depth, block_visible, kv: int):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
         Only device tensors go in, so the CUDA graph captures exactly this."""
+        if self._decode_path(x.shape[0]):
+            return self._decode_block(x, start, depth, block_visible)
         positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
         hidden = self.step_embeds(x, positions, cache_index, mask, window_mask)
         return hidden, self.logits_from_hidden(hidden)
@@ -574,10 +578,12 @@ class LlamaRunner(CausalRunner):
         return min(self.max_length, -(-rows // KV_BUCKET) * KV_BUCKET)
 
     def _captured_step(self, n: int, start: int) -> Optional["CapturedStep"]:
-        """The captured step for n tokens at this length, capturing it on first use; None runs eagerly."""
+        """The captured step for n tokens at this length, capturing it on first use; None runs eagerly. On the
+        decode path the attention reads the block's start on the device: one graph per n serves every
+        length."""
         if not self.use_graphs or n > GRAPH_MAX_BLOCK or start == 0:
             return None  # a block at the cache's start is a prefill: capturing one per prompt length stalls
-        key = (n, self._kv_width(start + n))
+        key = (n, 0 if self._decode_path(n) else self._kv_width(start + n))
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
@@ -585,6 +591,67 @@ class LlamaRunner(CausalRunner):
                 self._graph_pool = torch.cuda.graph_pool_handle()
             self._graphs[key] = CapturedStep(self, n, key[1], self._graph_pool)
         return self._graphs[key]
+
+    # -- the decode path (CUDA, bf16/fp16) -----------------------------------------------------------------
+
+    def _decode_kernels(self) -> Optional[StepKernels]:
+        """The step kernels when short blocks may take the decode path: bf16/fp16 on CUDA, shapes the kernels
+        read (rows a multiple of 8, head dim <= 256, 16-byte aligned weights), no sliding window.
+        SPECPLAY_DECODE=0 keeps every block on the cuBLAS + SDPA path (for comparisons)."""
+        kernels, s = self.fused_kernels, self.spec
+        if kernels is None or os.environ.get("SPECPLAY_DECODE", "1") == "0":
+            return None
+        if self.dtype not in HALF_DTYPES or self._window is not None:
+            return None
+        if s.head_dim % 8 or s.head_dim > ATTENTION_MAX_D or s.hidden_size % 8 or s.intermediate_size % 8:
+            return None
+        weights = [self.lm_head] + [w for layer in self.layers
+                                    for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)]
+        return kernels if all(gemv_fits(w) for w in weights) else None
+
+    def _decode_path(self, n: int) -> bool:
+        return self.decode_kernels is not None and n <= GRAPH_MAX_BLOCK
+
+    def _decode_block(self, x, start, depth, block_visible):
+        """The step on the decode kernels: x [n, H] (n <= 64) at cache rows start.. (start [1] on the
+        device) -> (features [n, H], logits [n, V] float32). Blocks of up to 8 rows run every product in
+        sp_gemv, which makes each row's result independent of the others (see kernels/decode_kernels.cu);
+        longer ones keep cuBLAS for the products."""
+        n = x.shape[0]
+        positions = start + depth  # [n]
+        cache_index = start + self._arange[:n]  # [n]
+        hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous())
+        if n > GEMV_MAX_ROWS:
+            return hidden, self.logits_from_hidden(hidden)
+        logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
+                                          eps=self.spec.rms_norm_eps, out_f32=True)  # [n, V]
+        return hidden, logits
+
+    def _decode_layers(self, x, positions, cache_index, start, block_visible) -> torch.Tensor:
+        """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
+        fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
+        and the residual fused in); with more than 8 rows the products are cuBLAS's and the norms torch's."""
+        s, k = self.spec, self.decode_kernels
+        eps = s.rms_norm_eps
+        small = x.shape[0] <= GEMV_MAX_ROWS
+        for li, layer in enumerate(self.layers):
+            keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
+            if small:
+                qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps)
+            else:
+                qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
+            q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
+                           s.num_heads, s.num_kv_heads)  # [heads, n, D]
+            attn = k.attention(q, keys, values, start, block_visible)  # [n, heads * D]
+            if small:
+                x = k.gemv(attn, layer.w_o, layer.b_o, residual=x)
+                gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps)
+                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True)
+            else:
+                x = _linear_residual(x, attn, layer.w_o, layer.b_o)
+                gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+                x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
+        return x
 
     # -- the step --------------------------------------------------------------------------------------------
 

@@ -162,6 +162,7 @@ class ShardRunner(LlamaRunner):
         super().__init__(local_spec(spec, world), tensors, **kwargs)
         self.full_spec = spec
         self.use_graphs = False  # collectives are not captured (yet): the shard runs eagerly
+        self.decode_kernels = None  # the decode path fuses the residual add that `_residual_out` all-reduces
 
     def _residual_out(self, x, inputs, weight, bias):
         partial = inputs @ weight.t()  # [n, H]: this rank's share of the row-split product

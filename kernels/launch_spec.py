@@ -152,8 +152,8 @@ def wide_sync_words(batch: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ parsing the .cu
-_KERNEL_RE = re.compile(r'(template\s*<\s*typename\s+T\s*>\s*)?(?:extern\s+"C"\s+)?__global__\s+void\s+'
-                        r'(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)')
+_KERNEL_RE = re.compile(r'(template\s*<\s*typename\s+T\s*(?:,\s*int\s+\w+\s*)*>\s*)?'
+                        r'(?:extern\s+"C"\s+)?__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)')
 _STRUCT_RE = re.compile(r"\bstruct\s+(\w+)\s*\{([^{}]*)\}\s*;")
 _FIELD_RE = re.compile(r"([A-Za-z_][\w ]*?)\s+(\w+(?:\s*,\s*\w+)*)")  # "type name" or "type a, b"
 _FIELD_BYTES = {"float": 4, "int": 4, "u32": 4, "double": 8, "u64": 8, "unsigned short": 2}
@@ -164,7 +164,7 @@ def _strip_comments(source: str) -> str:
 
 
 def parse_kernels(source: str) -> dict[str, KernelSpec]:
-    """Every `__global__` function of a .cu source as a KernelSpec (templated: `template <typename T>`)."""
+    """Every `__global__` function of a .cu source as a KernelSpec (templated: `template <typename T...>`)."""
     return {m.group(2): KernelSpec(m.group(2), m.group(3), templated=bool(m.group(1)))
             for m in _KERNEL_RE.finditer(_strip_comments(source))}
 

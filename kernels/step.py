@@ -1,8 +1,11 @@
-"""Fused kernels of the decoder step (kernels/step_kernels.cu) and their torch reference twins.
+"""Fused kernels of the decoder step (kernels/step_kernels.cu, decode_kernels.cu) and their torch twins.
 
 `rope_qkv` replaces the step's rotary embedding (3 kernels), the k/v cache writes (2) and q's copy into the
-grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). The twins are the eager
-step's own operations, and the fuzz test (tests/test_step_kernels_gpu.py) holds the kernels to them.
+grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). For blocks of up to 8
+rows in bf16/fp16, `gemv` does a matrix product with the RMSNorm before it, the SiLU * up before it or the
+residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. The
+twins are the eager step's own operations (attention's is an fp64 softmax), and the fuzz tests
+(tests/test_step_kernels_gpu.py) hold the kernels to them.
 
 Launches go through CuPy on torch's current stream, so a step that uses them is captured in the CUDA graph
 like any torch operation; their Python cost is paid once, at capture. `StepKernels.load(device)` returns None
@@ -10,6 +13,7 @@ where CuPy or a CUDA device is missing, and the step then runs its torch operati
 """
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import threading
@@ -17,12 +21,20 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kernels.launch_spec import KernelSpec, parse_kernels
 
-SOURCE = pathlib.Path(__file__).with_name("step_kernels.cu")
+_HERE = pathlib.Path(__file__).parent
+SOURCE = _HERE / "step_kernels.cu"
+SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu")  # compiled as one module, in order
 THREADS = 256
+GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
+GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
+ATTENTION_THREADS = 128  # SP_ATTN_WARPS warps
+ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
 _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}
 
 # Written as in the .cu (tests/test_kernels_launch_spec.py-style check in tests/test_step_kernels.py).
@@ -32,7 +44,31 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads, "
                "int kv_heads, int D, int cache_len", templated=True),
     KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter", templated=True),
+    KernelSpec("sp_gemv",
+               "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
+               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32", templated=True),
+    KernelSpec("sp_attention",
+               "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
+               "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
+               "float scale", templated=True),
 )}
+GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
+
+
+def instance_names() -> list:
+    """Every kernel instance the module is compiled with (NVRTC name expressions)."""
+    names = [f"{name}<{t}>" for name in ("sp_rope_qkv", "sp_silu_mul") for t in _DTYPES.values()]
+    halves = [_DTYPES[d] for d in HALF_DTYPES]
+    names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
+    names += [f"sp_attention<{t}>" for t in halves]
+    return names
+
+
+def module_source() -> str:
+    return "\n".join(path.read_text() for path in SOURCES)
+
+
+COMPILE_OPTIONS = ("--std=c++17", "--fmad=false")
 
 
 # ------------------------------------------------------------------------------------------------ twins
@@ -57,6 +93,47 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: fp32 statistics, rounded to x's dtype, then times the weight (rounded)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
+                   silu: bool = False, out_f32: bool = False) -> torch.Tensor:
+    """The eager ops sp_gemv fuses: in = x, RMSNorm(x) * norm_weight, or SiLU(gate) * up (x = gate | up);
+    out = in @ weight.T (+ bias), + residual as torch.addmm adds it. x [M, K] ([M, 2K] with silu),
+    weight [N, K] -> [M, N] in x's dtype (float32 with out_f32)."""
+    if silu:
+        inputs = silu_mul_reference(x)
+    elif norm_weight is not None:
+        inputs = rms_norm_reference(x, norm_weight, eps)
+    else:
+        inputs = x
+    if residual is None:
+        out = F.linear(inputs, weight, bias)
+    elif bias is None:
+        out = torch.addmm(residual, inputs, weight.t())
+    else:
+        out = residual + F.linear(inputs, weight, bias)
+    return out.float() if out_f32 else out
+
+
+def attention_reference(q, k_cache, v_cache, start: int, visible) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v in fp64 over the rows each query sees: every cache row before start, and
+    block row j where visible[i, j]. q [heads, n, D]; caches [kv_heads, cache_len, D]; visible [n, n] bool.
+    Returns [n, heads * D] in q's dtype."""
+    heads, n, d = q.shape
+    group = heads // k_cache.shape[0]
+    keys = k_cache[:, :start + n].double().repeat_interleave(group, 0)  # [heads, L, D]
+    values = v_cache[:, :start + n].double().repeat_interleave(group, 0)
+    scores = q.double() @ keys.transpose(1, 2) / math.sqrt(d)  # [heads, n, L]
+    seen = torch.cat([torch.ones(n, start, dtype=torch.bool, device=q.device), visible.bool()], dim=1)
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    return (probs @ values).transpose(0, 1).reshape(n, heads * d).to(q.dtype)
+
+
 # ------------------------------------------------------------------------------------------------ kernels
 class StepKernels:
     """The compiled step kernels of one device."""
@@ -66,8 +143,7 @@ class StepKernels:
 
     def __init__(self, module, device: torch.device):
         self.device = device
-        self._kernels = {f"{name}<{t}>": module.get_function(f"{name}<{t}>") for name in SPECS
-                         for t in _DTYPES.values()}
+        self._kernels = {name: module.get_function(name) for name in instance_names()}
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
 
     @classmethod
@@ -88,18 +164,21 @@ class StepKernels:
             import cupy
         except Exception:  # noqa: BLE001 - no CuPy: the step keeps its torch operations
             return None
-        names = [f"{name}<{t}>" for name in SPECS for t in _DTYPES.values()]
         with cupy.cuda.Device(device.index):
-            module = cupy.RawModule(code=SOURCE.read_text(), options=("--std=c++17", "--fmad=false"),
-                                    name_expressions=names)
+            module = cupy.RawModule(code=module_source(), options=COMPILE_OPTIONS,
+                                    name_expressions=instance_names())
             return cls(module, device)
 
     def _launch(self, name: str, dtype: torch.dtype, count: int, **args) -> None:
+        """One thread per item: `count` items, THREADS to a block."""
+        self._launch_grid(name, f"{name}<{_DTYPES[dtype]}>", ((count + THREADS - 1) // THREADS,), THREADS,
+                          **args)
+
+    def _launch_grid(self, name: str, instance: str, grid: tuple, threads: int, **args) -> None:
         spec = SPECS[name]
         values = [_NUMPY[fmt](v) for fmt, v in zip(spec.layout, spec.values(args))]
         stream = self._stream(torch.cuda.current_stream(self.device).cuda_stream)
-        grid = ((count + THREADS - 1) // THREADS,)
-        self._kernels[f"{name}<{_DTYPES[dtype]}>"](grid, (THREADS,), tuple(values), stream=stream)
+        self._kernels[instance](grid, (threads,), tuple(values), stream=stream)
 
     def _stream(self, pointer: int):
         stream = self._streams.get(pointer)
@@ -138,6 +217,63 @@ class StepKernels:
         return out
 
 
+    def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
+             silu: bool = False, out_f32: bool = False) -> torch.Tensor:
+        """As gemv_reference, for M <= 8 rows of bf16/fp16 (`gemv_fits` says when)."""
+        rows, (n_out, k) = x.shape[0], weight.shape
+        if not 1 <= rows <= GEMV_MAX_ROWS or x.shape[1] != (2 * k if silu else k):
+            raise ValueError(f"gemv: {rows} rows of {x.shape[1]} for a weight {tuple(weight.shape)}")
+        _check_aligned(x, weight, *(t for t in (bias, residual, norm_weight) if t is not None))
+        if residual is not None and tuple(residual.shape) != (rows, n_out):
+            raise ValueError(f"gemv: residual {tuple(residual.shape)} for an output of ({rows}, {n_out})")
+        mode = GEMV_MODES["silu_mul" if silu else "rms_norm" if norm_weight is not None else "plain"]
+        out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
+        grid = ((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK,)
+        self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, x=x.data_ptr(),
+                          norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
+                          residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
+                          mode=mode, eps=eps, out_f32=int(out_f32))
+        return out
+
+    def attention(self, q, k_cache, v_cache, start, visible) -> torch.Tensor:
+        """As attention_reference with start a device tensor [1] int64; returns [n, heads * D]."""
+        heads, n, d = q.shape
+        kv_heads, cache_len = k_cache.shape[0], k_cache.shape[1]
+        if d % 8 or d > ATTENTION_MAX_D or heads % kv_heads or tuple(visible.shape) != (n, n):
+            raise ValueError(f"attention: head dim {d}, heads {heads}/{kv_heads}, visible "
+                             f"{tuple(visible.shape)} for {n} tokens")
+        _check_aligned(q, k_cache, v_cache)
+        if start.dtype != torch.long or not visible.is_contiguous():
+            raise ValueError("attention: start must be int64 and visible contiguous")
+        out = torch.empty(n, heads * d, dtype=q.dtype, device=q.device)
+        instance = f"sp_attention<{_DTYPES[q.dtype]}>"
+        self._launch_grid("sp_attention", instance, (n * heads,), ATTENTION_THREADS,
+                          q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+                          start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n,
+                          heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d))
+        return out
+
+
+def gemv_fits(weight: torch.Tensor) -> bool:
+    """Whether sp_gemv can read this weight [N, K]: bf16/fp16, contiguous, K % 8 == 0, 16-byte aligned."""
+    return (weight.dtype in HALF_DTYPES and weight.dim() == 2 and weight.is_contiguous()
+            and weight.shape[1] % 8 == 0 and weight.data_ptr() % 16 == 0)
+
+
+def _pointer(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _check_aligned(*tensors: torch.Tensor) -> None:
+    """The decode kernels read 16 bytes at a time: one half dtype, contiguous, 16-byte aligned rows."""
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if (t.dtype != dtype or dtype not in HALF_DTYPES or not t.is_contiguous() or t.data_ptr() % 16
+                or t.shape[-1] % 8):
+            raise ValueError(f"decode kernels need contiguous, 16-byte aligned {dtype} tensors whose rows "
+                             f"are a multiple of 8 (got {t.dtype} {tuple(t.shape)})")
+
+
 def _check(*tensors: torch.Tensor) -> None:
     dtype = tensors[0].dtype
     for t in tensors:
@@ -147,5 +283,10 @@ def _check(*tensors: torch.Tensor) -> None:
 
 
 def source_specs() -> dict:
-    """The kernels as step_kernels.cu declares them (for the signature test)."""
-    return parse_kernels(SOURCE.read_text())
+    """The kernels as the .cu sources declare them (for the signature test)."""
+    return parse_kernels(module_source())
+
+
+def _source_names_options():
+    """(source, instance names, options) as the module is compiled (for an offline NVRTC check)."""
+    return module_source(), instance_names(), COMPILE_OPTIONS

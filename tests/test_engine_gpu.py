@@ -20,12 +20,12 @@ PROMPT = "the cat sat on the mat. the cat sat on the"
 METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("lookahead", 0)]
 
 
-def build(root, vocab, hidden, layers, seed, std):
+def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
     target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
     add_random_medusa_heads(target, hidden)
     add_random_eagle_head(target, hidden)
     draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
-    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=torch.float32))
+    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=dtype))
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,36 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
     spec = decoder.generate_ids(PROMPT, GenerationConfig(method=method, k=k, tree_nodes=nodes,
                                                          max_new_tokens=48))
     assert spec == plain
+
+
+@pytest.fixture(scope="module")
+def bf16_decoder(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("gpu_bf16"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+
+
+BF16_PROMPTS = [PROMPT, "a tea at the", "mat cat sat the on on a"]
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "eagle"])
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_bf16_greedy_equals_bf16_plain(bf16_decoder, method, k):
+    """In bf16 the decode kernels make a verification block of K + 1 <= 8 rows compute each row exactly as a
+    one-token step does, so speculative greedy output is plain greedy output token for token, in bf16 too."""
+    assert bf16_decoder.pair.target.decode_kernels is not None
+    for prompt in BF16_PROMPTS:
+        plain = bf16_decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=64))
+        spec = bf16_decoder.generate_ids(prompt, GenerationConfig(method=method, k=k, max_new_tokens=64))
+        assert spec == plain, prompt
+
+
+@pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8)])
+def test_bf16_sampling_is_lossless(tmp_path_factory, method, nodes):
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
+    assert decoder.pair.target.decode_kernels is not None
+    config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
+                              seed=1000)
+    report = check_sampling(decoder, "a tea at the tea at", config, samples=1000)
+    assert report.passed, report
 
 
 @pytest.fixture(scope="module")

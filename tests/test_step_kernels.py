@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from engine.llama import apply_rope
-from kernels.step import SPECS, rope_qkv_reference, silu_mul_reference, source_specs
+from kernels.step import (
+    SPECS,
+    attention_reference,
+    gemv_reference,
+    instance_names,
+    rope_qkv_reference,
+    silu_mul_reference,
+    source_specs,
+)
 
 
 def test_specs_match_the_cu_signatures():
@@ -38,3 +46,55 @@ def test_silu_twin():
     gate_up = torch.randn(3, 10)
     expected = torch.nn.functional.silu(gate_up[:, :5]) * gate_up[:, 5:]
     assert torch.equal(silu_mul_reference(gate_up), expected)
+
+
+def test_every_kernel_is_compiled_for_each_dtype_it_serves():
+    names = instance_names()
+    assert {n.split("<")[0] for n in names} == set(SPECS)
+    assert "sp_gemv<bf16_t, 8>" in names and "sp_gemv<f16_t, 1>" in names and "sp_attention<bf16_t>" in names
+
+
+def test_gemv_twin_is_the_eager_steps_products():
+    """The twin's modes are the eager step's ops: F.linear after RMSNorm, SiLU * up, addmm's residual."""
+    from engine.llama import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 16, generator=g), torch.randn(5, 16, generator=g)
+    norm, residual = 1 + torch.randn(16, generator=g) * 0.1, torch.randn(3, 5, generator=g)
+    normed = gemv_reference(x, w, norm_weight=norm, eps=1e-6)
+    torch.testing.assert_close(normed, torch.nn.functional.linear(rms_norm(x, norm, 1e-6), w))
+    gate_up = torch.randn(3, 32, generator=g)
+    assert torch.equal(gemv_reference(gate_up, w, silu=True),
+                       torch.nn.functional.linear(silu_mul_reference(gate_up), w))
+    assert torch.equal(gemv_reference(x, w, residual=residual), torch.addmm(residual, x, w.t()))
+    bias = torch.randn(5, generator=g)
+    assert torch.equal(gemv_reference(x, w, bias, residual=residual),
+                       residual + torch.nn.functional.linear(x, w, bias))
+    assert gemv_reference(x.bfloat16(), w.bfloat16(), out_f32=True).dtype == torch.float32
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_attention_twin_is_the_eager_steps_attention(tmp_path, tree):
+    """attention_reference gives what the eager step's SDPA gives over the runner's own masks (chain and
+    tree blocks, GQA)."""
+    import math
+
+    from engine.runner import tree_ancestor_mask
+
+    heads, kv_heads, d, start, n = 4, 2, 8, 6, 5
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(heads, n, d, generator=g, dtype=torch.float64)
+    k_cache = torch.randn(kv_heads, 16, d, generator=g, dtype=torch.float64)
+    v_cache = torch.randn(kv_heads, 16, d, generator=g, dtype=torch.float64)
+    parents = torch.tensor([-1, 0, 0, 1, 2]) if tree else torch.arange(-1, n - 1)
+    visible = tree_ancestor_mask(parents).bool()
+    out = attention_reference(q, k_cache, v_cache, start, visible)
+    group = heads // kv_heads
+    mask = torch.zeros(n, start + n, dtype=torch.float64)
+    mask[:, start:].masked_fill_(~visible, float("-inf"))
+    qg = q.reshape(1, kv_heads, group * n, d)
+    keys, values = k_cache[None, :, :start + n], v_cache[None, :, :start + n]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        qg, keys, values, attn_mask=mask.repeat(group, 1)[None, None], scale=1 / math.sqrt(d))
+    expected = sdpa.reshape(heads, n, d).transpose(0, 1).reshape(n, heads * d)
+    torch.testing.assert_close(out, expected)

@@ -10,7 +10,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
-from kernels.step import StepKernels, rope_qkv_reference, silu_mul_reference  # noqa: E402
+from kernels.step import (  # noqa: E402
+    StepKernels,
+    attention_reference,
+    gemv_reference,
+    rms_norm_reference,
+    rope_qkv_reference,
+    silu_mul_reference,
+)
 
 CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -70,6 +77,160 @@ def test_silu_mul_fuzz(kernels):
         gate_up = (torch.randn(n, 2 * inter, generator=g, device="cuda") * scale).to(dtype)
         out, ref = kernels.silu_mul(gate_up), silu_mul_reference(gate_up)
         assert _ulps_apart(out, ref) <= 1.0, f"case {case}: {dtype}, n={n}, I={inter}"
+
+
+HALVES = [torch.bfloat16, torch.float16]
+GEMV_MODES = ["plain", "rms_norm", "silu_mul"]
+
+
+def _gemv_case(rng, case):
+    """Random operands of one sp_gemv launch: (x, weight, kwargs) on CUDA."""
+    dtype = HALVES[case % 2]
+    mode = GEMV_MODES[(case // 2) % 3]
+    rows = rng.randint(1, 8)
+    k = rng.choice([8, 64, 320, 576, 2048, 2056, 4104, 5632])
+    n_out = rng.choice([1, 7, 8, 40, 320, 1000, 2560])
+    g = torch.Generator(device="cuda").manual_seed(case)
+    scale = rng.choice([0.05, 1.0, 4.0])
+    x = (torch.randn(rows, 2 * k if mode == "silu_mul" else k, generator=g, device="cuda") * scale).to(dtype)
+    weight = (torch.randn(n_out, k, generator=g, device="cuda") / k ** 0.5).to(dtype)
+    kwargs = {}
+    if mode == "rms_norm":
+        kwargs.update(norm_weight=(1 + 0.3 * torch.randn(k, generator=g, device="cuda")).to(dtype), eps=1e-5)
+    if mode == "silu_mul":
+        kwargs["silu"] = True
+    if rng.random() < 0.3:
+        kwargs["bias"] = torch.randn(n_out, generator=g, device="cuda").to(dtype)
+    if rng.random() < 0.5:
+        kwargs["residual"] = torch.randn(rows, n_out, generator=g, device="cuda").to(dtype)
+    kwargs["out_f32"] = rng.random() < 0.25
+    return x, weight, kwargs
+
+
+def _gemv_tolerance(inputs, weight, kwargs, ref):
+    """Rounding of the output (and of a residual's sum), fp32 accumulation in another order, and a few inputs
+    staged one unit apart (the RMSNorm statistics are summed in another order)."""
+    eps = torch.finfo(weight.dtype).eps
+    magnitude = inputs.float().abs() @ weight.float().abs().t()  # [M, N]
+    largest = inputs.float().abs().amax(1, keepdim=True) * weight.float().abs().amax(1)[None, :]
+    tol = 1.01 * eps * ref.float().abs() + 2e-5 * magnitude + 4 * eps * largest
+    if kwargs.get("residual") is not None:
+        tol = tol + eps * kwargs["residual"].float().abs()
+    return tol
+
+
+def test_gemv_fuzz(kernels):
+    rng = random.Random(2)
+    for case in range(CASES):
+        x, weight, kwargs = _gemv_case(rng, case)
+        out = kernels.gemv(x, weight, **kwargs)
+        ref = gemv_reference(x, weight, **kwargs)
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        inputs = _staged_inputs(x, kwargs)
+        tol = _gemv_tolerance(inputs, weight, kwargs, ref)
+        err = (out.float() - ref.float()).abs()
+        worst = float((err / tol).max())
+        assert bool((err <= tol).all()), (f"case {case}: {x.dtype} rows={x.shape[0]} K={weight.shape[1]} "
+                                          f"N={weight.shape[0]} {sorted(kwargs)}: worst {worst}")
+
+
+def _staged_inputs(x, kwargs):
+    """What sp_gemv multiplies: x, RMSNorm(x) * w or SiLU(gate) * up (the twin's own staging)."""
+    if kwargs.get("silu"):
+        return silu_mul_reference(x)
+    if kwargs.get("norm_weight") is not None:
+        return rms_norm_reference(x, kwargs["norm_weight"], kwargs["eps"])
+    return x
+
+
+def test_gemv_rows_do_not_depend_on_the_block(kernels):
+    """Row m of an M-row launch equals, bit for bit, the same row launched alone: what makes bf16
+    verification blocks reproduce one-token steps."""
+    rng = random.Random(3)
+    for case in range(max(CASES // 10, 50)):
+        x, weight, kwargs = _gemv_case(rng, case)
+        together = kernels.gemv(x, weight, **kwargs)
+        for m in range(x.shape[0]):
+            alone = {k: (v[m:m + 1] if k == "residual" else v) for k, v in kwargs.items()}
+            assert torch.equal(kernels.gemv(x[m:m + 1], weight, **alone)[0], together[m]), f"case {case}"
+
+
+def _attention_case(rng, case):
+    dtype = HALVES[case % 2]
+    kv_heads = rng.choice([1, 2, 4, 8])
+    heads = kv_heads * rng.choice([1, 2, 4, 8])
+    d = rng.choice([8, 16, 64, 128, 256])
+    n = rng.choice([1, 2, 5, 8, 9, 17, 64])
+    start = rng.choice([0, 1, 31, 32, 33, 100, 300])
+    cache_len = start + n + rng.choice([0, 7, 64])
+    g = torch.Generator(device="cuda").manual_seed(case)
+    scale = rng.choice([0.3, 1.0, 3.0])
+    q = (torch.randn(heads, n, d, generator=g, device="cuda") * scale).to(dtype)
+    k_cache = (torch.randn(kv_heads, cache_len, d, generator=g, device="cuda") * scale).to(dtype)
+    v_cache = torch.randn(kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
+    if rng.random() < 0.5:  # a chain
+        visible = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
+    else:  # a tree: random parents, each node sees its ancestors and itself
+        from engine.runner import tree_ancestor_mask
+
+        parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, n)])
+        visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
+    return q, k_cache, v_cache, start, visible
+
+
+def test_attention_fuzz(kernels):
+    rng = random.Random(4)
+    for case in range(CASES):
+        q, k_cache, v_cache, start, visible = _attention_case(rng, case)
+        out = kernels.attention(q, k_cache, v_cache, torch.tensor([start], device="cuda"), visible)
+        heads, n, d = q.shape
+        group = heads // k_cache.shape[0]
+        keys = k_cache[:, :start + n].double().repeat_interleave(group, 0)
+        values = v_cache[:, :start + n].double().repeat_interleave(group, 0)
+        seen = torch.cat([torch.ones(n, start, dtype=torch.bool, device="cuda"), visible], dim=1)
+        scores = (q.double() @ keys.transpose(1, 2) / d ** 0.5).masked_fill(~seen, float("-inf"))
+        probs = torch.softmax(scores, -1)
+        exact = (probs @ values).transpose(0, 1).reshape(n, heads * d)  # fp64
+        eps = torch.finfo(q.dtype).eps
+        tol = eps * exact.abs() + 1e-5 * float(v_cache.float().abs().max()) + 1e-6
+        err = (out.double() - exact).abs()
+        assert bool((err <= tol).all()), (f"case {case}: {q.dtype} heads={heads}/{k_cache.shape[0]} D={d} "
+                                          f"n={n} start={start}: worst {float((err / tol).max())}")
+        assert torch.equal(attention_reference(q, k_cache, v_cache, start, visible), exact.to(q.dtype))
+
+
+def test_attention_rows_do_not_depend_on_the_block(kernels):
+    """Token i of a chain block at `start` gets, bit for bit, what it gets alone at start + i."""
+    rng = random.Random(5)
+    for case in range(max(CASES // 20, 50)):
+        q, k_cache, v_cache, start, _ = _attention_case(rng, case)
+        n = q.shape[1]
+        chain = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
+        block = kernels.attention(q, k_cache, v_cache, torch.tensor([start], device="cuda"), chain)
+        one = torch.ones(1, 1, dtype=torch.bool, device="cuda")
+        for i in range(n):
+            alone = kernels.attention(q[:, i:i + 1].contiguous(), k_cache, v_cache,
+                                      torch.tensor([start + i], device="cuda"), one)
+            assert torch.equal(alone[0], block[i]), f"case {case}, token {i}"
+
+
+def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
+    """bf16: the decode kernels' step gives the cuBLAS + SDPA step's logits within bf16 rounding, for a
+    prefill, a chain block and single tokens."""
+    from tiny_models import make_tiny_llama
+
+    from engine.models import load_runner
+
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
+    fast = load_runner(str(path), "cuda", torch.bfloat16)
+    monkeypatch.setenv("SPECPLAY_DECODE", "0")
+    slow = load_runner(str(path), "cuda", torch.bfloat16)
+    assert fast.decode_kernels is not None and slow.decode_kernels is None
+    tokens = torch.arange(5, 40, device="cuda")
+    with torch.inference_mode():
+        for block in (tokens[:20], tokens[20:25], tokens[25:26], tokens[26:34], tokens[34:35]):
+            a, b = fast.forward(block).logits, slow.forward(block).logits
+            torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
 
 
 def test_graphs_and_eager_steps_agree_with_fused_kernels(tmp_path):

@@ -1,0 +1,302 @@
+// specplay: decode kernels for short blocks (loaded by kernels/step.py after cuda_common.cuh and step_kernels.cu).
+//
+// A decode step reads every weight once for a handful of rows (one token, or a verification block of K + 1).
+// cuBLAS reaches about 57% of the memory bandwidth on a 1B-shape layer at such sizes, and each small kernel
+// between the matrix products costs a few microseconds; these kernels fuse the small work into the products:
+//   sp_gemv       out = in @ W^T (+ bias) (+ residual) for up to 8 rows, `in` being x, RMSNorm(x) * w or
+//                 SiLU(gate) * up, staged in shared memory by the block that reads the weights
+//   sp_attention  softmax(q k^T / sqrt(D)) v of a block of queries over the cache and the block's own rows
+//                 (a chain's causal rows or a tree's ancestors), written in the layout o_proj reads
+// Twins in kernels/step.py (gemv_reference, attention_reference); fuzz tests in tests/test_step_kernels_gpu.py.
+//
+// Batch invariance: every output is reduced in an order fixed by its own row, never by how many rows the block
+// holds, so a verification block's logits equal, bit for bit, those of the same tokens decoded one at a time.
+// That is what lets bf16 speculative decoding reproduce bf16 plain decoding token for token.
+
+#define SP_FULL_MASK 0xffffffffu
+#define SP_GEMV_WARPS 8      // output rows per block, one per warp
+#define SP_GEMV_TILE 2048    // columns staged per pass: 8 chunks of 8 values per lane
+#define SP_GEMV_MAX_ROWS 8
+#define SP_ATTN_WARPS 4
+#define SP_ATTN_MAX_D 256
+#define SP_NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float dk_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(SP_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float dk_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(SP_FULL_MASK, v, o));
+    return v;
+}
+
+// Weights are read once per step: keep them out of L1.
+__device__ __forceinline__ uint4 dk_load_stream(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float dk_half_to_f(u32 bits) {
+    float f;
+    unsigned short h = (unsigned short)(bits & 0xffffu);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ void dk_unpack2(u32 w, float* f, bf16_t) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void dk_unpack2(u32 w, float* f, f16_t) {
+    f[0] = dk_half_to_f(w);
+    f[1] = dk_half_to_f(w >> 16);
+}
+
+// 8 values of T packed in a uint4 -> 8 floats
+template <typename T>
+__device__ __forceinline__ void dk_unpack8(const uint4& u, float* f) {
+    dk_unpack2(u.x, f, T());
+    dk_unpack2(u.y, f + 2, T());
+    dk_unpack2(u.z, f + 4, T());
+    dk_unpack2(u.w, f + 6, T());
+}
+
+template <typename T>
+__device__ __forceinline__ u32 dk_pack2(float a, float b) {
+    return (u32)from_f<T>(a).v | ((u32)from_f<T>(b).v << 16);
+}
+
+// 8 floats (already representable in T) -> a uint4 of T
+template <typename T>
+__device__ __forceinline__ uint4 dk_pack8(const float* f) {
+    uint4 u;
+    u.x = dk_pack2<T>(f[0], f[1]);
+    u.y = dk_pack2<T>(f[2], f[3]);
+    u.z = dk_pack2<T>(f[4], f[5]);
+    u.w = dk_pack2<T>(f[6], f[7]);
+    return u;
+}
+
+// out[m, n] = sum_k in[m, k] * weight[n, k], m < M, n < N, as the eager step's F.linear / torch.addmm:
+//   mode 0: in = x                                          x [M, x_stride], the first K columns
+//   mode 1: in = rnd(norm_weight * rnd(x * rsqrt(mean(x^2) + eps)))   (RMSNorm as transformers computes it)
+//   mode 2: in = rnd(rnd(silu(gate)) * up), gate | up = x   x [M, x_stride], x_stride >= 2 K
+// Epilogue: bias (if not NULL) is added and rounded like F.linear's; residual [M, N] (if not NULL) is added like
+// addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
+// T-rounded value, as `.float()` of a T tensor).
+// Block: 8 warps, one output row each; per tile of 2048 columns a lane first issues its 8 weight loads, then
+// the block stages `in` for the tile in shared memory, then each warp multiplies.  A lane's chunks come in the
+// same order in every tile layout, and the warp's reduction is a fixed butterfly: row m's result depends on row
+// m alone.  K % 8 == 0, weight rows and x rows 16-byte aligned.
+template <typename T, int M>
+__global__ void __launch_bounds__(256) sp_gemv(const T* x, const T* norm_weight, const T* weight, const T* bias,
+                                               const T* residual, void* out, int K, int N, int x_stride,
+                                               int mode, float eps, int out_f32) {
+    __shared__ uint4 staged[M * SP_GEMV_TILE / 8];  // [M, TILE] values of T
+    __shared__ float partial[SP_GEMV_WARPS][M];
+    __shared__ float row_scale[M];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n = blockIdx.x * SP_GEMV_WARPS + warp;
+    bool has_row = n < N;
+    int vec_stride = x_stride / 8;  // x row stride in uint4
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+
+    if (mode == 1) {  // RMSNorm statistics over the whole row, in fp32
+        float ss[M];
+#pragma unroll
+        for (int m = 0; m < M; m++) ss[m] = 0.f;
+        for (int c = tid; c < K / 8; c += blockDim.x) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float f[8];
+                dk_unpack8<T>(xv[m * vec_stride + c], f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss[m] = fmaf(f[j], f[j], ss[m]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float t = dk_warp_sum(ss[m]);
+            if (lane == 0) partial[warp][m] = t;
+        }
+        __syncthreads();
+        if (tid < M) {
+            float t = 0.f;
+            for (int w = 0; w < SP_GEMV_WARPS; w++) t += partial[w][tid];
+            row_scale[tid] = rsqrtf(t / (float)K + eps);
+        }
+        __syncthreads();
+    }
+
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+    const uint4* wrow = reinterpret_cast<const uint4*>(weight + (long long)(has_row ? n : 0) * K);
+    const uint4* norm_v = reinterpret_cast<const uint4*>(norm_weight);
+
+    for (int k0 = 0; k0 < K; k0 += SP_GEMV_TILE) {
+        int tile_chunks = min(SP_GEMV_TILE, K - k0) / 8;
+        int c0 = k0 / 8;
+        uint4 wv[SP_GEMV_TILE / 256];  // this lane's 8 chunks of the tile
+#pragma unroll
+        for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
+            int c = lane + 32 * j;
+            if (has_row && c < tile_chunks) wv[j] = dk_load_stream(wrow + c0 + c);
+        }
+        __syncthreads();  // the previous tile's reads of `staged` are done
+        for (int idx = tid; idx < M * tile_chunks; idx += blockDim.x) {
+            int m = idx / tile_chunks, c = idx - m * tile_chunks;
+            uint4 raw = xv[m * vec_stride + c0 + c];
+            if (mode == 0) {
+                staged[m * (SP_GEMV_TILE / 8) + c] = raw;
+                continue;
+            }
+            float f[8], g[8];
+            dk_unpack8<T>(raw, f);
+            if (mode == 1) {
+                dk_unpack8<T>(norm_v[c0 + c], g);
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
+            } else {
+                dk_unpack8<T>(xv[m * vec_stride + K / 8 + c0 + c], g);  // up
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
+                    f[j] = to_f(rnd<T>(silu * g[j]));
+                }
+            }
+            staged[m * (SP_GEMV_TILE / 8) + c] = dk_pack8<T>(f);
+        }
+        __syncthreads();
+        if (has_row) {
+#pragma unroll
+            for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
+                int c = lane + 32 * j;
+                if (c < tile_chunks) {
+                    float w[8];
+                    dk_unpack8<T>(wv[j], w);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        float f[8];
+                        dk_unpack8<T>(staged[m * (SP_GEMV_TILE / 8) + c], f);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[m] = fmaf(w[e], f[e], acc[m]);
+                    }
+                }
+            }
+        }
+    }
+    if (!has_row) return;
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = dk_warp_sum(acc[m]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float v = acc[m];
+        if (bias != nullptr) {
+            v += to_f(bias[n]);
+            if (residual != nullptr) v = to_f(rnd<T>(v));
+        }
+        if (residual != nullptr) v += to_f(residual[(long long)m * N + n]);
+        T r = rnd<T>(v);
+        if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + n] = to_f(r);
+        else reinterpret_cast<T*>(out)[(long long)m * N + n] = r;
+    }
+}
+
+// Attention of a block of n query tokens over one layer's cache; one block of 4 warps per (token i, head h).
+//   q [heads, n, D] (the rope kernel's output), k_cache, v_cache [kv_heads, cache_len, D] (GQA: head h reads
+//   kv head h / (heads / kv_heads)), start [1] (the block's first cache row, on the device), visible [n, n]
+//   uint8 (token i sees block row j), out [n, heads * D].
+//   Token i sees cache rows r < start and block rows start + j with visible[i, j]; rows from start + n on are
+//   never read.  Scores q.k / sqrt(D), softmax and the weighted sum in fp32, rounded to T once at the end.
+// Warp w takes key chunks c = w, w + 4, ... of 32 rows (one per lane), keeps an online softmax (max, sum, sum of
+// p v with lanes owning 8 of the D values each), and the 4 warps' states are merged in a fixed order.  A hidden
+// key contributes nothing (its value row is never read), so token i's output is the same whatever n is.
+// D % 8 == 0, D <= 256.
+template <typename T>
+__global__ void __launch_bounds__(128) sp_attention(const T* q, const T* k_cache, const T* v_cache,
+                                                    const long long* start, const unsigned char* visible,
+                                                    T* out, int n, int heads, int kv_heads, int D,
+                                                    int cache_len, float scale) {
+    __shared__ __align__(16) float q_row[SP_ATTN_MAX_D];
+    __shared__ float warp_max_s[SP_ATTN_WARPS], warp_sum_s[SP_ATTN_WARPS];
+    __shared__ float warp_acc[SP_ATTN_WARPS][SP_ATTN_MAX_D];
+    int h = blockIdx.x % heads, i = blockIdx.x / heads;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int kvh = h / (heads / kv_heads);
+    long long first = start[0];
+    const T* q_in = q + ((long long)h * n + i) * D;
+    for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
+    __syncthreads();
+
+    const T* keys = k_cache + (long long)kvh * cache_len * D;
+    const T* values = v_cache + (long long)kvh * cache_len * D;
+    const unsigned char* sees = visible + (long long)i * n;
+    long long total = first + n;
+    int chunks = (int)((total + 31) / 32);
+    int vchunks = D / 8;  // lanes below this own 8 output values each
+    float run_max = SP_NEG_INF, run_sum = 0.f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
+
+    for (int c = warp; c < chunks; c += SP_ATTN_WARPS) {
+        long long r = (long long)c * 32 + lane;
+        bool seen = r < total && (r < first || sees[r - first] != 0);
+        float s = SP_NEG_INF;
+        if (seen) {
+            const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
+            float dot = 0.f;
+            for (int d8 = 0; d8 < vchunks; d8++) {
+                float f[8];
+                dk_unpack8<T>(krow[d8], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) dot = fmaf(q_row[d8 * 8 + e], f[e], dot);
+            }
+            s = dot * scale;
+        }
+        float chunk_max = dk_warp_max(s);
+        if (chunk_max == SP_NEG_INF) continue;  // every key of the chunk hidden (the same for the whole warp)
+        float new_max = fmaxf(run_max, chunk_max);
+        float rescale = expf(run_max - new_max);  // 0 for the first chunk seen (run_max = -inf)
+        float p = seen ? expf(s - new_max) : 0.f;
+        run_sum = run_sum * rescale + dk_warp_sum(p);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= rescale;
+        for (int j = 0; j < 32; j++) {
+            float pj = __shfl_sync(SP_FULL_MASK, p, j);
+            if (pj == 0.f) continue;  // hidden (or negligible): its row is not read
+            if (lane < vchunks) {
+                float f[8];
+                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[lane], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] = fmaf(pj, f[e], acc[e]);
+            }
+        }
+        run_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max_s[warp] = run_max;
+        warp_sum_s[warp] = run_sum;
+    }
+    if (lane < vchunks) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) warp_acc[warp][lane * 8 + e] = acc[e];
+    }
+    __syncthreads();
+    float top = SP_NEG_INF;
+    for (int w = 0; w < SP_ATTN_WARPS; w++) top = fmaxf(top, warp_max_s[w]);
+    for (int d = tid; d < D; d += blockDim.x) {
+        float total_sum = 0.f, value = 0.f;
+        for (int w = 0; w < SP_ATTN_WARPS; w++) {
+            if (warp_max_s[w] == SP_NEG_INF) continue;
+            float f = expf(warp_max_s[w] - top);
+            total_sum = fmaf(warp_sum_s[w], f, total_sum);
+            value = fmaf(warp_acc[w][d], f, value);
+        }
+        out[((long long)i * heads + h) * D + d] = rnd<T>(value / total_sum);
+    }
+}
