@@ -38,7 +38,7 @@ from engine.runner import (
     tree_ancestor_mask,
     tree_depths,
 )
-from kernels.step import ATTENTION_MAX_D, GEMV_MAX_ROWS, HALF_DTYPES, StepKernels, gemv_fits
+from kernels.step import ATTENTION_MAX_D, HALF_DTYPES, StepKernels, gemv_fits
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
@@ -50,6 +50,10 @@ LLAMA_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "num_attention_heads")
 TREE_SHAPES_KEPT = 512  # tree masks kept on the device, by shape
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
+# Rows up to which the decode path multiplies with sp_gemv rather than cuBLAS: one-token steps (plain
+# decoding, the draft model's and EAGLE's steps). scripts/profile_step.py measures both for a block of K + 1
+# rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not.
+DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "1"))
 
 
 class UnsupportedLlamaConfig(SpecplayError):
@@ -605,23 +609,29 @@ class LlamaRunner(CausalRunner):
             return None
         if s.head_dim % 8 or s.head_dim > ATTENTION_MAX_D or s.hidden_size % 8 or s.intermediate_size % 8:
             return None
-        weights = [self.lm_head] + [w for layer in self.layers
-                                    for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)]
-        return kernels if all(gemv_fits(w) for w in weights) else None
+        products = [(layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down) for layer in self.layers]
+        self._gemv_weights = [self.lm_head] + [w for four in products for w in four]
+        self._gemv_ok: Dict[int, bool] = {}
+        return kernels
+
+    def _gemv_rows(self, n: int) -> bool:
+        """Whether a block of n rows runs every product (the LM head's too) in sp_gemv."""
+        if n not in self._gemv_ok:
+            self._gemv_ok[n] = n <= DECODE_GEMV_ROWS and all(gemv_fits(w, n) for w in self._gemv_weights)
+        return self._gemv_ok[n]
 
     def _decode_path(self, n: int) -> bool:
         return self.decode_kernels is not None and n <= GRAPH_MAX_BLOCK
 
     def _decode_block(self, x, start, depth, block_visible):
         """The step on the decode kernels: x [n, H] (n <= 64) at cache rows start.. (start [1] on the
-        device) -> (features [n, H], logits [n, V] float32). Blocks of up to 8 rows run every product in
-        sp_gemv, which makes each row's result independent of the others (see kernels/decode_kernels.cu);
-        longer ones keep cuBLAS for the products."""
+        device) -> (features [n, H], logits [n, V] float32). Blocks of up to DECODE_GEMV_ROWS rows run every
+        product in sp_gemv; longer ones keep cuBLAS for the products."""
         n = x.shape[0]
         positions = start + depth  # [n]
         cache_index = start + self._arange[:n]  # [n]
         hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous())
-        if n > GEMV_MAX_ROWS:
+        if not self._gemv_rows(n):
             return hidden, self.logits_from_hidden(hidden)
         logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
                                           eps=self.spec.rms_norm_eps, out_f32=True)  # [n, V]
@@ -630,10 +640,11 @@ class LlamaRunner(CausalRunner):
     def _decode_layers(self, x, positions, cache_index, start, block_visible) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
         fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
-        and the residual fused in); with more than 8 rows the products are cuBLAS's and the norms torch's."""
+        and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's and the norms
+        torch's."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
-        small = x.shape[0] <= GEMV_MAX_ROWS
+        small = self._gemv_rows(x.shape[0])
         for li, layer in enumerate(self.layers):
             keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
             if small:

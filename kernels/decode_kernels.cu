@@ -15,9 +15,9 @@
 
 #define SP_FULL_MASK 0xffffffffu
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
-#define SP_GEMV_TILE 2048    // columns staged per pass: 8 chunks of 8 values per lane
+#define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
 #define SP_GEMV_MAX_ROWS 8
-#define SP_ATTN_WARPS 4
+#define SP_ATTN_WARPS 8
 #define SP_ATTN_MAX_D 256
 #define SP_NEG_INF __int_as_float(0xff800000)
 
@@ -87,28 +87,91 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // Epilogue: bias (if not NULL) is added and rounded like F.linear's; residual [M, N] (if not NULL) is added like
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
 // T-rounded value, as `.float()` of a T tensor).
-// Block: 8 warps, one output row each; per tile of 2048 columns a lane first issues its 8 weight loads, then
-// the block stages `in` for the tile in shared memory, then each warp multiplies.  A lane's chunks come in the
-// same order in every tile layout, and the warp's reduction is a fixed butterfly: row m's result depends on row
-// m alone.  K % 8 == 0, weight rows and x rows 16-byte aligned.
+// Each block stages `in` [M, K] once in shared memory (M * K <= SP_GEMV_STAGE values), then its warps walk
+// output rows (warp w of block b takes rows b * 8 + w, then every 8 * gridDim.x further).  A row is read in
+// segments of 2048 columns, 8 chunks of 16 bytes per lane, and the next segment's loads are issued before the
+// current one is multiplied (two register buffers), so loads stay in flight while the block computes; the
+// first segment's loads go out before the statistics and the staging.  A lane's chunks come in the same order
+// whatever the grid, and the warp's reduction is a fixed butterfly: row m's result depends on row m alone.
+// K % 8 == 0, weight rows and x rows 16-byte aligned.
+#define SP_GEMV_STAGE 20480  // values of T staged per block: 40 KB
+
+template <typename T>
+__device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, int row, int seg, int lane) {
+    const uint4* p = reinterpret_cast<const uint4*>(weight + (long long)row * K) + seg * (SP_GEMV_TILE / 8);
+    int left = K / 8 - seg * (SP_GEMV_TILE / 8);
+#pragma unroll
+    for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
+        int c = lane + 32 * j;
+        if (c < left) w[j] = dk_load_stream(p + c);
+    }
+}
+
 template <typename T, int M>
-__global__ void __launch_bounds__(256) sp_gemv(const T* x, const T* norm_weight, const T* weight, const T* bias,
-                                               const T* residual, void* out, int K, int N, int x_stride,
-                                               int mode, float eps, int out_f32) {
-    __shared__ uint4 staged[M * SP_GEMV_TILE / 8];  // [M, TILE] values of T
+__device__ __forceinline__ void dk_gemv_fma(const uint4* w, const uint4* staged, int K, int seg, int lane,
+                                            float* acc) {
+    int chunks = K / 8, base = seg * (SP_GEMV_TILE / 8);
+#pragma unroll
+    for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
+        int c = base + lane + 32 * j;
+        if (c < chunks) {
+            float wf[8];
+            dk_unpack8<T>(w[j], wf);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float f[8];
+                dk_unpack8<T>(staged[m * chunks + c], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[m] = fmaf(wf[e], f[e], acc[m]);
+            }
+        }
+    }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, const T* bias, const T* residual,
+                                              void* out, int N, int out_f32) {
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = dk_warp_sum(acc[m]);
+    if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float v = acc[m];
+            if (bias != nullptr) {
+                v += to_f(bias[row]);
+                if (residual != nullptr) v = to_f(rnd<T>(v));
+            }
+            if (residual != nullptr) v += to_f(residual[(long long)m * N + row]);
+            T r = rnd<T>(v);
+            if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + row] = to_f(r);
+            else reinterpret_cast<T*>(out)[(long long)m * N + row] = r;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weight, const T* weight,
+                                                  const T* bias, const T* residual, void* out, int K, int N,
+                                                  int x_stride, int mode, float eps, int out_f32) {
+    __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n = blockIdx.x * SP_GEMV_WARPS + warp;
-    bool has_row = n < N;
-    int vec_stride = x_stride / 8;  // x row stride in uint4
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
+    int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
+    int row = blockIdx.x * SP_GEMV_WARPS + warp;
+    uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
+    if (row < N) dk_gemv_load<T>(wa, weight, K, row, 0, lane);
 
+    int chunks = K / 8, vec_stride = x_stride / 8;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
     if (mode == 1) {  // RMSNorm statistics over the whole row, in fp32
         float ss[M];
 #pragma unroll
         for (int m = 0; m < M; m++) ss[m] = 0.f;
-        for (int c = tid; c < K / 8; c += blockDim.x) {
+        for (int c = tid; c < chunks; c += blockDim.x) {
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 float f[8];
@@ -130,99 +193,75 @@ __global__ void __launch_bounds__(256) sp_gemv(const T* x, const T* norm_weight,
         }
         __syncthreads();
     }
+    const uint4* norm_v = reinterpret_cast<const uint4*>(norm_weight);
+    for (int idx = tid; idx < M * chunks; idx += blockDim.x) {
+        int m = idx / chunks, c = idx - m * chunks;
+        uint4 raw = xv[m * vec_stride + c];
+        if (mode == 0) {
+            staged[idx] = raw;
+            continue;
+        }
+        float f[8], g[8];
+        dk_unpack8<T>(raw, f);
+        if (mode == 1) {
+            dk_unpack8<T>(norm_v[c], g);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
+        } else {
+            dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
+                f[j] = to_f(rnd<T>(silu * g[j]));
+            }
+        }
+        staged[idx] = dk_pack8<T>(f);
+    }
+    __syncthreads();
+    if (row >= N) return;
 
+    // Work items (row, segment) in order; the loads of item t + 1 are in flight while item t is multiplied.
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
-    const uint4* wrow = reinterpret_cast<const uint4*>(weight + (long long)(has_row ? n : 0) * K);
-    const uint4* norm_v = reinterpret_cast<const uint4*>(norm_weight);
-
-    for (int k0 = 0; k0 < K; k0 += SP_GEMV_TILE) {
-        int tile_chunks = min(SP_GEMV_TILE, K - k0) / 8;
-        int c0 = k0 / 8;
-        uint4 wv[SP_GEMV_TILE / 256];  // this lane's 8 chunks of the tile
-#pragma unroll
-        for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
-            int c = lane + 32 * j;
-            if (has_row && c < tile_chunks) wv[j] = dk_load_stream(wrow + c0 + c);
-        }
-        __syncthreads();  // the previous tile's reads of `staged` are done
-        for (int idx = tid; idx < M * tile_chunks; idx += blockDim.x) {
-            int m = idx / tile_chunks, c = idx - m * tile_chunks;
-            uint4 raw = xv[m * vec_stride + c0 + c];
-            if (mode == 0) {
-                staged[m * (SP_GEMV_TILE / 8) + c] = raw;
-                continue;
-            }
-            float f[8], g[8];
-            dk_unpack8<T>(raw, f);
-            if (mode == 1) {
-                dk_unpack8<T>(norm_v[c0 + c], g);
-#pragma unroll
-                for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
-            } else {
-                dk_unpack8<T>(xv[m * vec_stride + K / 8 + c0 + c], g);  // up
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
-                    f[j] = to_f(rnd<T>(silu * g[j]));
-                }
-            }
-            staged[m * (SP_GEMV_TILE / 8) + c] = dk_pack8<T>(f);
-        }
-        __syncthreads();
-        if (has_row) {
-#pragma unroll
-            for (int j = 0; j < SP_GEMV_TILE / 256; j++) {
-                int c = lane + 32 * j;
-                if (c < tile_chunks) {
-                    float w[8];
-                    dk_unpack8<T>(wv[j], w);
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        float f[8];
-                        dk_unpack8<T>(staged[m * (SP_GEMV_TILE / 8) + c], f);
-#pragma unroll
-                        for (int e = 0; e < 8; e++) acc[m] = fmaf(w[e], f[e], acc[m]);
-                    }
-                }
-            }
-        }
-    }
-    if (!has_row) return;
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = dk_warp_sum(acc[m]);
-    if (lane != 0) return;
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        float v = acc[m];
-        if (bias != nullptr) {
-            v += to_f(bias[n]);
-            if (residual != nullptr) v = to_f(rnd<T>(v));
-        }
-        if (residual != nullptr) v += to_f(residual[(long long)m * N + n]);
-        T r = rnd<T>(v);
-        if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + n] = to_f(r);
-        else reinterpret_cast<T*>(out)[(long long)m * N + n] = r;
+    int seg = 0;
+    while (true) {
+        int next_row = seg + 1 < segs ? row : row + stride, next_seg = seg + 1 < segs ? seg + 1 : 0;
+        if (next_row < N) dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
+        dk_gemv_fma<T, M>(wa, staged, K, seg, lane, acc);
+        if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
+        row = next_row;
+        seg = next_seg;
+        if (row >= N) break;
+        next_row = seg + 1 < segs ? row : row + stride;
+        next_seg = seg + 1 < segs ? seg + 1 : 0;
+        if (next_row < N) dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
+        dk_gemv_fma<T, M>(wb, staged, K, seg, lane, acc);
+        if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
+        row = next_row;
+        seg = next_seg;
+        if (row >= N) break;
     }
 }
 
-// Attention of a block of n query tokens over one layer's cache; one block of 4 warps per (token i, head h).
+// Attention of a block of n query tokens over one layer's cache; one block of 8 warps per (token i, head h).
 //   q [heads, n, D] (the rope kernel's output), k_cache, v_cache [kv_heads, cache_len, D] (GQA: head h reads
 //   kv head h / (heads / kv_heads)), start [1] (the block's first cache row, on the device), visible [n, n]
 //   uint8 (token i sees block row j), out [n, heads * D].
 //   Token i sees cache rows r < start and block rows start + j with visible[i, j]; rows from start + n on are
 //   never read.  Scores q.k / sqrt(D), softmax and the weighted sum in fp32, rounded to T once at the end.
-// Warp w takes key chunks c = w, w + 4, ... of 32 rows (one per lane), keeps an online softmax (max, sum, sum of
-// p v with lanes owning 8 of the D values each), and the 4 warps' states are merged in a fixed order.  A hidden
-// key contributes nothing (its value row is never read), so token i's output is the same whatever n is.
-// D % 8 == 0, D <= 256.
+// Warp w takes key chunks c = w, w + 8, ... of 32 rows: lane j scores row 32 c + j, then the lanes, in groups
+// of D / 8 (each lane of a group owning 8 of the D values), sum p v over the chunk's rows, group g taking rows
+// g, g + G, ...  Every row below start + n holds this step's or an earlier step's finite K/V, so a hidden row
+// is read and adds p = 0 exactly: token i's output is the same whatever n is.  The warps' online-softmax
+// states and the groups' sums are merged in a fixed order.  D % 8 == 0, D <= 256.
 template <typename T>
-__global__ void __launch_bounds__(128) sp_attention(const T* q, const T* k_cache, const T* v_cache,
+__global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache, const T* v_cache,
                                                     const long long* start, const unsigned char* visible,
                                                     T* out, int n, int heads, int kv_heads, int D,
                                                     int cache_len, float scale) {
     __shared__ __align__(16) float q_row[SP_ATTN_MAX_D];
+    __shared__ float probs[SP_ATTN_WARPS][32];
     __shared__ float warp_max_s[SP_ATTN_WARPS], warp_sum_s[SP_ATTN_WARPS];
     __shared__ float warp_acc[SP_ATTN_WARPS][SP_ATTN_MAX_D];
     int h = blockIdx.x % heads, i = blockIdx.x / heads;
@@ -238,7 +277,9 @@ __global__ void __launch_bounds__(128) sp_attention(const T* q, const T* k_cache
     const unsigned char* sees = visible + (long long)i * n;
     long long total = first + n;
     int chunks = (int)((total + 31) / 32);
-    int vchunks = D / 8;  // lanes below this own 8 output values each
+    int vchunks = D / 8;               // lanes per group, each owning 8 output values
+    int groups = 32 / vchunks;         // groups per warp (lanes from groups * vchunks on stay idle in p v)
+    int group = lane / vchunks, sub = lane - group * vchunks;
     float run_max = SP_NEG_INF, run_sum = 0.f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
@@ -250,6 +291,7 @@ __global__ void __launch_bounds__(128) sp_attention(const T* q, const T* k_cache
         if (seen) {
             const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
             float dot = 0.f;
+#pragma unroll 4
             for (int d8 = 0; d8 < vchunks; d8++) {
                 float f[8];
                 dk_unpack8<T>(krow[d8], f);
@@ -264,27 +306,36 @@ __global__ void __launch_bounds__(128) sp_attention(const T* q, const T* k_cache
         float rescale = expf(run_max - new_max);  // 0 for the first chunk seen (run_max = -inf)
         float p = seen ? expf(s - new_max) : 0.f;
         run_sum = run_sum * rescale + dk_warp_sum(p);
+        probs[warp][lane] = p;
+        __syncwarp();
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[e] *= rescale;
-        for (int j = 0; j < 32; j++) {
-            float pj = __shfl_sync(SP_FULL_MASK, p, j);
-            if (pj == 0.f) continue;  // hidden (or negligible): its row is not read
-            if (lane < vchunks) {
+        int rows = (int)min((long long)32, total - (long long)c * 32);  // rows of the chunk below start + n
+        if (group < groups) {
+#pragma unroll 4
+            for (int j = group; j < rows; j += groups) {
                 float f[8];
-                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[lane], f);
+                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[sub], f);
+                float pj = probs[warp][j];
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[e] = fmaf(pj, f[e], acc[e]);
             }
         }
+        __syncwarp();
         run_max = new_max;
+    }
+    // the warp's groups summed in order, then the warps merged in order
+    float* mine = warp_acc[warp];
+    for (int g = 0; g < groups; g++) {
+        if (group == g) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) mine[sub * 8 + e] = (g == 0 ? 0.f : mine[sub * 8 + e]) + acc[e];
+        }
+        __syncwarp();
     }
     if (lane == 0) {
         warp_max_s[warp] = run_max;
         warp_sum_s[warp] = run_sum;
-    }
-    if (lane < vchunks) {
-#pragma unroll
-        for (int e = 0; e < 8; e++) warp_acc[warp][lane * 8 + e] = acc[e];
     }
     __syncthreads();
     float top = SP_NEG_INF;

@@ -31,6 +31,8 @@ SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu")  # co
 THREADS = 256
 GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
+GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
+GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM walks every row
 ATTENTION_THREADS = 128  # SP_ATTN_WARPS warps
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
@@ -145,6 +147,8 @@ class StepKernels:
         self.device = device
         self._kernels = {name: module.get_function(name) for name in instance_names()}
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self._gemv_blocks = GEMV_BLOCKS_PER_SM * sms  # sp_gemv's grid: every block resident at once
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
@@ -219,16 +223,18 @@ class StepKernels:
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
              silu: bool = False, out_f32: bool = False) -> torch.Tensor:
-        """As gemv_reference, for M <= 8 rows of bf16/fp16 (`gemv_fits` says when)."""
+        """As gemv_reference, for M <= 8 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
+        when)."""
         rows, (n_out, k) = x.shape[0], weight.shape
-        if not 1 <= rows <= GEMV_MAX_ROWS or x.shape[1] != (2 * k if silu else k):
+        if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != (2 * k if silu else k):
             raise ValueError(f"gemv: {rows} rows of {x.shape[1]} for a weight {tuple(weight.shape)}")
-        _check_aligned(x, weight, *(t for t in (bias, residual, norm_weight) if t is not None))
+        _check_aligned(x, weight, *(t for t in (norm_weight,) if t is not None))
+        _check(*(t for t in (x, bias, residual) if t is not None))
         if residual is not None and tuple(residual.shape) != (rows, n_out):
             raise ValueError(f"gemv: residual {tuple(residual.shape)} for an output of ({rows}, {n_out})")
         mode = GEMV_MODES["silu_mul" if silu else "rms_norm" if norm_weight is not None else "plain"]
         out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
-        grid = ((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK,)
+        grid = (min((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK, self._gemv_blocks),)
         self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, x=x.data_ptr(),
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
@@ -254,10 +260,12 @@ class StepKernels:
         return out
 
 
-def gemv_fits(weight: torch.Tensor) -> bool:
-    """Whether sp_gemv can read this weight [N, K]: bf16/fp16, contiguous, K % 8 == 0, 16-byte aligned."""
+def gemv_fits(weight: torch.Tensor, rows: int = 1) -> bool:
+    """Whether sp_gemv can multiply `rows` rows by this weight [N, K]: bf16/fp16, contiguous, K % 8 == 0,
+    16-byte aligned, rows * K <= GEMV_STAGE."""
     return (weight.dtype in HALF_DTYPES and weight.dim() == 2 and weight.is_contiguous()
-            and weight.shape[1] % 8 == 0 and weight.data_ptr() % 16 == 0)
+            and weight.shape[1] % 8 == 0 and weight.data_ptr() % 16 == 0
+            and 1 <= rows <= GEMV_MAX_ROWS and rows * weight.shape[1] <= GEMV_STAGE)
 
 
 def _pointer(t: Optional[torch.Tensor]) -> int:

@@ -23,5 +23,5 @@ echo "== bench methods, shipped pair, greedy, bf16"
 timeout 200 python3 main.py bench methods --device cuda \
   --methods none,draft,ngram,suffix,medusa,eagle,eagle:8,lookahead,layerskip --k 4 --prompts 8 \
   --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu.txt"
-echo "== step profile, synthetic llama-1b"
-timeout 120 python3 scripts/profile_step.py --synthetic llama-1b 2>&1 | tee "$OUT/profile_1b.txt" | tail -40
+echo "== step profiles"
+for shape in llama-1b llama-7b; do timeout 150 python3 scripts/profile_step.py --synthetic $shape 2>&1 | tee "$OUT/profile_$shape.txt"; done

@@ -55,6 +55,7 @@ def main() -> int:
 
     import torch
 
+    from engine import llama
     from engine.runtimes import floor_ms, measure_read_bandwidth
     from engine.synthetic import build_synthetic_pair, weight_bytes_per_step
 
@@ -63,6 +64,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1,5")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
+    _ignore_profiler_warnings()
     if not torch.cuda.is_available():
         print("error: profile_step needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -74,23 +76,32 @@ def main() -> int:
     print(f"{args.synthetic}: weights {weight_bytes_per_step(target) / 1e9:.2f} GB, read bandwidth "
           f"{bandwidth / 1e12:.2f} TB/s, floor {floor:.3f} ms per step")
     decode_kernels = target.decode_kernels
+    variants = [("decode path, sp_gemv for 1 row", decode_kernels, 1),
+                ("decode path, sp_gemv up to 8 rows", decode_kernels, 8), ("cuBLAS + SDPA", None, 1)]
     with torch.inference_mode():
         target.reset()
         target.forward(torch.arange(3, 3 + PREFIX, device=device) % target.vocab_size)
         for n in (int(v) for v in args.sizes.split(",")):
             tokens = torch.arange(5, 5 + n, device=device)
-            for label, kernels in (("decode path", decode_kernels), ("cuBLAS + SDPA", None)):
-                if label == "decode path" and kernels is None:
+            for label, kernels, gemv_rows in variants:
+                if (kernels is None and label != "cuBLAS + SDPA") or (n == 1 and gemv_rows > 1):
                     continue
-                target.decode_kernels = kernels
+                llama.DECODE_GEMV_ROWS = gemv_rows
+                target.decode_kernels, target._gemv_ok = kernels, {}
                 target._graphs.clear()
+                target._graph_pool = None  # a fresh pool: re-capturing into a pool of freed graphs fails
                 ms = replay_ms(target, tokens)
                 print(f"n={n} {label}: {ms:.3f} ms per step ({100 * floor / ms:.1f}% of the floor)")
                 print(kernel_table(target, tokens, args.top))
             target.decode_kernels = decode_kernels
-            target._graphs.clear()
     print(f"SPECPLAY_DECODE={os.environ.get('SPECPLAY_DECODE', '1')}")
     return 0
+
+
+def _ignore_profiler_warnings() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from kernels.step import (  # noqa: E402
+    GEMV_STAGE,
     StepKernels,
     attention_reference,
     gemv_reference,
@@ -87,8 +88,8 @@ def _gemv_case(rng, case):
     """Random operands of one sp_gemv launch: (x, weight, kwargs) on CUDA."""
     dtype = HALVES[case % 2]
     mode = GEMV_MODES[(case // 2) % 3]
-    rows = rng.randint(1, 8)
-    k = rng.choice([8, 64, 320, 576, 2048, 2056, 4104, 5632])
+    k = rng.choice([8, 64, 320, 576, 2048, 2056, 4104, 5632, 14336])
+    rows = rng.randint(1, min(8, GEMV_STAGE // k))
     n_out = rng.choice([1, 7, 8, 40, 320, 1000, 2560])
     g = torch.Generator(device="cuda").manual_seed(case)
     scale = rng.choice([0.05, 1.0, 4.0])
