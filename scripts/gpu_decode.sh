@@ -11,7 +11,7 @@ SPECPLAY_FUZZ_CASES=${SPECPLAY_FUZZ_CASES:-2000} timeout 300 python3 -m pytest -
   tests/test_step_kernels_gpu.py tests/test_engine_gpu.py -k "gemv or attention or decode_path or bf16 or fused" \
   2>&1 | grep -v -i warn | tee "$OUT/decode_tests.log" | tail -25
 for shape in ${SHAPES:-llama-1b llama-7b}; do
-  for decode in 1 0; do
+  for decode in ${DECODES:-1 0}; do
     hf=none; [[ $decode == 1 && $shape == llama-7b ]] && hf=hf-assisted
     echo "== bench runtimes, synthetic $shape, SPECPLAY_DECODE=$decode"
     SPECPLAY_DECODE=$decode timeout 200 python3 main.py bench runtimes --device cuda --synthetic $shape \

@@ -98,3 +98,18 @@ def test_attention_twin_is_the_eager_steps_attention(tmp_path, tree):
         qg, keys, values, attn_mask=mask.repeat(group, 1)[None, None], scale=1 / math.sqrt(d))
     expected = sdpa.reshape(heads, n, d).transpose(0, 1).reshape(n, heads * d)
     torch.testing.assert_close(out, expected)
+
+
+def test_launch_constants_match_the_cu_defines():
+    """The block shapes Python launches with are the ones the kernels are written for."""
+    import re
+
+    from kernels import step
+
+    source = (step._HERE / "decode_kernels.cu").read_text()
+    defines = {k: int(v) for k, v in re.findall(r"#define (SP_\w+) (\d+)", source)}
+    assert defines["SP_GEMV_WARPS"] == step.GEMV_ROWS_PER_BLOCK and step.THREADS == 32 * defines["SP_GEMV_WARPS"]
+    assert defines["SP_GEMV_STAGE"] == step.GEMV_STAGE and defines["SP_GEMV_MAX_ROWS"] == step.GEMV_MAX_ROWS
+    assert 32 * defines["SP_ATTN_WARPS"] == step.ATTENTION_THREADS
+    assert defines["SP_ATTN_MAX_D"] == step.ATTENTION_MAX_D
+    assert "__launch_bounds__(256, 2) sp_gemv" in source and "__launch_bounds__(256) sp_attention" in source
