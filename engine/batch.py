@@ -5,15 +5,15 @@ own EOS or budget. A finished sequence stays in the batch as padding (its block 
 and stops counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides
 of every comparison are measured alike.
 
-Ragged drafts (n-gram proposals of different lengths) are right-padded to the round's longest one. The
-verification kernels take one N per call, so padded positions are made impossible to accept: the logits get
-one extra column at -inf (p = 0 at every row, the other columns' warped distribution unchanged) and a padded
-draft is that column's token, with one-hot q on it. Greedy: the pad never equals the argmax, so verification
-stops at the first pad and the next token is the argmax of row n_b, the bonus row. Sampling: the pad's
-acceptance probability is min(1, 0/1) = 0, and the residual normalize(max(p - e_pad, 0)) is p itself, so the
-next token is drawn from row n_b's distribution, again the bonus. Every real position is tested exactly as
-without padding (causal attention keeps the pads out of rows 0..n_b). See tests/test_batch.py for the
-check."""
+Ragged drafts (n-gram proposals of different lengths; EAGLE's one-token prompts, which draft nothing in
+their first round) are right-padded to the round's longest one. The verification kernels take one N per call,
+so padded positions are made impossible to accept: the logits get one extra column at -inf (p = 0 at every
+row, the other columns' warped distribution unchanged) and a padded draft is that column's token, with one-hot
+q on it. Greedy: the pad never equals the argmax, so verification stops at the first pad and the next token is
+the argmax of row n_b, the bonus row. Sampling: the pad's acceptance probability is min(1, 0/1) = 0, and the
+residual normalize(max(p - e_pad, 0)) is p itself, so the next token is drawn from row n_b's distribution,
+again the bonus. Every real position is tested exactly as without padding (causal attention keeps the pads out
+of rows 0..n_b). See tests/test_batch.py for the check."""
 from __future__ import annotations
 
 import time

@@ -12,7 +12,9 @@ captured in a CUDA graph on GPU (CapturedBatchStep).
 
 A block is n tokens per sequence, right-padded: `counts[b]` <= n of them are real and the length of b grows by
 counts[b]. Padded tokens sit after the real ones, so causal attention keeps them out of the real tokens'
-outputs; their K/V land in rows past the new length, which the mask hides and later blocks overwrite."""
+outputs; their K/V land in rows past the new length, which the mask hides and later blocks overwrite.
+`forward_embeds` appends a block of input vectors [B, n, H] instead of token ids (the EAGLE head's fused
+inputs)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
