@@ -20,7 +20,8 @@ CPU_BATCHES = (1, 2, 4, 8, 16, 32)  # what K → Batch regime measures on the CP
 GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_KS = (1, 2, 3, 4, 6, 8)  # the Ks whose best one is predicted per batch
 BATCH_NEW_TOKENS = 32  # new tokens per sequence (B x context bounds the caches' memory)
-BATCH_METHODS = ("draft", "ngram")  # the batched drafting methods (engine.batch.BATCH_METHODS less "none")
+# the batched drafting methods (engine.batch.BATCH_METHODS less "none"; EAGLE as its chain)
+BATCH_METHODS = ("draft", "ngram", "eagle")
 
 COLUMNS = (("B", "{}", lambda r: r.batch), ("plain tokens/s", "{:.0f}", lambda r: r.plain_tokens_per_s),
            ("speculative tokens/s", "{:.0f}", lambda r: r.spec_tokens_per_s),
@@ -37,12 +38,13 @@ def default_batches(device_type: str) -> tuple:
     return GPU_BATCHES if device_type == "cuda" else CPU_BATCHES
 
 
-def method_problem(method: str) -> Optional[tuple]:
-    """(title, message) when the method has no batched form, else None."""
-    if method in BATCH_METHODS:
+def method_problem(method: str, tree_nodes: int = 0) -> Optional[tuple]:
+    """(title, message) when the method has no batched form, else None (EAGLE batches its chain only)."""
+    if method in BATCH_METHODS and not (method == "eagle" and tree_nodes):
         return None
-    return ("No batched method", "Batched decoding runs the draft model or n-gram drafting; pick one in the "
-                                 f"Method menu first (now: {method}).")
+    now = f"{method}:{tree_nodes}" if tree_nodes else method
+    return ("No batched method", "Batched decoding runs the draft model, n-gram drafting or EAGLE's chain; "
+                                 f"pick one in the Method menu first (now: {now}).")
 
 
 def suggestion(report, complete: bool) -> str:

@@ -164,12 +164,12 @@ round costs roughly 1 + cK target forwards and yields E tokens, so</p>
 best K grows with α and shrinks with c.</p>
 <h3>Batch regime</h3>
 <p><b>K → Batch regime…</b> (<b>Ctrl+B</b>) decodes the prompt as a batch of B copies, plainly and with the
-method (draft model or n-gram), for B = 1, 2, 4, … 32 on the CPU (… 256 on a GPU), and plots the measured
-speedup against B beside a roofline fitted to the measured forward times. Speculation spends the idle compute
-of memory-bound decoding: as B grows the verification forward of B·(K+1) tokens turns compute-bound, the gain
-shrinks and past the <i>crossover</i> it is a loss. The suggestion follows: speculation on below the
-crossover (few requests, at night), off above it (the day's busy hours). Esc stops after the batch it is
-measuring; a stopped run shows what it measured and suggests nothing.</p>
+method (draft model, n-gram or EAGLE's chain), for B = 1, 2, 4, … 32 on the CPU (… 256 on a GPU), and plots
+the measured speedup against B beside a roofline fitted to the measured forward times. Speculation spends the
+idle compute of memory-bound decoding: as B grows the verification forward of B·(K+1) tokens turns
+compute-bound, the gain shrinks and past the <i>crossover</i> it is a loss. The suggestion follows:
+speculation on below the crossover (few requests, at night), off above it (the day's busy hours). Esc stops
+after the batch it is measuring; a stopped run shows what it measured and suggests nothing.</p>
 
 <h2>Shortcuts</h2>
 <table cellpadding="2">

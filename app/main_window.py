@@ -674,7 +674,7 @@ class MainWindow(QMainWindow):
         if inputs is None:
             return
         prompt, config = inputs
-        problem = batch_dialog.method_problem(config.method)
+        problem = batch_dialog.method_problem(config.method, config.tree_nodes)
         if problem:
             self.show_error(*problem)
             return

@@ -122,13 +122,15 @@ class BatchWorker(DecoderWorker):
 
 
 def batch_decoder(decoder):
-    """A BatchDecoder sharing the loaded decoder's model pair (weights used as they are) and kernels."""
+    """A BatchDecoder sharing the loaded decoder's model pair (weights used as they are), kernels and EAGLE
+    head (loaded on first use)."""
     from engine.batch import BatchDecoder
 
     pair = getattr(decoder, "pair", None)
     if pair is None:
         raise SpecplayError("The loaded decoder has no model pair that batched decoding can use.")
-    return BatchDecoder(pair, backend=getattr(decoder, "backend", None))
+    return BatchDecoder(pair, backend=getattr(decoder, "backend", None),
+                        eagle_head=getattr(decoder, "eagle_head", None))
 
 
 class LosslessWorker(DecoderWorker):

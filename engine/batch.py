@@ -5,15 +5,15 @@ own EOS or budget. A finished sequence stays in the batch as padding (its block 
 and stops counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides
 of every comparison are measured alike.
 
-Ragged drafts (n-gram proposals of different lengths) are right-padded to the round's longest one. The
-verification kernels take one N per call, so padded positions are made impossible to accept: the logits get
-one extra column at -inf (p = 0 at every row, the other columns' warped distribution unchanged) and a padded
-draft is that column's token, with one-hot q on it. Greedy: the pad never equals the argmax, so verification
-stops at the first pad and the next token is the argmax of row n_b, the bonus row. Sampling: the pad's
-acceptance probability is min(1, 0/1) = 0, and the residual normalize(max(p - e_pad, 0)) is p itself, so the
-next token is drawn from row n_b's distribution, again the bonus. Every real position is tested exactly as
-without padding (causal attention keeps the pads out of rows 0..n_b). See tests/test_batch.py for the
-check."""
+Ragged drafts (n-gram proposals of different lengths; EAGLE's one-token prompts, which draft nothing in
+their first round) are right-padded to the round's longest one. The verification kernels take one N per call,
+so padded positions are made impossible to accept: the logits get one extra column at -inf (p = 0 at every
+row, the other columns' warped distribution unchanged) and a padded draft is that column's token, with one-hot
+q on it. Greedy: the pad never equals the argmax, so verification stops at the first pad and the next token is
+the argmax of row n_b, the bonus row. Sampling: the pad's acceptance probability is min(1, 0/1) = 0, and the
+residual normalize(max(p - e_pad, 0)) is p itself, so the next token is drawn from row n_b's distribution,
+again the bonus. Every real position is tested exactly as without padding (causal attention keeps the pads out
+of rows 0..n_b). See tests/test_batch.py for the check."""
 from __future__ import annotations
 
 import time
@@ -30,7 +30,7 @@ from engine.errors import SpecplayError
 from engine.runner import to_device
 from kernels import select_backend
 
-BATCH_METHODS = ("none", "draft", "ngram")
+BATCH_METHODS = ("none", "draft", "ngram", "eagle")
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -132,15 +132,17 @@ class _Seq:
 
 
 class _BatchDrafter:
-    """Drafts for every sequence at once; `commit` gets each sequence's accepted count."""
+    """Drafts for every sequence at once; `commit` gets each sequence's accepted count. A drafter that reads
+    the target's features (EAGLE) gets the prefill's at `start` ([B, P, H], P the longest prompt less one;
+    None for one-token prompts) and the round block's at `commit` ([B, N+1, H])."""
 
-    def start(self, seqs: List[_Seq], max_length: int) -> None:
+    def start(self, seqs: List[_Seq], max_length: int, features: Optional[torch.Tensor] = None) -> None:
         pass
 
     def propose(self, seqs: List[_Seq], k: int, sampler: "_Sampler") -> BatchDraft:
         raise NotImplementedError
 
-    def commit(self, seqs: List[_Seq], accepted: List[int]) -> None:
+    def commit(self, seqs: List[_Seq], accepted: List[int], features: Optional[torch.Tensor] = None) -> None:
         pass
 
 
@@ -175,8 +177,8 @@ class _DraftModelDrafts(_BatchDrafter):
         self.last_k = 0
         self.use_graphs = runner.device.type == "cuda"
 
-    def start(self, seqs, max_length) -> None:
-        if self.batch is None or self.batch.batch != len(seqs) or self.batch.max_length < max_length:
+    def start(self, seqs, max_length, features=None) -> None:
+        if not _fits(self.batch, len(seqs), max_length):
             self.batch = None  # free the old cache first
             self.batch = BatchRunner(self.runner, len(seqs), max_length)
         self.batch.use_graphs = self.use_graphs
@@ -203,22 +205,124 @@ class _DraftModelDrafts(_BatchDrafter):
         counts = [k if ok else 0 for ok in live]
         return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
 
-    def commit(self, seqs, accepted) -> None:
+    def commit(self, seqs, accepted, features=None) -> None:
         # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
         keep = self.last_k - 1
         self.batch.lengths = [min(length, base + min(acc, keep)) for length, base, acc
                               in zip(self.batch.lengths, self.base, accepted, strict=True)]
 
 
-def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> None:
-    """Every prompt but its last token (fed by the first round), right-padded into one block."""
+class _EagleDrafts(_BatchDrafter):
+    """EAGLE's chain for all B sequences at once (mirrors engine.drafters.eagle.EagleDrafter._chain): the
+    head's one layer runs over its own batched cache, each sequence at its own length.
+
+    Head row r of sequence b is fc([f_r ; e(x_{r+1})]), f_r the target's feature at position r. `true`
+    holds each sequence's rows built from the target's true features; the pending inputs (the prefill's
+    features, then each round's accepted rows) are fed at the next propose, ragged, and the head's output at
+    each sequence's last fed row starts its chain: K tokens drawn from the head's logits (argmax, or sampled
+    with its q), each fed back with its predicted feature. The drafted rows are dropped at commit (each cache
+    rolled back to its true rows), like the target's rejected rows."""
+
+    def __init__(self, head):
+        self.head = head  # engine.drafters.eagle.EagleHead
+        self.batch: Optional[BatchRunner] = None
+        self.true: List[int] = []  # head rows from true features, per sequence
+        self.pending = None  # (features [B, m, H], next tokens [B, m] on the device, counts [B]) or None
+        self.use_graphs = head.runner.device.type == "cuda"
+
+    def start(self, seqs, max_length, features=None) -> None:
+        if not _fits(self.batch, len(seqs), max_length):
+            self.batch = None  # free the old cache first
+            self.batch = BatchRunner(self.head.runner, len(seqs), max_length)
+        self.batch.use_graphs = self.use_graphs
+        self.batch.reset()
+        self.true = [0] * len(seqs)
+        counts = [len(s.tokens) - 1 for s in seqs]  # features of positions 0..P-2, next tokens 1..P-1
+        self.pending = None
+        if features is not None and max(counts) > 0:
+            width = features.shape[1]
+            rows = [s.tokens[1:] + [0] * (width - c) for s, c in zip(seqs, counts, strict=True)]
+            self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        runner, bsz = self.batch, len(seqs)
+        runner.set_lengths(self.true)  # drafted rows of the last round are gone
+        fed = [0] * bsz
+        feature = logits = None
+        if self.pending is not None:
+            features, next_tokens, fed = self.pending
+            fed = [c if not s.done else 0 for c, s in zip(fed, seqs, strict=True)]
+            if max(fed) > 0:
+                feature, logits = self._feed(features, next_tokens, fed, k)
+            self.true = list(runner.lengths)
+            self.pending = None
+        # a sequence drafts once its head has a row (a one-token prompt waits for its first round)
+        drafting = [not s.done and c > 0 for s, c in zip(seqs, fed, strict=True)]
+        counts = [k if ok else 0 for ok in drafting]
+        if not any(drafting):
+            return BatchDraft(torch.zeros(bsz, 0, dtype=torch.long, device=sampler.device), [0] * bsz)
+        ones = [1 if ok else 0 for ok in drafting]
+        tokens, probs = [], []
+        for i in range(k):
+            token, q = sampler.draw(logits)  # [B], [B, V] or None
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:  # the head shares the target's norm and LM head: its logits are the next ones
+                out_logits, hidden = runner.forward_embeds(self.head.fuse(feature, token)[:, None], ones)
+                feature, logits = hidden[:, 0], out_logits[:, 0]
+        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
+        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
+
+    def _feed(self, features: torch.Tensor, next_tokens: torch.Tensor, counts: List[int], k: int):
+        """Append each sequence's pending rows (counts[b] of them, right-padded); the head's predicted
+        feature [B, H] and logits [B, V] after each one's last row (row 0 for a sequence fed nothing)."""
+        width = max(counts)
+        if self.use_graphs and width <= k + 1:
+            width = k + 1  # a round feeds 1..K+1 rows: one width keeps to one captured graph
+        features, next_tokens = _width(features, width), _width(next_tokens, width)
+        logits, hidden = self.batch.forward_embeds(self.head.fuse(features, next_tokens), counts)
+        rows = torch.arange(len(counts), device=hidden.device)
+        last = to_device([max(c - 1, 0) for c in counts], hidden.device)  # [B]
+        return hidden[rows, last], logits[rows, last]
+
+    def commit(self, seqs, accepted, features=None) -> None:
+        # the block's rows 0..a_b (the last committed token and the accepted drafts) hold true features; the
+        # tokens after them are the round's emitted ones, the last a_b + 1 of each sequence's tokens
+        counts = [0 if s.done else acc + 1 for s, acc in zip(seqs, accepted, strict=True)]
+        self.batch.set_lengths(self.true)
+        if features is None or max(counts) == 0:
+            self.pending = None
+            return
+        width = features.shape[1]
+        rows = [s.tokens[len(s.tokens) - c:] + [0] * (width - c) if c else [0] * width
+                for s, c in zip(seqs, counts, strict=True)]
+        self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
+
+
+def _width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [B, m, ...] cut or zero-padded to [B, width, ...] along dim 1."""
+    m = x.shape[1]
+    if m >= width:
+        return x[:, :width]
+    pad = x.new_zeros((x.shape[0], width - m) + tuple(x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def _fits(runner: Optional[BatchRunner], batch: int, max_length: int) -> bool:
+    """Whether a batched runner can be kept for B sequences of max_length tokens."""
+    return runner is not None and runner.batch == batch and runner.max_length >= max_length
+
+
+def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> Optional[torch.Tensor]:
+    """Every prompt but its last token (fed by the first round), right-padded into one block; its features
+    [B, P, H] (P the longest prompt less one), None when every prompt is one token."""
     prefixes = [s.tokens[:-1] for s in seqs]
     width = max(len(p) for p in prefixes)
     if width == 0:
-        return
+        return None
     rows = [p + [0] * (width - len(p)) for p in prefixes]
-    runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes],
-                   with_logits=False)
+    return runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes],
+                          with_logits=False)[1]
 
 
 def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
@@ -282,10 +386,15 @@ def pad_for_verify(logits: torch.Tensor, draft: BatchDraft, live: Sequence[bool]
 
 # ------------------------------------------------------------------------------------------------ decoder
 class BatchDecoder:
-    """Decode B prompts as one batch with one of the batched methods (none, draft, ngram)."""
+    """Decode B prompts as one batch with one of the batched methods (none, draft, ngram, eagle).
 
-    def __init__(self, pair, backend=None):
+    eagle_head: the target's EAGLE head (an EagleHead, or a function returning one, called on first use, e.g.
+    a loaded SpeculativeDecoder's eagle_head: the head is then shared); default: loaded from the target's
+    directory on first use."""
+
+    def __init__(self, pair, backend=None, eagle_head=None):
         self.pair = pair
+        self._eagle_head = eagle_head
         self.target = pair.target
         self.tokenizer = pair.tokenizer
         self.device = self.target.device
@@ -336,6 +445,11 @@ class BatchDecoder:
                                 f"{', '.join(BATCH_METHODS)}")
         if config.method == "draft" and not hasattr(self.pair.draft, "layers"):
             raise SpecplayError("batched method 'draft' needs a Llama-family draft model")
+        if config.method == "eagle":
+            if config.tree_nodes:
+                raise SpecplayError(f"batched EAGLE drafts a chain of K: method 'eagle', not the tree "
+                                    f"'eagle:{config.tree_nodes}'")
+            self.eagle_head()  # a pair without a head fails here, before anything is allocated
         seqs = self._sequences(prompts, config, budgets)
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)
@@ -344,8 +458,8 @@ class BatchDecoder:
         with torch.inference_mode():
             target, drafter = self._prepare(len(seqs), max_length, config)
             began = time.perf_counter()
-            _prefill(target, seqs)
-            drafter.start(seqs, max_length)
+            features = _prefill(target, seqs)
+            drafter.start(seqs, max_length, features)
             _sync(self.device)
             result.prefill_ms = 1000.0 * (time.perf_counter() - began)
             began = time.perf_counter()
@@ -362,6 +476,21 @@ class BatchDecoder:
             s.result.text = self.tokenizer.decode(s.result.ids, skip_special_tokens=True,
                                                   clean_up_tokenization_spaces=False)
         return result
+
+    def eagle_head(self):
+        """The target's EAGLE head (see the class docstring); SpecplayError when the target has none."""
+        head = self._eagle_head
+        try:
+            if callable(head):
+                head = head()
+            if head is None:
+                from engine.drafters.eagle import EagleHead
+
+                head = EagleHead.load(self.pair.target_name, self.target)
+        except SpecplayError as exc:
+            raise SpecplayError(f"batched method 'eagle' needs the target's EAGLE head: {exc}") from None
+        self._eagle_head = head
+        return head
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -397,6 +526,12 @@ class BatchDecoder:
             return t, _NoDrafts()
         if config.method == "ngram":
             return t, _NgramDrafts(config.ngram_n)
+        if config.method == "eagle":
+            drafter = self._drafters.get("eagle")
+            if drafter is None:
+                drafter = self._drafters["eagle"] = _EagleDrafts(self.eagle_head())
+            drafter.use_graphs = self.use_graphs
+            return t, drafter
         drafter = self._drafters.get("draft")
         if drafter is None:
             drafter = self._drafters["draft"] = _DraftModelDrafts(self.pair.draft)
@@ -412,7 +547,7 @@ class BatchDecoder:
         block = torch.cat([last, draft.tokens], dim=1)  # [B, N+1]
         starts = list(target.lengths)
         counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
-        logits = target.forward(block, counts)[0]  # [B, N+1, V]
+        logits, features = target.forward(block, counts)  # [B, N+1, V], [B, N+1, H]
         if self.simulated_acceptance is None:
             verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
         else:
@@ -425,7 +560,7 @@ class BatchDecoder:
         # a last round cut short by the budget could reach K rows past it).
         target.lengths = [start if s.done else start + 1 + acc
                           for start, acc, s in zip(starts, accepted, seqs, strict=True)]
-        drafter.commit(seqs, accepted)
+        drafter.commit(seqs, accepted, features)
 
     def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":
         """The forced-acceptance verdict: a run of independent successes of probability simulated_acceptance

@@ -2,10 +2,10 @@
 
 For each batch B: plain batched decoding and speculative batched decoding of the same B prompts (the same
 loop, empty drafts for plain), and the target's forward timed alone for B and for B (K+1) tokens per forward
-(the draft's for B and 2B). A roofline fitted to every measured step time predicts each batch's speedup from
-the measured tokens per round; the crossover (speedup < 1) is reported measured and predicted, and the best K
-of a small set is predicted per batch from the measured per-position acceptance (measured too
-with sweep_k)."""
+(the draft model's or the EAGLE head's for B and 2B). A roofline fitted to every measured step time predicts
+each batch's speedup from the measured tokens per round; the crossover (speedup < 1) is reported measured and
+predicted, and the best K of a small set is predicted per batch from the measured per-position acceptance
+(measured too with sweep_k)."""
 from __future__ import annotations
 
 import math
@@ -35,8 +35,8 @@ class BatchRow:
     spec_round_ms: float
     step_ms: float  # target forward, B tokens (one per sequence)
     verify_step_ms: float  # target forward, B (K+1) tokens
-    draft_step_ms: float = 0.0  # draft forward, B tokens (0 without a draft model)
-    draft_step2_ms: float = 0.0  # draft forward, 2B tokens
+    draft_step_ms: float = 0.0  # draft model (or EAGLE head) forward, B tokens (0 for n-gram drafts)
+    draft_step2_ms: float = 0.0  # draft model (or EAGLE head) forward, 2B tokens
     per_position_acceptance: list = field(default_factory=list)
     predicted_speedup: float = 0.0
     best_k: int = 0  # predicted
@@ -149,8 +149,8 @@ def measure_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig
     target = decoder._target_batch
     steps = {"step_ms": time_step(target, 1, context),
              "verify_step_ms": time_step(target, config.k + 1, context)}
-    drafter = decoder._drafters.get("draft")
-    if config.method == "draft" and drafter is not None and drafter.batch is not None:
+    drafter = decoder._drafters.get(config.method)  # the draft model's or the EAGLE head's batched runner
+    if config.method in ("draft", "eagle") and drafter is not None and drafter.batch is not None:
         steps["draft_step_ms"] = time_step(drafter.batch, 1, context)
         steps["draft_step2_ms"] = time_step(drafter.batch, 2, context)
     return plain, spec, steps
@@ -172,6 +172,8 @@ def bench_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig, 
     """Measure every batch in `batches` (prompts cycled to fill each), then fit and predict. Each timed
     figure is the fastest of `repeats` runs. progress(row) after each batch; returning False stops (the
     batches so far are reported)."""
+    if config.method == "eagle":
+        decoder.eagle_head()  # no head: fail before the plain runs, not after them
     rows = []
     for batch in batches:
         batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]

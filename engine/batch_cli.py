@@ -12,7 +12,7 @@ from dataclasses import replace
 from engine.config import GenerationConfig
 from engine.errors import SpecplayError
 
-BATCH_METHODS = ("none", "draft", "ngram")  # engine.batch.BATCH_METHODS (checked by a test)
+BATCH_METHODS = ("none", "draft", "ngram", "eagle")  # engine.batch.BATCH_METHODS (checked by a test)
 DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 BENCH_NEW_TOKENS = 64  # bench batch's tokens per sequence: B x context bounds the KV cache's memory
 _ESCAPE = re.compile(r"\\(.)")
@@ -22,7 +22,7 @@ _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 def add_run_options(run) -> None:
     """The batch options of `run` (engine.cli calls this)."""
     run.add_argument("--prompts-file", help="decode every line of this file as one batch (one prompt a line, "
-                                            "\\n for a newline); methods none, draft, ngram")
+                                            "\\n for a newline); methods none, draft, ngram, eagle (a chain)")
 
 
 def add_bench_options(bench) -> None:
@@ -91,15 +91,22 @@ def _load(args, method: str):
     return decoder
 
 
+def _check_method(config: GenerationConfig, what: str, drafting: bool = False) -> None:
+    """A batched method (a drafting one when drafting); EAGLE as its chain only."""
+    if config.method not in BATCH_METHODS or (drafting and config.method == "none"):
+        raise SpecplayError(f"{what} (got {config.method!r})")
+    if config.method == "eagle" and config.tree_nodes:
+        raise SpecplayError(f"{what}; batched EAGLE drafts a chain of K: --method eagle, not "
+                            f"eagle:{config.tree_nodes}")
+
+
 def cmd_run_batch(args, config: GenerationConfig) -> int:
     """`run --prompts-file F`: every line of F decoded as one batch; each text printed (or one JSON object a
     prompt, then the batch's summary)."""
     if args.csv or args.trace:
         raise SpecplayError("--csv and --trace record one generation's rounds; "
                             "they do not take --prompts-file")
-    if config.method not in BATCH_METHODS:
-        raise SpecplayError(f"--prompts-file decodes methods {', '.join(BATCH_METHODS)} "
-                            f"(got {config.method!r})")
+    _check_method(config, f"--prompts-file decodes methods {', '.join(BATCH_METHODS)}")
     prompts = read_prompts_file(args.prompts_file)
     decoder = _load(args, config.method)
     result = decoder.generate(prompts, config)
@@ -126,9 +133,8 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
     batches = parse_batches(args.batches)
     if args.batch_new_tokens < 1:
         raise SpecplayError(f"--batch-new-tokens must be >= 1 (got {args.batch_new_tokens})")
-    if config.method not in BATCH_METHODS or config.method == "none":
-        raise SpecplayError(f"bench batch compares a drafting method with plain decoding: --method draft or "
-                            f"ngram (got {config.method!r})")
+    _check_method(config, "bench batch compares a drafting method with plain decoding: --method draft, "
+                          "ngram or eagle", drafting=True)
     if args.prompts_file:
         prompts = read_prompts_file(args.prompts_file)
     else:

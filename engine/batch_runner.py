@@ -12,7 +12,9 @@ captured in a CUDA graph on GPU (CapturedBatchStep).
 
 A block is n tokens per sequence, right-padded: `counts[b]` <= n of them are real and the length of b grows by
 counts[b]. Padded tokens sit after the real ones, so causal attention keeps them out of the real tokens'
-outputs; their K/V land in rows past the new length, which the mask hides and later blocks overwrite."""
+outputs; their K/V land in rows past the new length, which the mask hides and later blocks overwrite.
+`forward_embeds` appends a block of input vectors [B, n, H] instead of token ids (the EAGLE head's fused
+inputs)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -97,6 +99,40 @@ class BatchRunner:
         self.lengths = [length + c for length, c in zip(self.lengths, counts, strict=True)]
         return logits, hidden
 
+    def forward_embeds(self, inputs: torch.Tensor, counts: Optional[Sequence[int]] = None):
+        """Like forward, from input vectors inputs [B, n, H] instead of token ids (the EAGLE head feeds fused
+        features and token embeddings). Returns (logits [B, n, V] float32, features [B, n, H])."""
+        inputs = inputs.to(self.device, self.dtype)
+        n = inputs.shape[1]
+        counts = [n] * self.batch if counts is None else [int(c) for c in counts]
+        top = max(self.lengths) + n
+        if top > self.max_length:
+            raise SpecplayError(f"context full: {max(self.lengths)} cached + {n} new inputs exceed the "
+                                f"batched max_length {self.max_length}")
+        kv = self._kv_width(top)
+        captured = self._captured_step(n, kv, embeds=True)
+        start = to_device(self.lengths, self.device)  # [B]
+        if captured is not None:
+            logits, hidden = captured.run(inputs, start)
+        else:
+            logits, hidden = self.step_embeds(inputs, start, kv)
+        self.lengths = [length + c for length, c in zip(self.lengths, counts, strict=True)]
+        return logits, hidden
+
+    def step_embeds(self, x: torch.Tensor, start: torch.Tensor, kv: int):
+        """step from input vectors x [B, n, H] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32,
+        features [B, n, H]). Device tensors only (captured by CapturedBatchStep)."""
+        bsz, n = x.shape[:2]
+        offsets = self._arange[:n]  # [n]
+        positions = start[:, None] + offsets[None, :]  # [B, n]
+        cols = self._arange[:kv]  # [kv]
+        visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible, float("-inf"))
+        hidden = self._layers(x.reshape(bsz * n, -1), positions, mask)  # [B n, H]
+        logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
+        return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
+
     def step(self, tokens: torch.Tensor, start: torch.Tensor, kv: int, with_logits: bool = True):
         """tokens [B, n] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32, features [B, n, H]).
         Device tensors only, so that the CUDA graph captures exactly this."""
@@ -157,18 +193,18 @@ class BatchRunner:
         rows it saves: a batched cache is short, the longest prompt + the budget); exactly `rows` on CPU."""
         return self.max_length if self.device.type == "cuda" else rows
 
-    def _captured_step(self, n: int, kv: int) -> Optional["CapturedBatchStep"]:
-        """The captured step for blocks of n at attention width kv; None runs eagerly (CPU, prefills, and
-        shapes past GRAPH_LIMIT)."""
+    def _captured_step(self, n: int, kv: int, embeds: bool = False) -> Optional["CapturedBatchStep"]:
+        """The captured step for blocks of n at attention width kv (of input vectors when embeds); None runs
+        eagerly (CPU, prefills, and shapes past GRAPH_LIMIT)."""
         if not self.use_graphs or n > GRAPH_MAX_BLOCK or min(self.lengths) == 0:
             return None
-        key = (n, kv)
+        key = (n, kv, embeds)
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            self._graphs[key] = CapturedBatchStep(self, n, kv, self._graph_pool)
+            self._graphs[key] = CapturedBatchStep(self, n, kv, self._graph_pool, embeds)
         return self._graphs[key]
 
     def release_graphs(self) -> None:
@@ -177,18 +213,25 @@ class BatchRunner:
 
 
 class CapturedBatchStep:
-    """BatchRunner.step for a fixed (n, kv), captured as a CUDA graph (see engine.llama.CapturedStep).
+    """BatchRunner.step (or step_embeds when embeds) for a fixed (n, kv), captured as a CUDA graph (see
+    engine.llama.CapturedStep).
 
     The warm-up and the capture write K/V at rows lengths..lengths+n-1 of each sequence: free rows (the
     capture happens before the real step, which writes the same rows next). Outputs are cloned after each
     replay, since graphs share one memory pool."""
 
-    def __init__(self, runner: BatchRunner, n: int, kv: int, pool):
+    def __init__(self, runner: BatchRunner, n: int, kv: int, pool, embeds: bool = False):
         device = runner.device
-        self.tokens = torch.zeros(runner.batch, n, dtype=torch.long, device=device)  # [B, n]
+        if embeds:  # [B, n, H] input vectors
+            self.tokens = torch.zeros(runner.batch, n, runner.runner.hidden_size, dtype=runner.dtype,
+                                      device=device)
+        else:  # [B, n] token ids
+            self.tokens = torch.zeros(runner.batch, n, dtype=torch.long, device=device)
         self.start = to_device(runner.lengths, device)  # [B]
 
         def body():
+            if embeds:
+                return runner.step_embeds(self.tokens, self.start, kv)
             return runner.step(self.tokens, self.start, kv)
 
         side = torch.cuda.Stream(device)

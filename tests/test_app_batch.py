@@ -175,3 +175,45 @@ def test_a_decoder_without_a_model_pair_is_refused_in_words():
 
     with pytest.raises(SpecplayError, match="no model pair"):
         batch_decoder(object())
+
+
+def test_batched_methods_include_eagles_chain():
+    from app.batch_dialog import method_problem
+
+    assert method_problem("eagle") is None and method_problem("draft") is None
+    title, message = method_problem("eagle", 8)
+    assert title == "No batched method" and "eagle:8" in message and "EAGLE's chain" in message
+    assert method_problem("medusa")[0] == "No batched method"
+
+
+def test_batch_regime_with_eagle(qtbot, tmp_path, tiny_pair_dirs):
+    """EAGLE's chain in the batch regime (a one-layer target with a head that drafts well); its tree is
+    refused with the reason."""
+    from test_batch import add_copied_eagle_head
+    from tiny_models import make_tiny_llama
+
+    target = make_tiny_llama(tmp_path / "target", vocab=96, hidden=64, layers=1, seed=0)
+    add_copied_eagle_head(target)
+    window = MainWindow(device="cpu")
+    window.errors = []
+    window.show_error = lambda title, message: window.errors.append((title, message))
+    qtbot.addWidget(window)
+    window.show()
+    window.start(str(target), str(tiny_pair_dirs[1]))
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
+    assert window.errors == [] and window.method_actions["eagle"].isEnabled()
+    window.prompt.setPlainText(PROMPT)
+    window.method_actions["eagle:8"].trigger()
+    window.batch_action.trigger()
+    assert window.errors[-1][0] == "No batched method" and not window.running
+    window.method_actions["eagle"].trigger()
+    window.k_actions[2].trigger()
+    window.batch_sizes = (1, 2)
+    window.batch_new_tokens = 6
+    window.batch_action.trigger()
+    qtbot.waitUntil(lambda: window.batch_dialog is not None, timeout=60000)
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    dialog = window.batch_dialog
+    assert window.errors[1:] == [] and dialog.complete and dialog.report.method == "eagle"
+    assert [r.batch for r in dialog.rows] == [1, 2] and all(r.draft_step_ms > 0 for r in dialog.rows)
+    assert all(r.acceptance_rate > 0 for r in dialog.rows)

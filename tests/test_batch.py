@@ -2,6 +2,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from engine.batch_runner import BatchRunner
 from engine.cli import main
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
+from engine.errors import SpecplayError
 from engine.lossless import chi_square, exact_two_token_distribution
 from engine.models import load_pair
 from kernels import reference
@@ -37,6 +39,42 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pair(dirs):
     return load_pair(dirs[0], dirs[1], device="cpu", dtype=torch.float32)
+
+
+def add_copied_eagle_head(model_dir) -> None:
+    """An EAGLE head that drafts well for a one-layer target: fc = [0 | I] passes the next token's embedding
+    through and the head's layer is the target's layer, so the head's feature at row t is the target's
+    feature of position t + 1 without the first token in its context (rope is relative: the shift by one
+    position changes nothing else). Random heads accept next to nothing; this one accepts most drafts."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    prefix = "model.layers.0."
+    weights = load_file(str(model_dir / "model.safetensors"))
+    tensors = {"layer." + name[len(prefix):]: t.contiguous() for name, t in weights.items()
+               if name.startswith(prefix)}
+    tensors["fc.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+    save_file(tensors, str(model_dir / "eagle_head.safetensors"))
+    (model_dir / "eagle_config.json").write_text(json.dumps({
+        "hidden_size": hidden, "num_attention_heads": heads, "head_dim": hidden // heads,
+        "num_key_value_heads": config["num_key_value_heads"], "rms_norm_eps": config["rms_norm_eps"],
+        "intermediate_size": config["intermediate_size"], "rope_theta": 10000.0}))
+
+
+@pytest.fixture(scope="module")
+def eagle_dir(tmp_path_factory):
+    target = make_tiny_llama(tmp_path_factory.mktemp("batch_eagle") / "target", vocab=96, hidden=64, layers=1,
+                             seed=0)
+    add_copied_eagle_head(target)
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def eagle_pair(eagle_dir):
+    return load_pair(eagle_dir, None, device="cpu", dtype=torch.float32, need_draft=False)
 
 
 def plain_ids(decoder: SpeculativeDecoder, prompt, budget: int) -> list:
@@ -182,6 +220,78 @@ def test_unbatched_methods_are_refused(pair):
         BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="lookahead"))
 
 
+# ------------------------------------------------------------------------------------------------ EAGLE
+def test_batch_runner_forward_embeds_matches_the_single_runner(eagle_pair):
+    """The batched forward from input vectors (EAGLE's fused inputs), ragged, equals the single runner's
+    forward_embeds per sequence, logits and features."""
+    runner = BatchDecoder(eagle_pair).eagle_head().runner
+    gen = torch.Generator().manual_seed(3)
+    lengths, extra = [5, 1, 8], [3, 1, 2]
+    first = torch.randn(3, max(lengths), 64, generator=gen)
+    second = torch.randn(3, max(extra), 64, generator=gen)
+    batch = BatchRunner(runner, 3, 32)
+    logits, hidden = batch.forward_embeds(first, lengths)
+    logits2, hidden2 = batch.forward_embeds(second, extra)
+    assert batch.lengths == [8, 2, 10]
+    for b in range(3):
+        runner.reset()
+        ref = runner.forward_embeds(first[b, :lengths[b]])
+        ref2 = runner.forward_embeds(second[b, :extra[b]])
+        torch.testing.assert_close(logits[b, :lengths[b]], ref.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hidden[b, :lengths[b]], ref.hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits2[b, :extra[b]], ref2.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(hidden2[b, :extra[b]], ref2.hidden, atol=1e-5, rtol=1e-5)
+    runner.reset()
+
+
+def test_batched_eagle_greedy_equals_batch1_plain_and_drafts_like_batch1_eagle(eagle_pair):
+    """Ragged prompts (one of a single token: no feature to draft from in its first round), ragged budgets,
+    one sequence ending on EOS early: each sequence's output is its batch-1 plain greedy output, and it drafts
+    and accepts what the single-sequence EAGLE chain does round for round (the head batched, each sequence's
+    head cache at its own length, rolled back to its accepted rows)."""
+    single = SpeculativeDecoder(eagle_pair)
+    first = plain_ids(single, PROMPTS[0], 30)
+    stop = next(i for i in range(4, 30) if first[i] not in first[:i])
+    eos = first[stop]
+    single.eos_ids = {2, eos}
+    batched = BatchDecoder(eagle_pair, eagle_head=single.eagle_head)  # the loaded decoder's head, shared
+    batched.eos_ids = {2, eos}
+    config = GenerationConfig(method="eagle", k=3, max_new_tokens=30)
+    result = batched.generate(PROMPTS, config, budgets=BUDGETS)
+    assert batched.eagle_head() is single.eagle_head()
+    for prompt, budget, seq in zip(PROMPTS, BUDGETS, result.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, budget), seq.index
+        events = list(single.generate(prompt, replace(config, max_new_tokens=budget)))
+        assert seq.rounds == len(events), seq.index
+        assert seq.drafted == sum(len(e.drafted) for e in events), seq.index
+        assert seq.accepted == sum(e.accepted_count for e in events), seq.index
+    assert result.sequences[0].finish_reason == "eos" and len(result.sequences[0].ids) == stop + 1
+    assert len({s.rounds for s in result.sequences}) > 1  # sequences finished at different rounds
+    assert result.sequences[1].drafted == 3 * (result.sequences[1].rounds - 1)  # "a": no draft in round 1
+    assert sum(s.accepted for s in result.sequences) > 0.3 * sum(s.drafted for s in result.sequences)
+    assert {acc for (_drafted, acc) in result.outcomes} >= {0, 3}  # ragged acceptance
+    again = batched.generate(PROMPTS[1:3], config)  # another batch size reuses the decoder
+    for prompt, seq in zip(PROMPTS[1:3], again.sequences, strict=True):
+        assert seq.ids == plain_ids(single, prompt, 30)
+
+
+def test_batched_eagle_of_one_prompt_and_other_ks(eagle_pair):
+    single = SpeculativeDecoder(eagle_pair)
+    batched = BatchDecoder(eagle_pair)  # loads the head itself
+    for k in (1, 5):
+        result = batched.generate(PROMPTS[:1], GenerationConfig(method="eagle", k=k, max_new_tokens=20))
+        assert result.sequences[0].ids == plain_ids(single, PROMPTS[0], 20), k
+        assert result.sequences[0].accepted > 0
+
+
+def test_batched_eagle_needs_a_head_and_a_chain(pair, eagle_pair):
+    with pytest.raises(SpecplayError, match="needs the target's EAGLE head") as caught:
+        BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="eagle"))
+    assert "\n" not in str(caught.value) and "eagle_head.safetensors" in str(caught.value)
+    with pytest.raises(SpecplayError, match="chain"):
+        BatchDecoder(eagle_pair).generate(PROMPTS, GenerationConfig(method="eagle", tree_nodes=8))
+
+
 # ------------------------------------------------------------------------------------------------ sampling
 @pytest.fixture
 def padded_rounds(monkeypatch):
@@ -234,6 +344,23 @@ def test_chi_square_per_sequence(pair, method, padded_rounds):
         assert bins >= 3 and p_value > 1e-3, (method, prompt, statistic, bins)
     if method == "ngram":
         assert padded_rounds[0] > 0  # the ragged (padded) verification was sampled through
+
+
+@pytest.mark.slow  # a statistical check: `make test-fast` skips it
+def test_chi_square_per_sequence_eagle(eagle_pair, padded_rounds):
+    """The same check for EAGLE's chain, drafted by sampling the head's q: the one-token prompt drafts
+    nothing in its first round, so that round's verification is ragged (padded)."""
+    test_chi_square_per_sequence(eagle_pair, "eagle", padded_rounds)
+    assert padded_rounds[0] > 0
+
+
+def test_sampled_eagle_accepts_drafts(eagle_pair):
+    sampling = SamplingParams(0.8, 4, 0.95)
+    config = GenerationConfig(method="eagle", k=3, sampling=sampling, max_new_tokens=16, seed=5)
+    result = BatchDecoder(eagle_pair).generate(PROMPTS, config)
+    again = BatchDecoder(eagle_pair).generate(PROMPTS, config)
+    assert [s.ids for s in result.sequences] == [s.ids for s in again.sequences]  # a seed reproduces the run
+    assert sum(s.accepted for s in result.sequences) > 0.3 * sum(s.drafted for s in result.sequences)
 
 
 # ------------------------------------------------------------------------------------------------ roofline
@@ -343,6 +470,41 @@ def test_bench_batch_table(dirs, capsys):
                              "--prompt", PROMPTS[3], "--sweep-k")
     assert code == 0, err
     assert "crossover" in out and "roofline fit" in out and "measured K sweep" in out
+
+
+def test_run_prompts_file_and_bench_batch_with_eagle(eagle_dir, capsys, tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(p.replace("\n", "\\n") for p in PROMPTS) + "\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, "run", "--prompts-file", str(path), "--target", eagle_dir,
+                             "--method", "eagle", "--k", "3", "--max-new-tokens", "12", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    summary = lines[-1]["batch"]
+    assert len(lines) == len(PROMPTS) + 1 and summary["method"] == "eagle" and summary["accepted"] > 0
+    code, out, err = run_cli(capsys, "bench", "batch", "--target", eagle_dir, "--method", "eagle",
+                             "--batches", "1,2", "--k", "2", "--ks", "1,2", "--batch-new-tokens", "6",
+                             "--prompt", PROMPTS[0], "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["method"] == "eagle" and [r["batch"] for r in report["rows"]] == [1, 2]
+    assert all(r["draft_step_ms"] > 0 and r["spec_tokens_per_s"] > 0 for r in report["rows"])
+    assert report["draft_fit"] is not None  # the head's steps are in the roofline's round
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "--prompts-file", "PROMPTS", "--method", "eagle"], "EAGLE head"),
+    (["bench", "batch", "--method", "eagle", "--batches", "1", "--batch-new-tokens", "2"], "EAGLE head"),
+    (["run", "--prompts-file", "PROMPTS", "--method", "eagle:8"], "chain"),
+    (["bench", "batch", "--method", "eagle:8", "--batches", "1"], "chain"),
+])
+def test_batched_eagle_inputs_one_line_exit_2(dirs, capsys, tmp_path, argv, needle):
+    """The target of `dirs` has no EAGLE head; batched EAGLE is a chain."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a prompt\n", encoding="utf-8")
+    argv = [str(prompts) if a == "PROMPTS" else a for a in argv]
+    code, _out, err = run_cli(capsys, *argv, "--target", dirs[0])
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv,needle", [

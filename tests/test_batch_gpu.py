@@ -38,6 +38,26 @@ def test_batched_greedy_equals_plain_on_cuda(pair, method):
             assert seq.ids == want, (method, seq.index)
 
 
+def test_batched_eagle_greedy_equals_plain_on_cuda(tmp_path):
+    """EAGLE's chain with the head's steps captured (one feed width, K+1): the second run replays them."""
+    from test_batch import add_copied_eagle_head
+
+    target = make_tiny_llama(tmp_path / "target", vocab=96, hidden=64, layers=1, seed=0)
+    add_copied_eagle_head(target)
+    pair = load_pair(str(target), None, device="cuda", dtype=torch.float32, need_draft=False)
+    single = SpeculativeDecoder(pair)
+    batched = BatchDecoder(pair)
+    assert batched.use_graphs
+    config = GenerationConfig(method="eagle", k=3, max_new_tokens=30)
+    for _ in range(2):
+        result = batched.generate(PROMPTS, config, budgets=BUDGETS)
+        for prompt, budget, seq in zip(PROMPTS, BUDGETS, result.sequences, strict=True):
+            want = single.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=budget))
+            assert seq.ids == want, seq.index
+        assert sum(s.accepted for s in result.sequences) > 0
+    assert batched._drafters["eagle"].batch._graphs  # the head's steps were captured
+
+
 def test_bench_batch_on_a_synthetic_pair_in_bf16():
     from engine import batch_bench
     from engine.synthetic import build_synthetic_pair
