@@ -108,7 +108,8 @@ def test_launch_constants_match_the_cu_defines():
 
     source = (step._HERE / "decode_kernels.cu").read_text()
     defines = {k: int(v) for k, v in re.findall(r"#define (SP_\w+) (\d+)", source)}
-    assert defines["SP_GEMV_WARPS"] == step.GEMV_ROWS_PER_BLOCK and step.THREADS == 32 * defines["SP_GEMV_WARPS"]
+    assert defines["SP_GEMV_WARPS"] == step.GEMV_ROWS_PER_BLOCK
+    assert step.THREADS == 32 * defines["SP_GEMV_WARPS"]
     assert defines["SP_GEMV_STAGE"] == step.GEMV_STAGE and defines["SP_GEMV_MAX_ROWS"] == step.GEMV_MAX_ROWS
     assert 32 * defines["SP_ATTN_WARPS"] == step.ATTENTION_THREADS
     assert defines["SP_ATTN_MAX_D"] == step.ATTENTION_MAX_D
