@@ -54,6 +54,9 @@ GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run ea
 # decoding, the draft model's and EAGLE's steps). scripts/profile_step.py measures both for a block of K + 1
 # rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not.
 DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "1"))
+# Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
+# prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
+DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
 
 
 class UnsupportedLlamaConfig(SpecplayError):
@@ -621,7 +624,7 @@ class LlamaRunner(CausalRunner):
         return self._gemv_ok[n]
 
     def _decode_path(self, n: int) -> bool:
-        return self.decode_kernels is not None and n <= GRAPH_MAX_BLOCK
+        return self.decode_kernels is not None and n <= DECODE_ROWS
 
     def _decode_block(self, x, start, depth, block_visible):
         """The step on the decode kernels: x [n, H] (n <= 64) at cache rows start.. (start [1] on the

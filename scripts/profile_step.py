@@ -60,7 +60,7 @@ def main() -> int:
     from engine.synthetic import build_synthetic_pair, weight_bytes_per_step
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", default="llama-1b")
+    parser.add_argument("--synthetic", default="llama-1b", help="a synthetic shape, or 'shipped' for the shipped target")
     parser.add_argument("--sizes", default="1,5")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
@@ -69,8 +69,12 @@ def main() -> int:
         print("error: profile_step needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    pair = build_synthetic_pair(args.synthetic, device, torch.bfloat16).pair
-    target = pair.target
+    if args.synthetic == "shipped":
+        from engine.models import load_pair
+
+        target = load_pair(None, None, device=device, need_draft=False, dtype=torch.bfloat16).target
+    else:
+        target = build_synthetic_pair(args.synthetic, device, torch.bfloat16).pair.target
     bandwidth = measure_read_bandwidth(device)
     floor = floor_ms(weight_bytes_per_step(target), bandwidth)
     print(f"{args.synthetic}: weights {weight_bytes_per_step(target) / 1e9:.2f} GB, read bandwidth "
