@@ -60,7 +60,7 @@ def main() -> int:
     from engine.synthetic import build_synthetic_pair, weight_bytes_per_step
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", default="llama-1b", help="a synthetic shape, or 'shipped' for the shipped target")
+    parser.add_argument("--synthetic", default="llama-1b", help="a synthetic shape, or 'shipped'")
     parser.add_argument("--sizes", default="1,5")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
