@@ -51,7 +51,8 @@ def add_random_eagle_head(model_dir, hidden: int, heads: int = 4, kv_heads: int 
         "intermediate_size": inter, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "head_dim": head_dim}))
 
 
-def add_random_eagle3_head(model_dir, hidden: int, taps=(0, 1), heads: int = 4, kv_heads: int = 2, seed: int = 3):
+def add_random_eagle3_head(model_dir, hidden: int, taps=(0, 1), heads: int = 4, kv_heads: int = 2,
+                           seed: int = 3):
     """An EAGLE-3 head: the EAGLE head's layout plus proj [H, taps * H] and the tap layers in its config."""
     add_random_eagle_head(model_dir, hidden, heads, kv_heads, seed)
     from safetensors.torch import load_file
