@@ -87,7 +87,7 @@ def _logical_line_ends(text: str) -> list[int]:
     ends = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.NEWLINE:
+            if tok.type == tokenize.NEWLINE and tok.string:   # not the implicit one the tokenizer adds at EOF
                 ends.append(tok.end[0])
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass
