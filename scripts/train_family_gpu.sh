@@ -23,7 +23,9 @@ OUT=${OUT:-out}
 RUN=${RUN:-/tmp/specplay_run}
 EXPORT=${EXPORT:-/tmp/specplay_family}
 PY=${PY:-python3}
-BUDGET_S=${BUDGET_S:-540}     # the whole script's wall clock; the bench only runs when enough is left
+DEVICE=${DEVICE:-cuda}
+TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run of this script on a CPU machine (DEVICE=cpu)
+BUDGET_S=${BUDGET_S:-510}     # the whole script's wall clock; the bench runs only in what is left of it
 mkdir -p "$OUT"
 LOG="$OUT/train_log.txt"
 START=$(date +%s)
@@ -59,10 +61,13 @@ pack() {
   ls -la "$OUT"
 }
 trap 'collect; pack' EXIT
+trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
+( while sleep 15; do collect; done ) &   # stage_metrics.json stays current even if the run is killed hard
+WATCHER=$!
 
 {
   echo "== specplay family training, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  $PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, torch.cuda.get_device_name())' || exit 2
+  $PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' || exit 2
   nproc
 } 2>&1 | tee -a "$LOG"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 2
@@ -70,8 +75,10 @@ trap 'collect; pack' EXIT
 BASELINE=()
 if [ -f assets/models/target/config.json ]; then BASELINE=(--baseline assets/models); fi
 # one process for every stage (a CUDA context and the imports once); each stage leaves <RUN>/<stage>/done.json
-$PY main.py train --out "$RUN" --device cuda --export "$EXPORT" "${BASELINE[@]}" 2>&1 | tee -a "$LOG"
+# shellcheck disable=SC2086
+$PY main.py train --out "$RUN" --device "$DEVICE" --export "$EXPORT" "${BASELINE[@]}" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
+kill "$WATCHER" 2>/dev/null
 collect
 echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
 
@@ -80,7 +87,7 @@ if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 75 ]; then
   echo "== bench methods of the new family (${left} s at most)" | tee -a "$LOG"
   timeout "$left" $PY main.py bench methods --target "$EXPORT/target" --draft "$EXPORT/draft" \
     --methods none,draft,medusa,eagle,eagle:8,eagle3,eagle3:8 --k 4 --prompts 8 --max-new-tokens 128 \
-    --device cuda 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
+    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
 else
   echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"
 fi
