@@ -121,6 +121,7 @@ class SpeculativeDecoder:
         self._token_texts: dict = {}  # token id -> its text, decoded once
         self._medusa = None  # heads load on first use
         self._eagle = None
+        self._eagle3 = None
         self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
         self.cuda_graphs = self.device.type == "cuda"
         self.pipelined = self.device.type == "cuda"  # see _rounds
@@ -137,7 +138,8 @@ class SpeculativeDecoder:
     def set_cuda_graphs(self, enabled: bool) -> None:
         """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU), or run eagerly."""
         self.cuda_graphs = bool(enabled) and self.device.type == "cuda"
-        runners = [self.target, self.pair.draft, self._eagle.runner if self._eagle is not None else None]
+        runners = [self.target, self.pair.draft] + [head.runner for head in (self._eagle, self._eagle3)
+                                                    if head is not None]
         for runner in runners:
             if hasattr(runner, "use_graphs"):
                 runner.use_graphs = self.cuda_graphs
@@ -163,6 +165,15 @@ class SpeculativeDecoder:
             self._eagle = EagleHead.load(self.pair.target_name, self.target)
             self.set_cuda_graphs(self.cuda_graphs)
         return self._eagle
+
+    def eagle3_head(self):
+        """The target's EAGLE-3 head, loaded on first use (its runner follows the CUDA-graph setting)."""
+        if self._eagle3 is None:
+            from engine.drafters.eagle3 import Eagle3Head
+
+            self._eagle3 = Eagle3Head.load(self.pair.target_name, self.target)
+            self.set_cuda_graphs(self.cuda_graphs)
+        return self._eagle3
 
     def suffix_memory(self):
         """The session's suffix-decoding memory (earlier prompts and outputs, a corpus), made on first use."""
@@ -267,12 +278,22 @@ class SpeculativeDecoder:
     def _prefill(self, state: DecodeState, drafter: Drafter) -> None:
         """Fill the target's cache with the prompt but its last token (fed first by the first round)."""
         self.target.reset()
+        self._set_taps(drafter.needs.tap_layers)
         prefix = state.tokens[:-1]
         features = None
         if prefix:
             out = self.target.forward(torch.tensor(prefix, dtype=torch.long, device=self.device))
-            features = out.hidden if drafter.needs.prefill_features else None  # [P-1, H]
+            features = _features(out) if drafter.needs.prefill_features else None  # [P-1, H]
         drafter.start(state, DraftStart(prompt=list(state.tokens), prefill_features=features))
+
+    def _set_taps(self, layers: tuple) -> None:
+        """Tap the target's layers a drafter reads (EAGLE-3), or none (every other method)."""
+        layers = tuple(layers)
+        if hasattr(self.target, "tap_layers"):
+            self.target.tap_layers = layers
+        elif layers:
+            raise SpecplayError("this drafter reads the target's inner layers: it needs the compact "
+                                "Llama-family runner (engine.llama)")
 
     def _rounds(self, state, drafter, config, should_stop) -> Iterator[RoundEvent]:
         """Rounds. On the GPU they are pipelined by one: as soon as a round's outcome is known and the caches
@@ -378,7 +399,7 @@ class SpeculativeDecoder:
         if sampling.greedy:
             result = (backend.verify_tree_greedy(logits[None], tokens, draft.parents) if draft.is_tree
                       else backend.verify_chain_greedy(logits[None], tokens))
-            return logits, out.hidden, result, None
+            return logits, _features(out), result, None
         uniforms = torch.rand(draft.size + 1, generator=state.generator)  # CPU copy kept for the event
         device_uniforms = to_device(uniforms, self.device, torch.float32)[None]  # [1, N+1]
         probs = draft.probs[None] if draft.probs is not None else None  # [1, N, V] or one-hot
@@ -388,7 +409,7 @@ class SpeculativeDecoder:
                                                     device_uniforms, *warp)
         else:
             result = backend.verify_chain_stochastic(logits[None], tokens, probs, device_uniforms, *warp)
-        return logits, out.hidden, result, uniforms
+        return logits, _features(out), result, uniforms
 
     def _accept(self, state, draft_tokens: list, path, next_token, generated_len, config) -> _RoundOutcome:
         emitted = [draft_tokens[i] for i in path] + [next_token]
@@ -480,3 +501,10 @@ def eos_ids(tokenizer) -> set:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
+
+
+def _features(out) -> torch.Tensor:
+    """What a drafter gets as the target's features: the tap layers' outputs when the runner taps any
+    (EAGLE-3), else the last layer's."""
+    taps = getattr(out, "taps", None)
+    return out.hidden if taps is None else taps

@@ -421,8 +421,13 @@ class LlamaRunner(CausalRunner):
         # CUDA: fused rope/cache and SiLU kernels, else None
         self.fused_kernels = StepKernels.load(self.device)
         self.decode_kernels = self._decode_kernels()  # the fused decode path for short blocks, else None
-        self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv) -> captured step
+        self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv, tap_layers) -> captured step
         self._graph_pool = None
+        # Layers whose outputs a forward also returns (ForwardOutput.taps, side by side in this order); set by
+        # the decoder for a drafter that asks for them (EAGLE-3). Empty: nothing is collected.
+        self.tap_layers: Tuple[int, ...] = ()
+        self._tapped: List[torch.Tensor] = []  # step_embeds' collection for the current step
+        self.last_taps: Optional[torch.Tensor] = None  # [n, len(tap_layers) * H] of the last block step
 
     # -- construction --------------------------------------------------------------------------------------
 
@@ -499,16 +504,26 @@ class LlamaRunner(CausalRunner):
             self._start.fill_(start)
             hidden, logits = self._block_step(x, self._start, depth, block_visible, self._kv_width(start + n))
         self._length = start + n
-        return ForwardOutput(logits, hidden)
+        return ForwardOutput(logits, hidden, self.last_taps if self.tap_layers else None)
 
     def _block_step(self, x, start, depth, block_visible, kv: int):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
-        Only device tensors go in, so the CUDA graph captures exactly this."""
+        Only device tensors go in, so the CUDA graph captures exactly this (the tap layers' outputs too, left
+        in last_taps)."""
         if self._decode_path(x.shape[0]):
             return self._decode_block(x, start, depth, block_visible)
         positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
-        hidden = self.step_embeds(x, positions, cache_index, mask, window_mask)
+        hidden = self._tapped_step(x, positions, cache_index, mask, window_mask)
         return hidden, self.logits_from_hidden(hidden)
+
+    def _tapped_step(self, x, positions, cache_index, mask, window_mask):
+        """step_embeds, keeping the tap layers' outputs side by side in last_taps [n, taps * H] (None when no
+        layer is tapped)."""
+        self._tapped = []
+        hidden = self.step_embeds(x, positions, cache_index, mask, window_mask)
+        self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
+        self._tapped = []
+        return hidden
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.project(self.final_norm(hidden))  # [n, V]
@@ -590,7 +605,7 @@ class LlamaRunner(CausalRunner):
         length."""
         if not self.use_graphs or n > GRAPH_MAX_BLOCK or start == 0:
             return None  # a block at the cache's start is a prefill: capturing one per prompt length stalls
-        key = (n, 0 if self._decode_path(n) else self._kv_width(start + n))
+        key = (n, 0 if self._decode_path(n) else self._kv_width(start + n), self.tap_layers)
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
@@ -633,7 +648,10 @@ class LlamaRunner(CausalRunner):
         n = x.shape[0]
         positions = start + depth  # [n]
         cache_index = start + self._arange[:n]  # [n]
+        self._tapped = []
         hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous())
+        self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
+        self._tapped = []
         if not self._gemv_rows(n):
             return hidden, self.logits_from_hidden(hidden)
         logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
@@ -665,6 +683,8 @@ class LlamaRunner(CausalRunner):
                 x = _linear_residual(x, attn, layer.w_o, layer.b_o)
                 gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
                 x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
+            if li in self.tap_layers:  # EAGLE-3 reads these layers' outputs (see _tapped_step)
+                self._tapped.append(x)
         return x
 
     # -- the step --------------------------------------------------------------------------------------------
@@ -724,6 +744,8 @@ class LlamaRunner(CausalRunner):
                 gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
                 act = F.silu(gate) * up
             x = self._residual_out(x, act, layer.w_down, layer.b_down)
+            if li in self.tap_layers:  # EAGLE-3 reads these layers' outputs (see _tapped_step)
+                self._tapped.append(x)
         return x
 
     def _residual_out(self, x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
@@ -772,6 +794,8 @@ class CapturedStep:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.hidden, self.logits = body()  # [n, H], [n, V]
+            self.taps = runner.last_taps  # [n, taps * H] or None
+        self.runner = runner
 
     def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor,
             is_chain: bool):
@@ -782,4 +806,5 @@ class CapturedStep:
             self.block_visible.copy_(block_visible)
             self.holds_chain = is_chain
         self.graph.replay()
+        self.runner.last_taps = None if self.taps is None else self.taps.clone()
         return self.hidden.clone(), self.logits.clone()

@@ -15,6 +15,7 @@ from engine.errors import SpecplayError
 MAX_TREE_NODES = 64
 MEDUSA_FILES = ("medusa_heads.safetensors", "medusa_config.json")
 EAGLE_FILES = ("eagle_head.safetensors", "eagle_config.json")
+EAGLE3_FILES = ("eagle3_head.safetensors", "eagle3_config.json")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ def _eagle(decoder, config):
     return EagleDrafter(decoder.target, decoder.eagle_head(), tree_nodes=config.tree_nodes)
 
 
+def _eagle3(decoder, config):
+    from engine.drafters.eagle3 import Eagle3Drafter
+
+    return Eagle3Drafter(decoder.target, decoder.eagle3_head(), tree_nodes=config.tree_nodes)
+
+
 def _lookahead(decoder, config):
     from engine.drafters.lookahead import LookaheadDrafter
 
@@ -99,15 +106,18 @@ METHODS = {m.name: m for m in (
     Method("medusa", "Medusa", "tree", files=MEDUSA_FILES, needs_tree_target=True,
            default_tree_nodes=lambda k: 2 * k, build=_medusa),
     Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle),
+    Method("eagle3", "EAGLE-3", "chain|tree", files=EAGLE3_FILES, needs_tree_target=True,
+           needs_llama_target=True, build=_eagle3),
     Method("lookahead", "Lookahead", "tree", needs_tree_target=True, build=_lookahead),
     Method("suffix", "Suffix decoding", "tree", needs_tree_target=True,
            default_tree_nodes=lambda k: min(2 * k, MAX_TREE_NODES), build=_suffix),
     Method("layerskip", "Layer skip (self-speculation)", "chain", needs_llama_target=True, build=_layerskip),
 )}
 NAMES = tuple(METHODS)
-# What the GUI's Method menu offers, in order: plain methods, and EAGLE's dynamic tree at the default K's
-# 2K nodes.
-MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead", "suffix", "layerskip")
+# What the GUI's Method menu offers, in order: plain methods, and EAGLE's (and EAGLE-3's) dynamic tree at the
+# default K's 2K nodes.
+MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3", "eagle3:8", "lookahead",
+              "suffix", "layerskip")
 
 
 def get(name: str) -> Method:

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 class ForwardOutput(NamedTuple):
     logits: torch.Tensor  # [n, V] float32
     hidden: torch.Tensor  # [n, H] last decoder layer output, before the final norm (EAGLE's "feature")
+    # [n, len(taps) * H] the outputs of the runner's tap layers side by side (EAGLE-3's fused features), or
+    # None when the runner taps no layer (LlamaRunner.tap_layers)
+    taps: Optional[torch.Tensor] = None
 
 
 class CausalRunner(ABC):

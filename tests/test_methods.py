@@ -4,7 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from test_tree_methods import add_random_eagle_head, add_random_medusa_heads
+from test_tree_methods import add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_pair
 
 from engine import methods
@@ -23,6 +23,7 @@ def decoder(tmp_path_factory):
     target, draft = make_tiny_pair(tmp_path_factory.mktemp("methods"))  # target hidden size 64
     add_random_medusa_heads(target, 64)
     add_random_eagle_head(target, 64)
+    add_random_eagle3_head(target, 64)
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
 
 
@@ -74,10 +75,11 @@ def test_unavailable_reasons_come_from_the_registry(tmp_path):
     assert "Llama-family" in reasons["suffix"] and "Llama-family" in reasons["layerskip"]
     reasons = methods.availability(has_draft_model=True, supports_tree=True, target_dir=str(tmp_path))
     assert "medusa_heads.safetensors" in reasons["medusa"] and "eagle_head.safetensors" in reasons["eagle"]
+    assert "eagle3_head.safetensors" in reasons["eagle3"]
 
 
-@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "lookahead",
-                                  "suffix", "layerskip"])
+@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3",
+                                  "eagle3:8", "lookahead", "suffix", "layerskip"])
 def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
     """The decoder hands a drafter the prefill features, block features and logits only when it asks."""
     config = GenerationConfig(k=3, max_new_tokens=12).with_spec(spec)
@@ -114,6 +116,8 @@ def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
         assert (info.block_logits is not None) == needs.block_logits
         if needs.block_features:
             assert info.block_features.shape[0] == len(event.drafted) + 1
+            width = decoder.target.hidden_size * max(1, len(needs.tap_layers))  # EAGLE-3: the tapped layers
+            assert info.block_features.shape[1] == width
             assert info.last_feature.shape == info.block_features.shape[1:]
 
 

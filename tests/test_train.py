@@ -26,7 +26,8 @@ def metrics(out: Path, stage: str) -> dict:
 
 
 def test_every_stage_finished(tiny_run):
-    for stage in ("data", "target", "draft", "distill", "medusa", "eagle", "export"):
+    for stage in ("data", "target", "draft", "distill", "selfgen", "medusa", "eagle", "eagle3", "export",
+                  "eval"):
         assert (tiny_run / stage / "done.json").exists(), stage
 
 
@@ -147,9 +148,81 @@ def test_model_card_and_report(tiny_run):
     card = (exp / "README.md").read_text()
     assert "Speculative decoding measured with specplay" in card
     report = json.loads((exp / "train_report.json").read_text())
-    assert {"target", "draft", "distill", "medusa", "eagle"} <= set(report["stages"])
-    for f in ("target/model.safetensors", "draft/model.safetensors", "target/eagle_head.safetensors"):
+    assert {"target", "draft", "distill", "selfgen", "medusa", "eagle", "eagle3"} <= set(report["stages"])
+    for f in ("target/model.safetensors", "draft/model.safetensors", "target/eagle_head.safetensors",
+              "target/eagle3_head.safetensors"):
         assert f in card
+    assert "done.json" not in card and "metrics.json" not in card          # the pipeline's own markers
+    ev = report["evaluation"]["new"]                                      # the eval stage's figures
+    assert ev["n_signatures"] > 0 and 0.0 <= ev["plausibility"] <= 1.0
+    assert ev["target_heldout"]["tokens"] > 0 and "Held-out evaluation" in card
+
+
+def test_exported_eagle3_head_drafts_losslessly_through_the_engine(tiny_run):
+    """The trained EAGLE-3 head, exported, drives the eagle3 method: greedy output equals plain decoding."""
+    from engine.config import GenerationConfig
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair
+
+    target = tiny_run / "export" / "target"
+    cfg = json.loads((target / "eagle3_config.json").read_text())
+    assert cfg["tap_layers"] and set(load_file(str(target / "eagle3_head.safetensors"))) == \
+        {"proj.weight", "fc.weight"} | {f"layer.{k}" for k in heads.EAGLE_LAYER_KEYS}
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    prompt = "def f(x):\n    return"
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=24))
+    for spec in ("eagle3", "eagle3:6"):
+        events = list(decoder.generate(prompt, GenerationConfig(k=3, max_new_tokens=24).with_spec(spec)))
+        assert [t for e in events for t in e.emitted_ids] == plain, spec
+
+
+def test_medusa_self_distillation_step(tiny_run):
+    """The Medusa-2 style loss: heads learn the target's distributions at their offsets (target frozen)."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(tiny_run / "export" / "target")).float().eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    mh = heads.MedusaHeads(target.config.hidden_size, 4)
+    w = torch.randint(4, target.config.vocab_size, (4, 33), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(mh.parameters(), lr=1e-2)
+    first = heads.medusa_distill_loss(mh, target, w)
+    for _ in range(20):
+        loss = heads.medusa_distill_loss(mh, target, w)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    # the loss is a cross-entropy against the target's distributions: its floor is their entropy, so
+    # the KL part (loss - entropy) is what training removes
+    with torch.no_grad():
+        _, x = heads.target_features(target, w[:, :32])
+        p_t = torch.softmax(target.lm_head(x).float(), dim=-1)
+        entropy = torch.stack([-(p_t[:, k:] * p_t[:, k:].log()).sum(-1).mean() for k in range(1, 5)]).mean()
+    assert first >= entropy - 1e-4
+    assert heads.medusa_distill_loss(mh, target, w) - entropy < 0.6 * (first - entropy)
+    assert all(p.grad is None for p in target.parameters())
+
+
+def test_full_preset_fits_the_size_budget():
+    """fp16 weights of every shipped model from the full preset's shapes, plus room for the tokenizers and
+    text files, stay within the shipped budget."""
+    from engine.train import eagle3, export, presets
+
+    p = presets.full()
+    H, V = p.target.hidden_size, p.vocab_size
+
+    def lm_params(s):
+        layer = 2 * s.hidden_size * s.hidden_size + 2 * s.hidden_size * (s.hidden_size // s.num_heads) * \
+            s.num_kv_heads + 3 * s.hidden_size * s.intermediate_size + 2 * s.hidden_size
+        return V * s.hidden_size + s.num_layers * layer + s.hidden_size
+
+    medusa = p.medusa_heads * (H * H + H)
+    eagle = 2 * H * H + 4 * H * H + 3 * H * p.target.intermediate_size + 2 * H
+    taps = len(eagle3.default_taps(p.target.num_layers))
+    eagle3_params = taps * H * H + 2 * H * H + 4 * H * H + 3 * H * p.eagle3_intermediate + 2 * H
+    weights = 2 * (lm_params(p.target) + lm_params(p.draft) + medusa + eagle + eagle3_params)
+    assert 2 * lm_params(p.target) <= export.TARGET_MAX_BYTES
+    assert weights + 1_450_000 <= export.SHIPPED_MAX_BYTES   # 2 tokenizers ~1.1 MB, manifest, card, report
 
 
 def test_split_is_deterministic_and_file_level():

@@ -51,12 +51,28 @@ def add_random_eagle_head(model_dir, hidden: int, heads: int = 4, kv_heads: int 
         "intermediate_size": inter, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "head_dim": head_dim}))
 
 
+def add_random_eagle3_head(model_dir, hidden: int, taps=(0, 1), heads: int = 4, kv_heads: int = 2,
+                           seed: int = 3):
+    """An EAGLE-3 head: the EAGLE head's layout plus proj [H, taps * H] and the tap layers in its config."""
+    add_random_eagle_head(model_dir, hidden, heads, kv_heads, seed)
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(model_dir / "eagle_head.safetensors"))
+    gen = torch.Generator().manual_seed(seed + 1)
+    tensors["proj.weight"] = 0.15 * torch.randn(hidden, len(taps) * hidden, generator=gen)
+    save_file(tensors, str(model_dir / "eagle3_head.safetensors"))
+    config = json.loads((model_dir / "eagle_config.json").read_text())
+    (model_dir / "eagle3_config.json").write_text(json.dumps(dict(config, tap_layers=list(taps))))
+    add_random_eagle_head(model_dir, hidden, heads, kv_heads, seed=0)  # the EAGLE head as the fixture had it
+
+
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
     root = tmp_path_factory.mktemp("tree")
     target = make_tiny_llama(root / "target", hidden=64, layers=2, seed=0)
     add_random_medusa_heads(target, 64)
     add_random_eagle_head(target, 64)
+    add_random_eagle3_head(target, 64)
     return SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
 
 
@@ -119,8 +135,8 @@ def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
         assert list(tree.parents) == parents
 
 
-TREE_METHODS = ["medusa", "lookahead", "eagle:8"]
-ALL_NEW = TREE_METHODS + ["eagle"]
+TREE_METHODS = ["medusa", "lookahead", "eagle:8", "eagle3:8"]
+ALL_NEW = TREE_METHODS + ["eagle", "eagle3"]
 
 
 def config_for(spec, **kw):
@@ -156,6 +172,7 @@ def test_tree_methods_sampling_is_lossless(tmp_path_factory, method):
     target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=1, seed=11, std=0.3)
     add_random_medusa_heads(target, 32)
     add_random_eagle_head(target, 32)
+    add_random_eagle3_head(target, 32, taps=(0,))
     decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
     config = config_for(method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=800)

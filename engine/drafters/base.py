@@ -69,6 +69,9 @@ class DrafterNeeds:
     # the verified block's features (EAGLE feeds them, Medusa reads the last one)
     block_features: bool = False
     block_logits: bool = False  # the verified block's logits (lookahead's Jacobi update)
+    # target layers whose outputs, side by side, replace the last layer's as the features above (EAGLE-3's
+    # fused low/middle/high features; needs engine.llama.LlamaRunner's tap_layers)
+    tap_layers: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class DraftStart:
     """What a drafter gets when a generation begins."""
 
     prompt: list  # prompt token ids (== state.tokens at the start)
-    # [P-1, H] target features of positions 0..P-2 (if needed)
+    # [P-1, H] target features of positions 0..P-2 (if needed; [P-1, taps * H] with tap_layers)
     prefill_features: Optional[torch.Tensor] = None
 
 
@@ -89,7 +92,8 @@ class RoundCommit:
     accepted: int  # drafted tokens accepted (the accepted path's length)
     accepted_rows: list  # [accepted + 1] block rows now committed: 0 and the accepted path's rows
     draft_tokens: list  # the round's draft token ids, on the host
-    block_features: Optional[torch.Tensor] = None  # [N+1, H] the target's last-layer features (if needed)
+    # [N+1, H] the target's last-layer features (if needed; [N+1, taps * H] with tap_layers)
+    block_features: Optional[torch.Tensor] = None
     block_logits: Optional[torch.Tensor] = None  # [N+1, V] the target's logits (if needed)
 
     @property

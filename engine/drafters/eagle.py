@@ -45,30 +45,12 @@ class EagleHead:
 
     @classmethod
     def load(cls, model_dir, target) -> "EagleHead":
-        from safetensors.torch import load_file
+        tensors, _, runner = load_head_layer(model_dir, target, HEAD_FILE, CONFIG_FILE, "EAGLE head")
+        return cls(tensors["fc.weight"], runner, target)
 
-        model_dir = Path(str(model_dir))
-        try:
-            head_config = json.loads((model_dir / CONFIG_FILE).read_text())
-            tensors = load_file(str(model_dir / HEAD_FILE), device=str(target.device))
-            fc = tensors.pop("fc.weight").to(target.dtype)
-        except FileNotFoundError:
-            raise SpecplayError(f"{model_dir} has no EAGLE head ({HEAD_FILE} + {CONFIG_FILE})") from None
-        except (KeyError, ValueError, OSError, RuntimeError) as exc:
-            raise SpecplayError(f"{model_dir}: cannot read the EAGLE head ({exc})") from None
-        config = dict(read_config_json(model_dir))
-        config.update({k: v for k, v in head_config.items() if k in (
-            "num_attention_heads", "num_key_value_heads", "intermediate_size", "rope_theta", "rms_norm_eps",
-            "head_dim")})
-        config.update(num_hidden_layers=1, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
-        weights = {f"model.layers.0.{k[len('layer.'):]}": v
-                   for k, v in tensors.items() if k.startswith("layer.")}
-        weights.update({"model.embed_tokens.weight": target.embed_weight,
-                        "model.norm.weight": target.norm_weight,
-                        "lm_head.weight": target.lm_head})
-        runner = LlamaRunner(LlamaSpec.from_dict(config), weights, device=target.device, dtype=target.dtype,
-                             max_length=target.max_length, path=model_dir / HEAD_FILE)
-        return cls(fc, runner, target)
+    def true_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [n, H] as the head reads them (EAGLE-3 fuses several layers here)."""
+        return features
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """[n, H] features and [n] next tokens -> [n, H] head inputs."""
@@ -82,6 +64,37 @@ class EagleHead:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.target.logits_from_hidden(features)  # [n, V] float32
+
+
+def load_head_layer(model_dir, target, head_file: str, config_file: str, what: str):
+    """Read a head's tensors and config beside the target and build the one-layer Llama runner of its decoder
+    layer (sharing the target's final norm and LM head). Returns (the other tensors in the target's dtype,
+    the head's config, the runner)."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(str(model_dir))
+    try:
+        head_config = json.loads((model_dir / config_file).read_text())
+        tensors = load_file(str(model_dir / head_file), device=str(target.device))
+    except FileNotFoundError:
+        raise SpecplayError(f"{model_dir} has no {what} ({head_file} + {config_file})") from None
+    except (KeyError, ValueError, OSError, RuntimeError) as exc:
+        raise SpecplayError(f"{model_dir}: cannot read the {what} ({exc})") from None
+    config = dict(read_config_json(model_dir))
+    config.update({k: v for k, v in head_config.items() if k in (
+        "num_attention_heads", "num_key_value_heads", "intermediate_size", "rope_theta", "rms_norm_eps",
+        "head_dim")})
+    config.update(num_hidden_layers=1, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    weights = {f"model.layers.0.{k[len('layer.'):]}": tensors.pop(k) for k in list(tensors)
+               if k.startswith("layer.")}
+    if "fc.weight" not in tensors:
+        raise SpecplayError(f"{model_dir / head_file}: no fc.weight")
+    weights.update({"model.embed_tokens.weight": target.embed_weight,
+                    "model.norm.weight": target.norm_weight,
+                    "lm_head.weight": target.lm_head})
+    runner = LlamaRunner(LlamaSpec.from_dict(config), weights, device=target.device, dtype=target.dtype,
+                         max_length=target.max_length, path=model_dir / head_file)
+    return {k: v.to(target.dtype) for k, v in tensors.items()}, head_config, runner
 
 
 class EagleDrafter(Drafter):
@@ -103,7 +116,7 @@ class EagleDrafter(Drafter):
             self.pending = None
             return
         next_tokens = torch.tensor(state.tokens[1:], dtype=torch.long, device=state.device)
-        self.pending = (features, next_tokens)
+        self.pending = (self.head.true_features(features), next_tokens)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         if self.pending is None:  # a one-token prompt: no feature to start from yet
@@ -159,7 +172,7 @@ class EagleDrafter(Drafter):
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.head.runner.rollback(self.true_length)
         rows = commit.accepted_rows  # block rows of the root and the accepted path
-        features = commit.block_features[rows]  # [a+1, H] true target features
+        features = self.head.true_features(commit.block_features[rows])  # [a+1, H] true target features
         start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
         next_tokens = to_device(state.tokens[start:start + len(rows)], state.device)
         if next_tokens.numel() < len(rows):  # generation ended mid-path (EOS or length)

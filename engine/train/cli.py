@@ -3,6 +3,7 @@
     python main.py train --tiny --out /tmp/tiny                   # all stages on CPU, < 1 minute
     python main.py train --out runs/full --export assets/models   # the real recipe (one GPU, < 20 min)
     python main.py train --out runs/full --stages tokenizer       # one stage (finished stages are skipped)
+    python main.py train --evaluate assets/models --limit 50      # plausibility + held-out perplexity only
 """
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated subset of {','.join(STAGES)} (finished stages are skipped)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--export", type=Path, default=None, help="export directory (default <out>/export)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="the eval stage also evaluates this family (e.g. assets/models) for a before/after")
+    p.add_argument("--evaluate", type=Path, nargs="+", default=None, metavar="DIR",
+                   help="only evaluate these families (plausibility of greedy signature completions, "
+                        "held-out stdlib perplexity) and print JSON; no training")
+    p.add_argument("--limit", type=int, default=None, help="--evaluate: signatures (default 200)")
+    p.add_argument("--max-files", type=int, default=None,
+                   help="--evaluate: held-out files for the perplexity (default all)")
+    p.add_argument("--json", type=Path, default=None, help="--evaluate: also write the results here")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
@@ -52,6 +62,8 @@ def run_train(args) -> int:
     from engine.train.stages import Context, run_stages
 
     hf_logging.disable_progress_bar()   # keep the training log readable
+    if getattr(args, "evaluate", None):
+        return run_evaluate(args)
     stages = parse_stages(args.stages)
     preset = PRESETS["tiny" if args.tiny else "full"]()
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
@@ -66,10 +78,32 @@ def run_train(args) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     ctx = Context(preset=preset, out=out, device=device, export_dir=args.export or out / "export",
-                  log=lambda msg: print(msg, flush=True))
+                  log=lambda msg: print(msg, flush=True), baseline_dir=getattr(args, "baseline", None))
     t0 = time.time()
     run_stages(ctx, stages)
     print(f"train: finished in {time.time() - t0:.1f} s (preset {preset.name}, out {out})", flush=True)
+    return 0
+
+
+def run_evaluate(args) -> int:
+    import json
+
+    from engine.train import lm
+    from engine.train.plausibility import SIGNATURES, evaluate_family
+
+    device = lm.pick_device(args.device)
+    results = []
+    for d in args.evaluate:
+        if not (Path(d) / "target" / "config.json").exists():
+            raise SpecplayError(f"{d}: no target/config.json (a family directory holds target/ and draft/)")
+        r = evaluate_family(Path(d), device, args.limit or SIGNATURES, args.max_files,
+                            log=lambda msg: print(msg, flush=True))
+        r.pop("examples", None)
+        results.append(r)
+    text = json.dumps(results, indent=1)
+    if args.json is not None:
+        args.json.write_text(text)
+    print(text)
     return 0
 
 

@@ -3,6 +3,7 @@
 Layout of the export directory:
   target/  config.json model.safetensors generation_config.json tokenizer files,
            medusa_heads.safetensors medusa_config.json eagle_head.safetensors eagle_config.json
+           eagle3_head.safetensors eagle3_config.json
   draft/   config.json model.safetensors generation_config.json tokenizer files
   manifest.json heldout_prompts.json heldout_sample.txt train_report.json README.md
 """
@@ -23,8 +24,9 @@ from engine.train import heads, lm
 
 TARGET_MAX_BYTES = 15_000_000
 DRAFT_MAX_BYTES = 4_000_000
-SHIPPED_MAX_BYTES = 24_000_000
+SHIPPED_MAX_BYTES = 26_000_000
 ALPHA_SECTION = "## Speculative decoding measured with specplay"
+PIPELINE_FILES = ("done.json", "metrics.json")
 
 
 def sha256_file(path: Path) -> str:
@@ -96,8 +98,16 @@ def export_heads(ctx, dst: Path) -> None:
     heads.save_eagle(heads.load_eagle(ctx.stage_dir("eagle"), cfg), dst, dtype=torch.float16)
 
 
+def export_eagle3(ctx, dst: Path) -> None:
+    from engine.train import eagle3
+
+    eagle3.save_eagle3(eagle3.load_eagle3(ctx.stage_dir("eagle3")), dst, dtype=torch.float16)
+
+
 def collect_report(ctx, sample_losses: dict, stages: dict) -> dict:
-    """stages: each finished stage's metrics (the caller, engine.train.stages, reads them)."""
+    """stages: each finished stage's metrics (the caller, engine.train.stages, reads them); the evaluation
+    histories stay in the run directory (<out>/<stage>/metrics.json), so the shipped report stays small."""
+    stages = {name: {k: v for k, v in m.items() if k != "history"} for name, m in stages.items()}
     return {"preset": ctx.preset.to_dict(), "stages": stages, "heldout_sample_losses": sample_losses,
             "exported": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -105,6 +115,8 @@ def collect_report(ctx, sample_losses: dict, stages: dict) -> dict:
 def file_table(root: Path) -> list[dict]:
     rows = []
     for f in sorted(root.rglob("*")):
+        if f.parent == root and f.name in PIPELINE_FILES:   # the export stage's own markers, not shipped
+            continue
         if f.is_file() and f.name != "README.md":
             rows.append({"path": f.relative_to(root).as_posix(), "bytes": f.stat().st_size,
                          "sha256": sha256_file(f)})
@@ -122,6 +134,8 @@ def export_all(ctx, stage_metrics: dict) -> dict:
     export_lm(draft_src / "model", tok_dir, dst / "draft")
     if (ctx.stage_dir("medusa") / "done.json").exists() and (ctx.stage_dir("eagle") / "done.json").exists():
         export_heads(ctx, dst / "target")
+    if (ctx.stage_dir("eagle3") / "done.json").exists():
+        export_eagle3(ctx, dst / "target")
     for name in ("manifest.json", "heldout_prompts.json", "heldout_sample.txt"):
         shutil.copy2(data / name, dst / name)
     losses = heldout_sample_losses(dst, ctx.device)
@@ -136,6 +150,20 @@ def export_all(ctx, stage_metrics: dict) -> dict:
             f"held-out sample loss target {losses['target']:.3f} draft {losses['draft']:.3f} "
             f"unigram {losses['unigram_self_entropy']:.3f}")
     return report
+
+
+def add_evaluation(dst: Path, results: dict) -> None:
+    """Record the eval stage's results (plausibility, held-out perplexity; the new family and a baseline) in
+    the export's train_report.json and rewrite its model card."""
+    report_path = dst / "train_report.json"
+    report = json.loads(report_path.read_text())
+    report["evaluation"] = {k: {key: v for key, v in r.items() if key != "examples"}
+                            for k, r in results.items()}
+    report["evaluation_examples"] = results.get("new", {}).get("examples", [])[:3]
+    report_path.write_text(json.dumps(report, indent=1))
+    card_path = dst / "README.md"
+    alpha = alpha_section(card_path.read_text()) if card_path.exists() else None
+    card_path.write_text(model_card(report, file_table(dst), alpha))
 
 
 def check_sizes(dst: Path, files: list[dict], log) -> None:
@@ -177,42 +205,107 @@ def stage_time_rows(st: dict) -> list[str]:
     return rows
 
 
+def data_lines(p: dict, tokm: dict) -> list[str]:
+    """The Data section: the stdlib-only corpus as before, or the sources, licences and skipped packages."""
+    if tokm.get("corpus", "stdlib") == "stdlib":
+        return [
+            f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard "
+            f"library of the training machine's interpreter (site-packages skipped, test suites kept, files "
+            f"over {p['max_file_bytes']} bytes skipped), read as UTF-8 with errors replaced. `manifest.json` "
+            f"lists every file with its sha256."]
+    sources = tokm.get("sources", [])
+    L = [
+        f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard library of the "
+        "training machine's interpreter, and of its installed distributions whose metadata names a "
+        "permissive licence (License-Expression, else the licence classifiers, else the License field; "
+        "unknown, proprietary and copyleft ones skipped), read as UTF-8 with errors replaced. At most "
+        f"{p.get('max_package_bytes')} bytes per distribution (a fixed subset by path hash beyond it). Files "
+        f"over {p['max_file_bytes']} bytes, near-empty files (under 4 code lines), generated files (a "
+        "`DO NOT EDIT`-style header, data-table line lengths) and exact duplicates (content sha256; the "
+        f"standard library first) were dropped: {tokm.get('dropped_files')}.",
+        "- `manifest.json` lists the validation files with their sha256, the packages and their licences, "
+        "and the skipped packages; its corpus sha256 covers every file (paths and texts, in order).",
+        "", "| source | files | validation files | bytes | tokens |", "| --- | --- | --- | --- | --- |"]
+    L += [f"| {r['source']} | {r['files']} | {r['val_files']} | {r['bytes']} | {r.get('tokens', '-')} |"
+          for r in sources]
+    pk = tokm.get("packages") or []
+    licences: dict = {}
+    for row in pk:
+        licences.setdefault(row["licence"], []).append(row["name"])
+    L += ["", "Licences of the included packages: " + "; ".join(
+        f"{lic}: {', '.join(sorted(names))}" for lic, names in sorted(licences.items())) + ".", ""]
+    skipped = tokm.get("skipped_packages") or []
+    L.append("Skipped packages: " + ("; ".join(f"{r['name']} {r['version']} ({r['reason']})" for r in skipped)
+                                     or "none") + ".")
+    return L
+
+
+def evaluation_lines(report: dict) -> list[str]:
+    ev = report.get("evaluation")
+    if not ev:
+        return []
+    new, base = ev.get("new", {}), ev.get("baseline")
+    L = ["## Held-out evaluation (before / after)",
+         f"Plausibility: the share of greedy completions of {new.get('n_signatures')} held-out function "
+         "signatures (standard-library validation files, the split both families share; "
+         f"{new.get('new_tokens')} new tokens) that `ast.parse` accepts; the function is cut where it ends, "
+         "else at its last complete logical line (the exact rule: `engine/train/plausibility.py`). "
+         "Perplexity: the held-out standard "
+         f"library files ({new.get('n_heldout_files')}), each family with its own tokenizer; nats per byte "
+         "compare across tokenizers. Reproduce with `python main.py train --evaluate DIR`.",
+         "", "| family | plausibility | target loss (nats/token) | target ppl | target nats/byte "
+         "| draft nats/byte |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, r in (("shipped before", base), ("this family", new)):
+        if not r:
+            continue
+        t, d = r.get("target_heldout", {}), r.get("draft_heldout", {})
+        L.append(f"| {name} | {fmt(r.get('plausibility'), 3)} ({r.get('plausible')}/{r.get('n_signatures')}) "
+                 f"| {fmt(t.get('loss'))} | {fmt(t.get('ppl'), 2)} | {fmt(t.get('nats_per_byte'))} "
+                 f"| {fmt(d.get('nats_per_byte'))} |")
+    L.append("")
+    return L
+
+
 def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None) -> str:
     p, st, sl = report["preset"], report["stages"], report["heldout_sample_losses"]
     tokm, tgt, drf = st.get("tokenizer", {}), st.get("target", {}), st.get("draft", {})
-    dis, med, eag = st.get("distill"), st.get("medusa"), st.get("eagle")
+    dis, med, eag, eg3 = st.get("distill"), st.get("medusa"), st.get("eagle"), st.get("eagle3")
+    sgen = st.get("selfgen")
     total_s = sum(m.get("wall_s", 0) for m in st.values())
     by_hw: dict = {}
     for m in st.values():
         by_hw[m.get("hardware")] = by_hw.get(m.get("hardware"), 0.0) + m.get("wall_s", 0)
     hw_text = "; ".join(f"{s:.0f} s on {hw}" for hw, s in by_hw.items())
+    with_packages = tokm.get("corpus", "stdlib") != "stdlib"
+    heads_text = "4 Medusa heads, one EAGLE head" + (" and one EAGLE-3 head" if eg3 else "")
     L = [
         "# specplay shipped model family",
         "",
-        "A small Llama-architecture target, a smaller draft, 4 Medusa heads and one EAGLE head, trained from "
-        "scratch by `engine/train/` (`python main.py train`) on the Python standard library's source. Every "
-        f"number below was measured by that code; the metrics are in `train_report.json` "
+        f"A small Llama-architecture target, a smaller draft, {heads_text}, trained from "
+        "scratch by `engine/train/` (`python main.py train`) on "
+        + ("the Python standard library's source and permissively licensed installed packages. "
+           if with_packages else "the Python standard library's source. ")
+        + "Every number below was measured by that code; the metrics are in `train_report.json` "
         f"(preset `{p['name']}`), "
         "the console log, where kept, in `train_log.txt`.",
         "",
         "## Data",
-        f"- Corpus: the `.py` files of the Python {tokm.get('python_version')} standard "
-        f"library of the training machine's interpreter (site-packages skipped, test suites kept, files over "
-        f"{p['max_file_bytes']} bytes skipped), read as UTF-8 with errors replaced. `manifest.json` lists "
-        f"every "
-        f"file with its sha256.",
+        *data_lines(p, tokm),
         f"- {tokm.get('n_files')} files, {tokm.get('total_bytes')} bytes; "
         f"corpus sha256 `{tokm.get('corpus_sha256')}`.",
         f"- Split by file (sha256 of the relative path): {tokm.get('n_val_files')} validation files "
         f"(~{p['val_fraction']:.0%}); {tokm.get('train_tokens')} train tokens, {tokm.get('val_tokens')} "
         f"validation tokens.",
         f"- `heldout_prompts.json`: {tokm.get('n_prompts')} code prefixes (100-300 characters, cut at line "
-        f"ends) from validation files; `heldout_sample.txt`: {tokm.get('sample_bytes')} bytes of validation "
-        f"text.",
+        f"ends) from standard-library validation files; `heldout_sample.txt`: {tokm.get('sample_bytes')} "
+        f"bytes of standard-library validation text.",
         "",
         "## Tokenizer",
         f"Byte-level BPE (`tokenizers`), {tokm.get('vocab_size')} tokens incl. `<s>`=0, `</s>`=1, `<pad>`=2, "
-        f"`<unk>`=3; trained on the training split only; {tokm.get('bytes_per_token')} bytes/token on it. "
+        f"`<unk>`=3; trained on the training split only"
+        + (f" ({tokm.get('bpe_bytes')} bytes of it, a fixed sample by path hash)" if tokm.get("bpe_bytes")
+           and tokm.get("bpe_bytes") < tokm.get("train_bytes", 0) else "")
+        + f"; {tokm.get('bytes_per_token')} bytes/token on it. "
         f"`<s>` is prepended on encode; documents were `<s> file </s>`. Exact round trip of the validation "
         f"text (whitespace included): {tokm.get('roundtrip_exact')}.",
         "",
@@ -227,6 +320,13 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         f"{med and med.get('params')} | {med and 2 * med['params']} |",
         f"| EAGLE head | fc (2H -> H) + 1 Llama decoder layer, frozen target embeddings/norm/lm_head | "
         f"{eag and eag.get('params')} | {eag and 2 * eag['params']} |",
+    ]
+    if eg3:
+        L.append(f"| EAGLE-3 head | proj (outputs of target layers {eg3.get('tap_layers')} side by side -> "
+                 f"H) + fc (2H -> H) + 1 Llama decoder layer (MLP {eg3.get('intermediate_size')}), frozen "
+                 f"target embeddings/norm/lm_head | {eg3.get('params')} | {2 * eg3['params']} |")
+    head_len = p.get("head_seq_len") or p["seq_len"]
+    L += [
         "",
         "## Recipe",
         f"Seed {p['seed']}; AdamW (0.9, 0.95), grad clip 1.0, linear warm-up then cosine to 10% of the peak, "
@@ -236,9 +336,28 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         f"- target: next-token CE; {sched_line(p['target_sched'])}.",
         f"- draft: next-token CE; {sched_line(p['draft_sched'])}.",
         f"- distillation: KL(target || draft) at T=1 on corpus batches; {sched_line(p['distill_sched'])}.",
-        f"- Medusa: mean CE of the heads (target frozen); {sched_line(p['medusa_sched'])}.",
+    ]
+    if sgen:
+        L.append(f"- the target's own text: {sgen.get('train_sequences')} continuations of random training "
+                 f"windows ({sgen.get('prompt_len')}-token prompts, {sgen.get('width')} tokens each; "
+                 f"{sgen.get('greedy_sequences')} greedy, the rest sampled at T = {sgen.get('temperature')}) "
+                 f"and {sgen.get('val_sequences')} greedy ones of validation windows (held out). The heads' "
+                 f"batches are {p.get('gen_fraction', 0.5):.0%} this text, the rest corpus windows of "
+                 f"{head_len} tokens.")
+    medusa_loss = ("self-distillation: CE against the target's own distribution at each head's offset "
+                   "(Medusa-2 style, target frozen)" if (med or {}).get("loss") == "self-distillation"
+                   else "mean CE of the heads (target frozen)")
+    L += [
+        f"- Medusa: {medusa_loss}; {sched_line(p['medusa_sched'])}.",
         f"- EAGLE: smooth-L1(feature) + {p['eagle_ce_weight']} x CE(next-next token) (target frozen); "
         f"{sched_line(p['eagle_sched'])}.",
+    ]
+    if eg3 and p.get("eagle3_sched"):
+        L.append(f"- EAGLE-3: training-time test over {eg3.get('steps')} steps (step s+1 reads the head's "
+                 "own step-s outputs and attends to the true rows and its own chain, as when drafting), CE "
+                 "against the target's own distribution at every step, step weights "
+                 f"{eg3.get('decay')}^(s-1) (target frozen); {sched_line(p['eagle3_sched'])}.")
+    L += [
         "",
         f"Training time: {total_s:.0f} s in total ({hw_text}). Each run keeps the snapshot with the best "
         "validation score (column 'kept snapshot'); later evaluations are in `train_report.json`.",
@@ -260,6 +379,7 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
           f"On `heldout_sample.txt` ({sl.get('n_tokens')} tokens, shipped fp16 weights, windows of 512): "
           f"target {fmt(sl.get('target'))}, draft {fmt(sl.get('draft'))}, the text's own unigram entropy "
           f"{fmt(sl.get('unigram_self_entropy'))} nats/token.", ""]
+    L += evaluation_lines(report)
     if dis:
         b, a = dis["before"], dis["after"]
         L += ["## Draft vs target (proxy for acceptance)",
@@ -269,11 +389,20 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               f"| after distillation | {fmt(a['top1_agreement'])} | {fmt(a['kl_target_draft'])} |", ""]
     if med:
         f = med["final"]
-        L += ["## Medusa heads (validation)", "| head | predicts | top-1 | top-5 |",
-              "| --- | --- | --- | --- |"]
+        g = med.get("final_generated") or {}
+        L += ["## Medusa heads (validation)",
+              "Top-k: the head's candidates against the validation text's tokens"
+              + ("; 'own text': against the target's held-out greedy continuations" if g else "") + ".", "",
+              "| head | predicts | top-1 | top-5 |" + (" top-1 (own text) | top-5 (own text) |" if g else ""),
+              "| --- | --- | --- | --- |" + (" --- | --- |" if g else "")]
         L += [f"| {k} | t+{k + 1} | {fmt(f[f'head{k}_top1'])} | {fmt(f[f'head{k}_top5'])} |"
+              + (f" {fmt(g.get(f'head{k}_top1'))} | {fmt(g.get(f'head{k}_top5'))} |" if g else "")
               for k in range(1, p["medusa_heads"] + 1)]
-        L.append("")
+        where = ("the target's held-out greedy text" if med.get("tree_calibrated_on") == "generated"
+                 else "validation windows")
+        L += ["", "`target/medusa_config.json` holds `path_accuracy`: for the 64 paths of head candidates "
+              "most often right all the way, the fraction of held-out positions where they were, measured on "
+              f"{where}; the drafter's tree is the top entries of that table.", ""]
     if eag:
         f = eag["final"]
         L += ["## EAGLE head (validation, autoregressive)",
@@ -282,6 +411,20 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               "",
               "| step | top-1 | chain |", "| --- | --- | --- |"]
         L += [f"| {s} | {fmt(f[f'step{s}_top1'])} | {fmt(f[f'chain{s}_top1'])} |" for s in range(1, 5)]
+        L.append("")
+    if eg3:
+        f, g = eg3["final"], eg3.get("final_generated") or {}
+        steps = eg3.get("steps", 4)
+        L += ["## EAGLE-3 head (validation, training-time test)",
+              "Step s: the head's s-th draft of a chain, reading its own outputs from step 2 on; top-1 = its "
+              "argmax equals the target's; `chain` = steps 1..s all agree (greedy acceptance of a chain of "
+              "s, with the text's tokens fed). On validation windows and on the target's own held-out greedy "
+              "text.", "",
+              "| step | top-1 | chain | top-1 (own text) | chain (own text) |",
+              "| --- | --- | --- | --- | --- |"]
+        L += [f"| {s} | {fmt(f.get(f'step{s}_top1'))} | {fmt(f.get(f'chain{s}_top1'))} | "
+              f"{fmt(g.get(f'step{s}_top1'))} | {fmt(g.get(f'chain{s}_top1'))} |"
+              for s in range(1, steps + 1)]
         L.append("")
     L += [ALPHA_SECTION, "",
           alpha_text or "_To be filled in by the lead engineer from measurements with the specplay engine "

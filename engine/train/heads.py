@@ -123,6 +123,23 @@ def medusa_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
+def medusa_distill_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Tensor:
+    """Self-distillation (Medusa-2 style, the target frozen): head k at row t learns the target's own
+    distribution of token t+1+k, i.e. the target's logits at row t+k, by cross-entropy against it (mean over
+    heads and rows). w [B, T+1]; only w[:, :T] is read."""
+    T = w.shape[1] - 1
+    _, x = target_features(target, w[:, :T])            # [B, T, H]
+    with torch.no_grad():
+        teacher = torch.softmax(target.lm_head(x).float(), dim=-1)   # [B, T, V]
+    hs = heads(x)                                          # [n, B, T, H]
+    losses = []
+    for i in range(hs.shape[0]):
+        k = i + 1
+        logits = target.lm_head(hs[i, :, : T - k]).float()             # [B, T-k, V]
+        losses.append(-(teacher[:, k:] * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
+    return torch.stack(losses).mean()
+
+
 @torch.no_grad()
 def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: int = 8) -> dict:
     """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1], and `path_accuracy`: how

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 # the pipeline's stages in order (engine.train.stages runs them; the CLI parses names without importing it)
-STAGES = ["tokenizer", "target", "draft", "distill", "medusa", "eagle", "export"]
+STAGES = ["tokenizer", "target", "draft", "distill", "selfgen", "medusa", "eagle", "eagle3", "export", "eval"]
 
 
 @dataclass
@@ -34,6 +34,20 @@ class StageSchedule:
 
 
 @dataclass
+class SelfGen:
+    """The target's own text for the heads' self-distillation: continuations of random training windows
+    (`prompt_len` tokens) up to the heads' window, a share greedy and the rest sampled; plus greedy held-out
+    ones from validation windows (the Medusa tree and the EAGLE-3 figures are measured on those)."""
+    sequences: int
+    val_sequences: int
+    prompt_len: int = 32
+    batch_size: int = 256
+    greedy_fraction: float = 0.5
+    temperature: float = 0.8
+    time_budget_s: float = 15.0
+
+
+@dataclass
 class Preset:
     name: str
     vocab_size: int
@@ -47,6 +61,21 @@ class Preset:
     distill_sched: StageSchedule
     medusa_sched: StageSchedule
     eagle_sched: StageSchedule
+    eagle3_sched: Optional[StageSchedule] = None
+    selfgen: Optional[SelfGen] = None
+    corpus: str = "stdlib"            # "stdlib" or "stdlib+packages" (permissively licensed installed ones)
+    max_package_bytes: Optional[int] = None   # per distribution (a deterministic subset beyond it)
+    bpe_sample_bytes: Optional[int] = None    # the tokenizer learns from this much training text (None: all)
+    head_seq_len: Optional[int] = None        # the heads' training windows (None: seq_len)
+    gen_fraction: float = 0.5         # share of each head batch taken from the target's own text
+    medusa_distill: bool = True       # Medusa heads learn the target's distributions (else corpus tokens)
+    eagle3_steps: int = 5             # training-time-test steps
+    eagle3_decay: float = 0.8         # step s's loss weight is decay^(s-1), normalised
+    eagle3_intermediate: int = 320    # the EAGLE-3 layer's MLP width (so that the family fits 26 MB)
+    eagle3_taps: Optional[tuple] = None   # target layers fused (None: a low, a middle and the last)
+    eval_signatures: int = 200        # plausibility: held-out signatures ...
+    eval_new_tokens: int = 96         # ... completed greedily by this many tokens
+    eval_max_files: Optional[int] = None   # held-out stdlib files for the perplexity (None: all)
     medusa_heads: int = 4
     eagle_ce_weight: float = 0.1
     val_fraction: float = 0.05
@@ -61,7 +90,9 @@ class Preset:
 
 
 def full() -> Preset:
-    """The shipped family: target ~7.4M params (<15 MB fp16), draft ~1.9M params (<4 MB fp16)."""
+    """The shipped family: target ~7.4M params (<15 MB fp16), draft ~1.9M params (<4 MB fp16), trained on the
+    standard library and permissively licensed installed packages within ~8 minutes on one H200 (corpus and
+    evaluation included: see scripts/train_family_gpu.sh)."""
     return Preset(
         name="full",
         vocab_size=8192,
@@ -70,13 +101,23 @@ def full() -> Preset:
         max_file_bytes=256_000,
         target=ModelShape(hidden_size=320, num_layers=5, num_heads=5, num_kv_heads=5, intermediate_size=576),
         draft=ModelShape(hidden_size=160, num_layers=2, num_heads=5, num_kv_heads=5, intermediate_size=448),
-        target_sched=StageSchedule(steps=8000, batch_size=64, lr=3e-3, time_budget_s=190, warmup_steps=200),
-        draft_sched=StageSchedule(steps=4000, batch_size=64, lr=4e-3, time_budget_s=60, warmup_steps=100),
-        distill_sched=StageSchedule(steps=3000, batch_size=64, lr=1.5e-3, time_budget_s=70, warmup_steps=50),
-        medusa_sched=StageSchedule(steps=2000, batch_size=48, lr=2e-3, time_budget_s=40, warmup_steps=50,
-                                   weight_decay=0.0),
-        eagle_sched=StageSchedule(steps=3000, batch_size=48, lr=2e-3, time_budget_s=60, warmup_steps=100,
-                                  weight_decay=0.0),
+        target_sched=StageSchedule(steps=8000, batch_size=64, lr=3e-3, time_budget_s=140, warmup_steps=200,
+                                   eval_every=400),
+        draft_sched=StageSchedule(steps=4000, batch_size=64, lr=4e-3, time_budget_s=22, warmup_steps=100,
+                                  eval_every=400),
+        distill_sched=StageSchedule(steps=3000, batch_size=64, lr=1.5e-3, time_budget_s=32, warmup_steps=50,
+                                    eval_every=400),
+        medusa_sched=StageSchedule(steps=4000, batch_size=48, lr=2e-3, time_budget_s=28, warmup_steps=50,
+                                   eval_every=500, weight_decay=0.0),
+        eagle_sched=StageSchedule(steps=3000, batch_size=48, lr=2e-3, time_budget_s=22, warmup_steps=100,
+                                  eval_every=500, weight_decay=0.0),
+        eagle3_sched=StageSchedule(steps=4000, batch_size=32, lr=2e-3, time_budget_s=60, warmup_steps=100,
+                                   eval_every=500, weight_decay=0.0),
+        selfgen=SelfGen(sequences=2048, val_sequences=64, time_budget_s=14),
+        corpus="stdlib+packages",
+        max_package_bytes=16_000_000,
+        bpe_sample_bytes=24_000_000,
+        head_seq_len=512,
     )
 
 
@@ -93,8 +134,11 @@ def tiny() -> Preset:
         name="tiny", vocab_size=512, seq_len=64, max_files=40, max_file_bytes=40_000,
         target=small, draft=smaller,
         target_sched=sched(40, 1e-2), draft_sched=sched(30, 1e-2), distill_sched=sched(15, 5e-3),
-        medusa_sched=sched(15, 5e-3), eagle_sched=sched(15, 5e-3),
+        medusa_sched=sched(15, 5e-3), eagle_sched=sched(15, 5e-3), eagle3_sched=sched(15, 5e-3),
+        selfgen=SelfGen(sequences=16, val_sequences=8, prompt_len=8, batch_size=8, time_budget_s=5),
+        eagle3_steps=3, eagle3_intermediate=96,
         eval_windows=8, n_prompts=8, sample_bytes=4_000,
+        eval_signatures=8, eval_new_tokens=16, eval_max_files=2,
     )
 
 

@@ -27,7 +27,9 @@ class Context:
     device: torch.device
     export_dir: Path
     log: Callable[[str], None] = print
+    baseline_dir: Optional[Path] = None   # a family to evaluate beside the new one (the eval stage)
     _data: Optional[lm.TokenData] = field(default=None, repr=False)
+    _gen: Optional[dict] = field(default=None, repr=False)
 
     def stage_dir(self, stage: str) -> Path:
         return self.out / ("data" if stage == "tokenizer" else stage)
@@ -42,6 +44,46 @@ class Context:
 
     def val_windows(self) -> torch.Tensor:
         return self.data.val_windows(self.preset.eval_windows, self.preset.seq_len)
+
+    @property
+    def head_len(self) -> int:
+        return self.preset.head_seq_len or self.preset.seq_len
+
+    def head_val_windows(self) -> torch.Tensor:
+        """Validation windows [n, head_len+1] of the corpus, for the heads."""
+        return self.data.val_windows(self.preset.eval_windows, self.head_len)
+
+    def generated(self, split: str) -> Optional[torch.Tensor]:
+        """The target's own text [N, head_len+1] on the device (selfgen stage), or None when not made."""
+        if self._gen is None:
+            d = self.stage_dir("selfgen")
+            self._gen = {}
+            for name in ("train", "val"):
+                f = d / f"{name}.npy"
+                if (d / "done.json").exists() and f.exists():
+                    arr = np.load(f).astype(np.int64)
+                    self._gen[name] = torch.from_numpy(arr).to(self.device) if len(arr) else None
+        return self._gen.get(split)
+
+    def head_batch(self, batch_size: int) -> torch.Tensor:
+        """[B, head_len+1]: corpus windows, and a gen_fraction share of the target's own text."""
+        gen = self.generated("train")
+        n_gen = 0 if gen is None else int(round(batch_size * self.preset.gen_fraction))
+        parts = []
+        if n_gen:
+            rows = torch.randint(0, len(gen), (n_gen,), generator=self.data.gen).to(self.device)
+            parts.append(gen[rows, : self.head_len + 1])
+        if batch_size - n_gen:
+            parts.append(self.data.batch(batch_size - n_gen, self.head_len))
+        return torch.cat(parts)
+
+    def head_eval_sets(self) -> dict:
+        """{"corpus": validation windows, "generated": the target's greedy held-out text (when made)}."""
+        sets = {"corpus": self.head_val_windows()}
+        gen = self.generated("val")
+        if gen is not None:
+            sets["generated"] = gen[:, : self.head_len + 1]
+        return sets
 
 
 def hardware(device: torch.device) -> str:
@@ -81,21 +123,58 @@ def stage_tokenizer(ctx: Context) -> dict:
     """Corpus -> manifest + held-out files -> BPE tokenizer -> uint16 token streams (train.npy, val.npy)."""
     t0, p, d = time.time(), ctx.preset, ctx.stage_dir("tokenizer")
     d.mkdir(parents=True, exist_ok=True)
-    files = corpus.load_corpus(p.max_files, p.max_file_bytes, p.val_fraction)
-    held = corpus.write_heldout(files, d, p.n_prompts, p.sample_bytes)
-    train_texts = [f.text for f in files if f.split == "train"]
-    val_texts = [f.text for f in files if f.split == "val"]
-    tok = tk.train_bpe(train_texts, p.vocab_size)          # validation text never shapes the vocabulary
+    info = None
+    if p.corpus == "stdlib":
+        files = corpus.load_corpus(p.max_files, p.max_file_bytes, p.val_fraction)
+    elif p.corpus == "stdlib+packages":
+        files, info = corpus.build_corpus(p.max_file_bytes, p.val_fraction, p.max_package_bytes)
+        if p.max_files is not None:
+            keep = set(corpus.choose_subset([f.rel for f in files], p.max_files))
+            files = [f for f in files if f.rel in keep]
+    else:
+        raise ValueError(f"unknown corpus {p.corpus!r}")
+    ctx.log(f"[tokenizer] corpus: {len(files)} files ({time.time() - t0:.1f} s)"
+            + ("" if info is None else f"; {len(info['included'])} packages, {len(info['skipped'])} skipped, "
+               f"dropped {info['dropped']}"))
+    held = corpus.write_heldout(files, d, p.n_prompts, p.sample_bytes, info)
+    train_files = [f for f in files if f.split == "train"]
+    val_files = [f for f in files if f.split == "val"]
+    train_texts = [f.text for f in train_files]
+    val_texts = [f.text for f in val_files]
+    bpe_texts = train_texts
+    if p.bpe_sample_bytes is not None:   # a deterministic sample of the training files (path hash order)
+        bpe_texts, room = [], p.bpe_sample_bytes
+        for f in sorted(train_files, key=lambda f: corpus.path_bucket(f.rel, "bpe")):
+            if room <= 0:
+                break
+            bpe_texts.append(f.text)
+            room -= len(f.text)
+    t1 = time.time()
+    tok = tk.train_bpe(bpe_texts, p.vocab_size)          # validation text never shapes the vocabulary
+    ctx.log(f"[tokenizer] BPE on {sum(len(t) for t in bpe_texts)} characters in {time.time() - t1:.1f} s")
     tk.save_hf(tok, d / "tokenizer", model_max_length=p.seq_len)
-    train_ids, val_ids = tk.encode_documents(tok, train_texts), tk.encode_documents(tok, val_texts)
+    t1 = time.time()
+    train_lens: list = []
+    val_lens: list = []
+    train_ids = tk.encode_documents(tok, train_texts, train_lens)
+    val_ids = tk.encode_documents(tok, val_texts, val_lens)
+    ctx.log(f"[tokenizer] encoded in {time.time() - t1:.1f} s")
     np.save(d / "train.npy", train_ids)
     np.save(d / "val.npy", val_ids)
+    tokens_by_source: dict = {}
+    for f, n in zip(train_files + val_files, train_lens + val_lens):
+        tokens_by_source[f.source] = tokens_by_source.get(f.source, 0) + n
     n_bytes = sum(len(t.encode("utf-8")) for t in train_texts)
     metrics = dict(held, vocab_size=tok.get_vocab_size(), train_tokens=int(len(train_ids)),
                    val_tokens=int(len(val_ids)), train_bytes=n_bytes,
                    bytes_per_token=round(n_bytes / max(1, len(train_ids)), 3),
-                   roundtrip_exact=tk.roundtrip_ok(tok, val_texts),
-                   unigram_val_loss=lm.unigram_loss(train_ids, val_ids, tok.get_vocab_size()))
+                   roundtrip_exact=tk.roundtrip_ok(tok, val_texts[:200]),
+                   unigram_val_loss=lm.unigram_loss(train_ids, val_ids, tok.get_vocab_size()),
+                   corpus=p.corpus, sources=corpus.source_table(files, tokens_by_source),
+                   bpe_bytes=sum(len(t.encode("utf-8")) for t in bpe_texts))
+    if info is not None:
+        metrics.update(packages=info["included"], skipped_packages=info["skipped"],
+                       dropped_files=info["dropped"])
     ctx.log(f"[tokenizer] {metrics['n_files']} files, {metrics['train_tokens']} train / "
             f"{metrics['val_tokens']} val tokens, {metrics['bytes_per_token']} bytes/token")
     return finish(ctx, "tokenizer", metrics, t0)
@@ -161,24 +240,82 @@ def stage_distill(ctx: Context) -> dict:
     return finish(ctx, "distill", metrics, t0)
 
 
+def stage_selfgen(ctx: Context) -> dict:
+    """The target's own text for the heads: continuations of random training windows (a share greedy, the
+    rest sampled), and greedy continuations of validation windows (held out: the Medusa tree's path
+    accuracies and the EAGLE-3 figures are measured on them). Stops early at its time budget."""
+    from engine.train.generate import generate
+
+    t0, p, sg = time.time(), ctx.preset, ctx.preset.selfgen
+    d = ctx.stage_dir("selfgen")
+    d.mkdir(parents=True, exist_ok=True)
+    lm.seed_all(p.seed + 6)
+    target = load_target(ctx)
+    width = ctx.head_len + 1
+    new = width - sg.prompt_len
+    gen = torch.Generator(device=ctx.device).manual_seed(p.seed + 6)
+    # held-out greedy text first (small), then training text until the count or the time budget
+    starts = torch.linspace(0, max(0, len(ctx.data.val) - sg.prompt_len - 1), sg.val_sequences).long()
+    offsets = torch.arange(sg.prompt_len, device=ctx.device)
+    val_prompts = ctx.data.val[starts.to(ctx.device)[:, None] + offsets]
+    val_rows = []
+    for chunk in lm.chunks(val_prompts, sg.batch_size):
+        val_rows.append(torch.cat([chunk, generate(target, chunk, None, new)], 1).cpu())
+    rows, greedy_rows = [], 0
+    while sum(len(r) for r in rows) < sg.sequences and time.time() - t0 < sg.time_budget_s:
+        prompts = ctx.data.batch(sg.batch_size, sg.prompt_len - 1)          # [B, prompt_len]
+        done = sum(len(r) for r in rows)
+        greedy = greedy_rows < sg.greedy_fraction * (done + len(prompts))   # keeps the greedy share
+        temperature = 0.0 if greedy else sg.temperature
+        rows.append(torch.cat([prompts, generate(target, prompts, None, new, temperature, gen)], 1).cpu())
+        greedy_rows += len(prompts) if greedy else 0
+    train = torch.cat(rows).numpy().astype(np.uint16) if rows else np.zeros((0, width), np.uint16)
+    val = torch.cat(val_rows).numpy().astype(np.uint16)
+    np.save(d / "train.npy", train)
+    np.save(d / "val.npy", val)
+    metrics = {"train_sequences": int(len(train)), "greedy_sequences": int(greedy_rows),
+               "val_sequences": int(len(val)), "width": width, "prompt_len": sg.prompt_len,
+               "temperature": sg.temperature, "train_tokens": int(train.size),
+               "eos_share": float((train == lm.EOS_ID).mean()) if train.size else 0.0,
+               "gen_tokens_per_s": round(train.size / max(1e-9, time.time() - t0))}
+    ctx.log(f"[selfgen] {len(train)} sequences ({greedy_rows} greedy) + {len(val)} held-out, width {width}")
+    return finish(ctx, "selfgen", metrics, t0)
+
+
 def stage_medusa(ctx: Context) -> dict:
+    """Medusa heads on the frozen target: self-distilled on its distributions (Medusa-2 style) over corpus
+    windows and its own text; the drafter's tree comes from path accuracies measured on held-out greedy
+    text of the target (what greedy decoding will see), else on validation windows."""
     t0, p, sched = time.time(), ctx.preset, ctx.preset.medusa_sched
     lm.seed_all(p.seed + 4)
     target = load_target(ctx)
     H = target.config.hidden_size
     mh = heads.MedusaHeads(H, p.medusa_heads).to(ctx.device).train()
-    val = ctx.val_windows()
+    sets = ctx.head_eval_sets()
+    loss = heads.medusa_distill_loss if p.medusa_distill else heads.medusa_loss
     res = lm.run_schedule(
         mh, list(mh.parameters()), sched,
-        loss_fn=lambda step: heads.medusa_loss(mh, target, ctx.data.batch(sched.batch_size, p.seq_len)),
-        eval_fn=lambda: heads.eval_medusa(mh, target, val, ctx.device), device=ctx.device, log=ctx.log,
-        key="mean_loss")
-    final = heads.eval_medusa(mh, target, val, ctx.device)
+        loss_fn=lambda step: loss(mh, target, ctx.head_batch(sched.batch_size)),
+        eval_fn=lambda: _drop_paths(heads.eval_medusa(mh, target, sets["corpus"], ctx.device)),
+        device=ctx.device, log=ctx.log, key="mean_loss")
+    final = heads.eval_medusa(mh, target, sets["corpus"], ctx.device)
+    calibration = "corpus"
+    measured = final
+    if "generated" in sets:
+        measured = heads.eval_medusa(mh, target, sets["generated"], ctx.device)
+        calibration = "generated"
     heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32,
-                      path_accuracy=final["path_accuracy"])
-    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=final,
-                   params=lm.count_params(mh))
+                      path_accuracy=measured["path_accuracy"])
+    metrics = dict(schedule_summary(res, sched.batch_size * ctx.head_len), final=final,
+                   final_generated=_drop_paths(dict(measured)) if calibration == "generated" else None,
+                   tree_calibrated_on=calibration, params=lm.count_params(mh),
+                   loss="self-distillation" if p.medusa_distill else "corpus cross-entropy")
     return finish(ctx, "medusa", metrics, t0)
+
+
+def _drop_paths(ev: dict) -> dict:
+    ev.pop("path_accuracy", None)
+    return ev
 
 
 def stage_eagle(ctx: Context) -> dict:
@@ -186,7 +323,7 @@ def stage_eagle(ctx: Context) -> dict:
     lm.seed_all(p.seed + 5)
     target = load_target(ctx)
     head = heads.EagleHead(heads.eagle_llama_config(target.config)).to(ctx.device).train()
-    val = ctx.val_windows()
+    val = ctx.head_val_windows()
     w_ce = p.eagle_ce_weight
 
     def eval_fn() -> dict:
@@ -195,34 +332,83 @@ def stage_eagle(ctx: Context) -> dict:
 
     res = lm.run_schedule(
         head, list(head.parameters()), sched,
-        loss_fn=lambda step: heads.eagle_loss(head, target, ctx.data.batch(sched.batch_size, p.seq_len),
-                                              w_ce),
+        loss_fn=lambda step: heads.eagle_loss(head, target, ctx.head_batch(sched.batch_size), w_ce),
         eval_fn=eval_fn, device=ctx.device, log=ctx.log, key="eagle_loss")
     heads.save_eagle(head, ctx.stage_dir("eagle"), dtype=torch.float32)
-    metrics = dict(schedule_summary(res, sched.batch_size * p.seq_len), final=eval_fn(),
+    metrics = dict(schedule_summary(res, sched.batch_size * ctx.head_len), final=eval_fn(),
                    params=lm.count_params(head), ce_weight=w_ce)
     return finish(ctx, "eagle", metrics, t0)
+
+
+def stage_eagle3(ctx: Context) -> dict:
+    """The EAGLE-3 head: tap-layer features, training-time test, self-distillation (see
+    engine/train/eagle3.py)."""
+    from engine.train import eagle3
+
+    t0, p, sched = time.time(), ctx.preset, ctx.preset.eagle3_sched
+    lm.seed_all(p.seed + 7)
+    target = load_target(ctx)
+    taps = tuple(p.eagle3_taps) if p.eagle3_taps else eagle3.default_taps(target.config.num_hidden_layers)
+    head = eagle3.Eagle3Head.for_target(target.config, taps, p.eagle3_intermediate).to(ctx.device).train()
+    sets = ctx.head_eval_sets()
+    steps, decay = p.eagle3_steps, p.eagle3_decay
+
+    def eval_fn() -> dict:
+        return eagle3.eval_eagle3(head, target, sets["corpus"], ctx.device, steps, decay)
+
+    res = lm.run_schedule(
+        head, list(head.parameters()), sched,
+        loss_fn=lambda step: eagle3.eagle3_loss(head, target, ctx.head_batch(sched.batch_size), steps, decay),
+        eval_fn=eval_fn, device=ctx.device, log=ctx.log, key="eagle3_loss")
+    eagle3.save_eagle3(head, ctx.stage_dir("eagle3"), dtype=torch.float32)
+    generated = None
+    if "generated" in sets:
+        generated = eagle3.eval_eagle3(head, target, sets["generated"], ctx.device, steps, decay)
+        ctx.log("[eagle3] on the target's held-out greedy text: " + "  ".join(
+            f"chain{s} {generated[f'chain{s}_top1']:.3f}" for s in range(1, steps + 1)))
+    metrics = dict(schedule_summary(res, sched.batch_size * ctx.head_len), final=eval_fn(),
+                   final_generated=generated, params=lm.count_params(head), tap_layers=list(taps),
+                   steps=steps, decay=decay, intermediate_size=p.eagle3_intermediate)
+    return finish(ctx, "eagle3", metrics, t0)
 
 
 def stage_export(ctx: Context) -> dict:
     from engine.train import export
 
     t0 = time.time()
-    finished = {s: load_metrics(ctx, s) for s in STAGES[:-1] if (ctx.stage_dir(s) / "metrics.json").exists()}
+    finished = {s: load_metrics(ctx, s) for s in STAGES if s not in ("export", "eval")
+                and (ctx.stage_dir(s) / "metrics.json").exists()}
     report = export.export_all(ctx, finished)
     return finish(ctx, "export", {"export_dir": str(ctx.export_dir), "files": report["files"]}, t0)
 
 
+def stage_eval(ctx: Context) -> dict:
+    """Plausibility and held-out stdlib perplexity of the exported family (and of ctx.baseline_dir, e.g. the
+    shipped one, for a before/after); the results go into the export's report and model card."""
+    from engine.train import export, plausibility
+
+    t0, p = time.time(), ctx.preset
+    kwargs = dict(device=ctx.device, limit=p.eval_signatures, max_files=p.eval_max_files,
+                  new_tokens=p.eval_new_tokens, log=ctx.log)
+    results = {"new": plausibility.evaluate_family(ctx.export_dir, **kwargs)}
+    if ctx.baseline_dir is not None and (Path(ctx.baseline_dir) / "target" / "config.json").exists():
+        results["baseline"] = plausibility.evaluate_family(Path(ctx.baseline_dir), **kwargs)
+    export.add_evaluation(ctx.export_dir, results)
+    return finish(ctx, "eval", results, t0)
+
+
 RUNNERS = {"tokenizer": stage_tokenizer, "target": stage_target, "draft": stage_draft,
-           "distill": stage_distill, "medusa": stage_medusa, "eagle": stage_eagle, "export": stage_export}
+           "distill": stage_distill, "selfgen": stage_selfgen, "medusa": stage_medusa, "eagle": stage_eagle,
+           "eagle3": stage_eagle3, "export": stage_export, "eval": stage_eval}
+ALWAYS_RUN = ("export", "eval")
 
 
 def run_stages(ctx: Context, stages: list[str]) -> None:
-    """Run the requested stages in pipeline order, skipping finished ones (export always re-runs)."""
+    """Run the requested stages in pipeline order, skipping finished ones (export and eval always re-run)."""
     for stage in STAGES:
         if stage not in stages:
             continue
-        if stage != "export" and is_done(ctx, stage):
+        if stage not in ALWAYS_RUN and is_done(ctx, stage):
             ctx.log(f"[{stage}] checkpoint found in {ctx.stage_dir(stage)}: skipped")
             continue
         ctx.log(f"[{stage}] start")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -56,11 +56,14 @@ def load_hf(path: Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def encode_documents(tok: Tokenizer, texts: list[str]) -> np.ndarray:
-    """Concatenate `<s> text </s>` for every text into one uint16 stream [N]."""
+def encode_documents(tok: Tokenizer, texts: list[str], lengths: Optional[list] = None) -> np.ndarray:
+    """Concatenate `<s> text </s>` for every text into one uint16 stream [N]; when `lengths` is a list, each
+    document's token count (with its two specials) is appended to it."""
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     encs = tok.encode_batch(texts, add_special_tokens=False)
     parts = [np.asarray([bos] + e.ids + [eos], dtype=np.uint16) for e in encs]
+    if lengths is not None:
+        lengths.extend(len(part) for part in parts)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
 
 
