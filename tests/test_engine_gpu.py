@@ -8,7 +8,11 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from spec_fixtures import make_perturbed_copy  # noqa: E402
-from test_tree_methods import add_random_eagle_head, add_random_medusa_heads  # noqa: E402
+from test_tree_methods import (  # noqa: E402
+    add_random_eagle3_head,
+    add_random_eagle_head,
+    add_random_medusa_heads,
+)
 from tiny_models import make_tiny_llama  # noqa: E402
 
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
@@ -17,13 +21,15 @@ from engine.lossless import check_sampling  # noqa: E402
 from engine.models import load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
-METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("lookahead", 0)]
+METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
+           ("eagle3", 8), ("lookahead", 0)]
 
 
 def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
     target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
     add_random_medusa_heads(target, hidden)
     add_random_eagle_head(target, hidden)
+    add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
     draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=dtype))
 
@@ -47,7 +53,7 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
     assert spec == plain
 
 
-@pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8)])
+@pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, method, nodes):
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
     assert decoder.pair.target.decode_kernels is not None
