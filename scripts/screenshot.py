@@ -22,7 +22,7 @@ from PySide6.QtCore import Qt
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_PROMPT = 'def read_config(path):\n    """Load a JSON config file and return it as a dict."""\n'
+DEFAULT_PROMPT = 'def read_config(path):\n    """Load a JSON config file and return it as a dict."""'
 SHOTS = {"mid": "screenshot.png", "tree": "screenshot-tree.png", "compare": "screenshot-compare.png",
          "diagnosis": "screenshot-diagnosis.png"}
 
