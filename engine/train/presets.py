@@ -113,7 +113,7 @@ def full() -> Preset:
                                   eval_every=500, weight_decay=0.0),
         eagle3_sched=StageSchedule(steps=4000, batch_size=32, lr=2e-3, time_budget_s=60, warmup_steps=100,
                                    eval_every=500, weight_decay=0.0),
-        selfgen=SelfGen(sequences=2048, val_sequences=64, time_budget_s=14),
+        selfgen=SelfGen(sequences=2048, val_sequences=64, batch_size=1024, time_budget_s=40),
         corpus="stdlib+packages",
         max_package_bytes=16_000_000,
         bpe_sample_bytes=24_000_000,

@@ -243,7 +243,8 @@ def stage_distill(ctx: Context) -> dict:
 def stage_selfgen(ctx: Context) -> dict:
     """The target's own text for the heads: continuations of random training windows (a share greedy, the
     rest sampled), and greedy continuations of validation windows (held out: the Medusa tree's path
-    accuracies and the EAGLE-3 figures are measured on them). Stops early at its time budget."""
+    accuracies and the EAGLE-3 figures are measured on them). The training text stops early at the time
+    budget, which starts once the held-out text is made."""
     from engine.train.generate import generate
 
     t0, p, sg = time.time(), ctx.preset, ctx.preset.selfgen
@@ -262,7 +263,8 @@ def stage_selfgen(ctx: Context) -> dict:
     for chunk in lm.chunks(val_prompts, sg.batch_size):
         val_rows.append(torch.cat([chunk, generate(target, chunk, None, new)], 1).cpu())
     rows, greedy_rows = [], 0
-    while sum(len(r) for r in rows) < sg.sequences and time.time() - t0 < sg.time_budget_s:
+    started = time.time()  # the budget is the training text's: the held-out text above is always made
+    while sum(len(r) for r in rows) < sg.sequences and time.time() - started < sg.time_budget_s:
         prompts = ctx.data.batch(sg.batch_size, sg.prompt_len - 1)          # [B, prompt_len]
         done = sum(len(r) for r in rows)
         greedy = greedy_rows < sg.greedy_fraction * (done + len(prompts))   # keeps the greedy share
