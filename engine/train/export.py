@@ -427,8 +427,9 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               for s in range(1, steps + 1)]
         L.append("")
     L += [ALPHA_SECTION, "",
-          alpha_text or "_To be filled in by the lead engineer from measurements with the specplay engine "
-                        "(α per method, K, tokens per target forward, TPOT). No numbers here yet._", "",
+          alpha_text or "_Not measured yet: run `python main.py bench methods` (CPU) and "
+                        "`--device cuda` (GPU) on this family and record α, tokens per forward and the "
+                        "speedups here._", "",
           "## Files", "| file | bytes | sha256 |", "| --- | --- | --- |"]
     L += [f"| {r['path']} | {r['bytes']} | {r['sha256']} |" for r in files]
     L.append("")
