@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional, Sequence
 
 VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)  # block sizes timed: K + 1 for K = 0, 1, 2, 4, 8, 16, 32, 64
-STEP_METHODS = ("draft", "eagle", "layerskip")  # drafters whose cost grows with the depth (a step a depth)
+STEP_METHODS = ("draft", "eagle", "eagle3", "layerskip")  # drafters whose cost grows with the depth
 MIN_OBSERVATIONS = 3  # rounds at one block size before the run's own median replaces the calibrated point
 
 
@@ -194,7 +194,10 @@ class CostModel:
         """Split a step method's cost into fixed + step x depth from runs at two draft depths."""
         d1, d2 = (statistics.fmean(r.depth for r in rs) for rs in (short, long))
         t1, t2 = (Measured.mean_of([r.draft_ms for r in rs]) for rs in (short, long))
-        step = max(0.0, (t2.median - t1.median) / (d2 - d1)) if d2 > d1 else t2.median / max(d2, 1)
+        # the step from the medians (a difference of two means carries every hiccup of either run into c);
+        # the fixed part from the long run's mean, so that fixed + step x depth still adds up to its total
+        m1, m2 = (Measured.of([r.draft_ms for r in rs]).median for rs in (short, long))
+        step = max(0.0, (m2 - m1) / (d2 - d1)) if d2 > d1 else m2 / max(d2, 1)
         fixed = max(0.0, t2.median - step * d2)
         self.draft_step[method] = Measured(step, t2.spread / max(d2, 1), t2.n)
         self.draft_fixed[method] = Measured(fixed, t1.spread, t1.n)

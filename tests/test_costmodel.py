@@ -68,3 +68,20 @@ def test_calibration_on_tiny_models(tiny_pair_dirs):
     assert calibration.costs is not None
     assert calibration.target_step_ms == pytest.approx(calibration.costs.t_plain)
     assert calibration.c_for("draft") == pytest.approx(calibration.c)
+
+
+def test_a_hiccup_in_one_round_does_not_move_the_draft_step():
+    """The step comes from the two depths' medians: one slow round (another process, a page fault) at the long
+    depth leaves c where it was, while the fixed part still makes the long run's total add up."""
+    def rounds(depth, ms, n=9):
+        return [RoundTiming("draft", depth, depth + 1, depth, ms, 4.0, 0.2) for _ in range(n)]
+
+    short, long = rounds(1, 1.5), rounds(4, 3.0)
+    steady, hiccup = CostModel(verify={1: Measured(4.0)}), CostModel(verify={1: Measured(4.0)})
+    steady.fit_draft("draft", short, long)
+    hiccup.fit_draft("draft", short, long[:-1] + [RoundTiming("draft", 4, 5, 4, 30.0, 4.0, 0.2)])
+    assert steady.draft_step["draft"].median == pytest.approx(0.5)
+    assert hiccup.draft_step["draft"].median == pytest.approx(0.5)
+    assert hiccup.c("draft") == pytest.approx(steady.c("draft"))
+    mean_long = (8 * 3.0 + 30.0) / 9
+    assert hiccup.draft_fixed["draft"].median + 4 * 0.5 == pytest.approx(mean_long)
