@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import analytic
+from engine import methods as method_registry
 from engine.config import GenerationConfig
 from engine.errors import SpecplayError
 from engine.methods import MethodSpec, parse_spec
@@ -53,14 +54,40 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
         if spec.name not in availability:
             raise SpecplayError(f"unknown method {spec.name!r}")
     specs = [MethodSpec("none")] + [s for s in specs if availability.get(s.name) is None and s.name != "none"]
-    results = {}
+    results, trees = {}, {}
     for spec in specs:
         config = replace(base, method=spec.name, tree_nodes=spec.tree_nodes)
         measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
         _forget_session(decoder)  # suffix decoding would otherwise recall the warm-up's output
         results[str(spec)] = measure(decoder, prompts, config, repeats)
-    plain = results["none"].tokens_per_s
-    return [_method_row(label, r, plain) for label, r in results.items()]
+        trees[str(spec)] = method_registry.get(spec.name).is_tree(config)
+    plain = results["none"]
+    rows = []
+    for label, r in results.items():
+        row = _method_row(label, r, plain.tokens_per_s)
+        if label != "none":
+            row.update(textbook(r, plain, trees[label]))
+            row["textbook_share"] = _ratio(row["speedup"], row.get("textbook_speedup", 0.0))
+        rows.append(row)
+    return rows
+
+
+def textbook(r: RunTotals, plain: RunTotals, tree: bool) -> dict:
+    """The chapter's E / (1 + cK) with the run's own E and c, c = a draft step's time over one target step
+    (plain decoding's verification phase, same run). A tree's form takes its drafting time and its
+    verification block's measured time in units of that step: E * t_step / (t_draft + t_verify). The row's
+    textbook_share (measured speedup / this) is the part of a round that is drafting and verification."""
+    if not r.rounds or not plain.rounds or r.k <= 0:
+        return {}
+    step = plain.verify_ms / plain.rounds  # ms
+    draft, verify = r.draft_ms / r.rounds, r.verify_ms / r.rounds  # ms a round
+    if step <= 0:
+        return {}
+    if tree:
+        total = draft + verify
+        return {"c": draft / step, "textbook_speedup": r.tokens_per_forward * step / total if total else 0.0}
+    c = draft / (r.k * step)
+    return {"c": c, "textbook_speedup": r.tokens_per_forward / (1.0 + c * r.k)}
 
 
 def _forget_session(decoder) -> None:
@@ -141,9 +168,10 @@ COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
     "analytic_tokens_per_forward": "tokens", "tokens_per_s": "tok/s", "speedup": "x",
     "predicted_speedup": "x", "from_run_speedup": "x", "textbook_speedup": "x", "eager_tokens_per_s": "tok/s",
     "graph_tokens_per_s": "tok/s", "graph_gain": "x",
-    "eager_speedup": "x", "graph_speedup": "x",
+    "eager_speedup": "x", "graph_speedup": "x", "c": "ratio", "textbook_share": "ratio",
 }
-PLAIN_BLANKS = ("k", "alpha", "mean_acceptance_length")  # plain decoding drafts nothing: no K, no alpha
+# plain decoding drafts nothing: no K, no alpha, no textbook figure
+PLAIN_BLANKS = ("k", "alpha", "mean_acceptance_length", "c", "textbook_speedup", "textbook_share")
 
 
 def _cell(row: dict, column: str) -> str:

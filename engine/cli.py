@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHMARKS = {
     "methods": "each method of --methods against plain decoding on the same prompts (speedup = tokens/s "
-               "over none's); options: --methods, --prompts, --repeats, the generation options",
+               "over none's), beside its own c and the textbook E/(1+cK) and the share of it reached; "
+               "options: --methods, --prompts, --repeats, the generation options",
     "k-sweep": "the measured speedup of each K of --ks beside the analytic E/(1+cK); options: --ks, "
                "--prompts, --repeats, --method, the generation options",
     "graphs": "each method run eagerly and with captured CUDA graphs (GPU only); options: --methods, "
@@ -532,7 +533,8 @@ def cmd_check_lossless(args) -> int:
 
 BENCH_COLUMNS = {
     "methods": ["method", "k", "alpha", "mean_acceptance_length", "tokens_per_forward",
-                "analytic_tokens_per_forward", "tokens_per_s", "speedup"],
+                "analytic_tokens_per_forward", "c", "textbook_speedup", "textbook_share", "tokens_per_s",
+                "speedup"],
     "graphs": ["method", "k", "alpha", "eager_tokens_per_s", "graph_tokens_per_s", "graph_gain",
                "eager_speedup", "graph_speedup"],
     "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",

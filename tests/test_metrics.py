@@ -237,3 +237,31 @@ def test_csv_rows_are_round_metrics(recorded, tmp_path):
                 assert name == "acceptance_rate" and e.metrics.drafted == 0
                 continue
             assert float(row[cell]) == pytest.approx(getattr(e.metrics, name), rel=1e-5), name
+
+
+def _totals(k, rounds, emitted, draft_ms, verify_ms, overhead_ms=0.0):
+    totals = RunTotals(k)
+    totals._add(rounds, k * rounds, emitted - rounds, emitted, draft_ms, verify_ms, overhead_ms,
+                draft_ms + verify_ms + overhead_ms)
+    return totals
+
+
+def test_textbook_speedup_uses_the_runs_own_e_and_c():
+    """Chains: E / (1 + cK) with c = a draft step over plain's verification step; trees: E * t_step / (the
+    tree's drafting + its verification block)."""
+    plain = _totals(0, 100, 100, 0.0, 400.0)  # a target step: 4 ms
+    chain = _totals(4, 10, 30, 20.0, 45.0)  # E = 3, a draft step 0.5 ms: c = 0.125
+    figures = bench.textbook(chain, plain, tree=False)
+    assert figures["c"] == pytest.approx(0.125)
+    assert figures["textbook_speedup"] == pytest.approx(3.0 / 1.5)
+    tree = bench.textbook(chain, plain, tree=True)  # 2 ms drafting + 4.5 ms verification a round
+    assert tree["c"] == pytest.approx(0.5) and tree["textbook_speedup"] == pytest.approx(3.0 * 4.0 / 6.5)
+    assert bench.textbook(chain, _totals(0, 0, 0, 0.0, 0.0), tree=False) == {}
+
+
+def test_bench_methods_rows_carry_the_textbook_share(decoder):
+    rows = bench.bench_methods(decoder, PROMPTS[:1], CONFIGS["ngram"], ["ngram"])
+    plain, ngram = rows
+    assert "textbook_speedup" not in plain
+    assert ngram["textbook_speedup"] > 0 and ngram["c"] >= 0
+    assert ngram["textbook_share"] == pytest.approx(ngram["speedup"] / ngram["textbook_speedup"])
