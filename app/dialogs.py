@@ -136,6 +136,10 @@ drafts nothing and counts as one target step with no drafted tokens (it does not
 top candidates form a tree verified in one forward with a tree attention mask.</li>
 <li><b>EAGLE</b>: a one-layer head drafts from the target's hidden features, autoregressively: a chain of K,
 or a dynamic tree of N nodes (EAGLE, dynamic tree of 8 nodes).</li>
+<li><b>EAGLE-3</b>: like EAGLE, but the head reads the outputs of several of the target's layers (a low, a
+middle and the last one) side by side, and it was trained on its own drafts for several steps ("training-time
+test"), so its later drafts stay close to the target's: a chain of K or a tree of N nodes. It needs the
+target's eagle3_head.safetensors.</li>
 <li><b>Lookahead</b>: n-grams collected from the target's own parallel (Jacobi) guesses, verified as a
 tree; no extra model.</li>
 </ul>

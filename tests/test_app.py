@@ -1254,8 +1254,9 @@ def test_small_window_collapses_plots_into_tabs(qtbot, make_window):
 def test_help_explains_views_numbers_methods_and_shortcuts():
     from app.dialogs import HELP_HTML
 
-    for topic in ("Round view", "Clean text", "Draft tree", "Compare", "greedy", "Medusa", "EAGLE",
-                  "Lookahead", "N-gram", "Esc", "Ctrl+Enter", "Ctrl+1", "count from 1"):
+    for topic in ("Round view", "Clean text", "Draft tree", "Compare", "greedy", "Medusa", "EAGLE", "EAGLE-3",
+                  "Suffix decoding", "Layer skip", "Lookahead", "N-gram", "Esc", "Ctrl+Enter", "Ctrl+1",
+                  "count from 1"):
         assert topic in HELP_HTML, topic
 
 
