@@ -82,62 +82,47 @@ class BatchRunner:
         counts: real tokens per sequence (default n each; 0 leaves a sequence untouched, e.g. a finished one).
         Returns (logits [B, n, V] float32, features [B, n, H]); rows past counts[b] are padding.
         with_logits=False skips the LM head (a prefill: [B, P, V] logits nobody reads): logits None."""
-        tokens = tokens.to(self.device)
-        n = tokens.shape[1]
+        return self._append(tokens.to(self.device), counts, with_logits, embeds=False)
+
+    def forward_embeds(self, inputs: torch.Tensor, counts: Optional[Sequence[int]] = None):
+        """Like forward, from input vectors inputs [B, n, H] instead of token ids (the EAGLE head feeds fused
+        features and token embeddings). Returns (logits [B, n, V] float32, features [B, n, H])."""
+        return self._append(inputs.to(self.device, self.dtype), counts, True, embeds=True)
+
+    def _append(self, block: torch.Tensor, counts: Optional[Sequence[int]], with_logits: bool, embeds: bool):
+        """forward / forward_embeds: block [B, n] token ids or [B, n, H] input vectors (embeds)."""
+        n = block.shape[1]
         counts = [n] * self.batch if counts is None else [int(c) for c in counts]
         top = max(self.lengths) + n
         if top > self.max_length:
             raise SpecplayError(f"context full: {max(self.lengths)} cached + {n} new tokens exceed the "
                                 f"batched max_length {self.max_length}")
         kv = self._kv_width(top)
-        captured = self._captured_step(n, kv) if with_logits else None
+        captured = self._captured_step(n, kv, embeds=embeds) if with_logits else None
         start = to_device(self.lengths, self.device)  # [B]
         if captured is not None:
-            logits, hidden = captured.run(tokens, start)
+            logits, hidden = captured.run(block, start)
+        elif embeds:
+            logits, hidden = self.step_embeds(block, start, kv)
         else:
-            logits, hidden = self.step(tokens, start, kv, with_logits)
+            logits, hidden = self.step(block, start, kv, with_logits)
         self.lengths = [length + c for length, c in zip(self.lengths, counts, strict=True)]
         return logits, hidden
-
-    def forward_embeds(self, inputs: torch.Tensor, counts: Optional[Sequence[int]] = None):
-        """Like forward, from input vectors inputs [B, n, H] instead of token ids (the EAGLE head feeds fused
-        features and token embeddings). Returns (logits [B, n, V] float32, features [B, n, H])."""
-        inputs = inputs.to(self.device, self.dtype)
-        n = inputs.shape[1]
-        counts = [n] * self.batch if counts is None else [int(c) for c in counts]
-        top = max(self.lengths) + n
-        if top > self.max_length:
-            raise SpecplayError(f"context full: {max(self.lengths)} cached + {n} new inputs exceed the "
-                                f"batched max_length {self.max_length}")
-        kv = self._kv_width(top)
-        captured = self._captured_step(n, kv, embeds=True)
-        start = to_device(self.lengths, self.device)  # [B]
-        if captured is not None:
-            logits, hidden = captured.run(inputs, start)
-        else:
-            logits, hidden = self.step_embeds(inputs, start, kv)
-        self.lengths = [length + c for length, c in zip(self.lengths, counts, strict=True)]
-        return logits, hidden
-
-    def step_embeds(self, x: torch.Tensor, start: torch.Tensor, kv: int):
-        """step from input vectors x [B, n, H] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32,
-        features [B, n, H]). Device tensors only (captured by CapturedBatchStep)."""
-        bsz, n = x.shape[:2]
-        offsets = self._arange[:n]  # [n]
-        positions = start[:, None] + offsets[None, :]  # [B, n]
-        cols = self._arange[:kv]  # [kv]
-        visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, float("-inf"))
-        hidden = self._layers(x.reshape(bsz * n, -1), positions, mask)  # [B n, H]
-        logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
-        return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor, kv: int, with_logits: bool = True):
         """tokens [B, n] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32, features [B, n, H]).
         Device tensors only, so that the CUDA graph captures exactly this."""
-        bsz, n = tokens.shape
-        x = F.embedding(tokens.reshape(-1), self.runner.embed_weight)  # [B n, H]
+        x = F.embedding(tokens, self.runner.embed_weight)  # [B, n, H]
+        return self._step(x, start, kv, with_logits)
+
+    def step_embeds(self, x: torch.Tensor, start: torch.Tensor, kv: int):
+        """step from input vectors x [B, n, H] (captured by CapturedBatchStep like step)."""
+        return self._step(x, start, kv, True)
+
+    def _step(self, x: torch.Tensor, start: torch.Tensor, kv: int, with_logits: bool):
+        """x [B, n, H] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32 or None, features
+        [B, n, H])."""
+        bsz, n = x.shape[:2]
         offsets = self._arange[:n]  # [n]
         positions = start[:, None] + offsets[None, :]  # [B, n]
         cols = self._arange[:kv]  # [kv]
@@ -145,7 +130,7 @@ class BatchRunner:
         visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, float("-inf"))
-        hidden = self._layers(x, positions, mask)  # [B n, H]
+        hidden = self._layers(x.reshape(bsz * n, -1), positions, mask)  # [B n, H]
         if not with_logits:
             return None, hidden.view(bsz, n, -1)
         logits = self.runner.logits_from_hidden(hidden)  # [B n, V]

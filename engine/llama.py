@@ -421,6 +421,7 @@ class LlamaRunner(CausalRunner):
         # CUDA: fused rope/cache and SiLU kernels, else None
         self.fused_kernels = StepKernels.load(self.device)
         self.decode_kernels = self._decode_kernels()  # the fused decode path for short blocks, else None
+        self._gemv_ok: Dict[int, bool] = {}  # block rows -> whether sp_gemv does its products
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv, tap_layers) -> captured step
         self._graph_pool = None
         # Layers whose outputs a forward also returns (ForwardOutput.taps, side by side in this order); set by
@@ -627,15 +628,14 @@ class LlamaRunner(CausalRunner):
             return None
         if s.head_dim % 8 or s.head_dim > ATTENTION_MAX_D or s.hidden_size % 8 or s.intermediate_size % 8:
             return None
-        products = [(layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down) for layer in self.layers]
-        self._gemv_weights = [self.lm_head] + [w for four in products for w in four]
-        self._gemv_ok: Dict[int, bool] = {}
         return kernels
 
     def _gemv_rows(self, n: int) -> bool:
-        """Whether a block of n rows runs every product (the LM head's too) in sp_gemv."""
+        """Whether a block of n rows runs every product (the LM head's too) in sp_gemv; decided once per n."""
         if n not in self._gemv_ok:
-            self._gemv_ok[n] = n <= DECODE_GEMV_ROWS and all(gemv_fits(w, n) for w in self._gemv_weights)
+            weights = [self.lm_head] + [w for layer in self.layers
+                                        for w in (layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down)]
+            self._gemv_ok[n] = n <= DECODE_GEMV_ROWS and all(gemv_fits(w, n) for w in weights)
         return self._gemv_ok[n]
 
     def _decode_path(self, n: int) -> bool:

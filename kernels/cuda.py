@@ -43,6 +43,7 @@ from kernels.launch_spec import (
     SOURCE,
     SPECS,
     WARP_ARGS,
+    module_source,
     row_stats_bytes,
     wide_chunks,
     wide_sync_words,
@@ -171,7 +172,7 @@ def _compile(index: int) -> dict:
     log.info(msg)
     print(msg, file=sys.stderr, flush=True)
     with cupy.cuda.Device(index):
-        module = cupy.RawModule(code=SOURCE.read_text(), options=_OPTIONS, name_expressions=_TEMPLATES)
+        module = cupy.RawModule(code=module_source(), options=_OPTIONS, name_expressions=_TEMPLATES)
         return {name: module.get_function(name) for name in _NAMES}
 
 

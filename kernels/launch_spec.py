@@ -14,6 +14,12 @@ import re
 from typing import Mapping, NamedTuple
 
 SOURCE = pathlib.Path(__file__).with_name("specplay_kernels.cu")
+COMMON = SOURCE.with_name("cuda_common.cuh")  # the dtype helpers every .cu of kernels/ shares
+
+
+def module_source() -> str:
+    """What NVRTC compiles: the shared dtype helpers, then specplay_kernels.cu."""
+    return COMMON.read_text() + "\n" + SOURCE.read_text()
 
 # The .cu's compile-time constants (SP_BLOCK is passed to NVRTC; the others are checked by the tests).
 BLOCK = 1024  # threads per block: SP_BLOCK

@@ -28,19 +28,8 @@
 #define SP_INT_MAX 0x7fffffff
 #define SP_NONE 0xffffffffu
 
-typedef unsigned int u32;
+// u32, bf16_t, f16_t and to_f come from kernels/cuda_common.cuh, prepended at compile (launch_spec.module_source).
 typedef unsigned long long u64;
-
-struct bf16_t { unsigned short v; };
-struct f16_t { unsigned short v; };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16_t x) { return __uint_as_float(((u32)x.v) << 16); }
-__device__ __forceinline__ float to_f(f16_t x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.v));
-    return f;
-}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

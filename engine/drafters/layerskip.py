@@ -61,6 +61,7 @@ class LayerSkipRunner(LlamaRunner):
         self._length = 0
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)
         self._chains, self._trees, self._graphs = {}, {}, {}  # masks and captured steps of this runner
+        self._gemv_ok = {}  # decided for this runner's own layers
         self._graph_pool = None
         self._chain_graphs = None  # engine.chain_graph's captured chains, made on first use
 
