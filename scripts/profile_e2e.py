@@ -1,0 +1,169 @@
+"""Where a generation's time goes on the GPU, end to end: the prefill of a new prompt length against one seen
+before, and a method's decode loop as wall clock per round beside the GPU's busy time per round (the kernels
+that ran and the host functions that took longest).
+
+    python scripts/profile_e2e.py --synthetic llama-1b [--methods none,draft] [--tokens 128] [--top 12]
+
+GPU busy below the wall clock means the host is the bound; equal means the kernels are.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPT = "import os\n\n\ndef walk(path):\n    "
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prefill_ms(target, length: int) -> float:
+    import torch
+
+    tokens = torch.arange(7, 7 + length, device=target.device) % target.vocab_size
+    target.reset()
+    _sync(target.device)
+    began = time.perf_counter()
+    target.forward(tokens)
+    _sync(target.device)
+    return 1000.0 * (time.perf_counter() - began)
+
+
+def report_prefill(target, top: int) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        for length in (19, 27, 38):
+            first, again = prefill_ms(target, length), prefill_ms(target, length)
+            print(f"prefill of {length} tokens: first {first:.2f} ms, again {again:.2f} ms")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            prefill_ms(target, 53)
+    _print_profile(prof, 1, top, "a first prefill of 53 tokens")
+
+
+def _print_profile(prof, per: int, top: int, what: str) -> None:
+    events = prof.key_averages()
+    gpu = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: -e.device_time_total)
+    busy = sum(e.device_time_total for e in gpu) / per
+    print(f"  {what}: GPU busy {busy / 1000:.3f} ms in {sum(e.count for e in gpu) / per:.0f} kernels per unit")
+    for e in gpu[:top]:
+        print(f"    {e.device_time_total / per:9.1f} us  x{e.count / per:<6.1f} {e.key[:90]}")
+    cpu = sorted((e for e in events if e.device_type.name == "CPU"), key=lambda e: -e.self_cpu_time_total)
+    print("  host ops by self time:")
+    for e in cpu[:top]:
+        print(f"    {e.self_cpu_time_total / per:9.1f} us  x{e.count / per:<6.1f} {e.key[:90]}")
+
+
+def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10) -> None:
+    """One batched step (engine.batch_runner) of `batch` sequences, blocks of 1 and of 5 tokens: its time
+    (graph replay, wall clock) and its kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.batch_runner import BatchRunner
+
+    runner = BatchRunner(target, batch, max_length=prompt + 128)
+    device = target.device
+    with torch.inference_mode():
+        runner.forward(torch.arange(prompt, device=device).repeat(batch, 1) % target.vocab_size,
+                       with_logits=False)
+        for n in (1, 5):
+            block = torch.ones(batch, n, dtype=torch.long, device=device)
+
+            def step():
+                runner.forward(block)
+                runner.set_lengths([prompt] * batch)
+
+            for _ in range(3):
+                step()
+            _sync(device)
+            began = time.perf_counter()
+            for _ in range(steps):
+                step()
+            _sync(device)
+            print(f"== batched step B={batch} n={n}: {1000 * (time.perf_counter() - began) / steps:.3f} ms")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                _sync(device)
+            _print_profile(prof, steps, top, "per step")
+    runner.release_graphs()
+
+
+def report_loop(decoder, method: str, tokens: int, top: int) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.config import GenerationConfig
+
+    config = GenerationConfig(method=method, k=4, max_new_tokens=tokens, stop_at_eos=False)
+    list(decoder.generate(PROMPT, config))
+    _sync(decoder.device)
+    began = time.perf_counter()
+    events = list(decoder.generate(PROMPT, config))
+    _sync(decoder.device)
+    wall = 1000.0 * (time.perf_counter() - began)
+    rounds = len(events)
+    made = sum(len(e.emitted_ids) for e in events)
+    print(f"== {method}: {rounds} rounds, {made} tokens, {wall / made:.3f} ms/token end to end, "
+          f"{wall / rounds:.3f} ms/round; first event {events[0].draft_ms + events[0].verify_ms:.2f} ms of phases")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        list(decoder.generate(PROMPT, config))
+        _sync(decoder.device)
+    _print_profile(prof, rounds, top, "per round")
+    host = cProfile.Profile()
+    host.enable()
+    list(decoder.generate(PROMPT, config))
+    _sync(decoder.device)
+    host.disable()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(top)
+    print("  host functions (cProfile, whole generation):")
+    print("\n".join("    " + line for line in text.getvalue().splitlines()[6:] if line.strip()))
+
+
+def main() -> int:
+    import warnings
+
+    import torch
+
+    from engine.decoder import SpeculativeDecoder
+    from engine.synthetic import build_synthetic_pair
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--synthetic", default="llama-1b")
+    parser.add_argument("--methods", default="none,draft")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=0, help="also profile one batched step of this many")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of this script")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: profile_e2e needs a CUDA GPU (or --device cpu)", file=sys.stderr)
+        return 2
+    pair = build_synthetic_pair(args.synthetic, torch.device(args.device), torch.bfloat16).pair
+    decoder = SpeculativeDecoder(pair)
+    print(f"synthetic {args.synthetic}")
+    report_prefill(pair.target, args.top)
+    for method in filter(None, args.methods.split(",")):
+        report_loop(decoder, method, args.tokens, args.top)
+    if args.batch:
+        report_batch(pair.target, args.batch, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
