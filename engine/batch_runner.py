@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
-from engine.llama import GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
+from engine.llama import DECODE_ROWS, GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
 from engine.runner import to_device
 
 KV_ALIGN = 64  # on GPU the cache length is rounded up to this many rows (an aligned attention mask)
@@ -56,6 +56,7 @@ class BatchRunner:
         self.use_graphs = self.device.type == "cuda"
         self._graphs: Dict[tuple, "CapturedBatchStep"] = {}
         self._graph_pool = None
+        self._chains: Dict[int, torch.Tensor] = {}
 
     # -- lengths ---------------------------------------------------------------------------------------------
 
@@ -125,16 +126,56 @@ class BatchRunner:
         bsz, n = x.shape[:2]
         offsets = self._arange[:n]  # [n]
         positions = start[:, None] + offsets[None, :]  # [B, n]
-        cols = self._arange[:kv]  # [kv]
-        # query i of sequence b sees every cached row (col < start) and block rows up to itself
-        visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, float("-inf"))
-        hidden = self._layers(x.reshape(bsz * n, -1), positions, mask)  # [B n, H]
+        if self._decode_path(n):
+            hidden = self._decode_layers(x.reshape(bsz * n, -1), positions, start)  # [B n, H]
+        else:
+            hidden = self._layers(x.reshape(bsz * n, -1), positions, self._mask(start, offsets, kv))
         if not with_logits:
             return None, hidden.view(bsz, n, -1)
         logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
         return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
+
+    def _mask(self, start: torch.Tensor, offsets: torch.Tensor, kv: int) -> torch.Tensor:
+        """Additive float mask [B, n, kv]: query i of sequence b sees every cached row (col < start[b]) and
+        block rows up to itself."""
+        cols = self._arange[:kv]  # [kv]
+        # query i of sequence b sees every cached row (col < start) and block rows up to itself
+        visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, float("-inf"))
+
+    def _decode_path(self, n: int) -> bool:
+        """Whether blocks of n take the decode kernels (engine.llama's: bf16/fp16 on CUDA, n <= DECODE_ROWS):
+        rope + cache write in one kernel and the attention kernel over every sequence's own cache rows, in
+        place of rope, indexed cache writes, the mask and SDPA over the whole padded cache."""
+        return self.runner.decode_kernels is not None and n <= DECODE_ROWS
+
+    def _decode_layers(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """The decoder stack on the decode kernels: x [B n, H] at rows positions [B, n] (start [B] on the
+        device) -> features [B n, H]. The products stay cuBLAS's (B n rows); the norms torch's."""
+        s, r = self.spec, self.runner
+        k, eps = r.decode_kernels, s.rms_norm_eps
+        bsz, n = positions.shape
+        # token (b, i)'s cache row as the rope kernel addresses B caches [B, kvh, max_length, D]
+        cache_index = (self._rows[:bsz, None] * (s.num_kv_heads * self.max_length) + positions).reshape(-1)
+        flat_positions = positions.reshape(-1)  # [B n]
+        chain = self._chain(n)  # [n, n]
+        for li, layer in enumerate(r.layers):
+            keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
+            qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
+            q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
+                           s.num_heads, s.num_kv_heads)  # [heads, B n, D]
+            attn = k.attention(q, keys, values, start, chain)  # [B n, heads D]
+            x = _linear_residual(x, attn, layer.w_o, layer.b_o)
+            gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+            x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
+        return x
+
+    def _chain(self, n: int) -> torch.Tensor:
+        """A chain block's visibility [n, n] bool (token i sees block rows 0..i), built once per n."""
+        if n not in self._chains:
+            self._chains[n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        return self._chains[n]
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The decoder stack on x [B n, H]; writes each layer's K/V at rows `positions` [B, n] of each

@@ -35,3 +35,20 @@ template <> __device__ __forceinline__ f16_t from_f<f16_t>(float f) {
     return out;
 }
 template <typename T> __device__ __forceinline__ T rnd(float f) { return from_f<T>(f); }
+
+// Programmatic dependent launch (sm_90 on): a kernel launched with the programmatic-serialization attribute
+// (kernels/step.py does so for the step kernels) may start while the stream's previous kernel still runs.  It
+// must wait before it reads anything that kernel writes or writes anything it reads; the wait returns once the
+// previous kernel has finished and its writes are visible.  Without the attribute, or below sm_90, both are
+// no-ops.  A kernel lets the next one start early with sp_let_next_start (the next one still waits).
+__device__ __forceinline__ void sp_wait_for_previous() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void sp_let_next_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -17,6 +17,7 @@
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
 #define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
 #define SP_GEMV_MAX_ROWS 8
+#define SP_GEMV_PREFETCH 8192  // bytes of a warp's later weights pulled into L2 before it waits
 #define SP_ATTN_WARPS 8
 #define SP_ATTN_MAX_D 256
 #define SP_NEG_INF __int_as_float(0xff800000)
@@ -107,6 +108,20 @@ __device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, i
     }
 }
 
+// While the previous kernel finishes (programmatic launch), the warp's weights after its first segment, up to
+// SP_GEMV_PREFETCH bytes of its rows row, row + stride, ..., are pulled into L2.  Weights never change during
+// a step, so this needs no wait.
+template <typename T>
+__device__ __forceinline__ void dk_gemv_prefetch(const T* weight, int K, int N, int row, int stride, int lane) {
+    long long row_bytes = (long long)K * sizeof(T), first = SP_GEMV_TILE * sizeof(T);
+    for (long long off = first + lane * 128LL; off < first + SP_GEMV_PREFETCH; off += 32 * 128) {
+        int r = row + (int)(off / row_bytes) * stride;
+        if (r >= N) break;
+        const char* p = reinterpret_cast<const char*>(weight + (long long)r * K) + off % row_bytes;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+}
+
 template <typename T, int M>
 __device__ __forceinline__ void dk_gemv_fma(const uint4* w, const uint4* staged, int K, int seg, int lane,
                                             float* acc) {
@@ -163,7 +178,12 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
     int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
     int row = blockIdx.x * SP_GEMV_WARPS + warp;
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
-    if (row < N) dk_gemv_load<T>(wa, weight, K, row, 0, lane);
+    sp_let_next_start();
+    if (row < N) {
+        dk_gemv_load<T>(wa, weight, K, row, 0, lane);
+        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane);
+    }
+    sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
 
     int chunks = K / 8, vec_stride = x_stride / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -244,38 +264,47 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
     }
 }
 
-// Attention of a block of n query tokens over one layer's cache; one block of 8 warps per (token i, head h).
-//   q [heads, n, D] (the rope kernel's output), k_cache, v_cache [kv_heads, cache_len, D] (GQA: head h reads
-//   kv head h / (heads / kv_heads)), start [1] (the block's first cache row, on the device), visible [n, n]
-//   uint8 (token i sees block row j), out [n, heads * D].
-//   Token i sees cache rows r < start and block rows start + j with visible[i, j]; rows from start + n on are
-//   never read.  Scores q.k / sqrt(D), softmax and the weighted sum in fp32, rounded to T once at the end.
+// Attention of blocks of query tokens over one layer's cache; one block of 8 warps per (token i, head h).
+//   q [heads, n, D] (the rope kernel's output), out [n, heads * D].  The n tokens are n / block_n sequences'
+//   blocks of block_n tokens each (one sequence: block_n = n): token i belongs to sequence b = i / block_n, is
+//   its block's token t = i % block_n, and reads b's cache at k_cache + b * seq_stride (seq_stride: values
+//   between two sequences' caches, 0 for one sequence), laid out [kv_heads, cache_len, D] (GQA: head h reads
+//   kv head h / (heads / kv_heads)); start [n / block_n] (each block's first cache row, on the device);
+//   visible [block_n, block_n] uint8 (token t sees block row j), the same for every sequence.
+//   Token t sees cache rows r < start[b] and block rows start[b] + j with visible[t, j]; rows from
+//   start[b] + block_n on are never read.  Scores q.k / sqrt(D), softmax and the weighted sum in fp32, rounded
+//   to T once at the end.
 // Warp w takes key chunks c = w, w + 8, ... of 32 rows: lane j scores row 32 c + j, then the lanes, in groups
 // of D / 8 (each lane of a group owning 8 of the D values), sum p v over the chunk's rows, group g taking rows
-// g, g + G, ...  Every row below start + n holds this step's or an earlier step's finite K/V, so a hidden row
-// is read and adds p = 0 exactly: token i's output is the same whatever n is.  The warps' online-softmax
-// states and the groups' sums are merged in a fixed order.  D % 8 == 0, D <= 256.
+// g, g + G, ...  Every row below start + block_n holds this step's or an earlier step's finite K/V, so a hidden
+// row is read and adds p = 0 exactly: token t's output is the same whatever block_n is.  The warps'
+// online-softmax states and the groups' sums are merged in a fixed order.  D % 8 == 0, D <= 256.
 template <typename T>
 __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache, const T* v_cache,
                                                     const long long* start, const unsigned char* visible,
                                                     T* out, int n, int heads, int kv_heads, int D,
-                                                    int cache_len, float scale) {
+                                                    int cache_len, float scale, int block_n,
+                                                    int seq_stride) {
     __shared__ __align__(16) float q_row[SP_ATTN_MAX_D];
     __shared__ float probs[SP_ATTN_WARPS][32];
     __shared__ float warp_max_s[SP_ATTN_WARPS], warp_sum_s[SP_ATTN_WARPS];
     __shared__ float warp_acc[SP_ATTN_WARPS][SP_ATTN_MAX_D];
+    sp_let_next_start();
+    sp_wait_for_previous();
     int h = blockIdx.x % heads, i = blockIdx.x / heads;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int kvh = h / (heads / kv_heads);
-    long long first = start[0];
+    int b = i / block_n, t = i - b * block_n;
+    long long first = start[b];
     const T* q_in = q + ((long long)h * n + i) * D;
     for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
     __syncthreads();
 
-    const T* keys = k_cache + (long long)kvh * cache_len * D;
-    const T* values = v_cache + (long long)kvh * cache_len * D;
-    const unsigned char* sees = visible + (long long)i * n;
-    long long total = first + n;
+    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
+    const T* keys = k_cache + base;
+    const T* values = v_cache + base;
+    const unsigned char* sees = visible + (long long)t * block_n;
+    long long total = first + block_n;
     int chunks = (int)((total + 31) / 32);
     int vchunks = D / 8;               // lanes per group, each owning 8 output values
     int groups = 32 / vchunks;         // groups per warp (lanes from groups * vchunks on stay idle in p v)
@@ -310,7 +339,7 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         __syncwarp();
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[e] *= rescale;
-        int rows = (int)min((long long)32, total - (long long)c * 32);  // rows of the chunk below start + n
+        int rows = (int)min((long long)32, total - (long long)c * 32);  // rows of the chunk below start + block_n
         if (group < groups) {
 #pragma unroll 4
             for (int j = group; j < rows; j += groups) {

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.launch_spec import KernelSpec, parse_kernels
+from kernels.pdl import PdlLauncher
 
 _HERE = pathlib.Path(__file__).parent
 SOURCE = _HERE / "step_kernels.cu"
@@ -52,7 +53,7 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
-               "float scale", templated=True),
+               "float scale, int block_n, int seq_stride", templated=True),
 )}
 GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
 
@@ -122,10 +123,15 @@ def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps
     return out.float() if out_f32 else out
 
 
-def attention_reference(q, k_cache, v_cache, start: int, visible) -> torch.Tensor:
+def attention_reference(q, k_cache, v_cache, start, visible) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v in fp64 over the rows each query sees: every cache row before start, and
     block row j where visible[i, j]. q [heads, n, D]; caches [kv_heads, cache_len, D]; visible [n, n] bool.
-    Returns [n, heads * D] in q's dtype."""
+    Batched: caches [B, kv_heads, cache_len, D], start a list of B starts, q [heads, B * block_n, D] (sequence
+    b's block is tokens b * block_n ..), visible [block_n, block_n]. Returns [n, heads * D] in q's dtype."""
+    if k_cache.dim() == 4:
+        block_n = visible.shape[0]
+        return torch.cat([attention_reference(q[:, b * block_n:(b + 1) * block_n], k_cache[b], v_cache[b],
+                                              int(s), visible) for b, s in enumerate(start)])
     heads, n, d = q.shape
     group = heads // k_cache.shape[0]
     keys = k_cache[:, :start + n].double().repeat_interleave(group, 0)  # [heads, L, D]
@@ -147,8 +153,10 @@ class StepKernels:
         self.device = device
         self._kernels = {name: module.get_function(name) for name in instance_names()}
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self._gemv_blocks = GEMV_BLOCKS_PER_SM * sms  # sp_gemv's grid: every block resident at once
+        properties = torch.cuda.get_device_properties(device)
+        self._gemv_blocks = GEMV_BLOCKS_PER_SM * properties.multi_processor_count  # every block resident
+        # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
+        self.pdl = PdlLauncher.load((properties.major, properties.minor))
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
@@ -180,9 +188,13 @@ class StepKernels:
 
     def _launch_grid(self, name: str, instance: str, grid: tuple, threads: int, **args) -> None:
         spec = SPECS[name]
+        pointer = torch.cuda.current_stream(self.device).cuda_stream
+        function = self._kernels[instance]
+        if self.pdl is not None and self.pdl.launch(function.ptr, grid, threads, pointer, spec.layout,
+                                                    spec.values(args)):
+            return
         values = [_NUMPY[fmt](v) for fmt, v in zip(spec.layout, spec.values(args))]
-        stream = self._stream(torch.cuda.current_stream(self.device).cuda_stream)
-        self._kernels[instance](grid, (threads,), tuple(values), stream=stream)
+        function(grid, (threads,), tuple(values), stream=self._stream(pointer))
 
     def _stream(self, pointer: int):
         stream = self._streams.get(pointer)
@@ -198,7 +210,9 @@ class StepKernels:
 
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
                  kv_heads: int) -> torch.Tensor:
-        """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device."""
+        """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device.
+        B sequences' caches [B, kv_heads, max_len, D] work too: token i's rows are written at (b, h,
+        r) when cache_index[i] = b * kv_heads * max_len + r (the kernel adds h * max_len itself)."""
         n, d = qkv.shape[0], k_cache.shape[-1]
         _check(qkv, cos_table, sin_table, k_cache, v_cache)
         for index in (positions, cache_index):
@@ -209,7 +223,7 @@ class StepKernels:
                      cos_table=cos_table.data_ptr(), sin_table=sin_table.data_ptr(),
                      positions=positions.data_ptr(), cache_index=cache_index.data_ptr(),
                      k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), q_out=q_out.data_ptr(), n=n,
-                     heads=heads, kv_heads=kv_heads, D=d, cache_len=k_cache.shape[1])
+                     heads=heads, kv_heads=kv_heads, D=d, cache_len=k_cache.shape[-2])
         return q_out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -242,21 +256,27 @@ class StepKernels:
         return out
 
     def attention(self, q, k_cache, v_cache, start, visible) -> torch.Tensor:
-        """As attention_reference with start a device tensor [1] int64; returns [n, heads * D]."""
+        """As attention_reference with start a device tensor int64: [1] for one sequence's caches
+        [kv_heads, cache_len, D], [B] for B sequences' caches [B, kv_heads, cache_len, D] (q [heads,
+        B * block_n, D], visible [block_n, block_n]). Returns [n, heads * D]."""
         heads, n, d = q.shape
-        kv_heads, cache_len = k_cache.shape[0], k_cache.shape[1]
-        if d % 8 or d > ATTENTION_MAX_D or heads % kv_heads or tuple(visible.shape) != (n, n):
+        kv_heads, cache_len = k_cache.shape[-3], k_cache.shape[-2]
+        seqs = k_cache.shape[0] if k_cache.dim() == 4 else 1
+        block_n = visible.shape[0]
+        if (d % 8 or d > ATTENTION_MAX_D or heads % kv_heads or tuple(visible.shape) != (block_n, block_n)
+                or block_n * seqs != n or tuple(v_cache.shape) != tuple(k_cache.shape)):
             raise ValueError(f"attention: head dim {d}, heads {heads}/{kv_heads}, visible "
-                             f"{tuple(visible.shape)} for {n} tokens")
+                             f"{tuple(visible.shape)} for {n} tokens of {seqs} sequence(s)")
         _check_aligned(q, k_cache, v_cache)
-        if start.dtype != torch.long or not visible.is_contiguous():
-            raise ValueError("attention: start must be int64 and visible contiguous")
+        if start.dtype != torch.long or start.numel() != seqs or not visible.is_contiguous():
+            raise ValueError(f"attention: start must be {seqs} int64 value(s) and visible contiguous")
         out = torch.empty(n, heads * d, dtype=q.dtype, device=q.device)
         instance = f"sp_attention<{_DTYPES[q.dtype]}>"
         self._launch_grid("sp_attention", instance, (n * heads,), ATTENTION_THREADS,
                           q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
                           start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n,
-                          heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d))
+                          heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d),
+                          block_n=block_n, seq_stride=kv_heads * cache_len * d if seqs > 1 else 0)
         return out
 
 

@@ -23,6 +23,8 @@ template <typename T>
 __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table, const long long* positions,
                             const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads,
                             int kv_heads, int D, int cache_len) {
+    sp_let_next_start();
+    sp_wait_for_previous();
     int slots = heads + 2 * kv_heads;
     long long total = (long long)n * slots * D;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -59,6 +61,8 @@ __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table
 //   torch: F.silu(gate) rounded, times up, rounded; silu(x) = x / (1 + exp(-x)) in fp32.
 template <typename T>
 __global__ void sp_silu_mul(const T* gate_up, T* out, int n, int inter) {
+    sp_let_next_start();
+    sp_wait_for_previous();
     long long total = (long long)n * inter;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;

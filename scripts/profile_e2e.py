@@ -57,7 +57,8 @@ def _print_profile(prof, per: int, top: int, what: str) -> None:
     events = prof.key_averages()
     gpu = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: -e.device_time_total)
     busy = sum(e.device_time_total for e in gpu) / per
-    print(f"  {what}: GPU busy {busy / 1000:.3f} ms in {sum(e.count for e in gpu) / per:.0f} kernels per unit")
+    kernels = sum(e.count for e in gpu) / per
+    print(f"  {what}: GPU busy {busy / 1000:.3f} ms in {kernels:.0f} kernels per unit")
     for e in gpu[:top]:
         print(f"    {e.device_time_total / per:9.1f} us  x{e.count / per:<6.1f} {e.key[:90]}")
     cpu = sorted((e for e in events if e.device_type.name == "CPU"), key=lambda e: -e.self_cpu_time_total)
@@ -82,7 +83,7 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
         for n in (1, 5):
             block = torch.ones(batch, n, dtype=torch.long, device=device)
 
-            def step():
+            def step(block=block):
                 runner.forward(block)
                 runner.set_lengths([prompt] * batch)
 
@@ -103,7 +104,6 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
 
 
 def report_loop(decoder, method: str, tokens: int, top: int) -> None:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from engine.config import GenerationConfig
@@ -118,7 +118,7 @@ def report_loop(decoder, method: str, tokens: int, top: int) -> None:
     rounds = len(events)
     made = sum(len(e.emitted_ids) for e in events)
     print(f"== {method}: {rounds} rounds, {made} tokens, {wall / made:.3f} ms/token end to end, "
-          f"{wall / rounds:.3f} ms/round; first event {events[0].draft_ms + events[0].verify_ms:.2f} ms of phases")
+          f"{wall / rounds:.3f} ms/round")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         list(decoder.generate(PROMPT, config))
         _sync(decoder.device)

@@ -73,3 +73,34 @@ def test_bench_batch_on_a_synthetic_pair_in_bf16():
         assert row.tokens_per_round >= 1
     assert report.bandwidth > 0 and report.matmul_flops > 0
     assert "crossover" in batch_bench.format_report(report)
+
+
+def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path):
+    """bf16: the batched step on the decode kernels (rope + cache write, attention over each sequence's own
+    rows) gives the torch path's logits (rope, indexed writes, mask, SDPA) within bf16 rounding, for ragged
+    lengths, a chain block and single tokens."""
+    from engine.batch_runner import BatchRunner
+
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
+    target = load_pair(str(path), None, device="cuda", dtype=torch.bfloat16, need_draft=False).target
+    assert target.decode_kernels is not None
+    outputs = {}
+    for label, kernels in (("decode", target.decode_kernels), ("sdpa", None)):
+        saved, target.decode_kernels = target.decode_kernels, kernels
+        try:
+            runner = BatchRunner(target, 3, max_length=128)
+            runner.use_graphs = False
+            assert runner._decode_path(1) == (kernels is not None)
+            gen = torch.Generator().manual_seed(0)
+            prompt = torch.randint(0, 96, (3, 20), generator=gen)
+            runner.forward(prompt, counts=[20, 13, 7], with_logits=False)
+            logits = [runner.forward(torch.randint(0, 96, (3, 5), generator=gen))[0]]
+            runner.set_lengths([25, 14, 9])
+            for _ in range(3):
+                logits.append(runner.forward(torch.randint(0, 96, (3, 1), generator=gen))[0])
+            outputs[label] = logits
+        finally:
+            target.decode_kernels = saved
+    for fast, slow in zip(outputs["decode"], outputs["sdpa"], strict=True):
+        scale = float(slow.abs().max())
+        assert float((fast - slow).abs().max()) <= 0.03 * scale + 0.05

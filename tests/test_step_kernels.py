@@ -114,3 +114,57 @@ def test_launch_constants_match_the_cu_defines():
     assert 32 * defines["SP_ATTN_WARPS"] == step.ATTENTION_THREADS
     assert defines["SP_ATTN_MAX_D"] == step.ATTENTION_MAX_D
     assert "__launch_bounds__(256, 2) sp_gemv" in source and "__launch_bounds__(256) sp_attention" in source
+
+
+def test_programmatic_launch_structs_match_cuda_h():
+    """kernels.pdl's ctypes mirrors of CUlaunchAttribute and CUlaunchConfig have cuda.h's sizes and offsets
+    (a wrong layout would hand the driver garbage), and the launcher stays off where it cannot work."""
+    import ctypes
+
+    from kernels import pdl
+
+    assert ctypes.sizeof(pdl._Attribute) == 72 and pdl._Attribute.value.offset == 8
+    assert ctypes.sizeof(pdl._Config) == 56
+    assert pdl._Config.hStream.offset == 32 and pdl._Config.attrs.offset == 40
+    assert pdl._Config.numAttrs.offset == 48
+    attribute = pdl._attribute()
+    assert attribute.id == 6 and list(attribute.value)[:2] == [1, 0]
+    assert pdl.PdlLauncher.load((8, 0)) is None  # below sm_90
+
+
+def test_programmatic_launch_can_be_switched_off(monkeypatch):
+    from kernels import pdl
+
+    monkeypatch.setenv("SPECPLAY_PDL", "0")
+    assert pdl.PdlLauncher.load((9, 0)) is None
+
+
+def test_programmatic_launch_passes_grid_stream_and_arguments():
+    """The launcher hands the driver the grid, the block, the stream, the attribute and one pointer per
+    argument holding its value in the kernel's type (checked with a stand-in for cuLaunchKernelEx)."""
+    import ctypes
+
+    from kernels import pdl
+
+    seen = {}
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(pdl._Config), ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+    def fake_launch(config, function, params, extra):
+        c = config.contents
+        seen.update(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=(c.blockDimX, c.blockDimY, c.blockDimZ),
+                    stream=c.hStream, attrs=c.numAttrs, attr_id=c.attrs[0].id, allowed=c.attrs[0].value[0],
+                    function=function,
+                    args=(ctypes.cast(params[0], ctypes.POINTER(ctypes.c_uint64))[0],
+                          ctypes.cast(params[1], ctypes.POINTER(ctypes.c_int32))[0],
+                          ctypes.cast(params[2], ctypes.POINTER(ctypes.c_float))[0]))
+        return seen.setdefault("result", 0)
+
+    launcher = pdl.PdlLauncher(fake_launch)
+    assert launcher.launch(1234, (5,), 256, 0xabc, "Qif", [2**40 + 7, -3, 0.5])
+    assert seen == dict(grid=(5, 1, 1), block=(256, 1, 1), stream=0xabc, attrs=1, attr_id=6, allowed=1,
+                        function=1234, args=(2**40 + 7, -3, 0.5), result=0)
+    seen["result"] = 1  # the driver refuses: the launcher says so and stays off
+    assert not launcher.launch(1234, (5,), 256, 0xabc, "Qif", [1, 2, 3.0])
+    assert not launcher.enabled and "error 1" in launcher.failure
+    assert not launcher.launch(1234, (5,), 256, 0xabc, "Qif", [1, 2, 3.0])

@@ -215,6 +215,63 @@ def test_attention_rows_do_not_depend_on_the_block(kernels):
             assert torch.equal(alone[0], block[i]), f"case {case}, token {i}"
 
 
+def test_attention_batched_equals_each_sequence_alone(kernels):
+    """B sequences' blocks in one launch (caches [B, kvh, L, D], one start each): every sequence's rows are,
+    bit for bit, what a launch of that sequence alone gives, and they match the fp64 twin."""
+    rng = random.Random(6)
+    for case in range(max(CASES // 20, 50)):
+        dtype = HALVES[case % 2]
+        kv_heads = rng.choice([1, 2, 8])
+        heads = kv_heads * rng.choice([1, 4])
+        d = rng.choice([8, 64, 128])
+        seqs, block_n = rng.choice([2, 3, 8]), rng.choice([1, 2, 5])
+        starts = [rng.choice([0, 1, 33, 100]) for _ in range(seqs)]
+        cache_len = max(starts) + block_n + rng.choice([0, 9])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        q = torch.randn(heads, seqs * block_n, d, generator=g, device="cuda").to(dtype)
+        k_cache = torch.randn(seqs, kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
+        v_cache = torch.randn(seqs, kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
+        chain = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
+        out = kernels.attention(q, k_cache, v_cache, torch.tensor(starts, device="cuda"), chain)
+        for b, start in enumerate(starts):
+            rows = slice(b * block_n, (b + 1) * block_n)
+            alone = kernels.attention(q[:, rows].contiguous(), k_cache[b], v_cache[b],
+                                      torch.tensor([start], device="cuda"), chain)
+            assert torch.equal(out[rows], alone), f"case {case}, sequence {b}"
+        ref = attention_reference(q, k_cache, v_cache, starts, chain)
+        tol = 2 * torch.finfo(dtype).eps * ref.float().abs() + 1e-3
+        assert bool(((out.float() - ref.float()).abs() <= tol).all()), f"case {case}"
+
+
+def test_rope_qkv_writes_batched_caches(kernels):
+    """rope_qkv over B caches [B, kvh, L, D] (cache_index = b * kvh * L + row) writes what a launch per
+    sequence writes into that sequence's cache, and returns the same q."""
+    rng = random.Random(7)
+    for case in range(max(CASES // 20, 50)):
+        dtype = DTYPES[case % 3]
+        kv_heads, heads, d, cache_len = 2, 4, rng.choice([8, 64]), 64
+        seqs, n = rng.choice([2, 5]), rng.choice([1, 3])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        qkv = torch.randn(seqs * n, (heads + 2 * kv_heads) * d, generator=g, device="cuda").to(dtype)
+        angle = torch.rand(cache_len, d // 2, generator=g, device="cuda") * 6.3
+        cos = torch.cat([angle.cos(), angle.cos()], -1).to(dtype)
+        sin = torch.cat([-angle.sin(), angle.sin()], -1).to(dtype)
+        starts = torch.tensor([rng.randint(0, cache_len - n) for _ in range(seqs)], device="cuda")
+        positions = (starts[:, None] + torch.arange(n, device="cuda")).reshape(-1)  # [seqs n]
+        batch_rows = torch.arange(seqs, device="cuda").repeat_interleave(n) * kv_heads * cache_len
+        k_all = torch.randn(seqs, kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
+        v_all = torch.randn(seqs, kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
+        k_each, v_each = k_all.clone(), v_all.clone()
+        q_all = kernels.rope_qkv(qkv, cos, sin, positions, batch_rows + positions, k_all, v_all, heads,
+                                 kv_heads)
+        for b in range(seqs):
+            rows = slice(b * n, (b + 1) * n)
+            q_b = kernels.rope_qkv(qkv[rows].contiguous(), cos, sin, positions[rows].contiguous(),
+                                   positions[rows].contiguous(), k_each[b], v_each[b], heads, kv_heads)
+            assert torch.equal(q_all[:, rows], q_b), f"case {case}, sequence {b}"
+        assert torch.equal(k_all, k_each) and torch.equal(v_all, v_each), f"case {case}"
+
+
 def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
     """bf16: the decode kernels' step gives the cuBLAS + SDPA step's logits within bf16 rounding, for a
     prefill, a chain block and single tokens."""
@@ -232,6 +289,36 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
         for block in (tokens[:20], tokens[20:25], tokens[25:26], tokens[26:34], tokens[34:35]):
             a, b = fast.forward(block).logits, slow.forward(block).logits
             torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
+
+
+def test_programmatic_launch_changes_no_bit(tmp_path):
+    """The decode path with programmatic dependent launch (kernels.pdl) and with CuPy's plain launches gives
+    the same logits bit for bit, for a prefill, a chain block and replayed single-token steps, and the driver
+    took every launch (the launcher stayed on)."""
+    from tiny_models import make_tiny_llama
+
+    from engine.models import load_runner
+
+    kernels = StepKernels.load("cuda")
+    if kernels.pdl is None:
+        pytest.skip("programmatic dependent launch needs sm_90 and a driver with cuLaunchKernelEx")
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
+    tokens = torch.arange(5, 40, device="cuda")
+    blocks = [tokens[:20], tokens[20:25]] + [tokens[i:i + 1] for i in range(25, 31)]
+    results, saved = {}, kernels.pdl
+    try:
+        for label, pdl in (("pdl", saved), ("plain", None)):
+            kernels.pdl = pdl
+            runner = load_runner(str(path), "cuda", torch.bfloat16)
+            assert runner.decode_kernels is kernels
+            with torch.inference_mode():
+                results[label] = [runner.forward(block).logits for block in blocks]
+            assert runner._graphs  # the single-token steps were captured and replayed
+    finally:
+        kernels.pdl = saved
+    assert saved.enabled, saved.failure
+    for i, (a, b) in enumerate(zip(results["pdl"], results["plain"], strict=True)):
+        assert torch.equal(a, b), f"block {i}"
 
 
 def test_graphs_and_eager_steps_agree_with_fused_kernels(tmp_path):
