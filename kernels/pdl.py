@@ -67,6 +67,9 @@ class PdlLauncher:
         the usual way. layout: one struct format character per argument (Q, i or f)."""
         if not self.enabled:
             return False
+        if not function_ptr:
+            self.enabled, self.failure = False, "no CUfunction handle for the kernel"
+            return False
         args = [_CTYPES[fmt](int(v) if fmt != "f" else float(v)) for fmt, v in zip(layout, values)]
         pointers = [ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]
         params = (ctypes.c_void_p * len(args))(*pointers)

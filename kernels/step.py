@@ -190,8 +190,8 @@ class StepKernels:
         spec = SPECS[name]
         pointer = torch.cuda.current_stream(self.device).cuda_stream
         function = self._kernels[instance]
-        if self.pdl is not None and self.pdl.launch(function.ptr, grid, threads, pointer, spec.layout,
-                                                    spec.values(args)):
+        if self.pdl is not None and self.pdl.launch(_function_pointer(function), grid, threads, pointer,
+                                                    spec.layout, spec.values(args)):
             return
         values = [_NUMPY[fmt](v) for fmt, v in zip(spec.layout, spec.values(args))]
         function(grid, (threads,), tuple(values), stream=self._stream(pointer))
@@ -278,6 +278,13 @@ class StepKernels:
                           heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d),
                           block_n=block_n, seq_stride=kv_heads * cache_len * d if seqs > 1 else 0)
         return out
+
+
+def _function_pointer(kernel) -> int:
+    """The CUfunction of a CuPy RawKernel (its compiled Function's handle); 0 if CuPy hides it (the
+    programmatic launcher then refuses it and CuPy launches)."""
+    function = getattr(kernel, "kernel", kernel)
+    return int(getattr(function, "ptr", 0) or 0)
 
 
 def gemv_fits(weight: torch.Tensor, rows: int = 1) -> bool:
