@@ -17,7 +17,6 @@
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
 #define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
 #define SP_GEMV_MAX_ROWS 8
-#define SP_GEMV_PREFETCH 8192  // bytes of a warp's later weights pulled into L2 before it waits
 #define SP_ATTN_WARPS 8
 #define SP_ATTN_MAX_D 256
 #define SP_NEG_INF __int_as_float(0xff800000)
@@ -85,6 +84,7 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 //   mode 0: in = x                                          x [M, x_stride], the first K columns
 //   mode 1: in = rnd(norm_weight * rnd(x * rsqrt(mean(x^2) + eps)))   (RMSNorm as transformers computes it)
 //   mode 2: in = rnd(rnd(silu(gate)) * up), gate | up = x   x [M, x_stride], x_stride >= 2 K
+// prefetch_bytes: see dk_gemv_prefetch.
 // Epilogue: bias (if not NULL) is added and rounded like F.linear's; residual [M, N] (if not NULL) is added like
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
 // T-rounded value, as `.float()` of a T tensor).
@@ -109,12 +109,14 @@ __device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, i
 }
 
 // While the previous kernel finishes (programmatic launch), the warp's weights after its first segment, up to
-// SP_GEMV_PREFETCH bytes of its rows row, row + stride, ..., are pulled into L2.  Weights never change during
-// a step, so this needs no wait.
+// `bytes` of its rows row, row + stride, ..., are pulled into L2.  Weights never change during a step, so this
+// needs no wait.  (Launched the usual way, the kernel starts after its predecessor and prefetching only adds
+// traffic: the host passes 0 then.)
 template <typename T>
-__device__ __forceinline__ void dk_gemv_prefetch(const T* weight, int K, int N, int row, int stride, int lane) {
+__device__ __forceinline__ void dk_gemv_prefetch(const T* weight, int K, int N, int row, int stride, int lane,
+                                                 int bytes) {
     long long row_bytes = (long long)K * sizeof(T), first = SP_GEMV_TILE * sizeof(T);
-    for (long long off = first + lane * 128LL; off < first + SP_GEMV_PREFETCH; off += 32 * 128) {
+    for (long long off = first + lane * 128LL; off < first + bytes; off += 32 * 128) {
         int r = row + (int)(off / row_bytes) * stride;
         if (r >= N) break;
         const char* p = reinterpret_cast<const char*>(weight + (long long)r * K) + off % row_bytes;
@@ -169,7 +171,8 @@ __device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, con
 template <typename T, int M>
 __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
-                                                  int x_stride, int mode, float eps, int out_f32) {
+                                                  int x_stride, int mode, float eps, int out_f32,
+                                                  int prefetch_bytes) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
     sp_let_next_start();
     if (row < N) {
         dk_gemv_load<T>(wa, weight, K, row, 0, lane);
-        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane);
+        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
     }
     sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
 

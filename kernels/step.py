@@ -33,6 +33,7 @@ THREADS = 256
 GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
+GEMV_PREFETCH = 8192  # bytes per warp, see _gemv_prefetch
 GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM walks every row
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
@@ -49,7 +50,8 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter", templated=True),
     KernelSpec("sp_gemv",
                "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
-               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32", templated=True),
+               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes",
+               templated=True),
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
@@ -252,8 +254,13 @@ class StepKernels:
         self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, x=x.data_ptr(),
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
-                          mode=mode, eps=eps, out_f32=int(out_f32))
+                          mode=mode, eps=eps, out_f32=int(out_f32), prefetch_bytes=self._gemv_prefetch())
         return out
+
+    def _gemv_prefetch(self) -> int:
+        """Bytes of its later weights each sp_gemv warp pulls into L2 before it waits for the previous
+        kernel: only worth it when the kernel may start early (programmatic launch on)."""
+        return GEMV_PREFETCH if self.pdl is not None and self.pdl.enabled else 0
 
     def attention(self, q, k_cache, v_cache, start, visible) -> torch.Tensor:
         """As attention_reference with start a device tensor int64: [1] for one sequence's caches
