@@ -136,9 +136,10 @@ class SpeculativeDecoder:
         return "CPU"
 
     def warm_up(self) -> None:
-        """The one-off work, before the first prompt: the backend's kernels, and on CUDA one prefill of each
-        bucket (engine.llama.block_bucket) on the target and the draft model, so that a first prefill finds
-        its captured step and cuBLAS's choices made (else it costs ~3x a seen length). A no-op on the CPU."""
+        """The one-off work, before the first prompt: the backend's kernels, and on CUDA a prefill of each
+        bucket (LlamaRunner.warm_up_buckets) on the target and the draft model, so that a first prefill finds
+        its captured step and cuBLAS's choices made (a first prefill of 27 tokens: 20 ms unpadded and cold,
+        1.6 ms padded and warmed, 1B shape, bf16, H200). A no-op on the CPU."""
         self.backend.warm_up()
         if self.device.type != "cuda":
             return

@@ -510,13 +510,14 @@ class LlamaRunner(CausalRunner):
         self._length = start + m
 
     def warm_up_buckets(self) -> None:
-        """One prefill of each padded bucket a captured step can take (up to GRAPH_MAX_BLOCK rows), so that a
-        first prompt finds its graph captured and cuBLAS's algorithm chosen; the cache is left reset. Does
-        nothing when blocks are not padded."""
+        """One prefill of each bucket up to 64 rows (the captured ones), so that a first prompt finds its
+        graph captured and cuBLAS's algorithm chosen, and one of 128: the first prefill past the decode path
+        loads SDPA's and cuBLAS's kernels for longer blocks (~80 ms at the 1B shape on an H200, once). The
+        cache is left reset. Does nothing when blocks are not padded."""
         if not self.pad_blocks:
             return
-        for rows in PAD_BUCKETS:
-            if rows > min(self.max_length, GRAPH_MAX_BLOCK):
+        for rows in PAD_BUCKETS + (2 * PAD_BUCKETS[-1],):
+            if rows > self.max_length:
                 break
             self.reset()
             self.forward(torch.zeros(rows, dtype=torch.long, device=self.device))  # [rows] token 0

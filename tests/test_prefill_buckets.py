@@ -174,7 +174,11 @@ def test_warm_up_buckets_runs_each_bucket_and_resets(model_dir):
     rows = record_rows(runner)
     runner.forward(ids(5))
     runner.warm_up_buckets()
-    assert rows == [5, 16, 32, 64] and runner.length == 0
+    assert rows == [5, 16, 32, 64, 128] and runner.length == 0
+    short = make_runner(model_dir, True, max_length=40)
+    short_rows = record_rows(short)
+    short.warm_up_buckets()
+    assert short_rows == [16, 32] and short.length == 0
     plain = make_runner(model_dir, False)
     plain_rows = record_rows(plain)
     plain.warm_up_buckets()
