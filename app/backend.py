@@ -20,7 +20,7 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     pair = load_pair(target, draft, device=device, need_draft=need_draft)
     set_threads(pair)
     decoder = SpeculativeDecoder(pair)
-    decoder.backend.warm_up()  # compiles the CUDA kernels now, while the window says "loading" (CPU: no-op)
+    decoder.warm_up()  # CUDA kernels and prefill buckets now, while the window says "loading" (CPU: no-op)
     return decoder
 
 

@@ -325,7 +325,7 @@ def load_decoder(args, *method_names: str):
     decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
     if decoder.backend.compiles_kernels:
         progress("compiling CUDA kernels…")
-        decoder.backend.warm_up()
+    decoder.warm_up()
     return decoder
 
 
@@ -620,8 +620,7 @@ def _bench_runtimes(args) -> int:
         hf_target, hf_draft = (runtimes.load_hf_models(decoder.pair.target_name, decoder.pair.draft_name,
                                                        device, dtype) if hf else (None, None))
     decoder.set_cuda_graphs(not args.no_cuda_graphs)
-    if decoder.backend.compiles_kernels:
-        decoder.backend.warm_up()
+    decoder.warm_up()
     prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
     def report_row(row) -> None:
         print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr)

@@ -57,6 +57,30 @@ DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "1"))
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
 # prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
 DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
+# Chain blocks of more rows than PAD_FROM_ROWS run padded to a bucket on CUDA (see block_bucket).
+PAD_FROM_ROWS = 8
+PAD_BUCKETS = (16, 32, 64)  # then multiples of the last
+
+
+def block_bucket(n: int) -> int:
+    """The rows a chain block of n runs as when padded: n itself up to PAD_FROM_ROWS (one-token steps and
+    short verification blocks keep their own captured steps), then 16, 32, 64, then the next multiple of 64.
+
+    Why: cuBLAS chooses an algorithm for every new row count (ms of host time the first time) and a captured
+    step serves one row count, so an unpadded prefill of every new prompt length pays both; a few buckets
+    see every prompt length."""
+    if n <= PAD_FROM_ROWS:
+        return n
+    for bucket in PAD_BUCKETS:
+        if n <= bucket:
+            return bucket
+    last = PAD_BUCKETS[-1]
+    return -(-n // last) * last
+
+
+def is_bucket(rows: int) -> bool:
+    """Whether a block of rows is a padded bucket (rows past PAD_FROM_ROWS that block_bucket keeps)."""
+    return rows > PAD_FROM_ROWS and block_bucket(rows) == rows
 
 
 class UnsupportedLlamaConfig(SpecplayError):
@@ -367,6 +391,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, swapped, sin_signed)
 
 
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [n, H] followed by copies of its last row, to [rows, H] (x itself when rows == n)."""
+    n = x.shape[0]
+    return x if rows == n else torch.cat([x, x[-1:].expand(rows - n, -1)])
+
+
 def _linear_residual(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
                      bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x + inputs @ weight.T (+ bias); without a bias the residual add rides in the GEMM (one kernel)."""
@@ -418,6 +448,7 @@ class LlamaRunner(CausalRunner):
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
         self._trees: Dict[tuple, tuple] = {}  # parents -> the same for a tree block
         self.use_graphs = self.device.type == "cuda"  # see CapturedStep; switch off to compare with eager
+        self.pad_blocks = self.device.type == "cuda"  # chain blocks run padded to a bucket (block_bucket)
         # CUDA: fused rope/cache and SiLU kernels, else None
         self.fused_kernels = StepKernels.load(self.device)
         self.decode_kernels = self._decode_kernels()  # the fused decode path for short blocks, else None
@@ -478,6 +509,20 @@ class LlamaRunner(CausalRunner):
         self.kv[:, :, :, start : start + m] = self.kv.index_select(3, rows)
         self._length = start + m
 
+    def warm_up_buckets(self) -> None:
+        """One prefill of each bucket up to 64 rows (the captured ones), so that a first prompt finds its
+        graph captured and cuBLAS's algorithm chosen, and one of 128: the first prefill past the decode path
+        loads SDPA's and cuBLAS's kernels for longer blocks (~80 ms at the 1B shape on an H200, once). The
+        cache is left reset. Does nothing when blocks are not padded."""
+        if not self.pad_blocks:
+            return
+        for rows in PAD_BUCKETS + (2 * PAD_BUCKETS[-1],):
+            if rows > self.max_length:
+                break
+            self.reset()
+            self.forward(torch.zeros(rows, dtype=torch.long, device=self.device))  # [rows] token 0
+        self.reset()
+
     def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
         tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
         return self._forward(F.embedding(tokens, self.embed_weight), parents)
@@ -488,24 +533,45 @@ class LlamaRunner(CausalRunner):
         return self._forward(inputs.to(self.device, self.dtype), parents)
 
     def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor]) -> ForwardOutput:
+        """x [n, H] at the cache's end. A padded chain block runs as `rows` rows; the padding rows come after
+        the real ones, so causal attention keeps them out of the real rows' outputs, and their K/V land past
+        the new length, hidden from every later step (and overwritten by the next block)."""
         n = x.shape[0]
         start = self._length
         if start + n > self.max_length:
             raise SpecplayError(
                 f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
             )
-        if parents is None:
-            depth, block_visible = self._chain_block(n)
-        else:
-            depth, block_visible = self._tree_block(parents.reshape(n))
-        captured = self._captured_step(n, start)
-        if captured is not None:
-            hidden, logits = captured.run(x, start, depth, block_visible, parents is None)
-        else:
-            self._start.fill_(start)
-            hidden, logits = self._block_step(x, self._start, depth, block_visible, self._kv_width(start + n))
+        rows = self._block_rows(n, start, parents)
+        bucketed = parents is None and self.pad_blocks and is_bucket(rows)
+        hidden, logits = self._run_block(_pad_rows(x, rows), start, parents, bucketed)
         self._length = start + n
+        if rows > n:  # only the real rows' outputs leave
+            hidden, logits = hidden[:n], logits[:n]  # [n, H], [n, V]
+            self.last_taps = None if self.last_taps is None else self.last_taps[:n]  # [n, taps * H]
         return ForwardOutput(logits, hidden, self.last_taps if self.tap_layers else None)
+
+    def _block_rows(self, n: int, start: int, parents: Optional[torch.Tensor]) -> int:
+        """The rows a block of n runs as: its bucket for a chain block when padding is on and the bucket fits
+        in the cache, else n (trees are never padded: their mask and positions come from parents)."""
+        if parents is not None or not self.pad_blocks:
+            return n
+        bucket = block_bucket(n)
+        return bucket if start + bucket <= self.max_length else n
+
+    def _run_block(self, x: torch.Tensor, start: int, parents: Optional[torch.Tensor], bucketed: bool):
+        """x [rows, H] at cache rows start.. -> (features [rows, H], logits [rows, V]), captured or eager.
+        bucketed: a padded chain block whose rows are a bucket (see _captured_step)."""
+        rows = x.shape[0]
+        if parents is None:
+            depth, block_visible = self._chain_block(rows)
+        else:
+            depth, block_visible = self._tree_block(parents.reshape(rows))
+        captured = self._captured_step(rows, start, bucketed)
+        if captured is not None:
+            return captured.run(x, start, depth, block_visible, parents is None)
+        self._start.fill_(start)
+        return self._block_step(x, self._start, depth, block_visible, self._kv_width(start + rows))
 
     def _block_step(self, x, start, depth, block_visible, kv: int):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
@@ -600,13 +666,19 @@ class LlamaRunner(CausalRunner):
             return rows
         return min(self.max_length, -(-rows // KV_BUCKET) * KV_BUCKET)
 
-    def _captured_step(self, n: int, start: int) -> Optional["CapturedStep"]:
+    def _captured_step(self, n: int, start: int, bucketed: bool = False) -> Optional["CapturedStep"]:
         """The captured step for n tokens at this length, capturing it on first use; None runs eagerly. On the
         decode path the attention reads the block's start on the device: one graph per n serves every
-        length."""
-        if not self.use_graphs or n > GRAPH_MAX_BLOCK or start == 0:
-            return None  # a block at the cache's start is a prefill: capturing one per prompt length stalls
-        key = (n, 0 if self._decode_path(n) else self._kv_width(start + n), self.tap_layers)
+        length. A block at the cache's start is a prefill: captured only when bucketed (padded to a bucket,
+        so a few graphs serve every prompt length) and on the decode path (the other path's key holds the kv
+        width); an unpadded one would capture a graph per prompt length, which stalls. At start 0 the
+        capture's warm-up writes rows 0..n-1, which are free (the cache is empty)."""
+        if not self.use_graphs or n > GRAPH_MAX_BLOCK:
+            return None
+        decode = self._decode_path(n)
+        if start == 0 and not (bucketed and decode):
+            return None
+        key = (n, 0 if decode else self._kv_width(start + n), self.tap_layers)
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None

@@ -101,7 +101,7 @@ def test_captured_outputs_survive_later_replays(decoder):
         kept = first.clone()
         target.forward(torch.tensor([7], device="cuda"))
     assert torch.equal(first, kept)
-    assert (1, 256) in target._graphs
+    assert (1, 256, ()) in target._graphs  # (n, kv width, tap layers)
 
 
 @pytest.mark.parametrize("method", ["draft", "eagle"])

@@ -340,3 +340,37 @@ def test_graphs_and_eager_steps_agree_with_fused_kernels(tmp_path):
         step_b = plain.forward(tokens[:1]).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(step_a, step_b, atol=1e-4, rtol=1e-4)
+
+
+def test_padded_prefill_matches_unpadded_and_replays_one_graph_per_bucket(tmp_path):
+    """bf16: prefills of 19, 27 and 38 tokens padded to their bucket (32, 32, 64) give the unpadded runner's
+    next tokens and logits within bf16 rounding, and at the cache's start they replay a captured step: one per
+    bucket, captured on the bucket's first prefill only."""
+    from tiny_models import make_tiny_llama
+
+    from engine.models import load_runner
+
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
+    padded = load_runner(str(path), "cuda", torch.bfloat16)
+    plain = load_runner(str(path), "cuda", torch.bfloat16)
+    plain.pad_blocks = False
+    assert padded.pad_blocks and padded.use_graphs and padded.decode_kernels is not None
+    new_graphs = []
+    with torch.inference_mode():
+        for length in (19, 27, 38):
+            tokens = (torch.arange(length, device="cuda") * 7 + 5) % 96
+            padded.reset()
+            plain.reset()
+            before = len(padded._graphs)
+            a, b = padded.forward(tokens), plain.forward(tokens)
+            new_graphs.append(len(padded._graphs) - before)
+            assert padded.length == plain.length == length and a.logits.shape == (length, 96)
+            torch.testing.assert_close(a.logits, b.logits, atol=0.05, rtol=0.05)
+            assert int(a.logits[-1].argmax()) == int(b.logits[-1].argmax())
+            step = b.logits[-1:].argmax(-1)  # [1] the greedy next token, fed to both
+            sa, sb = padded.forward(step), plain.forward(step)
+            torch.testing.assert_close(sa.logits, sb.logits, atol=0.05, rtol=0.05)
+            assert int(sa.logits.argmax()) == int(sb.logits.argmax())
+    assert new_graphs == [1, 0, 1]
+    assert (32, 0, ()) in padded._graphs and (64, 0, ()) in padded._graphs
+    assert not any(key[0] in (19, 27, 38) for key in plain._graphs)  # unpadded prefills stay eager
