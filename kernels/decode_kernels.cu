@@ -267,6 +267,16 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
     }
 }
 
+// Sum over the warps of acc[d] rescaled to the block's max `top`, in warp order (hidden warps skipped).
+__device__ __forceinline__ float dk_attn_value(const float (*warp_acc)[SP_ATTN_MAX_D], const float* warp_max,
+                                               float top, int d) {
+    float value = 0.f;
+    for (int w = 0; w < SP_ATTN_WARPS; w++) {
+        if (warp_max[w] != SP_NEG_INF) value = fmaf(warp_acc[w][d], expf(warp_max[w] - top), value);
+    }
+    return value;
+}
+
 // Attention of blocks of query tokens over one layer's cache; one block of 8 warps per (token i, head h).
 //   q [heads, n, D] (the rope kernel's output), out [n, heads * D].  The n tokens are n / block_n sequences'
 //   blocks of block_n tokens each (one sequence: block_n = n): token i belongs to sequence b = i / block_n, is
@@ -277,38 +287,48 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
 //   Token t sees cache rows r < start[b] and block rows start[b] + j with visible[t, j]; rows from
 //   start[b] + block_n on are never read.  Scores q.k / sqrt(D), softmax and the weighted sum in fp32, rounded
 //   to T once at the end.
-// Warp w takes key chunks c = w, w + 8, ... of 32 rows: lane j scores row 32 c + j, then the lanes, in groups
-// of D / 8 (each lane of a group owning 8 of the D values), sum p v over the chunk's rows, group g taking rows
-// g, g + G, ...  Every row below start + block_n holds this step's or an earlier step's finite K/V, so a hidden
-// row is read and adds p = 0 exactly: token t's output is the same whatever block_n is.  The warps'
-// online-softmax states and the groups' sums are merged in a fixed order.  D % 8 == 0, D <= 256.
+// Each (token, head) pair has `splits` blocks (blockIdx = pair * splits + split), so that a short block over a
+// short cache still fills the GPU; warp w of split s takes key chunks c = 8 s + w, then every 8 * splits further,
+// of 32 rows: lane j scores row 32 c + j, then the lanes, in groups of D / 8 (each lane of a group owning 8 of
+// the D values), sum p v over the chunk's rows, group g taking rows g, g + G, ...  Every row below
+// start + block_n holds this step's or an earlier step's finite K/V, so a hidden row is read and adds p = 0
+// exactly: token t's output is the same whatever block_n is (for the same splits).  The warps' online-softmax
+// states and the groups' sums are merged in a fixed order; with splits > 1 each block leaves its state (max,
+// sum, unnormalised p v) in partial [pairs * splits, D + 2], and the pair's last block to finish (counted in
+// counters [pairs], zero before the launch and left zero after it) merges them in split order.
+// D % 8 == 0, D <= 256.
 template <typename T>
 __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache, const T* v_cache,
                                                     const long long* start, const unsigned char* visible,
                                                     T* out, int n, int heads, int kv_heads, int D,
                                                     int cache_len, float scale, int block_n,
-                                                    int seq_stride) {
+                                                    int seq_stride, float* partial, int* counters,
+                                                    int splits) {
     __shared__ __align__(16) float q_row[SP_ATTN_MAX_D];
     __shared__ float probs[SP_ATTN_WARPS][32];
     __shared__ float warp_max_s[SP_ATTN_WARPS], warp_sum_s[SP_ATTN_WARPS];
     __shared__ float warp_acc[SP_ATTN_WARPS][SP_ATTN_MAX_D];
+    __shared__ int merges;
     sp_let_next_start();
     sp_wait_for_previous();
-    int h = blockIdx.x % heads, i = blockIdx.x / heads;
+    int split = blockIdx.x % splits, pair = blockIdx.x / splits;
+    int h = pair % heads, i = pair / heads;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int kvh = h / (heads / kv_heads);
     int b = i / block_n, t = i - b * block_n;
     long long first = start[b];
-    const T* q_in = q + ((long long)h * n + i) * D;
-    for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
+    long long total = first + block_n;
+    int chunks = (int)((total + 31) / 32);
+    if (split * SP_ATTN_WARPS < chunks) {  // a split past the last chunk has no keys: q is not needed
+        const T* q_in = q + ((long long)h * n + i) * D;
+        for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
+    }
     __syncthreads();
 
     long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
     const T* keys = k_cache + base;
     const T* values = v_cache + base;
     const unsigned char* sees = visible + (long long)t * block_n;
-    long long total = first + block_n;
-    int chunks = (int)((total + 31) / 32);
     int vchunks = D / 8;               // lanes per group, each owning 8 output values
     int groups = 32 / vchunks;         // groups per warp (lanes from groups * vchunks on stay idle in p v)
     int group = lane / vchunks, sub = lane - group * vchunks;
@@ -316,7 +336,7 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
 
-    for (int c = warp; c < chunks; c += SP_ATTN_WARPS) {
+    for (int c = split * SP_ATTN_WARPS + warp; c < chunks; c += SP_ATTN_WARPS * splits) {
         long long r = (long long)c * 32 + lane;
         bool seen = r < total && (r < first || sees[r - first] != 0);
         float s = SP_NEG_INF;
@@ -370,16 +390,46 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         warp_sum_s[warp] = run_sum;
     }
     __syncthreads();
-    float top = SP_NEG_INF;
+    float top = SP_NEG_INF, total_sum = 0.f;
     for (int w = 0; w < SP_ATTN_WARPS; w++) top = fmaxf(top, warp_max_s[w]);
-    for (int d = tid; d < D; d += blockDim.x) {
-        float total_sum = 0.f, value = 0.f;
-        for (int w = 0; w < SP_ATTN_WARPS; w++) {
-            if (warp_max_s[w] == SP_NEG_INF) continue;
-            float f = expf(warp_max_s[w] - top);
-            total_sum = fmaf(warp_sum_s[w], f, total_sum);
-            value = fmaf(warp_acc[w][d], f, value);
-        }
-        out[((long long)i * heads + h) * D + d] = rnd<T>(value / total_sum);
+    for (int w = 0; w < SP_ATTN_WARPS; w++) {
+        if (warp_max_s[w] == SP_NEG_INF) continue;
+        total_sum = fmaf(warp_sum_s[w], expf(warp_max_s[w] - top), total_sum);
     }
+    T* out_row = out + ((long long)i * heads + h) * D;
+    if (splits == 1) {
+        for (int d = tid; d < D; d += blockDim.x) {
+            out_row[d] = rnd<T>(dk_attn_value(warp_acc, warp_max_s, top, d) / total_sum);
+        }
+        return;
+    }
+    // this split's softmax state (max, sum, unnormalised sum of p v) for the pair's last block to merge
+    float* mine_out = partial + ((long long)pair * splits + split) * (D + 2);
+    for (int d = tid; d < D; d += blockDim.x) mine_out[2 + d] = dk_attn_value(warp_acc, warp_max_s, top, d);
+    if (tid == 0) {
+        mine_out[0] = top;
+        mine_out[1] = total_sum;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) merges = atomicAdd(counters + pair, 1) == splits - 1;
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+    const float* parts = partial + (long long)pair * splits * (D + 2);
+    float m = SP_NEG_INF, l = 0.f;
+    for (int sp = 0; sp < splits; sp++) m = fmaxf(m, __ldcg(parts + sp * (D + 2)));
+    for (int sp = 0; sp < splits; sp++) {
+        float ms = __ldcg(parts + sp * (D + 2));
+        if (ms != SP_NEG_INF) l = fmaf(__ldcg(parts + sp * (D + 2) + 1), expf(ms - m), l);
+    }
+    for (int d = tid; d < D; d += blockDim.x) {
+        float value = 0.f;
+        for (int sp = 0; sp < splits; sp++) {
+            float ms = __ldcg(parts + sp * (D + 2));
+            if (ms != SP_NEG_INF) value = fmaf(__ldcg(parts + sp * (D + 2) + 2 + d), expf(ms - m), value);
+        }
+        out_row[d] = rnd<T>(value / l);
+    }
+    if (tid == 0) counters[pair] = 0;  // ready for the next launch (or graph replay)
 }

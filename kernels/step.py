@@ -37,6 +37,8 @@ GEMV_PREFETCH = 8192  # bytes per warp, see _gemv_prefetch
 GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM walks every row
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
+ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads fills 128 SMs, not 32
+ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
 _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}
@@ -55,7 +57,8 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
-               "float scale, int block_n, int seq_stride", templated=True),
+               "float scale, int block_n, int seq_stride, float* partial, int* counters, int splits",
+               templated=True),
 )}
 GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
 
@@ -159,6 +162,8 @@ class StepKernels:
         self._gemv_blocks = GEMV_BLOCKS_PER_SM * properties.multi_processor_count  # every block resident
         # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
+        # sp_attention's merge counters, zero between launches (each launch leaves them zero)
+        self._attention_counters = torch.zeros(ATTENTION_PAIRS, dtype=torch.int32, device=device)
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
@@ -278,12 +283,18 @@ class StepKernels:
         if start.dtype != torch.long or start.numel() != seqs or not visible.is_contiguous():
             raise ValueError(f"attention: start must be {seqs} int64 value(s) and visible contiguous")
         out = torch.empty(n, heads * d, dtype=q.dtype, device=q.device)
+        pairs = n * heads
+        splits = ATTENTION_SPLITS if pairs <= ATTENTION_PAIRS else 1
+        partial = torch.empty(pairs * splits * (d + 2) if splits > 1 else 1, dtype=torch.float32,
+                              device=q.device)  # [pairs * splits, D + 2]: each split's softmax state
         instance = f"sp_attention<{_DTYPES[q.dtype]}>"
-        self._launch_grid("sp_attention", instance, (n * heads,), ATTENTION_THREADS,
+        self._launch_grid("sp_attention", instance, (pairs * splits,), ATTENTION_THREADS,
                           q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
                           start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n,
                           heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d),
-                          block_n=block_n, seq_stride=kv_heads * cache_len * d if seqs > 1 else 0)
+                          block_n=block_n, seq_stride=kv_heads * cache_len * d if seqs > 1 else 0,
+                          partial=partial.data_ptr(), counters=self._attention_counters.data_ptr(),
+                          splits=splits)
         return out
 
 

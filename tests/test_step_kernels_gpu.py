@@ -162,7 +162,7 @@ def _attention_case(rng, case):
     heads = kv_heads * rng.choice([1, 2, 4, 8])
     d = rng.choice([8, 16, 64, 128, 256])
     n = rng.choice([1, 2, 5, 8, 9, 17, 64])
-    start = rng.choice([0, 1, 31, 32, 33, 100, 300])
+    start = rng.choice([0, 1, 31, 32, 33, 100, 300, 1100])  # 1100: every split has several chunks
     cache_len = start + n + rng.choice([0, 7, 64])
     g = torch.Generator(device="cuda").manual_seed(case)
     scale = rng.choice([0.3, 1.0, 3.0])
@@ -198,6 +198,7 @@ def test_attention_fuzz(kernels):
         assert bool((err <= tol).all()), (f"case {case}: {q.dtype} heads={heads}/{k_cache.shape[0]} D={d} "
                                           f"n={n} start={start}: worst {float((err / tol).max())}")
         assert torch.equal(attention_reference(q, k_cache, v_cache, start, visible), exact.to(q.dtype))
+    assert int(kernels._attention_counters.abs().sum()) == 0  # the splits' merge counters are left zero
 
 
 def test_attention_rows_do_not_depend_on_the_block(kernels):
