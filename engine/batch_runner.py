@@ -165,7 +165,7 @@ class BatchRunner:
             qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
             q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
-            attn = k.attention(q, keys, values, start, chain)  # [B n, heads D]
+            attn = k.attention(q, keys, values, start, chain, chained=True)  # [B n, heads D] (after rope)
             x = _linear_residual(x, attn, layer.w_o, layer.b_o)
             gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
             x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)

@@ -727,7 +727,8 @@ class LlamaRunner(CausalRunner):
         if not self._gemv_rows(n):
             return hidden, self.logits_from_hidden(hidden)
         logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
-                                          eps=self.spec.rms_norm_eps, out_f32=True)  # [n, V]
+                                          eps=self.spec.rms_norm_eps, out_f32=True,
+                                          chained=not self.tap_layers)  # [n, V] (the taps' cat comes first)
         return hidden, logits
 
     def _decode_layers(self, x, positions, cache_index, start, block_visible) -> torch.Tensor:
@@ -738,19 +739,21 @@ class LlamaRunner(CausalRunner):
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
+        # chained=True where the previous kernel is one of the step kernels (see kernels.step._launch_grid)
         for li, layer in enumerate(self.layers):
             keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
             if small:
-                qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps)
+                qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps, chained=li > 0)
             else:
                 qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
-                           s.num_heads, s.num_kv_heads)  # [heads, n, D]
-            attn = k.attention(q, keys, values, start, block_visible)  # [n, heads * D]
+                           s.num_heads, s.num_kv_heads, chained=small)  # [heads, n, D]
+            attn = k.attention(q, keys, values, start, block_visible, chained=True)  # [n, heads * D]
             if small:
-                x = k.gemv(attn, layer.w_o, layer.b_o, residual=x)
-                gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps)
-                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True)
+                x = k.gemv(attn, layer.w_o, layer.b_o, residual=x, chained=True)
+                gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps,
+                                 chained=True)
+                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True, chained=True)
             else:
                 x = _linear_residual(x, attn, layer.w_o, layer.b_o)
                 gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)

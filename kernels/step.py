@@ -33,7 +33,7 @@ THREADS = 256
 GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
-GEMV_PREFETCH = 8192  # bytes per warp, see _gemv_prefetch
+GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM walks every row
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
@@ -109,7 +109,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
-                   silu: bool = False, out_f32: bool = False) -> torch.Tensor:
+                   silu: bool = False, out_f32: bool = False, chained: bool = False) -> torch.Tensor:
     """The eager ops sp_gemv fuses: in = x, RMSNorm(x) * norm_weight, or SiLU(gate) * up (x = gate | up);
     out = in @ weight.T (+ bias), + residual as torch.addmm adds it. x [M, K] ([M, 2K] with silu),
     weight [N, K] -> [M, N] in x's dtype (float32 with out_f32)."""
@@ -188,17 +188,21 @@ class StepKernels:
                                     name_expressions=instance_names())
             return cls(module, device)
 
-    def _launch(self, name: str, dtype: torch.dtype, count: int, **args) -> None:
+    def _launch(self, name: str, dtype: torch.dtype, count: int, chained: bool, **args) -> None:
         """One thread per item: `count` items, THREADS to a block."""
         self._launch_grid(name, f"{name}<{_DTYPES[dtype]}>", ((count + THREADS - 1) // THREADS,), THREADS,
-                          **args)
+                          chained, **args)
 
-    def _launch_grid(self, name: str, instance: str, grid: tuple, threads: int, **args) -> None:
+    def _launch_grid(self, name: str, instance: str, grid: tuple, threads: int, chained: bool,
+                     **args) -> None:
+        """chained: the caller knows the stream's previous kernel is one of these step kernels, so this one
+        may be a programmatic launch (kernels.pdl; a programmatic edge in a captured graph needs a kernel
+        before it, and cuBLAS or torch may have queued a memset there)."""
         spec = SPECS[name]
         pointer = torch.cuda.current_stream(self.device).cuda_stream
         function = self._kernels[instance]
-        if self.pdl is not None and self.pdl.launch(_function_pointer(function), grid, threads, pointer,
-                                                    spec.layout, spec.values(args)):
+        if self._programmatic(chained) and self.pdl.launch(_function_pointer(function), grid, threads,
+                                                           pointer, spec.layout, spec.values(args)):
             return
         values = [_NUMPY[fmt](v) for fmt, v in zip(spec.layout, spec.values(args))]
         function(grid, (threads,), tuple(values), stream=self._stream(pointer))
@@ -215,8 +219,11 @@ class StepKernels:
                 stream = self._streams[pointer] = cupy.cuda.ExternalStream(pointer)
         return stream
 
+    def _programmatic(self, chained: bool) -> bool:
+        return chained and self.pdl is not None and self.pdl.enabled
+
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
-                 kv_heads: int) -> torch.Tensor:
+                 kv_heads: int, chained: bool = False) -> torch.Tensor:
         """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device.
         B sequences' caches [B, kv_heads, max_len, D] work too: token i's rows are written at (b, h,
         r) when cache_index[i] = b * kv_heads * max_len + r (the kernel adds h * max_len itself)."""
@@ -226,24 +233,25 @@ class StepKernels:
             if index.dtype != torch.long or not index.is_contiguous() or index.numel() != n:
                 raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries")
         q_out = torch.empty(heads, n, d, dtype=qkv.dtype, device=qkv.device)
-        self._launch("sp_rope_qkv", qkv.dtype, n * (heads + 2 * kv_heads) * d, qkv=qkv.data_ptr(),
+        self._launch("sp_rope_qkv", qkv.dtype, n * (heads + 2 * kv_heads) * d, chained, qkv=qkv.data_ptr(),
                      cos_table=cos_table.data_ptr(), sin_table=sin_table.data_ptr(),
                      positions=positions.data_ptr(), cache_index=cache_index.data_ptr(),
                      k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), q_out=q_out.data_ptr(), n=n,
                      heads=heads, kv_heads=kv_heads, D=d, cache_len=k_cache.shape[-2])
         return q_out
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def silu_mul(self, gate_up: torch.Tensor, chained: bool = False) -> torch.Tensor:
         n, inter = gate_up.shape[0], gate_up.shape[1] // 2
         _check(gate_up)
         out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
-        self._launch("sp_silu_mul", gate_up.dtype, n * inter, gate_up=gate_up.data_ptr(), out=out.data_ptr(),
+        self._launch("sp_silu_mul", gate_up.dtype, n * inter, chained, gate_up=gate_up.data_ptr(),
+                     out=out.data_ptr(),
                      n=n, inter=inter)
         return out
 
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
-             silu: bool = False, out_f32: bool = False) -> torch.Tensor:
+             silu: bool = False, out_f32: bool = False, chained: bool = False) -> torch.Tensor:
         """As gemv_reference, for M <= 8 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
         when)."""
         rows, (n_out, k) = x.shape[0], weight.shape
@@ -256,18 +264,15 @@ class StepKernels:
         mode = GEMV_MODES["silu_mul" if silu else "rms_norm" if norm_weight is not None else "plain"]
         out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
         grid = (min((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK, self._gemv_blocks),)
-        self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, x=x.data_ptr(),
+        self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, chained,
+                          x=x.data_ptr(),
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
-                          mode=mode, eps=eps, out_f32=int(out_f32), prefetch_bytes=self._gemv_prefetch())
+                          mode=mode, eps=eps, out_f32=int(out_f32),
+                          prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0)
         return out
 
-    def _gemv_prefetch(self) -> int:
-        """Bytes of its later weights each sp_gemv warp pulls into L2 before it waits for the previous
-        kernel: only worth it when the kernel may start early (programmatic launch on)."""
-        return GEMV_PREFETCH if self.pdl is not None and self.pdl.enabled else 0
-
-    def attention(self, q, k_cache, v_cache, start, visible) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False) -> torch.Tensor:
         """As attention_reference with start a device tensor int64: [1] for one sequence's caches
         [kv_heads, cache_len, D], [B] for B sequences' caches [B, kv_heads, cache_len, D] (q [heads,
         B * block_n, D], visible [block_n, block_n]). Returns [n, heads * D]."""
@@ -288,7 +293,7 @@ class StepKernels:
         partial = torch.empty(pairs * splits * (d + 2) if splits > 1 else 1, dtype=torch.float32,
                               device=q.device)  # [pairs * splits, D + 2]: each split's softmax state
         instance = f"sp_attention<{_DTYPES[q.dtype]}>"
-        self._launch_grid("sp_attention", instance, (pairs * splits,), ATTENTION_THREADS,
+        self._launch_grid("sp_attention", instance, (pairs * splits,), ATTENTION_THREADS, chained,
                           q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
                           start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n,
                           heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d),

@@ -292,23 +292,27 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
             torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
 
 
-def test_programmatic_launch_changes_no_bit(tmp_path):
-    """The decode path with programmatic dependent launch (kernels.pdl) and with CuPy's plain launches gives
-    the same logits bit for bit, for a prefill, a chain block and replayed single-token steps, and the driver
-    took every launch (the launcher stayed on)."""
+def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
+    """The decode path with programmatic dependent launch (kernels.pdl, SPECPLAY_PDL=1) and with CuPy's plain
+    launches gives the same logits bit for bit, for a captured prefill bucket (cuBLAS products before the
+    rope kernel), a chain block and replayed single-token steps, and the driver took every launch (the
+    launcher stayed on)."""
     from tiny_models import make_tiny_llama
 
     from engine.models import load_runner
+    from kernels.pdl import PdlLauncher
 
     kernels = StepKernels.load("cuda")
-    if kernels.pdl is None:
+    monkeypatch.setenv("SPECPLAY_PDL", "1")
+    launcher = PdlLauncher.load(torch.cuda.get_device_capability())
+    if launcher is None:
         pytest.skip("programmatic dependent launch needs sm_90 and a driver with cuLaunchKernelEx")
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     tokens = torch.arange(5, 40, device="cuda")
     blocks = [tokens[:20], tokens[20:25]] + [tokens[i:i + 1] for i in range(25, 31)]
     results, saved = {}, kernels.pdl
     try:
-        for label, pdl in (("pdl", saved), ("plain", None)):
+        for label, pdl in (("pdl", launcher), ("plain", None)):
             kernels.pdl = pdl
             runner = load_runner(str(path), "cuda", torch.bfloat16)
             assert runner.decode_kernels is kernels
@@ -317,7 +321,7 @@ def test_programmatic_launch_changes_no_bit(tmp_path):
             assert runner._graphs  # the single-token steps were captured and replayed
     finally:
         kernels.pdl = saved
-    assert saved.enabled, saved.failure
+    assert launcher.enabled, launcher.failure
     for i, (a, b) in enumerate(zip(results["pdl"], results["plain"], strict=True)):
         assert torch.equal(a, b), f"block {i}"
 
