@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import backend, batch_dialog, exports, gc_guard, style
+from app import autosave, backend, batch_dialog, exports, gc_guard, style
 from app.compare import CompareTable, plain_reference
 from app.diagnosis_view import CalibrateWorker, DiagnosisView
 from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
@@ -57,6 +57,8 @@ CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's 
 CHECK_TEMPERATURE = 0.8  # the sampled check's temperature while the Sampling menu is on greedy
 COMPACT_SIZE = (1200, 800)  # below this width or height the plots collapse to tabs
 MAX_NEW_TOKENS = 8192  # the spin box's limit before a model is loaded (then: the model's context)
+LAST_SESSION = "the last session"  # where a restored generation came from (its History entry says replayed)
+SESSION_NOTICE_MS = 8000
 
 
 def no_model_text(reason: str = "") -> str:
@@ -371,6 +373,7 @@ class MainWindow(QMainWindow):
         """First load: the given pair, else the saved one, else the shipped pair (quietly: no dialog)."""
         if self.settings.notice:  # a corrupt settings file was reset (app/settings.py)
             self.show_error("Settings reset", self.settings.notice)
+        self.restore_session()
         if target or draft:
             self.load_models(target, draft)
         else:
@@ -608,6 +611,7 @@ class MainWindow(QMainWindow):
         self.diagnosis.show_generation(gen.events, gen.calibration)
         self._job_ended()
         self.compare.refresh(self.session.generations, self._selected_generations())
+        self.keep_session()
         self._next_repeat(gen)
 
     @staticmethod
@@ -805,6 +809,7 @@ class MainWindow(QMainWindow):
             self.show_error("Generation running", "Stop the generation before clearing the session.")
             return
         self.session.clear()
+        autosave.remove(self.settings.session_path())  # the user asked for a fresh session
         self.shown = None
         self.history.clear()
         self.view.clear_view()
@@ -840,15 +845,40 @@ class MainWindow(QMainWindow):
         runs = exports.read_trace(self, path)
         if not runs:
             return False
+        self._add_runs(runs, path)
+        self.show_status(f"Replayed {len(runs)} generations from {path}", exports.NOTICE_MS)
+        self.keep_session()
+        return True
+
+    def _add_runs(self, runs: list, source: str) -> None:
+        """Saved runs as History entries, each with every view and plot as if it had run live."""
         for run in runs:
-            gen = self.session.add_run(run, path, self.calibration)
+            gen = self.session.add_run(run, source, self.calibration)
             self.history.addItem(QListWidgetItem(gen.summary()))
         self.history.clearSelection()
         self.history.setCurrentRow(self.history.count() - 1)
         if runs[-1].prompt:
             self.prompt.setPlainText(runs[-1].prompt)
-        self.show_status(f"Replayed {len(runs)} generations from {path}", exports.NOTICE_MS)
-        return True
+
+    # ======================================================================================= the kept session
+    def restore_session(self) -> int:
+        """The generations of the window's last life (app.autosave), back in the History; returns how many."""
+        runs, problem = autosave.load(self.settings.session_path())
+        if problem:
+            self.show_status(problem, SESSION_NOTICE_MS)
+        if not runs:
+            return 0
+        self._add_runs(runs, LAST_SESSION)
+        self.show_status(f"Restored {len(runs)} generations of the last session (Session → Clear session "
+                         f"starts afresh)", SESSION_NOTICE_MS)
+        return len(runs)
+
+    def keep_session(self) -> None:
+        """Write the session where the next window reads it: after each generation, a replay, and on
+        close."""
+        problem = autosave.save(self.settings.session_path(), self.session.runs())
+        if problem:
+            self.show_status(problem, SESSION_NOTICE_MS)
 
     # ============================================================================================= repeats
     def run_n_times(self, n: Optional[int] = None) -> None:
@@ -953,6 +983,10 @@ class MainWindow(QMainWindow):
         for slot in self._decoder_slots + (self.load_slot,):
             slot.stop()
             slot.finish()  # joined here: its "done" handler never runs
+        for gen in self.session.generations:  # a generation cut short by the close keeps its rounds
+            if gen.finish is None:
+                gen.finish = "stopped"
+        self.keep_session()
         self.ui_timer.stop()
         super().closeEvent(event)
 

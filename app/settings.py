@@ -101,6 +101,14 @@ class AppSettings:
     def set(self, key: str, value) -> None:
         self.q.setValue(key, value)
 
+    def session_path(self):
+        """Where the window keeps its session between runs (app.autosave): beside the settings file."""
+        from pathlib import Path
+
+        from app.autosave import SESSION_FILE
+
+        return Path(self.q.fileName()).with_name(SESSION_FILE)
+
     def optional_path(self, key: str) -> Optional[str]:
         return self.get(key) or None
 

@@ -94,3 +94,80 @@ def test_a_wrong_value_names_its_key_and_the_others_are_kept(isolated_qsettings)
     assert "decode/top_p" in settings.notice and "decode/k" not in settings.notice
     assert settings.config().k == 7 and settings.config().method == "ngram"
     assert settings.get("decode/top_p") == DEFAULTS["decode/top_p"]
+
+
+# ------------------------------------------------------------------------------------------ the kept session
+def _statuses(window) -> list:
+    shown = []
+    original = window.show_status
+
+    def record(message, timeout_ms=0):
+        shown.append(message)
+        original(message, timeout_ms)
+
+    window.show_status = record
+    return shown
+
+
+def test_the_session_survives_closing_the_window(qtbot, make_window):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=4))
+    generate(qtbot, window, "def first():")
+    window.method_actions["ngram"].trigger()
+    generate(qtbot, window, "def second():")
+    before = [(g.prompt, g.config, [e.emitted_ids for e in g.events], g.finish)
+              for g in window.session.generations]
+    path = window.settings.session_path()
+    assert path.exists()  # kept after each generation, not only on close
+    window.close()
+
+    again = make_window(start=False)
+    shown = _statuses(again)
+    again.start()
+    qtbot.waitUntil(lambda: again.load_job is None, timeout=5000)
+    after = [(g.prompt, g.config, [e.emitted_ids for e in g.events], g.finish)
+             for g in again.session.generations]
+    assert after == before
+    assert again.history.count() == 2 and "replayed" in again.history.item(1).text()
+    assert any("Restored 2 generations" in m for m in shown)
+    generate(qtbot, again, "def third():")  # new runs follow the restored ones
+    assert [g.index for g in again.session.generations] == [1, 2, 3]
+
+
+def test_closing_mid_run_keeps_the_rounds_so_far(qtbot, make_window):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=10000, delay=0.005))
+    generate(qtbot, window, wait=False)
+    qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    window.close()
+    kept = len(window.session.generations[0].events)
+
+    again = make_window()
+    restored = again.session.generations
+    assert len(restored) == 1 and restored[0].finish == "stopped"
+    assert len(restored[0].events) == kept >= 3
+
+
+def test_clearing_the_session_forgets_the_kept_one(qtbot, make_window):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=3))
+    generate(qtbot, window)
+    path = window.settings.session_path()
+    assert path.exists()
+    window.clear_session()
+    assert not path.exists()
+    window.close()
+    assert not path.exists()  # an empty session leaves no file
+    assert make_window().session.generations == []
+
+
+def test_an_unreadable_kept_session_is_moved_aside(qtbot, make_window):  # noqa: F811
+    probe = make_window(start=False)
+    path = probe.settings.session_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("this is not a trace\n")
+    window = make_window(start=False)
+    shown = _statuses(window)
+    window.start()
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=5000)
+    assert window.session.generations == [] and window.errors == []
+    aside = path.with_name(path.name + ".unreadable")
+    assert not path.exists() and aside.read_text() == "this is not a trace\n"
+    assert any("could not be read" in m and str(aside) in m for m in shown)
