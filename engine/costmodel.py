@@ -6,9 +6,15 @@ step, Medusa's one heads call, the bookkeeping of model-free drafters); the over
 `calibrate_costs` measures them with warm-ups and repeats (median and spread); `CostModel.refit` updates them
 from the phase times every RoundEvent carries, so a prediction follows the machine the run actually had.
 
-TPOT_pred(K) = t_round(K) / E(K) and speedup_pred = TPOT_plain / TPOT_pred, TPOT_plain being a plain round
-(one-token verification + plain overhead). The textbook view, E / (1 + cK), is kept beside it with c measured:
-one draft step over one plain verification.
+TPOT_pred(K) = t_round(K) / E(K) and speedup_pred = TPOT_plain / TPOT_pred, TPOT_plain being a plain round:
+the measured plain rounds' own time when there are some (their phases add up to it whatever timed them), else
+the one-token verification + the plain overhead. The textbook view, E / (1 + cK), is kept beside it with c
+measured: one draft step over one plain verification.
+
+Why a plain round is not one-token verification + overhead on a GPU: the verification curve is timed block by
+block, host and device in step, while plain decoding keeps two rounds in flight, so its verification phase is
+the device's time and its overhead the host's remainder; adding the curve's one-token point to that remainder
+counted the host twice (a plain round of the shipped pair: 0.47 ms measured, about 0.6 ms that way).
 """
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional, Sequence
 
-VERIFY_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)  # block sizes timed: K + 1 for K = 0, 1, 2, 4, 8, 16, 32, 64
+# block sizes timed: K + 1 for K = 0, 1, 2, 3, 4, 6, 8, 16, 32, 64 (the K sweep's blocks measured, not
+# interpolated: with block 4 read off the line between 3 and 5, the CPU prediction at K = 3 was 17% off)
+VERIFY_SIZES = (1, 2, 3, 4, 5, 7, 9, 17, 33, 65)
 STEP_METHODS = ("draft", "eagle", "eagle3", "layerskip")  # drafters whose cost grows with the depth
 MIN_OBSERVATIONS = 3  # rounds at one block size before the run's own median replaces the calibrated point
 
@@ -70,6 +78,7 @@ class CostModel:
     draft_step: dict = field(default_factory=dict)  # method -> Measured ms per draft depth (STEP_METHODS)
     draft_fixed: dict = field(default_factory=dict)  # method -> Measured ms per round (heads call, lookup)
     overhead: dict = field(default_factory=dict)  # method -> Measured ms of host bookkeeping a round
+    plain: Optional[Measured] = None  # a plain round's whole time, from plain rounds (None: not observed)
     source: str = "calibration"  # "calibration", "calibration + run", "trace only"
 
     # ------------------------------------------------------------------------------------------ the terms
@@ -105,7 +114,10 @@ class CostModel:
 
     @property
     def t_plain(self) -> float:
-        """A plain round: one-token verification and the plain bookkeeping (TPOT_plain)."""
+        """A plain round (TPOT_plain): the plain rounds' measured time, else one-token verification and the
+        plain bookkeeping."""
+        if self.plain is not None and self.plain.median > 0:
+            return self.plain.median
         return self.t_verify(1) + self.t_overhead("none")
 
     def tpot(self, method: str, k: int, expected: float, block: Optional[int] = None) -> float:
@@ -147,7 +159,12 @@ class CostModel:
         model = replace(self, verify=dict(self.verify), draft_step=dict(self.draft_step),
                         draft_fixed=dict(self.draft_fixed), overhead=dict(self.overhead),
                         source="calibration + run" if self.verify else "trace only")
-        model._refit_verify(rounds, keep_shape)
+        level = model._refit_verify(rounds, keep_shape)
+        plain = [r.draft_ms + r.verify_ms + r.overhead_ms for r in rounds if r.method == "none"]
+        if plain:
+            model.plain = Measured.mean_of(plain)
+        elif model.plain is not None:  # the machine's load, as the run's verifications saw it
+            model.plain = model.plain.scaled(level)
         for method in {r.method for r in rounds}:
             mine = [r for r in rounds if r.method == method]
             model.overhead[method] = Measured.mean_of([r.overhead_ms for r in mine])
@@ -155,10 +172,12 @@ class CostModel:
                 model._refit_draft(method, [r for r in mine if r.depth > 0])
         return model
 
-    def _refit_verify(self, rounds: list, keep_shape: bool) -> None:
+    def _refit_verify(self, rounds: list, keep_shape: bool) -> float:
+        """Rescale the curve to the run's level and take the run's own points; returns the level."""
         by_block: dict = {}
         for r in rounds:
             by_block.setdefault(r.block, []).append(r.verify_ms)
+        level = 1.0
         if self.verify:
             ratios = [statistics.median(v) / self.t_verify(n) for n, v in by_block.items()
                       if self.t_verify(n) > 0]
@@ -168,6 +187,7 @@ class CostModel:
         for n, values in by_block.items():
             if not self.verify or (len(values) >= MIN_OBSERVATIONS and not keep_shape):
                 self.verify[n] = Measured.mean_of(values)
+        return level
 
     def _refit_draft(self, method: str, rounds: list) -> None:
         """Step methods cost fixed + step x depth: with a calibrated split, the run rescales both (one run at
@@ -207,16 +227,18 @@ class CostModel:
         return {"verify": {str(n): m.to_list() for n, m in self.verify.items()},
                 "draft_step": {k: m.to_list() for k, m in self.draft_step.items()},
                 "draft_fixed": {k: m.to_list() for k, m in self.draft_fixed.items()},
-                "overhead": {k: m.to_list() for k, m in self.overhead.items()}, "source": self.source}
+                "overhead": {k: m.to_list() for k, m in self.overhead.items()},
+                "plain": self.plain.to_list() if self.plain is not None else None, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         def table(name, key=str):
             return {key(k): Measured(*v) for k, v in data.get(name, {}).items()}
 
+        plain = data.get("plain")
         return cls(verify=table("verify", int), draft_step=table("draft_step"),
                    draft_fixed=table("draft_fixed"), overhead=table("overhead"),
-                   source=data.get("source", "calibration"))
+                   plain=Measured(*plain) if plain else None, source=data.get("source", "calibration"))
 
     def describe(self, method: str) -> str:
         """One line of the figures and their spread."""
@@ -224,7 +246,7 @@ class CostModel:
         step, fixed = self.draft_step.get(method), self.draft_fixed.get(method)
         draft = " + ".join(part for part in (f"{step.median:.2f} ms a step" if step else "",
                                              f"{fixed.median:.2f} ms a round" if fixed else "") if part)
-        return (f"t_verify(1) = {v1.median:.2f} ± {v1.spread:.2f} ms, "
+        return (f"t_plain = {self.t_plain:.2f} ms, t_verify(1) = {v1.median:.2f} ± {v1.spread:.2f} ms, "
                 f"t_verify(9) = {self.t_verify(9):.2f} ms, draft = {draft or '0'}, "
                 f"overhead = {self.t_overhead(method):.2f} ms, c = {self.c(method):.3f} ± "
                 f"{self.c_spread(method):.3f} ({self.source})")
@@ -298,7 +320,8 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
     The verification curve: the decoder's verification phase over each block size (round-robin, see
     round_robin_curve; raw target forwards for a decoder that cannot time its phase). The
     draft and overhead terms: short generations of plain decoding and of each method at K (after a warm-up
-    one), their phase times; their verification phases refit the curve's level like a live run would."""
+    one), their phase times; their verification phases refit the curve's level like a live run would, and the
+    plain runs' rounds from the second on give TPOT_plain."""
     from engine.config import GenerationConfig
 
     curve_repeats = 6 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
@@ -314,8 +337,10 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
             config = GenerationConfig(method=method, k=depth, max_new_tokens=tokens, stop_at_eos=False)
             for _ in range(max(1, warmup // 2)):
                 list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
+            # TPOT_plain from steady-state rounds: on a GPU a generation's first round also waits for the
+            # prefill, which a short calibration run spreads over a few rounds (a long run over many)
             timed = [timing_of(e) for _ in range(max(1, repeats // 2))
-                     for e in decoder.generate(prompt, config)]
+                     for e in decoder.generate(prompt, config) if e.round > 0 or method != "none"]
             by_method.setdefault(method, []).append(timed)
             runs += timed
     model = model.refit(runs, keep_shape=True)

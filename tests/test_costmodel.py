@@ -85,3 +85,43 @@ def test_a_hiccup_in_one_round_does_not_move_the_draft_step():
     assert hiccup.c("draft") == pytest.approx(steady.c("draft"))
     mean_long = (8 * 3.0 + 30.0) / 9
     assert hiccup.draft_fixed["draft"].median + 4 * 0.5 == pytest.approx(mean_long)
+
+
+def test_a_plain_round_costs_what_plain_rounds_took():
+    """TPOT_plain is the plain rounds' own time when the model saw some, not the curve's one-token point plus
+    the plain overhead: on a GPU plain decoding keeps two rounds in flight, so its verification phase is the
+    device's time and its overhead the host's remainder, and the curve (timed block by block, in step) would
+    count the host twice. A later run of another method only moves it by the machine's level."""
+    curve = CostModel(verify={1: Measured(0.3), 2: Measured(0.32), 5: Measured(0.36)})
+    plain = [RoundTiming("none", 0, 1, 0, 0.0, 0.15, 0.32) for _ in range(10)]  # 0.47 ms a round
+    short = [RoundTiming("draft", 1, 2, 1, 0.2, 0.32, 0.3) for _ in range(5)]  # in step with the curve
+    long = [RoundTiming("draft", 4, 5, 4, 0.2, 0.36, 0.3) for _ in range(5)]
+    calibrated = curve.refit(plain + short + long, keep_shape=True)
+    assert calibrated.t_plain == pytest.approx(0.47)
+    assert calibrated.t_verify(1) + calibrated.t_overhead("none") > 0.6  # what the old sum gave
+    draft = [RoundTiming("draft", 4, 5, 4, 0.2, 0.36 * 1.1, 0.3) for _ in range(5)]  # 10% slower machine
+    assert calibrated.refit(draft).t_plain == pytest.approx(0.47 * 1.1)
+    again = CostModel.from_dict(calibrated.to_dict())
+    assert again.t_plain == pytest.approx(0.47) and again.plain == calibrated.plain
+    unseen = CostModel(verify={1: Measured(1.0)}, overhead={"none": Measured(0.2)})
+    assert unseen.t_plain == pytest.approx(1.2)  # no plain rounds: the curve's point and the overhead
+
+
+def test_calibration_times_plain_rounds_from_the_second_on():
+    """The first round of a generation also waits for the prefill on a GPU: TPOT_plain leaves it out."""
+    import engine.costmodel as costmodel
+
+    class Event:
+        def __init__(self, index, ms):
+            self.round, self.method, self.k, self.drafted = index, "none", 0, []
+            self.draft_ms, self.verify_ms, self.overhead_ms = 0.0, ms, 0.0
+
+    class Decoder:
+        def verify_curve(self, prompt, sizes, warmup, repeats):
+            return {n: Measured(1.0) for n in sizes}
+
+        def generate(self, prompt, config):
+            return [Event(0, 50.0)] + [Event(i, 1.0) for i in range(1, config.max_new_tokens)]
+
+    costs = costmodel.calibrate_costs(Decoder(), "x", ["none"], tokens=8)
+    assert costs.t_plain == pytest.approx(1.0)  # the 50 ms first round left out
