@@ -99,11 +99,13 @@ class _RoundReadout:
             raise SpecplayError(NAN_MESSAGE)
         rows, rest, part = n + 1, values[2:], {}
         for name, size in (("path", n), ("draft_tokens", n), ("p", n), ("q", n), ("accept_prob", n),
-                           ("tested", n), ("next_p", 1), ("top_p", rows * width), ("top_i", rows * width)):
+                           ("tested", n), ("next_p", rows), ("top_p", rows * width), ("top_i", rows * width)):
             part[name], rest = rest[:size], rest[size:]
-        return cls(next_token=next_token, path=[int(i) for i in part["path"][:accepted]],
+        path = [int(i) for i in part["path"][:accepted]]
+        next_row = path[-1] + 1 if path else 0  # the block row whose distribution gave the next token
+        return cls(next_token=next_token, path=path,
                    draft_tokens=[int(t) for t in part["draft_tokens"]], p=part["p"], q=part["q"],
-                   accept_prob=part["accept_prob"], tested=part["tested"], next_p=part["next_p"][0],
+                   accept_prob=part["accept_prob"], tested=part["tested"], next_p=part["next_p"][next_row],
                    top_p=[part["top_p"][r * width:(r + 1) * width] for r in range(rows)],
                    top_i=[[int(i) for i in part["top_i"][r * width:(r + 1) * width]] for r in range(rows)])
 
@@ -458,16 +460,14 @@ class SpeculativeDecoder:
         soft = torch.softmax(logits.float() if config.sampling.greedy else
                              logits.float() / config.sampling.temperature, dim=-1)  # [N+1, V]
         top_p, top_i = torch.topk(soft, min(TOP_ALTERNATIVES, soft.shape[-1]), dim=-1)  # [N+1, T]
-        accepted, next_token = result.accepted[:1], result.next_token[:1]  # [1] each
-        next_row = torch.zeros_like(accepted)  # [1]: the block row whose distribution gave the next token
-        if n:
-            last = result.path[0].gather(0, (accepted - 1).clamp(0, n - 1))
-            next_row = torch.where(accepted > 0, last + 1, next_row)
-        next_p = soft[next_row, next_token.clamp(0, soft.shape[-1] - 1)]  # [1]
-        values = torch.cat([accepted.float(), next_token.float(), result.path[0].float(),
-                            draft.tokens.float(), result.p_draft[0], result.q_draft[0], result.accept_prob[0],
-                            result.tested[0].float(), next_p, top_p.flatten(),
-                            top_i.flatten().float()]).tolist()
+        next_token = result.next_token[:1]  # [1]
+        # p of the next token in every row: the host picks the row that gave it (fewer launches than picking
+        # it here, each a few microseconds of host time on a GPU)
+        next_p = soft.index_select(1, next_token.clamp(0, soft.shape[-1] - 1)).flatten()  # [N+1]
+        # one cat, its dtype promotion turning ids and flags into float32 (exact below 2**24)
+        values = torch.cat([result.accepted[:1], next_token, result.path[0], draft.tokens, result.p_draft[0],
+                            result.q_draft[0], result.accept_prob[0], result.tested[0], next_p,
+                            top_p.flatten(), top_i.flatten()]).tolist()
         return _RoundReadout.unpack(values, n, top_p.shape[-1])
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:

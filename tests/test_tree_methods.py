@@ -177,3 +177,15 @@ def test_tree_methods_sampling_is_lossless(tmp_path_factory, method):
     config = config_for(method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
     assert report.bins >= 8 and report.passed, report
+
+
+@pytest.mark.parametrize("method", ["none", "ngram"] + ALL_NEW)
+def test_the_next_tokens_figures_come_from_the_row_that_gave_it(decoder, method):
+    """Greedy: the next token is the top alternative of the block row after the accepted path (row 0 when
+    nothing was accepted), so its p is that row's largest; a tree's path is node indices, the row node + 1."""
+    events = list(decoder.generate(PROMPT, config_for(method, k=3, max_new_tokens=40)))
+    if method in ("ngram", "lookahead"):  # the repeating prompt gets them accepted drafts (rows past 0)
+        assert any(e.accepted_count for e in events)
+    for e in events:
+        top_text, top_p = e.next_top[0]
+        assert top_text == e.next_token_text and e.next_token_p == pytest.approx(top_p)
