@@ -7,6 +7,7 @@ user-facing error goes through `show_error`, which tests replace.
 """
 from __future__ import annotations
 
+import queue
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -979,16 +980,29 @@ class MainWindow(QMainWindow):
         self.settings.save_layout(self.saveGeometry(), self.saveState())
         self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
-        self.current = None
+        running, self.current = self.current, None
         for slot in self._decoder_slots + (self.load_slot,):
             slot.stop()
-            slot.finish()  # joined here: its "done" handler never runs
+            job = slot.finish()  # joined here: its "done" handler never runs
+            if slot is self.gen_slot and job is not None and running is not None:
+                _take_waiting_rounds(job.worker, running)
         for gen in self.session.generations:  # a generation cut short by the close keeps its rounds
             if gen.finish is None:
                 gen.finish = "stopped"
         self.keep_session()
         self.ui_timer.stop()
         super().closeEvent(event)
+
+
+def _take_waiting_rounds(worker, gen: Generation) -> None:
+    """The rounds a joined generation worker posted that the window had not taken yet: into gen."""
+    while True:
+        try:
+            kind, args = worker.mailbox.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "event":
+            gen.add(args[0])
 
 
 # The decoding thread shares the GIL with this one. Qt calls release the GIL, and taking it back waits up to

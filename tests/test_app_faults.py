@@ -137,8 +137,11 @@ def test_closing_mid_run_keeps_the_rounds_so_far(qtbot, make_window):  # noqa: F
     window = make_window(FakeDecoder(rounds=10000, delay=0.005))
     generate(qtbot, window, wait=False)
     qtbot.waitUntil(lambda: len(window.session.generations[0].events) >= 3, timeout=5000)
+    job = window.gen_job
     window.close()
     kept = len(window.session.generations[0].events)
+    assert job.worker.mailbox.empty()  # the rounds posted before the close were taken, not dropped
+    assert [e.round for e in window.session.generations[0].events] == list(range(kept))
 
     again = make_window()
     restored = again.session.generations
