@@ -810,7 +810,7 @@ class MainWindow(QMainWindow):
             self.show_error("Generation running", "Stop the generation before clearing the session.")
             return
         self.session.clear()
-        autosave.remove(self.settings.session_path())  # the user asked for a fresh session
+        autosave.forget(self.settings.session_path())  # the user asked for a fresh session
         self.shown = None
         self.history.clear()
         self.view.clear_view()
@@ -870,14 +870,21 @@ class MainWindow(QMainWindow):
         if not runs:
             return 0
         self._add_runs(runs, LAST_SESSION)
+        for gen in self.session.generations:
+            gen.kept = True  # already in the folder
         self.show_status(f"Restored {len(runs)} generations of the last session (Session → Clear session "
                          f"starts afresh)", SESSION_NOTICE_MS)
         return len(runs)
 
     def keep_session(self) -> None:
-        """Write the session where the next window reads it: after each generation, a replay, and on
-        close."""
-        problem = autosave.save(self.settings.session_path(), self.session.runs())
+        """Write the generations not kept yet where the next window reads them: after each generation, a
+        replay, and on close (the running one, cut short)."""
+        fresh = [g for g in self.session.generations if g.events and not g.kept and not g.running]
+        if not fresh:
+            return
+        problem = autosave.keep(self.settings.session_path(), [g.to_run() for g in fresh])
+        for gen in fresh:
+            gen.kept = problem is None
         if problem:
             self.show_status(problem, SESSION_NOTICE_MS)
 

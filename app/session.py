@@ -50,6 +50,7 @@ class Generation:
     error: Optional[str] = None
     origin: dict = field(default_factory=dict)  # target, draft, device, dtype (a trace's header fields)
     replayed_from: Optional[str] = None  # the trace file it was read from
+    kept: bool = False  # written to the kept session (app.autosave)
 
     def __post_init__(self):
         self.buffers = PlotBuffers(self.calibration)

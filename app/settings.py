@@ -102,12 +102,13 @@ class AppSettings:
         self.q.setValue(key, value)
 
     def session_path(self):
-        """Where the window keeps its session between runs (app.autosave): beside the settings file."""
+        """The folder where the window keeps its session between runs (app.autosave): beside the settings
+        file."""
         from pathlib import Path
 
-        from app.autosave import SESSION_FILE
+        from app.autosave import SESSION_DIR
 
-        return Path(self.q.fileName()).with_name(SESSION_FILE)
+        return Path(self.q.fileName()).with_name(SESSION_DIR)
 
     def optional_path(self, key: str) -> Optional[str]:
         return self.get(key) or None

@@ -161,16 +161,41 @@ def test_clearing_the_session_forgets_the_kept_one(qtbot, make_window):  # noqa:
     assert make_window().session.generations == []
 
 
-def test_an_unreadable_kept_session_is_moved_aside(qtbot, make_window):  # noqa: F811
-    probe = make_window(start=False)
-    path = probe.settings.session_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("this is not a trace\n")
-    window = make_window(start=False)
-    shown = _statuses(window)
-    window.start()
-    qtbot.waitUntil(lambda: window.load_job is None, timeout=5000)
-    assert window.session.generations == [] and window.errors == []
-    aside = path.with_name(path.name + ".unreadable")
-    assert not path.exists() and aside.read_text() == "this is not a trace\n"
-    assert any("could not be read" in m and str(aside) in m for m in shown)
+def test_an_unreadable_kept_generation_is_moved_aside(qtbot, make_window):  # noqa: F811
+    window = make_window(FakeDecoder(rounds=3))
+    generate(qtbot, window, "def first():")
+    generate(qtbot, window, "def second():")
+    folder = window.settings.session_path()
+    window.close()
+    first, second = sorted(folder.glob("*.jsonl"))
+    first.write_text("this is not a trace\n")
+
+    again = make_window(start=False)
+    shown = _statuses(again)
+    again.start()
+    qtbot.waitUntil(lambda: again.load_job is None, timeout=5000)
+    assert [g.prompt for g in again.session.generations] == ["def second():"] and again.errors == []
+    aside = first.with_name(first.name + ".unreadable")
+    assert not first.exists() and aside.read_text() == "this is not a trace\n"
+    assert any("could not be read" in m and aside.name in m for m in shown)
+
+
+def test_keeping_a_generation_writes_only_that_generation(qtbot, make_window):  # noqa: F811
+    """One file per generation: a long session's next generation does not rewrite the earlier ones."""
+    window = make_window(FakeDecoder(rounds=3))
+    generate(qtbot, window, "def first():")
+    folder = window.settings.session_path()
+    (kept,) = folder.glob("*.jsonl")
+    before = kept.stat().st_mtime_ns, kept.read_bytes()
+    for prompt in ("def second():", "def third():"):
+        generate(qtbot, window, prompt)
+    files = sorted(folder.glob("*.jsonl"))
+    assert [f.name for f in files] == ["000001.jsonl", "000002.jsonl", "000003.jsonl"]
+    assert (files[0].stat().st_mtime_ns, files[0].read_bytes()) == before
+    window.close()
+    assert len(list(folder.glob("*.jsonl"))) == 3  # nothing new to keep on close
+    again = make_window()
+    generate(qtbot, again, "def fourth():")
+    assert [f.name for f in sorted(folder.glob("*.jsonl"))][-1] == "000004.jsonl"
+    assert [g.prompt for g in again.session.generations] == ["def first():", "def second():", "def third():",
+                                                             "def fourth():"]
