@@ -56,7 +56,6 @@ class BatchRunner:
         self.use_graphs = self.device.type == "cuda"
         self._graphs: Dict[tuple, "CapturedBatchStep"] = {}
         self._graph_pool = None
-        self._chains: Dict[int, torch.Tensor] = {}
 
     # -- lengths ---------------------------------------------------------------------------------------------
 
@@ -159,7 +158,7 @@ class BatchRunner:
         # token (b, i)'s cache row as the rope kernel addresses B caches [B, kvh, max_length, D]
         cache_index = (self._rows[:bsz, None] * (s.num_kv_heads * self.max_length) + positions).reshape(-1)
         flat_positions = positions.reshape(-1)  # [B n]
-        chain = self._chain(n)  # [n, n]
+        chain = r._chain_block(n)[1]  # [n, n] bool: token i sees block rows 0..i
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
             qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
@@ -170,12 +169,6 @@ class BatchRunner:
             gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
             x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
         return x
-
-    def _chain(self, n: int) -> torch.Tensor:
-        """A chain block's visibility [n, n] bool (token i sees block rows 0..i), built once per n."""
-        if n not in self._chains:
-            self._chains[n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        return self._chains[n]
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The decoder stack on x [B n, H]; writes each layer's K/V at rows `positions` [B, n] of each
