@@ -8,10 +8,11 @@
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
+#   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PART=${PART:-tests tests-pdl runtimes methods batch ksweep pdl-ab}
+PART=${PART:-tests tests-pdl runtimes methods batch ksweep pdl-ab host}
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
@@ -47,4 +48,8 @@ if has pdl-ab; then
     SPECPLAY_PDL=$pdl timeout 40 python3 scripts/profile_e2e.py --synthetic llama-1b --methods none --top 4 2>&1 \
       | grep -v "compiling\|USDT" > "$OUT/e2e_llama-1b_pdl$pdl.txt"; grep "^==\|GPU busy" "$OUT/e2e_llama-1b_pdl$pdl.txt"
   done
+fi
+if has host; then
+  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods none,draft,ngram,eagle3 \
+    --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi

@@ -2,7 +2,7 @@
 before, and a method's decode loop as wall clock per round beside the GPU's busy time per round (the kernels
 that ran and the host functions that took longest).
 
-    python scripts/profile_e2e.py --synthetic llama-1b [--methods none,draft] [--tokens 128] [--top 12]
+    python scripts/profile_e2e.py --synthetic llama-1b|shipped [--methods none,draft] [--tokens 128] [--top 12]
 
 GPU busy below the wall clock means the host is the bound; equal means the kernels are.
 """
@@ -143,7 +143,9 @@ def main() -> int:
     from engine.synthetic import build_synthetic_pair
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", default="llama-1b")
+    parser.add_argument("--synthetic", default="llama-1b", help="a synthetic shape, or 'shipped' for the "
+                        "shipped pair")
+    parser.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip the prefill report")
     parser.add_argument("--methods", default="none,draft")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
@@ -154,10 +156,17 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: profile_e2e needs a CUDA GPU (or --device cpu)", file=sys.stderr)
         return 2
-    pair = build_synthetic_pair(args.synthetic, torch.device(args.device), torch.bfloat16).pair
+    if args.synthetic == "shipped":  # the shipped pair, as the app loads it
+        from engine.models import load_pair
+
+        pair = load_pair(None, None, device=args.device, dtype="bfloat16")
+    else:
+        pair = build_synthetic_pair(args.synthetic, torch.device(args.device), torch.bfloat16).pair
     decoder = SpeculativeDecoder(pair)
-    print(f"synthetic {args.synthetic}")
-    report_prefill(pair.target, args.top)
+    decoder.warm_up()
+    print(f"pair {args.synthetic}")
+    if args.prefill:
+        report_prefill(pair.target, args.top)
     for method in filter(None, args.methods.split(",")):
         report_loop(decoder, method, args.tokens, args.top)
     if args.batch:
