@@ -80,6 +80,9 @@ class CostModel:
     overhead: dict = field(default_factory=dict)  # method -> Measured ms of host bookkeeping a round
     plain: Optional[Measured] = None  # a plain round's whole time, from plain rounds (None: not observed)
     source: str = "calibration"  # "calibration", "calibration + run", "trace only"
+    # rounds overlap the device (the GPU's pipelined loop): a run's verification phases are device time, the
+    # calibrated curve host and device in step, so their ratio is no load level to carry over to a plain round
+    pipelined: bool = False
 
     # ------------------------------------------------------------------------------------------ the terms
     def t_verify(self, block: int) -> float:
@@ -163,7 +166,7 @@ class CostModel:
         plain = [r.draft_ms + r.verify_ms + r.overhead_ms for r in rounds if r.method == "none"]
         if plain:
             model.plain = Measured.mean_of(plain)
-        elif model.plain is not None:  # the machine's load, as the run's verifications saw it
+        elif model.plain is not None and not model.pipelined:  # the machine's load, as the run saw it
             model.plain = model.plain.scaled(level)
         for method in {r.method for r in rounds}:
             mine = [r for r in rounds if r.method == method]
@@ -228,7 +231,8 @@ class CostModel:
                 "draft_step": {k: m.to_list() for k, m in self.draft_step.items()},
                 "draft_fixed": {k: m.to_list() for k, m in self.draft_fixed.items()},
                 "overhead": {k: m.to_list() for k, m in self.overhead.items()},
-                "plain": self.plain.to_list() if self.plain is not None else None, "source": self.source}
+                "plain": self.plain.to_list() if self.plain is not None else None, "source": self.source,
+                "pipelined": self.pipelined}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
@@ -238,7 +242,8 @@ class CostModel:
         plain = data.get("plain")
         return cls(verify=table("verify", int), draft_step=table("draft_step"),
                    draft_fixed=table("draft_fixed"), overhead=table("overhead"),
-                   plain=Measured(*plain) if plain else None, source=data.get("source", "calibration"))
+                   plain=Measured(*plain) if plain else None, source=data.get("source", "calibration"),
+                   pipelined=bool(data.get("pipelined", False)))
 
     def describe(self, method: str) -> str:
         """One line of the figures and their spread."""
@@ -330,7 +335,7 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
     else:
         curve = time_forward_curve(decoder.target, decoder.tokenizer.encode(prompt) or [0], sizes, warmup,
                                    curve_repeats)
-    model = CostModel(verify=curve)
+    model = CostModel(verify=curve, pipelined=bool(getattr(decoder, "pipelined", False)))
     runs, by_method = [], {}
     for method in ["none"] + [m for m in methods if m != "none"]:
         for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,)):

@@ -454,21 +454,13 @@ class SpeculativeDecoder:
     def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":
         """Everything the host needs from the round, in one copy: the verdict (accepted count, next token,
         path), the draft's tokens, and the per-token figures of the event (p, q, min(1, p/q), tested, p of the
-        next token, the target's top alternatives per row). Computed on the device first, so the GPU never
-        waits for the host between the verdict and the details."""
-        n = draft.size
-        soft = torch.softmax(logits.float() if config.sampling.greedy else
-                             logits.float() / config.sampling.temperature, dim=-1)  # [N+1, V]
-        top_p, top_i = torch.topk(soft, min(TOP_ALTERNATIVES, soft.shape[-1]), dim=-1)  # [N+1, T]
-        next_token = result.next_token[:1]  # [1]
-        # p of the next token in every row: the host picks the row that gave it (fewer launches than picking
-        # it here, each a few microseconds of host time on a GPU)
-        next_p = soft.index_select(1, next_token.clamp(0, soft.shape[-1] - 1)).flatten()  # [N+1]
-        # one cat, its dtype promotion turning ids and flags into float32 (exact below 2**24)
-        values = torch.cat([result.accepted[:1], next_token, result.path[0], draft.tokens, result.p_draft[0],
-                            result.q_draft[0], result.accept_prob[0], result.tested[0], next_p,
-                            top_p.flatten(), top_i.flatten()]).tolist()
-        return _RoundReadout.unpack(values, n, top_p.shape[-1])
+        next token, the target's top alternatives per row). Gathered on the device by the backend's readout
+        (one kernel on CUDA), so the GPU never waits for the host between the verdict and the details."""
+        sampling = config.sampling
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        width = min(TOP_ALTERNATIVES, logits.shape[-1])
+        values = self.backend.readout(logits, result, draft.tokens, temperature, width).tolist()
+        return _RoundReadout.unpack(values, draft.size, width)
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
         """The event's DraftedTokens and the next token's figures, from the round's readout."""

@@ -13,7 +13,7 @@ from kernels import reference
 from kernels.reference import VerifyResult
 
 FUNCTIONS = ("warp_probs", "sample_from_probs", "sample", "verify_chain_greedy", "verify_chain_stochastic",
-             "verify_tree_greedy", "verify_tree_stochastic")
+             "verify_tree_greedy", "verify_tree_stochastic", "readout")
 MEMBERS = ("name", "compiles_kernels", "flags_nan_on_device", "warm_up", "check_nan") + FUNCTIONS
 
 
@@ -53,6 +53,9 @@ class Backend(Protocol):
                                parents: torch.Tensor, draft_probs: Optional[torch.Tensor],
                                uniforms: torch.Tensor, temperature: float, top_k: int = 0,
                                top_p: float = 1.0) -> VerifyResult: ...
+
+    def readout(self, logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor,
+                temperature: float, width: int) -> torch.Tensor: ...
 
 
 class ModuleBackend:

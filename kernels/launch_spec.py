@@ -27,6 +27,7 @@ ITEMS = 4  # values per thread in one tile: SP_ITEMS
 TILE = BLOCK * ITEMS  # tokens per tile, one chunk of a row in the wide kernel: SP_TILE
 MAX_V = 262144  # SP_MAX_V
 MAX_N = 64  # drafted nodes per verification: SP_MAX_N
+READ_MAX_W = 8  # top alternatives per row the readout can give: SP_READ_MAX_W
 NULL = 0  # a null pointer argument (an output or input the launch does not use)
 
 # The warp settings (the .cu's struct Cfg) as sp_sample and sp_verify take them, in this order
@@ -130,6 +131,11 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "long long* out_i, float* out_f, unsigned char* tested, long long* tok_out, float* prob_out, "
                "int* nan_flag",
                templated=True),
+    KernelSpec("sp_readout",
+               "const T* logits, int R, int V, float inv_t, int W, const long long* accepted, "
+               "const long long* next_token, const long long* path, const long long* draft, "
+               "const float* p_draft, const float* q_draft, const float* accept_prob, "
+               "const unsigned char* tested, float* out", templated=True),
 )}
 
 

@@ -199,3 +199,26 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
     """Standard speculative sampling over a chain (see verify_tree_stochastic). uniforms [B, K+1]."""
     return verify_tree_stochastic(target_logits, draft_tokens, chain_parents(draft_tokens.shape[1]),
                                   draft_probs, uniforms, temperature, top_k, top_p)
+
+
+# ----------------------------------------------------------------------------------------------- readout
+def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor, temperature: float,
+            width: int) -> torch.Tensor:
+    """Everything the host reads of a one-sequence round, as one float32 vector (ids exact below 2**24):
+    [accepted, next_token, path[N], draft[N], p[N], q[N], accept_prob[N], tested[N], next_p[R], top_p[R, W],
+    top_i[R, W]] for logits [R = N + 1, V], result of that round's verification (batch 1) and draft_tokens
+    [N]. Under p = softmax(logits / temperature): next_p[r] is row r's p of the next token, top_* its W most
+    probable tokens, most probable first (tied tokens in either order; the CUDA kernel puts the smaller id
+    first)."""
+    rows, vocab = logits.shape
+    if not 1 <= width <= vocab:
+        raise ValueError(f"width must be in 1..{vocab}, got {width}")
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    soft = torch.softmax(scaled, dim=-1)  # [R, V]
+    top_p, top_i = torch.topk(soft, width, dim=-1)  # [R, W]
+    next_token = result.next_token[:1]  # [1]
+    next_p = soft.index_select(1, next_token.clamp(0, vocab - 1)).flatten()  # [R]
+    # one cat, its dtype promotion turning ids and flags into float32
+    return torch.cat([result.accepted[:1], next_token, result.path[0], draft_tokens, result.p_draft[0],
+                      result.q_draft[0], result.accept_prob[0], result.tested[0], next_p, top_p.flatten(),
+                      top_i.flatten()]).float()

@@ -1048,3 +1048,118 @@ sp_wide(const T* __restrict__ logits, int B, int N, int V, const long long* __re
         if (old == G - 1) { bar[0] = 0; bar[1] = 0; __threadfence(); }
     }
 }
+
+// ------------------------------------------------------------------------------------------ round readout
+// Everything the host reads of a one-sequence round, as one float32 vector (ids are exact below 2^24):
+//   out = [accepted, next_token, path[N], draft[N], p[N], q[N], accept_prob[N], tested[N],
+//          next_p[R], top_p[R, W], top_i[R, W]]      R = N + 1 rows of logits [R, V], W <= SP_READ_MAX_W
+// under p = softmax(x * inv_t): next_p[r] is row r's p of next_token[0], top_* its W most probable tokens
+// (ties -> the smaller id).  grid = (R, 1): block r reads row r; block 0 also copies the verdict.
+// Each thread keeps its best SP_READ_MAX_W (value, id) in registers; W rounds of a warp argmax over the
+// threads' heads merge them per warp, then warp 0 merges the warps' lists the same way.
+#define SP_READ_MAX_W 8
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(SP_FULL, v, o);
+        const int oi = __shfl_xor_sync(SP_FULL, i, o);
+        argmax_combine(v, i, ov, oi);
+    }
+}
+
+// W rounds: every lane offers the head of its sorted list (vals/ids, `count` long); the winner pops it.
+// Lane 0 ends with the merged W best in out_v/out_i.
+__device__ __forceinline__ void warp_merge_lists(const float* vals, const int* ids, int count, int W,
+                                                 float* out_v, int* out_i) {
+    int head = 0;
+    for (int k = 0; k < W; ++k) {
+        float v = neg_inf();
+        int i = SP_INT_MAX;
+        #pragma unroll
+        for (int h = 0; h < SP_READ_MAX_W; ++h)
+            if (h == head && h < count) { v = vals[h]; i = ids[h]; }
+        float mv = v;
+        int mi = i;
+        warp_argmax(mv, mi);
+        if (mi == i && mi != SP_INT_MAX) ++head;  // ids are distinct: only the owner pops
+        if ((threadIdx.x & 31) == 0) { out_v[k] = mv; out_i[k] = mi; }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(SP_BLOCK, 1)
+sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const long long* __restrict__ accepted,
+           const long long* __restrict__ next_token, const long long* __restrict__ path,
+           const long long* __restrict__ draft, const float* __restrict__ p_draft,
+           const float* __restrict__ q_draft, const float* __restrict__ accept_prob,
+           const unsigned char* __restrict__ tested, float* __restrict__ out) {
+    __shared__ Smem sm;
+    __shared__ float s_wv[SP_WARPS][SP_READ_MAX_W];
+    __shared__ int s_wi[SP_WARPS][SP_READ_MAX_W];
+    __shared__ float s_tv[SP_READ_MAX_W];
+    __shared__ int s_ti[SP_READ_MAX_W];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int r = blockIdx.x, N = R - 1;
+    if (r == 0) {
+        for (int j = tid; j < 2 + 6 * N; j += SP_BLOCK) {
+            float v;
+            if (j == 0) v = (float)accepted[0];
+            else if (j == 1) v = (float)next_token[0];
+            else {
+                const int part = (j - 2) / N, e = (j - 2) - part * N;
+                v = part == 0 ? (float)path[e] : part == 1 ? (float)draft[e] : part == 2 ? p_draft[e]
+                  : part == 3 ? q_draft[e] : part == 4 ? accept_prob[e] : (float)tested[e];
+            }
+            out[j] = v;
+        }
+    }
+    const T* row = logits + (size_t)r * V;
+    float bv[SP_READ_MAX_W];
+    int bi[SP_READ_MAX_W];
+    #pragma unroll
+    for (int h = 0; h < SP_READ_MAX_W; ++h) { bv[h] = neg_inf(); bi[h] = SP_INT_MAX; }
+    for (int j = tid; j < V; j += SP_BLOCK) {  // ids rise: a tie keeps the earlier id in front
+        float v = to_f(row[j]) * inv_t;
+        if (v > bv[SP_READ_MAX_W - 1]) {
+            int i = j;
+            #pragma unroll
+            for (int h = 0; h < SP_READ_MAX_W; ++h) {
+                if (v > bv[h]) {
+                    const float tv = bv[h]; const int ti = bi[h];
+                    bv[h] = v; bi[h] = i; v = tv; i = ti;
+                }
+            }
+        }
+    }
+    warp_merge_lists(bv, bi, SP_READ_MAX_W, W, s_wv[warp], s_wi[warp]);
+    __syncthreads();
+    if (warp == 0) {
+        float lv[SP_READ_MAX_W];
+        int li[SP_READ_MAX_W];
+        #pragma unroll
+        for (int h = 0; h < SP_READ_MAX_W; ++h) {
+            const bool mine = lane < SP_WARPS && h < W;
+            lv[h] = mine ? s_wv[lane][h] : neg_inf();
+            li[h] = mine ? s_wi[lane][h] : SP_INT_MAX;
+        }
+        warp_merge_lists(lv, li, W, W, s_tv, s_ti);
+    }
+    __syncthreads();
+    const float m = s_tv[0];
+    double s = 0.0;
+    for (int j = tid; j < V; j += SP_BLOCK) s += (double)expf(to_f(row[j]) * inv_t - m);
+    const float S = (float)block_sum_d(s, sm);
+    float* next_p = out + 2 + 6 * N;
+    float* top_p = next_p + R;
+    float* top_i = top_p + (size_t)R * W;
+    if (tid < W) {
+        const int id = s_ti[tid];
+        top_p[(size_t)r * W + tid] = id == SP_INT_MAX ? 0.0f : expf(s_tv[tid] - m) / S;
+        top_i[(size_t)r * W + tid] = id == SP_INT_MAX ? 0.0f : (float)id;
+    }
+    if (tid == 0) {
+        const long long nt = next_token[0];
+        const int j = nt < 0 ? 0 : (nt >= V ? V - 1 : (int)nt);
+        next_p[r] = expf(to_f(row[j]) * inv_t - m) / S;
+    }
+}

@@ -2,7 +2,7 @@
 before, and a method's decode loop as wall clock per round beside the GPU's busy time per round (the kernels
 that ran and the host functions that took longest).
 
-    python scripts/profile_e2e.py --synthetic llama-1b|shipped [--methods none,draft] [--tokens 128] [--top 12]
+    python scripts/profile_e2e.py --synthetic llama-1b|shipped [--methods none,draft] [--tokens 128]
 
 GPU busy below the wall clock means the host is the bound; equal means the kernels are.
 """

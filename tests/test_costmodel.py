@@ -107,6 +107,19 @@ def test_a_plain_round_costs_what_plain_rounds_took():
     assert unseen.t_plain == pytest.approx(1.2)  # no plain rounds: the curve's point and the overhead
 
 
+def test_a_pipelined_model_keeps_its_plain_round_whatever_level_a_run_shows():
+    """On the GPU's pipelined loop a run's verification phases are device time, the calibrated curve host and
+    device in step: their ratio (0.6 here) says nothing about a plain round, which stays as measured."""
+    curve = {1: Measured(0.5), 5: Measured(0.6)}
+    plain = Measured(0.41)
+    run = [RoundTiming("draft", 4, 5, 4, 0.2, 0.36, 0.3) for _ in range(5)]  # 0.6 of the curve's point
+    in_step = CostModel(verify=dict(curve), plain=plain).refit(run)
+    pipelined = CostModel(verify=dict(curve), plain=plain, pipelined=True).refit(run)
+    assert in_step.t_plain == pytest.approx(0.41 * 0.6)
+    assert pipelined.t_plain == pytest.approx(0.41) and pipelined.t_verify(5) == pytest.approx(0.36)
+    assert CostModel.from_dict(pipelined.to_dict()).pipelined
+
+
 def test_calibration_times_plain_rounds_from_the_second_on():
     """The first round of a generation also waits for the prefill on a GPU: TPOT_plain leaves it out."""
     import engine.costmodel as costmodel

@@ -361,3 +361,60 @@ def test_empty_draft_matches_reference(temperature):
     assert torch.equal(got.next_token.cpu(), want.next_token.cpu())
     assert torch.equal(got.accepted.cpu(), torch.zeros(4, dtype=torch.long))
     assert got.path.shape == (4, 0)
+
+
+def _compare_readout(x, r, k, n, rows, width):
+    """Exact verdict; close figures; top ids equal, or tied with the reference's (same logit) or of p 0."""
+    head = 2 + 6 * n
+    assert torch.equal(r[:head], k[:head])
+    np_r, np_k = r[head:head + rows], k[head:head + rows]
+    tp_r = r[head + rows:head + rows + rows * width].reshape(rows, width)
+    tp_k = k[head + rows:head + rows + rows * width].reshape(rows, width)
+    ti_r = r[head + rows + rows * width:].reshape(rows, width).long()
+    ti_k = k[head + rows + rows * width:].reshape(rows, width).long()
+    assert torch.allclose(np_r, np_k, rtol=2e-5, atol=1e-7), (np_r, np_k)
+    assert torch.allclose(tp_r, tp_k, rtol=2e-5, atol=1e-7), (tp_r, tp_k)
+    differ = ti_r != ti_k
+    if bool(differ.any()):
+        rows_of = torch.arange(rows, device=x.device)[:, None].expand(rows, width)
+        tied = x.float()[rows_of, ti_r] == x.float()[rows_of, ti_k]
+        assert bool((~differ | tied | (tp_r == 0)).all()), (ti_r, ti_k)
+
+
+def test_readout_fuzz():
+    """sp_readout against reference.readout: random rows, vocabularies, dtypes, ties, -inf, temperatures."""
+    g = torch.Generator(device=DEV).manual_seed(77)
+    gc = torch.Generator().manual_seed(78)
+    for case in range(N_CASES):
+        vocab = _fuzz_vocab(gc) if case % 50 else int(torch.randint(100000, 262145, (1,), generator=gc))
+        n = int(torch.randint(0, 12, (1,), generator=gc)) if case % 20 else int(torch.randint(12, 65, (1,),
+                                                                                              generator=gc))
+        width = int(torch.randint(1, min(8, vocab) + 1, (1,), generator=gc))
+        dtype = DTYPES[int(torch.randint(0, 3, (1,), generator=gc))]
+        kind = int(torch.randint(0, 4, (1,), generator=gc))
+        warm = float(torch.rand(1, generator=gc)) < 0.5
+        temp = float(0.2 + 1.8 * torch.rand(1, generator=gc)) if warm else 1.0
+        x = _logits(g, n + 1, vocab, dtype, kind)
+        # drafts that copy the row's argmax half the time, so verdicts vary
+        draft = torch.where(torch.rand(n, generator=g, device=DEV) < 0.5, x.float().argmax(-1)[:n],
+                            torch.randint(0, vocab, (n,), generator=g, device=DEV))
+        result = kc.verify_chain_greedy(x[None], draft[None])
+        r = ref.readout(x, result, draft, temp, width)
+        k = kc.readout(x, result, draft, temp, width)
+        rows = n + 1
+        assert k.shape == r.shape == (2 + 6 * n + rows + 2 * rows * width,)
+        _compare_readout(x, r, k, n, rows, width)
+    print(f"readout fuzz: {N_CASES} cases")
+
+
+def test_readout_of_an_empty_draft_and_of_a_tree():
+    g = torch.Generator(device=DEV).manual_seed(3)
+    x = torch.randn(1, 32000, generator=g, device=DEV).to(torch.bfloat16)
+    empty = torch.empty(0, dtype=torch.long, device=DEV)
+    result = kc.verify_chain_greedy(x[None], empty[None])
+    _compare_readout(x, ref.readout(x, result, empty, 1.0, 5), kc.readout(x, result, empty, 1.0, 5), 0, 1, 5)
+    x = torch.randn(9, 5000, generator=g, device=DEV) * 3
+    parents = torch.tensor([-1, -1, 0, 0, 1, 2, 2, 4])
+    draft = x.argmax(-1)[(parents + 1).to(DEV)]
+    result = kc.verify_tree_greedy(x[None], draft[None], parents)
+    _compare_readout(x, ref.readout(x, result, draft, 0.7, 5), kc.readout(x, result, draft, 0.7, 5), 8, 9, 5)

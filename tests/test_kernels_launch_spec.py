@@ -27,10 +27,12 @@ def test_every_kernel_of_the_source_has_a_spec_with_its_signature():
 
 
 def test_layouts_are_the_ones_the_kernels_were_launched_with():
-    """The packed layouts before the specs existed (Q = pointer / u64, i = int32, f = float32)."""
+    """The packed layouts before the specs existed, and later kernels' (Q = pointer / u64, i = int32,
+    f = float32)."""
     assert {name: spec.layout for name, spec in ls.SPECS.items()} == {
         "sp_sample": "QiiQfiiiQiQQQQ", "sp_sample_probs": "QiiQQ",
-        "sp_verify": "QiiiQQQQfiiiQiQQQQQQQ", "sp_wide": "QiiiQQQfiiQQQQQQQQ"}
+        "sp_verify": "QiiiQQQQfiiiQiQQQQQQQ", "sp_wide": "QiiiQQQfiiQQQQQQQQ",
+        "sp_readout": "QiifiQQQQQQQQQ"}  # added later, with the round readout
 
 
 def test_parse_params_normalises_restrict_and_pointer_spacing():
@@ -91,6 +93,7 @@ def test_constants_match_the_source():
     assert defines["SP_TILE"] == "(SP_BLOCK * SP_ITEMS)" and ls.TILE == ls.BLOCK * ls.ITEMS
     assert int(defines["SP_MAX_V"]) == ls.MAX_V
     assert int(defines["SP_MAX_N"]) == ls.MAX_N
+    assert int(defines["SP_READ_MAX_W"]) == ls.READ_MAX_W
 
 
 @pytest.mark.parametrize("batch, n1, vocab", [(1, 1, 4096), (1, 9, 151936), (3, 17, 5000), (8, 65, 262144)])

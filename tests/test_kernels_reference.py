@@ -5,6 +5,7 @@ torch.special.gammaincc.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kernels import reference as ref
@@ -195,3 +196,30 @@ def test_verify_records():
         t = res.tested[b]
         assert torch.allclose(res.q_draft[b, t], tq[t])
         assert torch.allclose(res.accept_prob[b, t], torch.clamp(res.p_draft[b, t] / tq[t], max=1.0))
+
+
+def test_readout_lays_out_the_verdict_then_each_rows_figures():
+    """reference.readout: the verdict and drafted figures as given, then p of the next token in every row and
+    each row's most probable tokens, under softmax(logits / T)."""
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 1.0], [0.0, 0.0, 5.0, 0.0]])  # [R=3, V=4]
+    draft = torch.tensor([1, 0])
+    result = ref.verify_chain_greedy(logits[None], draft[None])  # 1 and 0 are the argmaxes: both accepted
+    values = ref.readout(logits, result, draft, 1.0, 2).tolist()
+    n, rows, width = 2, 3, 2
+    assert values[:2] == [2.0, 2.0]  # accepted, next token (the last row's argmax)
+    path, tokens, p, q, accept, tested = (values[2 + i * n:2 + (i + 1) * n] for i in range(6))
+    assert path == [0.0, 1.0] and tokens == [1.0, 0.0] and q == [1.0, 1.0] and accept == [1.0, 1.0]
+    assert tested == [1.0, 1.0]
+    soft = torch.softmax(logits, -1)
+    assert p == pytest.approx([float(soft[0, 1]), float(soft[1, 0])])
+    next_p = values[2 + 6 * n:2 + 6 * n + rows]
+    assert next_p == pytest.approx(soft[:, 2].tolist())
+    top_p = values[2 + 6 * n + rows:2 + 6 * n + rows + rows * width]
+    top_i = values[2 + 6 * n + rows + rows * width:]
+    assert top_i == [1.0, 2.0, 0.0, 3.0, 2.0, 0.0] or top_i[:4] == [1.0, 2.0, 0.0, 3.0]  # row 2 ties at 0
+    assert top_p[:4] == pytest.approx([float(soft[0, 1]), float(soft[0, 2]), float(soft[1, 0]),
+                                       float(soft[1, 3])])
+    warm = ref.readout(logits, result, draft, 0.5, 1).tolist()  # T = 0.5: p from softmax(2 x)
+    assert warm[2 + 6 * n:2 + 6 * n + rows] == pytest.approx(torch.softmax(2 * logits, -1)[:, 2].tolist())
+    with pytest.raises(ValueError):
+        ref.readout(logits, result, draft, 1.0, 5)  # more alternatives than tokens
