@@ -15,7 +15,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from engine.runner import fit_vocab
+from engine.runner import fill_unknown, fit_vocab
 
 CHAIN_GRAPHS_KEPT = 48  # per drafter; past this, new shapes draft eagerly
 
@@ -162,6 +162,48 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
         return None
     drafted = graph.run(first_logits, start_row, uniforms)
     runner._length = start_row + k - 1
+    return drafted
+
+
+def draft_model_round(runner, feed: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
+                      uniforms: Optional[torch.Tensor] = None):
+    """A draft model's whole proposal as one graph: the forward over feed [n] (the tokens committed since its
+    last round, at the cache's end L) and the k-token chain drawn from its last row (draft_model_chain's
+    chain, one row further on). Appends n + k - 1 rows; returns (tokens [k], q [k, V] or None) or None where no
+    graph applies (the caller then runs the forward and the chain apart). One graph per (n, k): on the decode
+    path the step reads its start on the device, so every cache length shares it (n <= k + 1 in a round)."""
+    n, start_row = feed.numel(), runner.length
+    if not runner._decode_path(n) or n > k + 1:
+        return None
+    device = runner.device
+
+    def build() -> CapturedChain:
+        feed_in = torch.zeros(n, dtype=torch.long, device=device)  # [n]
+        start = torch.full((1,), start_row, dtype=torch.long, device=device)
+        u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
+        depth, block_visible = runner._chain_block(n)
+
+        def round_(tokens, start, u):
+            tokens = fill_unknown(tokens, runner.vocab_size, runner.input_fill)
+            _, logits = runner._block_step(F.embedding(tokens, runner.embed_weight), start, depth,
+                                           block_visible, 0)  # [n, V]
+            token, q = _draw(logits[-1:], vocab, sampling, u, 0)
+            tokens, probs = [token], [q]
+            for i in range(1, k):
+                _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), start + n + i - 1, 0)
+                token, q = _draw(logits, vocab, sampling, u, i)
+                tokens.append(token)
+                probs.append(q)
+            return _stack(tokens, probs)
+
+        return CapturedChain(round_, (feed_in, start, u_in), device, graph_pool(runner))
+
+    key = ("draft-round", n, k, vocab, None if sampling is None else sampling.key)
+    graph = ChainGraphs.of(runner).get(key, build)
+    if graph is None:
+        return None
+    drafted = graph.run(feed, start_row, uniforms)
+    runner._length = start_row + n + k - 1
     return drafted
 
 

@@ -138,3 +138,29 @@ def test_medusa_proposal_replays_as_one_graph(decoder):
         decoder.set_cuda_graphs(True)
     assert decoder.generate_ids(PROMPT, config) == eager
     assert any(key[0] == "medusa" for key in ChainGraphs.of(decoder.target)._graphs)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, temperature):
+    """On the decode path the draft model's forward over the committed tokens and its chain replay as one
+    graph (engine.chain_graph.draft_model_round): the same drafts, round by round, as the two graphs apart,
+    and greedy output equal to plain decoding."""
+    import engine.drafters.draft_model as draft_model
+    from engine.chain_graph import ChainGraphs
+
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method="draft", k=4, max_new_tokens=48, seed=3,
+                              sampling=SamplingParams(temperature, 0, 1.0))
+
+    def rounds():
+        return [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
+
+    monkeypatch.setattr(draft_model, "FUSED_ROUND", False)
+    apart = rounds()
+    monkeypatch.setattr(draft_model, "FUSED_ROUND", True)
+    fused = rounds()
+    assert fused == apart
+    assert any(key[0] == "draft-round" for key in ChainGraphs.of(decoder.pair.draft)._graphs)
+    if temperature == 0.0:
+        plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+        assert [t for _, ids in fused for t in ids] == plain

@@ -132,14 +132,25 @@ def test_programmatic_launch_structs_match_cuda_h():
     assert pdl.PdlLauncher.load((8, 0)) is None  # below sm_90
 
 
-def test_programmatic_launch_is_opt_in(monkeypatch):
-    """Off unless SPECPLAY_PDL=1 (not yet run on a GPU with launches limited to chained ones)."""
+def test_programmatic_launch_is_on_unless_turned_off(monkeypatch):
+    """SPECPLAY_PDL=0 turns it off; otherwise it loads wherever the driver has cuLaunchKernelEx (not here:
+    without libcuda the loader gives None whatever the setting)."""
     from kernels import pdl
 
-    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
-    assert pdl.PdlLauncher.load((9, 0)) is None
     monkeypatch.setenv("SPECPLAY_PDL", "0")
     assert pdl.PdlLauncher.load((9, 0)) is None
+    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
+    loaded = []
+    monkeypatch.setattr(pdl.ctypes, "CDLL", lambda name: loaded.append(name) or
+                        type("Driver", (), {"cuLaunchKernelEx": ctypes_function()})())
+    assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher) and loaded == ["libcuda.so.1"]
+    monkeypatch.setenv("SPECPLAY_PDL", "0")
+    assert pdl.PdlLauncher.load((9, 0)) is None
+
+
+def ctypes_function():
+    """A stand-in for a ctypes foreign function (the loader sets restype and argtypes on it)."""
+    return type("Function", (), {})()
 
 
 def test_programmatic_launch_passes_grid_stream_and_arguments():

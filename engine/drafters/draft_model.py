@@ -1,11 +1,17 @@
 """A separate, smaller draft model sharing the target's tokenizer: drafts a chain of K autoregressively."""
 from __future__ import annotations
 
+import os
+
 import torch
 
-from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain
+from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain, draft_model_round
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, fit_vocab, to_device
+
+# SPECPLAY_FUSED_DRAFT=0 runs the draft model's forward over the committed tokens and its chain as two
+# graphs (as before the fused round), for comparisons
+FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 
 
 class DraftModelDrafter(Drafter):
@@ -27,10 +33,15 @@ class DraftModelDrafter(Drafter):
     def propose(self, state: DecodeState, k: int) -> Draft:
         feed = to_device(state.tokens[self.cached:], self.runner.device)
         self.base, self.last_k = len(state.tokens), k
-        logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
-        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
         sampling = chain_sampling(state)
-        if ChainGraphs.available(self.runner, k, sampling):
+        uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
+        graphs = ChainGraphs.available(self.runner, k, sampling)
+        if graphs and FUSED_ROUND:  # the forward over the feed and the chain in one graph
+            drafted = draft_model_round(self.runner, feed, k, state.vocab_size, sampling, uniforms)
+            if drafted is not None:
+                return Draft(tokens=drafted[0], probs=drafted[1])
+        logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
+        if graphs:
             drafted = draft_model_chain(self.runner, logits, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
                 return Draft(tokens=drafted[0], probs=drafted[1])
@@ -41,7 +52,8 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         for i in range(k):
             # [1], [1, V]
-            token, q = draw_token(state, fit_vocab(logits, state.vocab_size), uniforms[i:i + 1])
+            uniform = None if uniforms is None else uniforms[i:i + 1]
+            token, q = draw_token(state, fit_vocab(logits, state.vocab_size), uniform)
             tokens.append(token)
             probs.append(q)
             if i < k - 1:
