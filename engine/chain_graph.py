@@ -165,13 +165,13 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
     return drafted
 
 
-def draft_model_round(runner, feed: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
-                      uniforms: Optional[torch.Tensor] = None):
+def draft_model_round(runner, feed: torch.Tensor, k: int, vocab: int,
+                      sampling: Optional[ChainSampling] = None, uniforms: Optional[torch.Tensor] = None):
     """A draft model's whole proposal as one graph: the forward over feed [n] (the tokens committed since its
     last round, at the cache's end L) and the k-token chain drawn from its last row (draft_model_chain's
-    chain, one row further on). Appends n + k - 1 rows; returns (tokens [k], q [k, V] or None) or None where no
-    graph applies (the caller then runs the forward and the chain apart). One graph per (n, k): on the decode
-    path the step reads its start on the device, so every cache length shares it (n <= k + 1 in a round)."""
+    chain, one row further on). Appends n + k - 1 rows; returns (tokens [k], q [k, V] or None) or None where
+    no graph applies (the caller then runs the forward and the chain apart). One graph per (n, k): on the
+    decode path the step reads its start on the device, so every cache length shares it (n <= k + 1)."""
     n, start_row = feed.numel(), runner.length
     if not runner._decode_path(n) or n > k + 1:
         return None
