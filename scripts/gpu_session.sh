@@ -16,7 +16,7 @@ PART=${PART:-tests tests-pdl runtimes methods batch ksweep pdl-ab host}
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
-  SPECPLAY_FUZZ_CASES=10000 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
+  SPECPLAY_FUZZ_CASES=10000 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
     2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
 if has tests-pdl; then
