@@ -5,7 +5,13 @@ import os
 
 import torch
 
-from engine.chain_graph import ChainGraphs, chain_sampling, draft_model_chain, draft_model_round
+from engine.chain_graph import (
+    ChainGraphs,
+    chain_sampling,
+    draft_model_chain,
+    draft_model_round,
+    prepare_draft_rounds,
+)
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.runner import CausalRunner, fit_vocab, to_device
 
@@ -29,6 +35,9 @@ class DraftModelDrafter(Drafter):
         if prefix:
             self.runner.forward(torch.tensor(prefix, dtype=torch.long, device=self.runner.device))
         self.cached = len(prefix)
+        sampling = chain_sampling(state)
+        if FUSED_ROUND and ChainGraphs.available(self.runner, state.config.k, sampling):
+            prepare_draft_rounds(self.runner, state.config.k, state.vocab_size, sampling)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         feed = to_device(state.tokens[self.cached:], self.runner.device)
