@@ -3,6 +3,7 @@
 # PART picks parts (default: all, in this order):
 #   tests     every GPU test, 10,000 fuzz cases per kernel (programmatic launch on: the default)
 #   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=0 (plain launches)
+#   engine    the engine, drafter and batch GPU tests alone (the defaults)
 #   runtimes  bench runtimes on the synthetic 1B and 7B shapes, HF eager and assisted beside
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64
@@ -13,6 +14,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-tests tests-pdl runtimes methods batch ksweep pdl-ab host}
+ENGINE_TESTS="tests/test_engine_gpu.py tests/test_drafters_gpu.py tests/test_batch_gpu.py"
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
@@ -22,6 +24,10 @@ fi
 if has tests-pdl; then
   SPECPLAY_PDL=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py \
     tests/test_drafters_gpu.py tests/test_batch_gpu.py 2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_pdl.log" | tail -6
+fi
+if has engine; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $ENGINE_TESTS 2>&1 | grep -v -i "warn" \
+    | tee "$OUT/gpu_tests_engine.log" | tail -6
 fi
 if has runtimes; then
   for shape in llama-1b llama-7b; do
