@@ -13,11 +13,12 @@ programmatic only when its caller knows the previous kernel on the stream is one
 kernels.step): captured into a graph, a programmatic launch after a memset node (which cuBLAS may queue)
 invalidates the capture.
 
-On by default (SPECPLAY_PDL=0 turns it off): measured on an H200 it cut plain decoding of a 1B shape from
-1.734 to 1.520 ms a token (an earlier machine: 1.525 to 1.420), and the engine, drafter and batch GPU tests
-passed with it. `PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older
-than sm_90, or the variable is 0; the caller then launches through CuPy. A failed launch turns the launcher
-off for the process.
+Off unless SPECPLAY_PDL=1. Measured on an H200 it cut plain decoding of a 1B shape from 1.734 to 1.520 ms a
+token (an earlier machine: 1.525 to 1.420), and the engine, drafter and batch GPU tests passed with it twice
+(82 of 82; every GPU test, 123 of 123), but a third run lost one capture: an EAGLE-3 head's sampled chain in
+bf16 failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a failure no run without it has shown.
+`PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or the
+variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the process.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class PdlLauncher:
 
     @classmethod
     def load(cls, capability: tuple) -> Optional["PdlLauncher"]:
-        if os.environ.get("SPECPLAY_PDL", "1") == "0" or tuple(capability) < (9, 0):
+        if os.environ.get("SPECPLAY_PDL", "0") != "1" or tuple(capability) < (9, 0):
             return None
         try:
             driver = ctypes.CDLL("libcuda.so.1")

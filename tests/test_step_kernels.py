@@ -132,20 +132,20 @@ def test_programmatic_launch_structs_match_cuda_h():
     assert pdl.PdlLauncher.load((8, 0)) is None  # below sm_90
 
 
-def test_programmatic_launch_is_on_unless_turned_off(monkeypatch):
-    """SPECPLAY_PDL=0 turns it off; otherwise it loads wherever the driver has cuLaunchKernelEx (not here:
-    without libcuda the loader gives None whatever the setting)."""
+def test_programmatic_launch_is_opt_in(monkeypatch):
+    """Off unless SPECPLAY_PDL=1; with it, it loads wherever the driver has cuLaunchKernelEx (a stand-in
+    driver here)."""
     from kernels import pdl
 
-    monkeypatch.setenv("SPECPLAY_PDL", "0")
-    assert pdl.PdlLauncher.load((9, 0)) is None
-    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
     loaded = []
     monkeypatch.setattr(pdl.ctypes, "CDLL", lambda name: loaded.append(name) or
                         type("Driver", (), {"cuLaunchKernelEx": ctypes_function()})())
-    assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher) and loaded == ["libcuda.so.1"]
-    monkeypatch.setenv("SPECPLAY_PDL", "0")
+    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
     assert pdl.PdlLauncher.load((9, 0)) is None
+    monkeypatch.setenv("SPECPLAY_PDL", "0")
+    assert pdl.PdlLauncher.load((9, 0)) is None and not loaded
+    monkeypatch.setenv("SPECPLAY_PDL", "1")
+    assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher) and loaded == ["libcuda.so.1"]
 
 
 def ctypes_function():
