@@ -17,8 +17,8 @@ Off unless SPECPLAY_PDL=1. Measured on an H200 it cut plain decoding of a 1B sha
 token (an earlier machine: 1.525 to 1.420), and the engine, drafter and batch GPU tests passed with it twice
 (82 of 82; every GPU test, 123 of 123), but a third run lost one capture: an EAGLE-3 head's sampled chain in
 bf16 failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a failure no run without it has shown.
-`PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or the
-variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the process.
+`PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or
+the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the process.
 """
 from __future__ import annotations
 
