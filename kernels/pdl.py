@@ -18,7 +18,8 @@ token (an earlier machine: 1.525 to 1.420), and the engine, drafter and batch GP
 (82 of 82; every GPU test, 123 of 123), but a third run lost one capture: an EAGLE-3 head's sampled chain in
 bf16 failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a failure no run without it has shown.
 `PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or
-the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the process.
+the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the
+process.
 """
 from __future__ import annotations
 
