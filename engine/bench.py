@@ -149,19 +149,16 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     else:
         c = calibration.c_for(base.method) if hasattr(calibration, "c_for") else calibration.c
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
-    plain_run = replace(base, method="none")
-    plain_totals, plain_events = _measure_keeping_events(decoder, prompts, plain_run, repeats)
-    plain = plain_totals.tokens_per_s
-    # the plain rounds of this run, past each generation's first (which also waits for the prefill): the
-    # measured TPOT_plain every K's prediction divides
-    plain_rounds = [e for _, e in plain_events if e.round > 0]
+    # TPOT_plain stays the calibrated one: refitting on this run's plain rounds too would make the prediction
+    # this run's own ratio
+    plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
     rows, traces = [], {}
     for k in ks:
         if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
             measure(decoder, prompts[:1], replace(base, k=k))
         r, events = _measure_keeping_events(decoder, prompts, replace(base, k=k), repeats)
         traces[k] = events
-        rows.append(_sweep_row(k, r, plain, c, costs, events, plain_rounds))
+        rows.append(_sweep_row(k, r, plain, c, costs, events))
         if progress is not None and progress(rows[-1]) is False:
             break
     _add_from_run(rows, traces, costs)
@@ -272,9 +269,9 @@ def _measure_keeping_events(decoder, prompts, config, repeats) -> tuple:
     return totals, events
 
 
-def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events, plain_rounds=()) -> dict:
-    """One K's measured figures beside its predictions; the cost model is refitted on this K's rounds and
-    the sweep's own plain rounds (plain_rounds: RoundEvents)."""
+def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
+    """One K's measured figures beside its predictions; the cost model is refitted on this K's rounds (the
+    live refit), its plain round kept from calibration."""
     row = {"k": k, "alpha": r.acceptance_rate, "tokens_per_forward": r.tokens_per_forward,
            "analytic_tokens_per_forward": analytic.expected_tokens(r.acceptance_rate, k),
            "tokens_per_s": r.tokens_per_s, "speedup": _ratio(r.tokens_per_s, plain),
@@ -284,7 +281,7 @@ def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events, plain_rou
         from engine.costmodel import timing_of
 
         method = events[0][1].method
-        refitted = costs.refit([timing_of(e) for _, e in events] + [timing_of(e) for e in plain_rounds])
+        refitted = costs.refit(timing_of(e) for _, e in events)
         row["predicted_speedup"] = refitted.speedup(method, k, r.tokens_per_forward, _block(events))
     return row
 
