@@ -129,6 +129,20 @@ def graph_pool(runner):
     return runner._graph_pool
 
 
+def _model_chain(runner, logits: torch.Tensor, row: torch.Tensor, k: int, kv: int, vocab: int,
+                 sampling: Optional[ChainSampling], u: torch.Tensor):
+    """k tokens of a model's chain: token 0 drawn from logits [1, V], token i after one step on token i-1 at
+    cache row row + i - 1 (row: [1] on the device). Returns (tokens [k], q [k, V] or None)."""
+    token, q = _draw(logits, vocab, sampling, u, 0)
+    tokens, probs = [token], [q]
+    for i in range(1, k):
+        _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), row + i - 1, kv)
+        token, q = _draw(logits, vocab, sampling, u, i)
+        tokens.append(token)
+        probs.append(q)
+    return _stack(tokens, probs)
+
+
 def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
                       sampling: Optional[ChainSampling] = None, uniforms: Optional[torch.Tensor] = None):
     """A chain of k tokens from a draft model whose last forward gave first_logits [1, V] (cache length L):
@@ -145,14 +159,7 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
         u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
         def chain(logits, start, u):
-            token, q = _draw(logits, vocab, sampling, u, 0)
-            tokens, probs = [token], [q]
-            for i in range(1, k):
-                _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), start + i - 1, kv)
-                token, q = _draw(logits, vocab, sampling, u, i)
-                tokens.append(token)
-                probs.append(q)
-            return _stack(tokens, probs)
+            return _model_chain(runner, logits, start, k, kv, vocab, sampling, u)
 
         return CapturedChain(chain, (logits_in, start, u_in), device, graph_pool(runner))
 
@@ -206,14 +213,7 @@ def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[Ch
             tokens = fill_unknown(tokens, runner.vocab_size, runner.input_fill)
             _, logits = runner._block_step(F.embedding(tokens, runner.embed_weight), start, depth,
                                            block_visible, 0)  # [n, V]
-            token, q = _draw(logits[-1:], vocab, sampling, u, 0)
-            tokens, probs = [token], [q]
-            for i in range(1, k):
-                _, logits = _one_step(runner, F.embedding(token, runner.embed_weight), start + n + i - 1, 0)
-                token, q = _draw(logits, vocab, sampling, u, i)
-                tokens.append(token)
-                probs.append(q)
-            return _stack(tokens, probs)
+            return _model_chain(runner, logits[-1:], start + n, k, 0, vocab, sampling, u)
 
         return CapturedChain(round_, (feed_in, start, u_in), device, graph_pool(runner))
 

@@ -200,7 +200,7 @@ class RecordingDecoder:
         k = config.drafts
         self.runs.append(k)
         metrics = MetricsAccumulator(k).add_round(k, k, k + 1, k, 0.25, 0.5, 0.25)
-        yield SimpleNamespace(metrics=metrics, round_ms=1.0, round=0)
+        yield SimpleNamespace(metrics=metrics, round_ms=1.0)
 
 
 @pytest.mark.parametrize("device, warmed", [("cuda", True), ("cpu", False)])
