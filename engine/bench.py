@@ -142,23 +142,24 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
       (engine.predict), filled into every row once that run was measured.
     progress(row), when given, is called after each K; returning False stops the sweep (the rows so far
     return)."""
-    calibration = decoder.calibrate(max(ks))
+    calibration = decoder.calibrate(max(ks), sampling=base.sampling)
     costs = getattr(calibration, "costs", None)
     if base.method == "layerskip":  # its c is a partial target step, measured apart
         c = draft_cost(decoder, base, max(ks))
     else:
         c = calibration.c_for(base.method) if hasattr(calibration, "c_for") else calibration.c
     measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
-    # TPOT_plain stays the calibrated one: refitting on this run's plain rounds too would make the prediction
-    # this run's own ratio
-    plain = measure(decoder, prompts, replace(base, method="none"), repeats).tokens_per_s
+    # TPOT_plain of the predictions stays the calibrated one: taking this run's plain rounds would make the
+    # prediction this run's own ratio. The measured speedup pairs each K with plain runs of the same prompts
+    # taken between its own: a slow stretch of the machine then slows both sides
+    plain_config = replace(base, method="none")
     rows, traces = [], {}
     for k in ks:
         if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
             measure(decoder, prompts[:1], replace(base, k=k))
-        r, events = _measure_keeping_events(decoder, prompts, replace(base, k=k), repeats)
+        plain, r, events = _paired_runs(decoder, prompts, plain_config, replace(base, k=k), repeats)
         traces[k] = events
-        rows.append(_sweep_row(k, r, plain, c, costs, events))
+        rows.append(_sweep_row(k, r, plain.tokens_per_s, c, costs, events))
         if progress is not None and progress(rows[-1]) is False:
             break
     _add_from_run(rows, traces, costs)
@@ -257,16 +258,18 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
     return rows
 
 
-def _measure_keeping_events(decoder, prompts, config, repeats) -> tuple:
-    """measure(), keeping each generation's events as (generation, event) pairs for the predictions."""
-    totals, events, index = RunTotals(config.drafts), [], 0
+def _paired_runs(decoder, prompts, plain_config, config, repeats) -> tuple:
+    """Each prompt decoded plainly, then with config (repeats times): (plain RunTotals, config's RunTotals,
+    config's events as (generation, event) pairs for the predictions)."""
+    plain, totals, events, index = RunTotals(0), RunTotals(config.drafts), [], 0
     for _ in range(repeats):
         for prompt in prompts:
+            plain.add(final_metrics(list(decoder.generate(prompt, plain_config))))
             generation = list(decoder.generate(prompt, config))
             totals.add(final_metrics(generation))
             events += [(index, e) for e in generation]
             index += 1
-    return totals, events
+    return plain, totals, events
 
 
 def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:

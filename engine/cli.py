@@ -648,7 +648,7 @@ def _prediction_costs(args, trace):
     if args.save_costs:
         _check_writable(args.save_costs)
     decoder = load_decoder(args, trace.method)
-    costs = decoder.calibrate(trace.k or 4, methods_to_time=[trace.method]).costs
+    costs = decoder.calibrate(trace.k or 4, methods_to_time=[trace.method], sampling=trace.sampling).costs
     if args.save_costs:
         with open(args.save_costs, "w", encoding="utf-8") as handle:
             json.dump(costs.to_dict(), handle, indent=1)

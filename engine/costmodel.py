@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional, Sequence
 # interpolated: with block 4 read off the line between 3 and 5, the CPU prediction at K = 3 was 17% off)
 VERIFY_SIZES = (1, 2, 3, 4, 5, 7, 9, 17, 33, 65)
 STEP_METHODS = ("draft", "eagle", "eagle3", "layerskip")  # drafters whose cost grows with the depth
+SPIN_UP_MS = 60.0  # decoding before calibration times anything (see _spin_up)
 MIN_OBSERVATIONS = 3  # rounds at one block size before the run's own median replaces the calibrated point
 
 
@@ -319,15 +320,18 @@ def time_forward_curve(runner, probe_ids: list, sizes: Sequence[int], warmup: in
 
 
 def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, repeats: int = 5,
-                    warmup: int = 2, sizes: Sequence[int] = VERIFY_SIZES, tokens: int = 24) -> CostModel:
+                    warmup: int = 2, sizes: Sequence[int] = VERIFY_SIZES, tokens: int = 24,
+                    sampling=None) -> CostModel:
     """Measure the cost model on this machine.
 
     The verification curve: the decoder's verification phase over each block size (round-robin, see
     round_robin_curve; raw target forwards for a decoder that cannot time its phase). The
-    draft and overhead terms: short generations of plain decoding and of each method at K (after a warm-up
-    one), their phase times; their verification phases refit the curve's level like a live run would, and the
-    plain runs' rounds from the second on give TPOT_plain."""
-    from engine.config import GenerationConfig
+    draft and overhead terms: short generations of plain decoding and of each method at K (each warmed up
+    once, then timed round-robin after a spin-up), their phase times; their verification phases refit the
+    curve's level like a live run would, and the plain runs' rounds from the second on give TPOT_plain.
+    sampling: the SamplingParams the predictions are for (default greedy): a sampled round does more work
+    (on the H200 a sampled plain round cost 15% more than a greedy one)."""
+    from engine.config import GenerationConfig, SamplingParams
 
     curve_repeats = 6 * repeats  # one forward of each size a repeat: cheap, and the shape needs them
     if hasattr(decoder, "verify_curve"):
@@ -336,24 +340,44 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
         curve = time_forward_curve(decoder.target, decoder.tokenizer.encode(prompt) or [0], sizes, warmup,
                                    curve_repeats)
     model = CostModel(verify=curve, pipelined=bool(getattr(decoder, "pipelined", False)))
-    runs, by_method = [], {}
-    for method in ["none"] + [m for m in methods if m != "none"]:
-        for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,)):
-            config = GenerationConfig(method=method, k=depth, max_new_tokens=tokens, stop_at_eos=False)
-            for _ in range(max(1, warmup // 2)):
-                list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
+    sampling = sampling or SamplingParams()
+    configs = [(method, GenerationConfig(method=method, k=depth, sampling=sampling, max_new_tokens=tokens,
+                                         stop_at_eos=False))
+               for method in ["none"] + [m for m in methods if m != "none"]
+               for depth in ((1, max(k, 2)) if method in STEP_METHODS else (k,))]
+    for _, config in configs:  # kernels compiled, graphs captured
+        for _ in range(max(1, warmup // 2)):
+            list(decoder.generate(prompt, replace(config, max_new_tokens=4)))
+    _spin_up(decoder, prompt, configs[0][1])
+    # round-robin over the configurations: a slow stretch of the machine (a host-bound GPU round doubled in
+    # time for tens of ms after the host idled) lands on all of them alike, not on the one timed then
+    timed: list = [[] for _ in configs]
+    for _ in range(max(1, repeats // 2)):
+        for rounds, (method, config) in zip(timed, configs):
             # TPOT_plain from steady-state rounds: on a GPU a generation's first round also waits for the
             # prefill, which a short calibration run spreads over a few rounds (a long run over many)
-            timed = [timing_of(e) for _ in range(max(1, repeats // 2))
-                     for e in decoder.generate(prompt, config) if e.round > 0 or method != "none"]
-            by_method.setdefault(method, []).append(timed)
-            runs += timed
+            rounds += [timing_of(e) for e in decoder.generate(prompt, config) if e.round > 0 or method != "none"]
+    runs, by_method = [], {}
+    for rounds, (method, _) in zip(timed, configs):
+        by_method.setdefault(method, []).append(rounds)
+        runs += rounds
     model = model.refit(runs, keep_shape=True)
     for method, (short, *rest) in by_method.items():
         if method in STEP_METHODS and rest:
             model.fit_draft(method, [r for r in short if r.depth], [r for r in rest[0] if r.depth])
     model.source = "calibration"
     return model
+
+
+def _spin_up(decoder, prompt: str, config, min_ms: float = SPIN_UP_MS) -> None:
+    """Decode until min_ms have passed (one generation at least): the host's clocks up before timing."""
+    import time
+
+    start = time.perf_counter()
+    while True:
+        list(decoder.generate(prompt, config))
+        if (time.perf_counter() - start) * 1000.0 >= min_ms:
+            return
 
 
 def timing_of(event) -> RoundTiming:

@@ -228,14 +228,15 @@ class SpeculativeDecoder:
         return ids
 
     def calibrate(self, k: int = 4, repeats: int = 5, methods_to_time=None,
-                  prompt: str = "def merge(a, b):\n    ") -> Calibration:
+                  prompt: str = "def merge(a, b):\n    ", sampling=None) -> Calibration:
         """Measure the cost model on this machine (engine.costmodel): the verification curve over block sizes,
-        each available method's draft and overhead terms, with warm-ups and repeats (median and spread)."""
+        each available method's draft and overhead terms, with warm-ups and repeats (median and spread), for
+        `sampling` (SamplingParams; default greedy)."""
         from engine.costmodel import calibrate_costs
 
         available = self.available_methods()
         chosen = [m for m in (methods_to_time or available) if m in available and m != "none"]
-        costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats)
+        costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats, sampling=sampling)
         draft_ms = costs.t_draft("draft", 1) if "draft" in chosen else 0.0
         return Calibration(target_step_ms=costs.t_plain, draft_step_ms=draft_ms, costs=costs)
 

@@ -80,6 +80,21 @@ class Trace:
         return not any(r.sampled for r in self.rounds)
 
     @property
+    def sampling(self):
+        """The run's SamplingParams as its header records them; greedy, or T = 1 for a sampled run that
+        records none."""
+        from engine.config import SamplingParams
+
+        recorded = (self.header.get("config") or {}).get("sampling") or {}
+        known = {name: recorded[name] for name in ("temperature", "top_k", "top_p") if name in recorded}
+        if not known:
+            return SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
+        try:
+            return SamplingParams(**known)
+        except TypeError:
+            return SamplingParams()
+
+    @property
     def is_tree(self) -> bool:
         return any(r.is_tree for r in self.rounds)
 

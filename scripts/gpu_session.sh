@@ -8,6 +8,7 @@
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
+#   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 set -uo pipefail
@@ -48,6 +49,16 @@ fi
 if has ksweep; then
   timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
     --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu.txt" | tail -12
+fi
+if has predictions; then
+  for pass in 1 2; do
+    timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+      --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu_pass$pass.txt" | tail -11
+  done
+  timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+    --max-new-tokens 128 --temperature 0.8 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu_t08.txt" | tail -11
+  timeout 100 python3 scripts/calibration_spread.py --device cuda --repeats 5 2>&1 | grep -v "compiling" \
+    | tee "$OUT/calibration_spread_gpu.txt" | tail -5
 fi
 if has pdl-ab; then
   for pdl in 1 0; do

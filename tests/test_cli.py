@@ -189,7 +189,7 @@ class RecordingDecoder:
         self.device = torch.device(device)
         self.runs = []
 
-    def calibrate(self, k):
+    def calibrate(self, k, sampling=None):
         from engine.decoder import Calibration
 
         return Calibration(target_step_ms=2.0, draft_step_ms=0.5)
@@ -212,9 +212,11 @@ def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
     decoder = RecordingDecoder(device)
     rows = bench_k_sweep(decoder, ["p1", "p2"], GenerationConfig(method="draft", k=4), (1, 3))
     assert [row["k"] for row in rows] == [1, 3]
-    timed = [1, 1, 3, 3]  # two prompts per K
-    expected = [4, 0, 0] + ([1] + timed[:2] + [3] + timed[2:] if warmed else timed)
-    # warm-up, plain baseline (2 prompts), then each K (warm-up first on CUDA)
+    def timed(k):  # each prompt decoded plainly, then at K
+        return [0, k, 0, k]
+
+    expected = [4] + [run for k in (1, 3) for run in ([k] if warmed else []) + timed(k)]
+    # warm-up, then each K (its warm-up first on CUDA) paired with plain runs of the same prompts
     assert decoder.runs == expected
 
 

@@ -1,4 +1,6 @@
 """The measured cost model: its formulas, the live refit, files, and a calibration on tiny models."""
+from types import SimpleNamespace
+
 import pytest
 
 from engine.costmodel import CostModel, Measured, RoundTiming, calibrate_costs, from_trace
@@ -138,3 +140,37 @@ def test_calibration_times_plain_rounds_from_the_second_on():
 
     costs = costmodel.calibrate_costs(Decoder(), "x", ["none"], tokens=8)
     assert costs.t_plain == pytest.approx(1.0)  # the 50 ms first round left out
+
+
+def test_calibration_times_every_configuration_round_robin_with_the_runs_sampling():
+    """A slow stretch of the machine must land on every configuration alike: after each one's warm-up and a
+    spin-up, the timed generations go plain, draft K=1, draft K=4, plain, ...; all at the given sampling."""
+    import engine.costmodel as costmodel
+    from engine.config import SamplingParams
+
+    class Event:
+        def __init__(self, index, config):
+            self.round, self.method, self.k = index, config.method, config.k
+            self.drafted = [SimpleNamespace(depth=d) for d in range(config.k if config.method != "none" else 0)]
+            self.draft_ms, self.verify_ms, self.overhead_ms = 0.1 * len(self.drafted), 1.0, 0.1
+
+    class Decoder:
+        def __init__(self):
+            self.runs = []
+
+        def verify_curve(self, prompt, sizes, warmup, repeats):
+            return {n: Measured(1.0) for n in sizes}
+
+        def generate(self, prompt, config):
+            self.runs.append((config.method, config.k, config.max_new_tokens, config.sampling.temperature))
+            return [Event(i, config) for i in range(config.max_new_tokens)]
+
+    decoder = Decoder()
+    costs = costmodel.calibrate_costs(decoder, "x", ["draft"], k=4, repeats=4, warmup=2, tokens=6,
+                                      sampling=SamplingParams(temperature=0.8))
+    timed = [run[:2] for run in decoder.runs if run[2] == 6]
+    spun = len(timed) - 6  # spin-up generations are plain ones of the timed length
+    assert spun >= 1 and timed[:spun] == [("none", 4)] * spun
+    assert timed[spun:] == [("none", 4), ("draft", 1), ("draft", 4)] * 2
+    assert {run[3] for run in decoder.runs} == {0.8}
+    assert costs.draft_step["draft"].median == pytest.approx(0.1)

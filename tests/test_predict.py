@@ -75,6 +75,7 @@ def test_trace_reader_skips_header_and_accepts_untyped_rounds(tmp_path):
     path = write_trace(tmp_path / "t.jsonl", records, header={"config": {"sampling": {"temperature": 0.8}}})
     trace = load_trace(path)
     assert len(trace.rounds) == 4 and not trace.greedy
+    assert trace.sampling.temperature == 0.8  # calibration times rounds sampled like the run's
     (tmp_path / "empty.jsonl").write_text('{"type": "header"}\n')
     with pytest.raises(SpecplayError, match="no rounds"):
         load_trace(tmp_path / "empty.jsonl")
