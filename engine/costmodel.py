@@ -356,7 +356,8 @@ def calibrate_costs(decoder, prompt: str, methods: Sequence[str], k: int = 4, re
         for rounds, (method, config) in zip(timed, configs):
             # TPOT_plain from steady-state rounds: on a GPU a generation's first round also waits for the
             # prefill, which a short calibration run spreads over a few rounds (a long run over many)
-            rounds += [timing_of(e) for e in decoder.generate(prompt, config) if e.round > 0 or method != "none"]
+            rounds += [timing_of(e) for e in decoder.generate(prompt, config)
+                       if e.round > 0 or method != "none"]
     runs, by_method = [], {}
     for rounds, (method, _) in zip(timed, configs):
         by_method.setdefault(method, []).append(rounds)

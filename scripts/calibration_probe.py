@@ -48,7 +48,8 @@ def summary(label: str, generations: list) -> dict:
            "mean_ms_all": statistics.fmean(t for g in times for t in g),
            "first_rounds_ms": [round(t, 3) for t in times[0][:6]],
            "last_rounds_ms": [round(t, 3) for t in times[0][-4:]],
-           "steady_mean_ms": statistics.fmean(t for g in times for t in g[4:-2]) if len(times[0]) > 8 else None,
+           "steady_mean_ms": (statistics.fmean(t for g in times for t in g[4:-2])
+                              if len(times[0]) > 8 else None),
            "phases_from_round_1": {k: round(v, 4) for k, v in phases.items()}}
     total_ms = sum(t for g in times for t in g)
     out["ms_per_token_all"] = total_ms / max(1, out["tokens"])
@@ -79,8 +80,9 @@ def main() -> int:
         print(f"calibration {attempt}: {costs.describe('draft')}", flush=True)
 
     plain = GenerationConfig(method="none", k=1, stop_at_eos=False)
-    for label, prompt_list, tokens in (("plain, calibration's prompt, 24 tokens", [CALIBRATION_PROMPT] * 2, 24),
-                                       ("plain, calibration's prompt, 128 tokens", [CALIBRATION_PROMPT] * 2, 128),
+    twice = [CALIBRATION_PROMPT] * 2
+    for label, prompt_list, tokens in (("plain, calibration's prompt, 24 tokens", twice, 24),
+                                       ("plain, calibration's prompt, 128 tokens", twice, 128),
                                        ("plain, held-out prompts, 128 tokens", prompts, 128)):
         gens = [rounds_of(decoder, p, replace(plain, max_new_tokens=tokens)) for p in prompt_list]
         report["rounds"].append(summary(label, gens))
@@ -97,7 +99,8 @@ def main() -> int:
     rows = bench.bench_k_sweep(decoder, prompts, base, ks)
     report["sweep"] = rows
     for row in rows:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        rounded = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+        print(json.dumps(rounded), flush=True)
 
     costs = decoder.calibrate(max(ks)).costs
     events = [(i, e) for i, p in enumerate(prompts)

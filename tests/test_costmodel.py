@@ -151,7 +151,8 @@ def test_calibration_times_every_configuration_round_robin_with_the_runs_samplin
     class Event:
         def __init__(self, index, config):
             self.round, self.method, self.k = index, config.method, config.k
-            self.drafted = [SimpleNamespace(depth=d) for d in range(config.k if config.method != "none" else 0)]
+            depth = config.k if config.method != "none" else 0
+            self.drafted = [SimpleNamespace(depth=d) for d in range(depth)]
             self.draft_ms, self.verify_ms, self.overhead_ms = 0.1 * len(self.drafted), 1.0, 0.1
 
     class Decoder:
