@@ -45,8 +45,22 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
     return totals
 
 
+def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1) -> dict:
+    """Every configuration on every prompt, round-robin (prompt by prompt, each configuration in turn), added
+    up per configuration: {label: RunTotals}. A slow stretch of the machine (an H200 host ran host-bound
+    rounds at half speed for seconds at a time) then slows every configuration alike, and their ratios
+    hold; timed one after another, plain decoding measured in such a stretch once made every speedup 2x."""
+    totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
+    for _ in range(repeats):
+        for prompt in prompts:
+            for label, config in configs.items():
+                totals[label].add(final_metrics(list(decoder.generate(prompt, config))))
+    return totals
+
+
 def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) -> list:
-    """Each method on the same prompts; speedup = tokens/s over `none`'s, measured in this run.
+    """Each method on the same prompts, timed round-robin (measure_interleaved); speedup = tokens/s over
+    `none`'s, measured in this run.
     methods: specs, NAME or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped."""
     availability = decoder.method_availability()
     specs = [parse_spec(m) for m in methods]
@@ -54,13 +68,12 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
         if spec.name not in availability:
             raise SpecplayError(f"unknown method {spec.name!r}")
     specs = [MethodSpec("none")] + [s for s in specs if availability.get(s.name) is None and s.name != "none"]
-    results, trees = {}, {}
-    for spec in specs:
-        config = replace(base, method=spec.name, tree_nodes=spec.tree_nodes)
+    configs = {str(spec): replace(base, method=spec.name, tree_nodes=spec.tree_nodes) for spec in specs}
+    trees = {label: method_registry.get(c.method).is_tree(c) for label, c in configs.items()}
+    for config in configs.values():
         measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
-        _forget_session(decoder)  # suffix decoding would otherwise recall the warm-up's output
-        results[str(spec)] = measure(decoder, prompts, config, repeats)
-        trees[str(spec)] = method_registry.get(spec.name).is_tree(config)
+    _forget_session(decoder)  # suffix decoding would otherwise recall the warm-ups' output
+    results = measure_interleaved(decoder, prompts, configs, repeats)
     plain = results["none"]
     rows = []
     for label, r in results.items():

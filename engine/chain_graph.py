@@ -1,12 +1,14 @@
-"""Greedy draft chains captured as one CUDA graph each: the draft model's K steps, EAGLE's K head steps.
+"""Draft chains captured as one CUDA graph each: the draft model's K steps, EAGLE's K head steps, and on the
+decode path each one's whole round (the forward over what was committed since its last round, then the chain).
 
 Drafting K tokens eagerly costs K step replays plus, per step, the argmax, the next input's embedding (EAGLE:
 the fusion of feature and token) and a handful of copies, each a launch and some Python: on the shipped pair
-that is most of a round. A chain graph queues all of it with one replay. Only greedy drafting is captured (its
-argmax has no host input); sampled drafting draws uniforms and runs the sampling kernels eagerly.
+that is most of a round. A chain graph queues all of it with one replay. A sampled chain is captured too where
+the sampling kernels are the CUDA ones (they take the round's uniforms from a device buffer, no host work).
 
 A chain graph is specific to (K, the attention width kv); it writes K-1 cache rows after `start`, which it
-reads from a device buffer, so one graph serves every cache length up to kv - K.
+reads from a device buffer, so one graph serves every cache length up to kv - K. A round graph is specific to
+(feed length n, K) and reads its start on the device on the decode path: one serves every cache length.
 """
 from __future__ import annotations
 
@@ -221,13 +223,27 @@ def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[Ch
     return ChainGraphs.of(runner).get(key, build)
 
 
+def _eagle_chain(head, feature: torch.Tensor, start: torch.Tensor, k: int, kv: int, vocab: int,
+                 sampling: Optional[ChainSampling], u: torch.Tensor):
+    """k tokens of an EAGLE chain from the predicted feature [1, H] after the root: token i is drawn from the
+    target's head on feature i; feature i+1 comes from one head step on (feature i, token i) at cache row
+    start + i (start: [1] on the device). Returns (tokens [k], q [k, V] or None)."""
+    token, q = _draw(head.logits(feature), vocab, sampling, u, 0)  # logits [1, V]
+    tokens, probs = [token], [q]
+    for i in range(1, k):
+        feature, logits = _one_step(head.runner, head.fuse(feature, token), start + i - 1, kv)
+        token, q = _draw(logits, vocab, sampling, u, i)
+        tokens.append(token)
+        probs.append(q)
+    return _stack(tokens, probs)
+
+
 def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
                 uniforms: Optional[torch.Tensor] = None):
-    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root: token i is drawn from the
-    target's head on feature i; feature i+1 comes from one head step on (feature i, token i). The head's
-    runner shares the target's final norm and LM head, so its step's logits are the next token's logits (no
-    second LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k], q [k, V] or None) or
-    None."""
+    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root (_eagle_chain) as one
+    graph. The head's runner shares the target's final norm and LM head, so its step's logits are the next
+    token's logits (no second LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k],
+    q [k, V] or None) or None."""
     runner = head.runner
     start_row = runner.length
     kv = runner._kv_width(start_row + k)
@@ -239,15 +255,7 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optio
         u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
         def chain(feature, start, u):
-            logits = head.logits(feature)  # [1, V]
-            token, q = _draw(logits, vocab, sampling, u, 0)
-            tokens, probs = [token], [q]
-            for i in range(1, k):
-                feature, logits = _one_step(runner, head.fuse(feature, token), start + i - 1, kv)
-                token, q = _draw(logits, vocab, sampling, u, i)
-                tokens.append(token)
-                probs.append(q)
-            return _stack(tokens, probs)
+            return _eagle_chain(head, feature, start, k, kv, vocab, sampling, u)
 
         return CapturedChain(chain, (feature_in, start, u_in), device, graph_pool(runner))
 
@@ -258,6 +266,68 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optio
     drafted = graph.run(feature, start_row, uniforms)
     runner._length = start_row + k - 1
     return drafted
+
+
+def eagle_round_body(head, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, k: int, kv: int,
+                     vocab: int, sampling: Optional[ChainSampling], u: torch.Tensor):
+    """EAGLE's whole proposal: the head's step over the n positions committed since its last round (the
+    target's features there [n, F], as the verification gave them, and each one's next token [n]), at cache
+    rows start..start+n-1, then the k-token chain from the last predicted feature. kv: the attention width
+    (0 on the decode path, which reads start on the device). Returns (tokens [k], q [k, V] or None)."""
+    n = tokens.shape[0]
+    depth, block_visible = head.runner._chain_block(n)
+    x = head.fuse(head.true_features(features), tokens)  # [n, H]
+    predicted, _ = head.runner._block_step(x, start, depth, block_visible, kv)  # [n, H]
+    return _eagle_chain(head, predicted[-1:], start + n, k, kv, vocab, sampling, u)
+
+
+def eagle_round(head, features: torch.Tensor, tokens: torch.Tensor, k: int, vocab: int,
+                sampling: Optional[ChainSampling] = None, uniforms: Optional[torch.Tensor] = None):
+    """eagle_round_body as one graph per (n, K) on the decode path, like the draft model's round: appends
+    n + k - 1 rows to the head's cache and returns (tokens [k], q [k, V] or None), or None where no graph
+    applies (the caller then steps the head and drafts the chain apart). features [n, F], tokens [n] on the
+    device."""
+    runner = head.runner
+    start_row = runner.length
+    graph = _eagle_round_graph(head, tokens.numel(), k, features.shape[-1], vocab, sampling)
+    if graph is None:
+        return None
+    drafted = graph.run(features, tokens, start_row, uniforms)
+    runner._length = start_row + tokens.numel() + k - 1
+    return drafted
+
+
+def prepare_eagle_rounds(head, k: int, width: int, vocab: int,
+                         sampling: Optional[ChainSampling] = None) -> int:
+    """Capture EAGLE's round graphs of every feed length a round at K can have (1..k+1) before the first
+    round (see prepare_draft_rounds). width: the features' F. Returns how many exist."""
+    runner = head.runner
+    if runner.length + 2 * k + 1 > runner.max_length:  # the captures' warm-ups write rows past the end
+        return 0
+    return sum(_eagle_round_graph(head, n, k, width, vocab, sampling) is not None for n in range(1, k + 2))
+
+
+def _eagle_round_graph(head, n: int, k: int, width: int, vocab: int, sampling: Optional[ChainSampling]):
+    """The captured EAGLE round for n committed positions at K, built on first use; None off the decode
+    path."""
+    runner = head.runner
+    if not runner._decode_path(n) or n > k + 1:
+        return None
+    device, start_row = runner.device, runner.length
+
+    def build() -> CapturedChain:
+        features_in = torch.zeros(n, width, dtype=runner.dtype, device=device)  # [n, F]
+        tokens_in = torch.zeros(n, dtype=torch.long, device=device)  # [n]
+        start = torch.full((1,), start_row, dtype=torch.long, device=device)
+        u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
+
+        def round_(features, tokens, start, u):
+            return eagle_round_body(head, features, tokens, start, k, 0, vocab, sampling, u)
+
+        return CapturedChain(round_, (features_in, tokens_in, start, u_in), device, graph_pool(runner))
+
+    key = ("eagle-round", n, k, width, vocab, None if sampling is None else sampling.key)
+    return ChainGraphs.of(runner).get(key, build)
 
 
 def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):

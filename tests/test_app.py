@@ -99,7 +99,7 @@ class FakeDecoder:
         return {"none": None, "draft": None, "ngram": None, "medusa": "no Medusa heads in this model",
                 "eagle": "no EAGLE head in this model", "lookahead": "not implemented in the engine yet"}
 
-    def calibrate(self, k):
+    def calibrate(self, k, sampling=None):
         return FakeCalibration()
 
     def generate(self, prompt, config, should_stop=None):

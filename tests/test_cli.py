@@ -220,6 +220,19 @@ def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
     assert decoder.runs == expected
 
 
+def test_bench_methods_times_the_methods_round_robin():
+    """After one warm-up each, the timed runs go prompt by prompt, every method in turn, so that a slow
+    stretch of the machine slows them alike (plain decoding timed alone in one once doubled every speedup)."""
+    from engine.bench import bench_methods
+    from engine.config import GenerationConfig
+
+    decoder = RecordingDecoder("cpu")
+    decoder.method_availability = lambda: {"draft": None, "ngram": None}
+    rows = bench_methods(decoder, ["p1", "p2"], GenerationConfig(method="draft", k=3), ["draft", "ngram"])
+    assert [row["method"] for row in rows] == ["none", "draft", "ngram"]
+    assert decoder.runs == [0, 3, 3] + [0, 3, 3] * 2  # warm-ups, then p1's three runs, then p2's
+
+
 def test_bench_graphs_needs_a_gpu(pair, capsys):
     code, out, err = run_cli(capsys, "bench", "graphs", "--target", pair[0], "--prompt", PROMPT,
                              "--max-new-tokens", "4", "--methods", "none", "--device", "cpu")

@@ -140,6 +140,20 @@ def test_medusa_proposal_replays_as_one_graph(decoder):
     assert any(key[0] == "medusa" for key in ChainGraphs.of(decoder.target)._graphs)
 
 
+def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> list:
+    """The rounds (accepted count, emitted ids) with the drafter module's FUSED_ROUND off, then on: equal;
+    returns the fused ones."""
+    def rounds():
+        return [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
+
+    monkeypatch.setattr(drafter_module, "FUSED_ROUND", False)
+    apart = rounds()
+    monkeypatch.setattr(drafter_module, "FUSED_ROUND", True)
+    fused = rounds()
+    assert fused == apart
+    return fused
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, temperature):
     """On the decode path the draft model's forward over the committed tokens and its chain replay as one
@@ -152,16 +166,32 @@ def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, t
     config = GenerationConfig(method="draft", k=4, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
 
-    def rounds():
-        return [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
-
-    monkeypatch.setattr(draft_model, "FUSED_ROUND", False)
-    apart = rounds()
-    monkeypatch.setattr(draft_model, "FUSED_ROUND", True)
-    fused = rounds()
-    assert fused == apart
+    fused = fused_rounds_equal_apart(monkeypatch, draft_model, decoder, config)
     # every feed length a K = 4 round can have (1..5) was captured before the first round
     lengths = {key[1] for key in ChainGraphs.of(decoder.pair.draft)._graphs if key[:1] == ("draft-round",)
+               and key[2] == 4}
+    assert lengths == {1, 2, 3, 4, 5}
+    if temperature == 0.0:
+        plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+        assert [t for _, ids in fused for t in ids] == plain
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
+    """On the decode path EAGLE's step over the committed positions and its chain replay as one graph
+    (engine.chain_graph.eagle_round): the same rounds as the two graphs apart, greedy output equal to plain
+    decoding, and every feed length of K = 4 (1..5) captured when the generation starts."""
+    import engine.drafters.eagle as eagle
+    from engine.chain_graph import ChainGraphs
+
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=4, max_new_tokens=48, seed=3,
+                              sampling=SamplingParams(temperature, 0, 1.0))
+
+    fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
+    head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
+    lengths = {key[1] for key in ChainGraphs.of(head.runner)._graphs if key[:1] == ("eagle-round",)
                and key[2] == 4}
     assert lengths == {1, 2, 3, 4, 5}
     if temperature == 0.0:

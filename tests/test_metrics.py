@@ -174,14 +174,14 @@ def test_bench_measure_adds_up_the_generations_round_metrics(decoder):
 
 def test_bench_methods_rows_read_run_totals(decoder, monkeypatch):
     recorded = {}
-    measure = bench.measure
+    measure = bench.measure_interleaved
 
-    def spy(dec, prompts, config, repeats=1):
-        totals = measure(dec, prompts, config, repeats)
-        recorded[config.spec] = totals
+    def spy(dec, prompts, configs, repeats=1):
+        totals = measure(dec, prompts, configs, repeats)
+        recorded.update(totals)
         return totals
 
-    monkeypatch.setattr(bench, "measure", spy)
+    monkeypatch.setattr(bench, "measure_interleaved", spy)
     rows = bench.bench_methods(decoder, PROMPTS[:1], CONFIGS["ngram"], ["ngram"])
     assert [r["method"] for r in rows] == ["none", "ngram"]
     for row in rows:

@@ -189,3 +189,37 @@ def test_the_next_tokens_figures_come_from_the_row_that_gave_it(decoder, method)
     for e in events:
         top_text, top_p = e.next_top[0]
         assert top_text == e.next_token_text and e.next_token_p == pytest.approx(top_p)
+
+
+@pytest.mark.parametrize("head_name", ["eagle", "eagle3"])
+@pytest.mark.parametrize("n, k", [(1, 3), (4, 3), (2, 5)])
+def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_name, n, k):
+    """EAGLE's round graph (engine.chain_graph.eagle_round_body) does what the eager path does: the head's
+    step over the n committed positions, then a greedy chain of k from its last predicted feature; here run
+    eagerly on the CPU."""
+    import torch
+
+    from engine.chain_graph import eagle_round_body
+
+    head = decoder.eagle_head() if head_name == "eagle" else decoder.eagle3_head()
+    runner = head.runner
+    width = head.proj.shape[1] if head_name == "eagle3" else runner.spec.hidden_size
+    gen = torch.Generator().manual_seed(n * 10 + k)
+    features = torch.randn(n, width, generator=gen)  # the target's raw features
+    tokens = torch.randint(0, decoder.vocab_size, (n,), generator=gen)
+    vocab = decoder.vocab_size
+
+    runner.reset()
+    feature = head.step(head.true_features(features), tokens)[-1:]
+    logits, expected = head.logits(feature), []
+    for i in range(k):
+        expected.append(int(logits[:, :vocab].argmax(-1)))
+        if i < k - 1:
+            out = runner.forward_embeds(head.fuse(feature, torch.tensor(expected[-1:])))
+            feature, logits = out.hidden[-1:], out.logits[-1:]
+
+    runner.reset()
+    start = torch.zeros(1, dtype=torch.long)
+    kv = runner._kv_width(n + k)
+    drafted, q = eagle_round_body(head, features, tokens, start, k, kv, vocab, None, None)
+    assert drafted.tolist() == expected and q is None  # the chain's steps read the rows the feed wrote

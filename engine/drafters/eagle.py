@@ -10,12 +10,23 @@ one-hot q, recursive rejection sampling)."""
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import CapturedChain, ChainGraphs, chain_sampling, eagle_chain, graph_pool
+from engine.chain_graph import (
+    CapturedChain,
+    ChainGraphs,
+    chain_sampling,
+    eagle_chain,
+    eagle_round,
+    graph_pool,
+    prepare_eagle_rounds,
+)
 from engine.drafters.base import (
     DecodeState,
     Draft,
@@ -33,6 +44,30 @@ HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
 TREE_BRANCH = 3  # children tried per expanded node
 TREE_FRONTIER = 4  # nodes expanded per depth
+# SPECPLAY_FUSED_DRAFT=0 steps the head over the committed positions and drafts the chain as two graphs (as
+# before the fused round), for comparisons
+FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
+
+
+@dataclass
+class PendingFeed:
+    """What the head has not read yet: the target's features [m, F] (raw: before true_features), the rows of
+    them that were committed (None: all of them, in order), and each committed position's next token."""
+
+    features: torch.Tensor
+    rows: Optional[list]
+    next_tokens: list
+
+    @property
+    def contiguous(self) -> bool:
+        """The committed rows are the first ones (a chain's accepted prefix): a slice, no gather."""
+        return self.rows is None or self.rows == list(range(len(self.rows)))
+
+    def committed_features(self) -> torch.Tensor:
+        """[n, F] on the device."""
+        if self.contiguous:
+            return self.features[:len(self.next_tokens)]
+        return self.features[to_device(self.rows, self.features.device)]
 
 
 class EagleHead:
@@ -111,29 +146,46 @@ class EagleDrafter(Drafter):
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.head.runner.reset()
         self.true_length = 0
-        features = start.prefill_features  # [P-1, H] for positions 0..P-2
+        features = start.prefill_features  # [P-1, F] for positions 0..P-2
         if features is None:
             self.pending = None
             return
-        next_tokens = torch.tensor(state.tokens[1:], dtype=torch.long, device=state.device)
-        self.pending = (self.head.true_features(features), next_tokens)
+        self.pending = PendingFeed(features, None, state.tokens[1:])
+        sampling = chain_sampling(state)
+        k = state.config.k
+        if self._fuses(k, sampling):
+            prepare_eagle_rounds(self.head, k, features.shape[-1], state.vocab_size, sampling)
+
+    def _fuses(self, k: int, sampling) -> bool:
+        """Whether a chain round at K can run as one graph (engine.chain_graph.eagle_round)."""
+        return FUSED_ROUND and self.tree_nodes == 0 and ChainGraphs.available(self.head.runner, k, sampling)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         if self.pending is None:  # a one-token prompt: no feature to start from yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
         self.head.runner.rollback(self.true_length)
-        last = self.head.step(*self.pending)[-1:]  # [1, H] predicted feature of the position after the root
-        self.true_length = self.head.runner.length
-        self.pending = None
+        pending, self.pending = self.pending, None
+        tokens = to_device(pending.next_tokens, state.device)  # [n]
         if self.tree_nodes > 0:
-            draft = self._tree(state, last, k)
-        else:
-            draft = self._chain(state, last, k)
-        return draft
-
-    def _chain(self, state: DecodeState, feature: torch.Tensor, k: int) -> Draft:
-        uniforms = state.uniforms(k)  # [k] on the device (unused when greedy)
+            return self._tree(state, self._step(pending.committed_features(), tokens), k)
         sampling = chain_sampling(state)
+        uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
+        if pending.contiguous and self._fuses(k, sampling):  # the head's step and the chain in one graph
+            drafted = eagle_round(self.head, pending.committed_features(), tokens, k, state.vocab_size,
+                                  sampling, uniforms)
+            if drafted is not None:
+                self.true_length = self.head.runner.length - (k - 1)
+                return Draft(tokens=drafted[0], probs=drafted[1])
+        return self._chain(state, self._step(pending.committed_features(), tokens), k, sampling, uniforms)
+
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed the head the committed positions (raw features [n, F], next tokens [n]); returns the
+        predicted feature [1, H] of the position after the root."""
+        last = self.head.step(self.head.true_features(features), tokens)[-1:]
+        self.true_length = self.head.runner.length
+        return last
+
+    def _chain(self, state: DecodeState, feature: torch.Tensor, k: int, sampling, uniforms) -> Draft:
         if ChainGraphs.available(self.head.runner, k, sampling):
             drafted = eagle_chain(self.head, feature, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
@@ -142,7 +194,8 @@ class EagleDrafter(Drafter):
         logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
             # [1], [1, V] or None
-            token, q = draw_token(state, logits[:, :state.vocab_size], uniforms[i:i + 1])
+            uniform = None if uniforms is None else uniforms[i:i + 1]
+            token, q = draw_token(state, logits[:, :state.vocab_size], uniform)
             tokens.append(token)
             probs.append(q)
             # the head's runner shares the target's norm and LM head: its logits are the next ones
@@ -172,13 +225,13 @@ class EagleDrafter(Drafter):
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.head.runner.rollback(self.true_length)
         rows = commit.accepted_rows  # block rows of the root and the accepted path
-        features = self.head.true_features(commit.block_features[rows])  # [a+1, H] true target features
         start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
-        next_tokens = to_device(state.tokens[start:start + len(rows)], state.device)
-        if next_tokens.numel() < len(rows):  # generation ended mid-path (EOS or length)
+        next_tokens = state.tokens[start:start + len(rows)]
+        if len(next_tokens) < len(rows):  # generation ended mid-path (EOS or length)
             self.pending = None
             return
-        self.pending = (features, next_tokens)
+        # read at the next propose, before the next verification overwrites the block's features
+        self.pending = PendingFeed(commit.block_features, list(rows), next_tokens)
 
 
 def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int):
