@@ -85,6 +85,12 @@ class ChainGraphs:
         return (k > 1 and runner.device.type == "cuda" and getattr(runner, "use_graphs", False)
                 and hasattr(runner, "_block_step"))
 
+    @staticmethod
+    def rounds_available(runner, sampling=None) -> bool:
+        """Whether a drafter's whole round (its forward over the committed tokens, then a chain of any K, 1
+        included) can be one graph: as for chains."""
+        return ChainGraphs.available(runner, 2, sampling)
+
     def get(self, key: tuple, build: Callable[[], CapturedChain]) -> Optional[CapturedChain]:
         if key not in self._graphs:
             if len(self._graphs) >= CHAIN_GRAPHS_KEPT:

@@ -67,6 +67,6 @@ if has pdl-ab; then
   done
 fi
 if has host; then
-  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods none,draft,ngram,eagle3 \
+  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods none,draft,ngram,eagle3,medusa,eagle3:8 \
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi

@@ -107,8 +107,11 @@ def report_loop(decoder, method: str, tokens: int, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from engine.config import GenerationConfig
+    from engine.methods import parse_spec
 
-    config = GenerationConfig(method=method, k=4, max_new_tokens=tokens, stop_at_eos=False)
+    spec = parse_spec(method)  # a name, or NAME:N for a tree of N nodes
+    config = GenerationConfig(method=spec.name, tree_nodes=spec.tree_nodes, k=4, max_new_tokens=tokens,
+                              stop_at_eos=False)
     list(decoder.generate(PROMPT, config))
     _sync(decoder.device)
     began = time.perf_counter()

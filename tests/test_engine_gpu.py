@@ -178,22 +178,23 @@ def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, t
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
+@pytest.mark.parametrize("k", [1, 4])
+def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature, k):
     """On the decode path EAGLE's step over the committed positions and its chain replay as one graph
-    (engine.chain_graph.eagle_round): the same rounds as the two graphs apart, greedy output equal to plain
-    decoding, and every feed length of K = 4 (1..5) captured when the generation starts."""
+    (engine.chain_graph.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy output
+    equal to plain decoding, and every feed length of K (1..K+1) captured when the generation starts."""
     import engine.drafters.eagle as eagle
     from engine.chain_graph import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
-    config = GenerationConfig(method=method, k=4, max_new_tokens=48, seed=3,
+    config = GenerationConfig(method=method, k=k, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
 
     fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
     head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
     lengths = {key[1] for key in ChainGraphs.of(head.runner)._graphs if key[:1] == ("eagle-round",)
-               and key[2] == 4}
-    assert lengths == {1, 2, 3, 4, 5}
+               and key[2] == k}
+    assert lengths == set(range(1, k + 2))
     if temperature == 0.0:
         plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
         assert [t for _, ids in fused for t in ids] == plain

@@ -36,7 +36,7 @@ class DraftModelDrafter(Drafter):
             self.runner.forward(torch.tensor(prefix, dtype=torch.long, device=self.runner.device))
         self.cached = len(prefix)
         sampling = chain_sampling(state)
-        if FUSED_ROUND and ChainGraphs.available(self.runner, state.config.k, sampling):
+        if FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling):
             prepare_draft_rounds(self.runner, state.config.k, state.vocab_size, sampling)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
@@ -44,13 +44,14 @@ class DraftModelDrafter(Drafter):
         self.base, self.last_k = len(state.tokens), k
         sampling = chain_sampling(state)
         uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
-        graphs = ChainGraphs.available(self.runner, k, sampling)
-        if graphs and FUSED_ROUND:  # the forward over the feed and the chain in one graph
+        # the forward over the feed and the chain in one graph (K = 1 too: a depth-1 round timed another way
+        # than deeper ones made calibration's per-step cost their difference of two code paths)
+        if FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling):
             drafted = draft_model_round(self.runner, feed, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
                 return Draft(tokens=drafted[0], probs=drafted[1])
         logits = self.runner.forward(feed).logits[-1:]  # [1, V]: the distribution of draft token 0
-        if graphs:
+        if ChainGraphs.available(self.runner, k, sampling):
             drafted = draft_model_chain(self.runner, logits, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
                 return Draft(tokens=drafted[0], probs=drafted[1])

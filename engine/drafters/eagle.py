@@ -153,12 +153,13 @@ class EagleDrafter(Drafter):
         self.pending = PendingFeed(features, None, state.tokens[1:])
         sampling = chain_sampling(state)
         k = state.config.k
-        if self._fuses(k, sampling):
+        if self._fuses(sampling):
             prepare_eagle_rounds(self.head, k, features.shape[-1], state.vocab_size, sampling)
 
-    def _fuses(self, k: int, sampling) -> bool:
-        """Whether a chain round at K can run as one graph (engine.chain_graph.eagle_round)."""
-        return FUSED_ROUND and self.tree_nodes == 0 and ChainGraphs.available(self.head.runner, k, sampling)
+    def _fuses(self, sampling) -> bool:
+        """Whether a chain round at K (1 included) can run as one graph (engine.chain_graph.eagle_round)."""
+        return (FUSED_ROUND and self.tree_nodes == 0
+                and ChainGraphs.rounds_available(self.head.runner, sampling))
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         if self.pending is None:  # a one-token prompt: no feature to start from yet
@@ -170,7 +171,7 @@ class EagleDrafter(Drafter):
             return self._tree(state, self._step(pending.committed_features(), tokens), k)
         sampling = chain_sampling(state)
         uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
-        if pending.contiguous and self._fuses(k, sampling):  # the head's step and the chain in one graph
+        if pending.contiguous and self._fuses(sampling):  # the head's step and the chain in one graph
             drafted = eagle_round(self.head, pending.committed_features(), tokens, k, state.vocab_size,
                                   sampling, uniforms)
             if drafted is not None:
