@@ -12,6 +12,7 @@ reads from a device buffer, so one graph serves every cache length up to kv - K.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Dict, Optional
 
 import torch
@@ -19,6 +20,9 @@ import torch.nn.functional as F
 
 from engine.runner import fill_unknown, fit_vocab
 
+log = logging.getLogger(__name__)
+
+CAPTURE_ATTEMPTS = 2  # a failed capture is retried once (see _capture)
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
 
@@ -95,8 +99,25 @@ class ChainGraphs:
         if key not in self._graphs:
             if len(self._graphs) >= CHAIN_GRAPHS_KEPT:
                 return None
-            self._graphs[key] = build()
+            graph = _capture(build, key)
+            if graph is None:
+                return None
+            self._graphs[key] = graph
         return self._graphs[key]
+
+
+def _capture(build: Callable[[], CapturedChain], key: tuple, attempts: int = CAPTURE_ATTEMPTS):
+    """build(), retried: on an H200 a capture of EAGLE-3's sampled chain was now and then invalidated by an
+    earlier operation (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, with and without programmatic launch); a
+    second capture then succeeds. None after the last attempt: the caller drafts without this graph (the
+    same tokens, more launches)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return build()
+        except RuntimeError as exc:  # torch.AcceleratorError and CuPy's CUDA errors are RuntimeErrors
+            log.warning("capturing the %s graph failed (attempt %d of %d): %s", key[0], attempt, attempts,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return None
 
 
 class ChainSampling:

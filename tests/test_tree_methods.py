@@ -223,3 +223,25 @@ def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_nam
     kv = runner._kv_width(n + k)
     drafted, q = eagle_round_body(head, features, tokens, start, k, kv, vocab, None, None)
     assert drafted.tolist() == expected and q is None  # the chain's steps read the rows the feed wrote
+
+
+def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(caplog):
+    """A capture invalidated by an earlier operation (seen now and then on an H200) is tried again; failing
+    twice, the caller gets None and drafts without the graph, with a warning, rather than crashing the run."""
+    from engine.chain_graph import ChainGraphs
+
+    graphs, calls = ChainGraphs(), []
+
+    def flaky(fails: int):
+        def build():
+            calls.append(1)
+            if len(calls) <= fails:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+            return "graph"
+        return build
+
+    assert graphs.get(("eagle-round", 1), flaky(1)) == "graph" and len(calls) == 2
+    assert graphs.get(("eagle-round", 1), flaky(0)) == "graph" and len(calls) == 2  # kept, not rebuilt
+    calls.clear()
+    assert graphs.get(("eagle-round", 2), flaky(5)) is None and len(calls) == 2
+    assert len(graphs) == 1 and "attempt 2 of 2" in caplog.text
