@@ -170,8 +170,9 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
     for k in ks:
         if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
             measure(decoder, prompts[:1], replace(base, k=k))
-        plain, r, events = _paired_runs(decoder, prompts, plain_config, replace(base, k=k), repeats)
-        traces[k] = events
+        plain, r, events, plain_events = _paired_runs(decoder, prompts, plain_config, replace(base, k=k),
+                                                      repeats)
+        traces[k] = (events, plain_events)
         rows.append(_sweep_row(k, r, plain.tokens_per_s, c, costs, events))
         if progress is not None and progress(rows[-1]) is False:
             break
@@ -273,16 +274,18 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
 
 def _paired_runs(decoder, prompts, plain_config, config, repeats) -> tuple:
     """Each prompt decoded plainly, then with config (repeats times): (plain RunTotals, config's RunTotals,
-    config's events as (generation, event) pairs for the predictions)."""
-    plain, totals, events, index = RunTotals(0), RunTotals(config.drafts), [], 0
+    config's events as (generation, event) pairs for the predictions, the plain runs' events)."""
+    plain, totals, events, plain_events, index = RunTotals(0), RunTotals(config.drafts), [], [], 0
     for _ in range(repeats):
         for prompt in prompts:
-            plain.add(final_metrics(list(decoder.generate(prompt, plain_config))))
+            plain_generation = list(decoder.generate(prompt, plain_config))
+            plain.add(final_metrics(plain_generation))
+            plain_events += plain_generation
             generation = list(decoder.generate(prompt, config))
             totals.add(final_metrics(generation))
             events += [(index, e) for e in generation]
             index += 1
-    return plain, totals, events
+    return plain, totals, events, plain_events
 
 
 def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
@@ -308,17 +311,22 @@ def _block(events) -> int:
 
 
 def _add_from_run(rows: list, traces: dict, costs) -> None:
-    """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run."""
+    """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run: its
+    rounds and the plain runs paired with it (the plain round timed in the same stretch as that run's rounds,
+    not at calibration: a machine that sped up in between had put every from-run speedup 16-30% high)."""
     if costs is None or not rows:
         return
+    from engine.costmodel import timing_of
     from engine.predict import predict_from_trace, trace_from_events
 
     source = max(r["k"] for r in rows)
+    events, plain_events = traces[source]
     try:
-        trace = trace_from_events(traces[source])
+        trace = trace_from_events(events)
+        plain = [timing_of(e) for e in plain_events if e.round > 0]  # the first waits for the prefill
     except (AttributeError, TypeError, KeyError):  # stand-in decoders without full events
         return
-    report = predict_from_trace(trace, [r["k"] for r in rows], costs)
+    report = predict_from_trace(trace, [r["k"] for r in rows], costs, plain)
     by_k = {p.k: p for p in report.predictions}
     for row in rows:
         p = by_k[row["k"]]

@@ -15,11 +15,11 @@ output is a backward recursion over positions. The cost model (engine.costmodel)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence
 
 from engine.acceptance import DepthAcceptance, RoundShape
-from engine.costmodel import CostModel, RoundTiming, timing_of
+from engine.costmodel import CostModel, Measured, RoundTiming, timing_of
 from engine.errors import SpecplayError
 
 EXACT_METHODS = ("draft",)  # greedy drafters whose next token depends only on the context (see the docstring)
@@ -389,12 +389,17 @@ class PredictionReport:
                 "best_k": self.best.k, "predictions": [p.to_dict() for p in self.predictions]}
 
 
-def predict_from_trace(trace: Trace, ks: Sequence[int],
-                       costs: Optional[CostModel] = None) -> PredictionReport:
-    """Refit the cost model on the trace's phase times, then predict every K."""
+def predict_from_trace(trace: Trace, ks: Sequence[int], costs: Optional[CostModel] = None,
+                       plain: Sequence = ()) -> PredictionReport:
+    """Refit the cost model on the trace's phase times, then predict every K. plain: RoundTimings of plain
+    rounds timed beside the traced run, which then give TPOT_plain (nothing else: the curve's level stays the
+    traced run's)."""
     from engine.costmodel import from_trace
 
     refitted = costs.refit(trace.timings()) if costs is not None else from_trace(trace.timings())
+    if plain:
+        refitted = replace(refitted, plain=Measured.mean_of([r.draft_ms + r.verify_ms + r.overhead_ms
+                                                             for r in plain]))
     return PredictionReport(trace, refitted, predict_ks(trace, ks, refitted), trace.acceptance())
 
 

@@ -197,3 +197,20 @@ def test_small_bins_merge_into_their_neighbours():
     assert _merge_small([3, 1], [2, 2], 5) == ([4], [4])
     observed, expected = _merge_small([5, 0, 5, 0, 5], [5, 1, 5, 1, 5], 5)
     assert sum(observed) == 15 and sum(expected) == 17 and min(expected) >= 5
+
+
+def test_plain_rounds_timed_beside_the_run_give_tpot_plain(tmp_path):
+    """Plain rounds timed in the same stretch as the traced run set TPOT_plain; the curve and the draft terms
+    stay those the trace refits."""
+    from engine.costmodel import RoundTiming
+
+    trace = load_trace(write_trace(tmp_path / "t.jsonl", bursty_chain(rounds=6)))
+    costs = CostModel(verify={1: Measured(2.0), 5: Measured(3.0)}, plain=Measured(4.0))
+    alone = predict_from_trace(trace, [1, 2], costs)
+    plain = [RoundTiming("none", 1, 1, 0, 0.0, 0.5, 0.5) for _ in range(4)]  # 1 ms a plain round
+    beside = predict_from_trace(trace, [1, 2], costs, plain)
+    assert beside.costs.t_plain == pytest.approx(1.0) and alone.costs.t_plain > 1.5  # calibrated, rescaled
+    assert beside.costs.t_verify(5) == alone.costs.t_verify(5)
+    for a, b in zip(alone.predictions, beside.predictions):
+        assert b.speedup == pytest.approx(a.speedup / alone.costs.t_plain)
+        assert b.tokens_per_forward == a.tokens_per_forward
