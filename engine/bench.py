@@ -48,8 +48,8 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
 def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1) -> dict:
     """Every configuration on every prompt, round-robin (prompt by prompt, each configuration in turn), added
     up per configuration: {label: RunTotals}. A slow stretch of the machine (an H200 host ran host-bound
-    rounds at half speed for seconds at a time) then slows every configuration alike, and their ratios
-    hold; timed one after another, plain decoding measured in such a stretch once made every speedup 2x."""
+    plain rounds at up to 1.7x their time after it had waited or idled) then slows every configuration
+    alike, where timed one after another it would land on one configuration and skew every ratio to it."""
     totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
     for _ in range(repeats):
         for prompt in prompts:

@@ -52,16 +52,21 @@ FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 @dataclass
 class PendingFeed:
     """What the head has not read yet: the target's features [m, F] (raw: before true_features), the rows of
-    them that were committed (None: all of them, in order), and each committed position's next token."""
+    them that were committed (None: the first len(next_tokens), a chain's accepted prefix), and each committed
+    position's next token."""
 
     features: torch.Tensor
     rows: Optional[list]
     next_tokens: list
 
+    @classmethod
+    def of_rows(cls, features: torch.Tensor, rows: list, next_tokens: list) -> "PendingFeed":
+        """rows left as None when they are the first ones (read as a slice, no gather)."""
+        return cls(features, None if rows == list(range(len(rows))) else list(rows), next_tokens)
+
     @property
     def contiguous(self) -> bool:
-        """The committed rows are the first ones (a chain's accepted prefix): a slice, no gather."""
-        return self.rows is None or self.rows == list(range(len(self.rows)))
+        return self.rows is None
 
     def committed_features(self) -> torch.Tensor:
         """[n, F] on the device."""
@@ -232,7 +237,7 @@ class EagleDrafter(Drafter):
             self.pending = None
             return
         # read at the next propose, before the next verification overwrites the block's features
-        self.pending = PendingFeed(commit.block_features, list(rows), next_tokens)
+        self.pending = PendingFeed.of_rows(commit.block_features, rows, next_tokens)
 
 
 def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int):
