@@ -406,10 +406,12 @@ class SpeculativeDecoder:
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
         last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
-        block_parents = None
-        if draft.is_tree:
-            block_parents = torch.cat([torch.tensor([-1]), draft.parents + 1])  # host, like draft.parents
-        out = self.target.forward(block, block_parents)
+        if draft.tree_block is not None:  # a tree drafted on the device
+            out = self.target.forward(block, tree=draft.tree_block)
+        elif draft.is_tree:
+            out = self.target.forward(block, torch.cat([torch.tensor([-1]), draft.parents + 1]))  # host
+        else:
+            out = self.target.forward(block)
         logits = out.logits  # [N+1, V]: the target's full distribution, never narrowed to the draft's
         if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
@@ -460,7 +462,10 @@ class SpeculativeDecoder:
         sampling = config.sampling
         temperature = 1.0 if sampling.greedy else sampling.temperature
         width = min(TOP_ALTERNATIVES, logits.shape[-1])
-        values = self.backend.readout(logits, result, draft.tokens, temperature, width).tolist()
+        readout = self.backend.readout(logits, result, draft.tokens, temperature, width)
+        if draft.is_tree and draft.parents.device.type != "cpu":  # a device tree's shape, in the same wait
+            draft.parents = draft.parents.to("cpu", non_blocking=True)
+        values = readout.tolist()  # waits for the round, and so for the parents' copy queued before it
         return _RoundReadout.unpack(values, draft.size, width)
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:

@@ -523,16 +523,23 @@ class LlamaRunner(CausalRunner):
             self.forward(torch.zeros(rows, dtype=torch.long, device=self.device))  # [rows] token 0
         self.reset()
 
-    def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
+    # a drafter may hand forward a tree block built on the device (Draft.tree_block)
+    takes_device_trees = True
+
+    def forward(self, tokens: torch.Tensor, parents: Optional[torch.Tensor] = None,
+                tree: Optional[tuple] = None) -> ForwardOutput:
+        """See CausalRunner.forward. tree: instead of parents, a tree block's (depth [n], visible [n, n] bool)
+        already on the device (ancestor-or-self), so that a tree drafted there needs no host copy."""
         tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
-        return self._forward(F.embedding(tokens, self.embed_weight), parents)
+        return self._forward(F.embedding(tokens, self.embed_weight), parents, tree)
 
     def forward_embeds(self, inputs: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
         """Like forward, from input vectors [n, H] instead of token ids (the EAGLE head feeds fused
         features)."""
         return self._forward(inputs.to(self.device, self.dtype), parents)
 
-    def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor]) -> ForwardOutput:
+    def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor], tree: Optional[tuple] = None
+                 ) -> ForwardOutput:
         """x [n, H] at the cache's end. A padded chain block runs as `rows` rows; the padding rows come after
         the real ones, so causal attention keeps them out of the real rows' outputs, and their K/V land past
         the new length, hidden from every later step (and overwritten by the next block)."""
@@ -542,34 +549,34 @@ class LlamaRunner(CausalRunner):
             raise SpecplayError(
                 f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
             )
-        rows = self._block_rows(n, start, parents)
-        bucketed = parents is None and self.pad_blocks and is_bucket(rows)
-        hidden, logits = self._run_block(_pad_rows(x, rows), start, parents, bucketed)
+        if tree is None and parents is not None:
+            tree = self._tree_block(parents.reshape(n))
+        rows = self._block_rows(n, start, tree is not None)
+        bucketed = tree is None and self.pad_blocks and is_bucket(rows)
+        hidden, logits = self._run_block(_pad_rows(x, rows), start, tree, bucketed)
         self._length = start + n
         if rows > n:  # only the real rows' outputs leave
             hidden, logits = hidden[:n], logits[:n]  # [n, H], [n, V]
             self.last_taps = None if self.last_taps is None else self.last_taps[:n]  # [n, taps * H]
         return ForwardOutput(logits, hidden, self.last_taps if self.tap_layers else None)
 
-    def _block_rows(self, n: int, start: int, parents: Optional[torch.Tensor]) -> int:
+    def _block_rows(self, n: int, start: int, is_tree: bool) -> int:
         """The rows a block of n runs as: its bucket for a chain block when padding is on and the bucket fits
         in the cache, else n (trees are never padded: their mask and positions come from parents)."""
-        if parents is not None or not self.pad_blocks:
+        if is_tree or not self.pad_blocks:
             return n
         bucket = block_bucket(n)
         return bucket if start + bucket <= self.max_length else n
 
-    def _run_block(self, x: torch.Tensor, start: int, parents: Optional[torch.Tensor], bucketed: bool):
+    def _run_block(self, x: torch.Tensor, start: int, tree: Optional[tuple], bucketed: bool):
         """x [rows, H] at cache rows start.. -> (features [rows, H], logits [rows, V]), captured or eager.
-        bucketed: a padded chain block whose rows are a bucket (see _captured_step)."""
+        tree: a tree block's (depth, visible) on the device, None for a chain; bucketed: a padded chain block
+        whose rows are a bucket (see _captured_step)."""
         rows = x.shape[0]
-        if parents is None:
-            depth, block_visible = self._chain_block(rows)
-        else:
-            depth, block_visible = self._tree_block(parents.reshape(rows))
+        depth, block_visible = self._chain_block(rows) if tree is None else tree
         captured = self._captured_step(rows, start, bucketed)
         if captured is not None:
-            return captured.run(x, start, depth, block_visible, parents is None)
+            return captured.run(x, start, depth, block_visible, tree is None)
         self._start.fill_(start)
         return self._block_step(x, self._start, depth, block_visible, self._kv_width(start + rows))
 

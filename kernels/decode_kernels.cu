@@ -89,7 +89,9 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
 // T-rounded value, as `.float()` of a T tensor).
 // Each block stages `in` [M, K] once in shared memory (M * K <= SP_GEMV_STAGE values), then its warps walk
-// output rows (warp w of block b takes rows b * 8 + w, then every 8 * gridDim.x further).  A row is read in
+// output rows (`balanced`: block b owns rows [b N / G, (b + 1) N / G) of the G blocks and warp w takes every
+// 8th of them from the w-th; else warp w of block b takes rows b * 8 + w, then every 8 * G further, which leaves
+// some blocks a row per warp more than others when N is not a multiple of 8 G).  A row is read in
 // segments of 2048 columns, 8 chunks of 16 bytes per lane, and the next segment's loads are issued before the
 // current one is multiplied (two register buffers), so loads stay in flight while the block computes; the
 // first segment's loads go out before the statistics and the staging.  A lane's chunks come in the same order
@@ -172,19 +174,23 @@ template <typename T, int M>
 __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
                                                   int x_stride, int mode, float eps, int out_f32,
-                                                  int prefetch_bytes) {
+                                                  int prefetch_bytes, int balanced) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
-    int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
-    int row = blockIdx.x * SP_GEMV_WARPS + warp;
+    // balanced: block b owns the contiguous rows [b N / G, (b + 1) N / G), its warps taking every 8th of
+    // them, so that no block holds more than one row per warp above another; else warp w of block b takes
+    // rows b * 8 + w, then every 8 * G further
+    int stride = balanced ? SP_GEMV_WARPS : gridDim.x * SP_GEMV_WARPS;  // rows between a warp's rows
+    int row = balanced ? (int)((long long)blockIdx.x * N / gridDim.x) + warp : blockIdx.x * SP_GEMV_WARPS + warp;
+    int end = balanced ? (int)((long long)(blockIdx.x + 1) * N / gridDim.x) : N;  // the warp's rows stop here
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
     sp_let_next_start();
-    if (row < N) {
+    if (row < end) {
         dk_gemv_load<T>(wa, weight, K, row, 0, lane);
-        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
+        dk_gemv_prefetch<T>(weight, K, end, row, stride, lane, prefetch_bytes);
     }
     sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
 
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
         staged[idx] = dk_pack8<T>(f);
     }
     __syncthreads();
-    if (row >= N) return;
+    if (row >= end) return;
 
     // Work items (row, segment) in order; the loads of item t + 1 are in flight while item t is multiplied.
     float acc[M];
@@ -250,20 +256,20 @@ __global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weig
     int seg = 0;
     while (true) {
         int next_row = seg + 1 < segs ? row : row + stride, next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < N) dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
+        if (next_row < end) dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
         dk_gemv_fma<T, M>(wa, staged, K, seg, lane, acc);
         if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
         row = next_row;
         seg = next_seg;
-        if (row >= N) break;
+        if (row >= end) break;
         next_row = seg + 1 < segs ? row : row + stride;
         next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < N) dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
+        if (next_row < end) dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
         dk_gemv_fma<T, M>(wb, staged, K, seg, lane, acc);
         if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
         row = next_row;
         seg = next_seg;
-        if (row >= N) break;
+        if (row >= end) break;
     }
 }
 

@@ -11,6 +11,10 @@
 #   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
+#   kernels   the step kernels' GPU tests (2,000 fuzz cases)
+#   gemv      scripts/gemv_probe.py: sp_gemv (balanced and dealt rows) against cuBLAS per matrix shape
+#   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
+#             end-to-end time per token, and the host's time per round against its wait for the GPU
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -69,4 +73,17 @@ fi
 if has host; then
   timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods none,draft,ngram,eagle3,medusa,eagle3:8 \
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
+fi
+if has kernels; then
+  SPECPLAY_FUZZ_CASES=2000 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
+    2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
+fi
+if has gemv; then
+  timeout 120 python3 scripts/gemv_probe.py 2>&1 | grep -v "compiling" | tee "$OUT/gemv_probe.txt"
+fi
+if has gap; then
+  for pdl in 0 1; do
+    SPECPLAY_PDL=$pdl timeout 100 python3 scripts/round_gap_probe.py --synthetic llama-1b 2>&1 \
+      | grep -v "compiling" | tee "$OUT/round_gap_llama-1b_pdl$pdl.txt"
+  done
 fi

@@ -198,3 +198,32 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
     if temperature == 0.0:
         plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
         assert [t for _, ids in fused for t in ids] == plain
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
+    """An EAGLE tree reaches the verification with its parents and block on the device (no mid-round copy),
+    and its rounds are the rounds of the tree copied to the host (a target without device trees)."""
+    from engine.llama import LlamaRunner
+
+    config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48)
+    seen = []
+    verify = SpeculativeDecoder._verify
+
+    def recording(self, state, draft, *args, **kw):
+        if draft.is_tree:
+            seen.append((draft.parents.device.type, draft.tree_block is not None))
+        return verify(self, state, draft, *args, **kw)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_verify", recording)
+    on_device = list(decoder.generate(PROMPT, config))
+    assert seen and set(seen) == {("cuda", True)}
+    seen.clear()
+    monkeypatch.setattr(LlamaRunner, "takes_device_trees", False)
+    on_host = list(decoder.generate(PROMPT, config))
+    assert seen and set(seen) == {("cpu", False)}
+
+    def rounds(events):
+        return [[(t.token_id, t.parent, t.accepted) for t in e.drafted] + [e.next_token_id] for e in events]
+
+    assert rounds(on_device) == rounds(on_host)

@@ -90,7 +90,7 @@ def _gemv_case(rng, case):
     mode = GEMV_MODES[(case // 2) % 3]
     k = rng.choice([8, 64, 320, 576, 2048, 2056, 4104, 5632, 14336])
     rows = rng.randint(1, min(8, GEMV_STAGE // k))
-    n_out = rng.choice([1, 7, 8, 40, 320, 1000, 2560])
+    n_out = rng.choice([1, 7, 8, 40, 320, 1000, 2560, 5000, 11264])
     g = torch.Generator(device="cuda").manual_seed(case)
     scale = rng.choice([0.05, 1.0, 4.0])
     x = (torch.randn(rows, 2 * k if mode == "silu_mul" else k, generator=g, device="cuda") * scale).to(dtype)
@@ -154,6 +154,22 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
         for m in range(x.shape[0]):
             alone = {k: (v[m:m + 1] if k == "residual" else v) for k, v in kwargs.items()}
             assert torch.equal(kernels.gemv(x[m:m + 1], weight, **alone)[0], together[m]), f"case {case}"
+
+
+def test_gemv_gives_the_same_bits_however_rows_are_dealt(kernels, monkeypatch):
+    """Blocks owning contiguous row ranges (the default) and rows dealt out block by block compute every
+    output row alike (one warp, the same chunk order): the same bits, large N included (several rows a
+    warp)."""
+    import kernels.step as step
+
+    rng = random.Random(5)
+    for case in range(max(CASES // 10, 50)):
+        x, weight, kwargs = _gemv_case(rng, case)
+        monkeypatch.setattr(step, "GEMV_BALANCED", True)
+        balanced = kernels.gemv(x, weight, **kwargs)
+        monkeypatch.setattr(step, "GEMV_BALANCED", False)
+        dealt = kernels.gemv(x, weight, **kwargs)
+        assert torch.equal(balanced, dealt), f"case {case}: N={weight.shape[0]} K={weight.shape[1]}"
 
 
 def _attention_case(rng, case):

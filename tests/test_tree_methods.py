@@ -245,3 +245,45 @@ def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(ca
     calls.clear()
     assert graphs.get(("eagle-round", 2), flaky(5)) is None and len(calls) == 2
     assert len(graphs) == 1 and "attempt 2 of 2" in caplog.text
+
+
+def _host_choice(scores: list, parents: list, nodes: int) -> tuple:
+    """The tree the device choice must equal: the `nodes` best by score (shallower first on ties), closed
+    under ancestors, in level order, parents renumbered."""
+    depth = []
+    for parent in parents:
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    best = sorted(range(len(scores)), key=lambda i: (-scores[i], depth[i]))[:nodes]
+    keep = sorted(best)
+    slot = {old: new for new, old in enumerate(keep)}
+    return keep, [slot[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_trees_nodes_are_chosen_on_the_device_as_on_the_host(seed):
+    """EAGLE's tree keeps its best nodes without a host copy (engine.drafters.eagle.choose_nodes): the same
+    nodes and parents as choosing them on the host, exactly `nodes` of them closed under ancestors even when a
+    child's log-probability is 0 (its score ties its parent's), and the block's depths and visibility equal
+    those the runner derives from the parents."""
+    from engine.drafters.eagle import choose_nodes
+    from engine.runner import tree_ancestor_mask, tree_depths
+
+    gen = torch.Generator().manual_seed(seed)
+    total, nodes = 15, 8
+    parents = [-1, -1, -1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(3, total)]
+    logp = -torch.rand(total, generator=gen) * 3
+    logp[torch.randperm(total, generator=gen)[:4]] = 0.0  # sure children: a score equal to the parent's
+    scores = []
+    for i, parent in enumerate(parents):
+        scores.append(float(logp[i]) + (0.0 if parent < 0 else scores[parent]))
+    parents_t = torch.tensor(parents)
+    ancestors, depth = tree_ancestor_mask(parents_t), tree_depths(parents_t)
+    tokens = torch.arange(100, 100 + total)
+    got_tokens, got_parents, block_depth, block_visible = choose_nodes(
+        tokens, parents_t, torch.tensor(scores), depth, ancestors, nodes)
+    keep, want_parents = _host_choice(scores, parents, nodes)
+    assert got_tokens.tolist() == [100 + i for i in keep]
+    assert got_parents.tolist() == want_parents
+    block_parents = torch.tensor([-1] + [p + 1 for p in want_parents])
+    assert block_depth.tolist() == tree_depths(block_parents).tolist()
+    assert torch.equal(block_visible, tree_ancestor_mask(block_parents))

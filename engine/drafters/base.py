@@ -16,11 +16,15 @@ if TYPE_CHECKING:  # a type only: engine.config -> engine.methods -> the drafter
 @dataclass
 class Draft:
     tokens: torch.Tensor  # [N] int64 on the target's device
-    # [N] int64 on the host, topological order, -1 = last committed token; None = chain. On the host because
-    # the tree's shape drives host-side work (masks, the event); reading it from the GPU would stall a round.
+    # [N] int64, topological order, -1 = last committed token; None = chain. On the host, where the tree's
+    # shape drives host-side work (masks, the event), unless tree_block is given: then on the device, and the
+    # decoder copies it back with the round's readout (reading it mid-round would stall the GPU).
     parents: Optional[torch.Tensor] = None
     # [N, V] float32: the distribution node i was drawn from; None = one-hot
     probs: Optional[torch.Tensor] = None
+    # a tree drafted on the device: the verification block's (depth [N+1], visible [N+1, N+1] bool), row 0 the
+    # last committed token, for a target that takes device trees (LlamaRunner.forward's tree)
+    tree_block: Optional[tuple] = None
 
     @property
     def size(self) -> int:

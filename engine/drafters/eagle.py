@@ -44,6 +44,9 @@ HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
 TREE_BRANCH = 3  # children tried per expanded node
 TREE_FRONTIER = 4  # nodes expanded per depth
+# subtracted per depth from a candidate's score: a child then ranks strictly below its parent, even when its
+# own log-probability rounds to 0
+TIE_BREAK = 1e-4
 # SPECPLAY_FUSED_DRAFT=0 steps the head over the committed positions and drafts the chain as two graphs (as
 # before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
@@ -213,20 +216,15 @@ class EagleDrafter(Drafter):
     def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
         """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
         TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its
-        parent). Grown on the device level by level (each level's nodes appended to the head's cache, seeing
-        their ancestors), with one host copy at the end for the tree's shape."""
-        grown = grow_tree(self.head, root_feature, depth, state.vocab_size, self.true_length)
-        tokens, parents, scores = grown  # device [T] each
-        count = tokens.numel()
-        chosen = torch.topk(scores, min(self.tree_nodes, count)).indices  # [nodes] best first
-        host = torch.cat([chosen, tokens, parents]).tolist()  # the round's one sync while drafting
-        best, host_tokens, host_parents = host[:chosen.numel()], host[-2 * count:-count], host[-count:]
-        keep = _close_under_ancestors(best, host_parents)
-        remap = {old: new for new, old in enumerate(keep)}
-        draft_tokens = to_device([host_tokens[i] for i in keep], state.device)
-        draft_parents = torch.tensor([remap[host_parents[i]] if host_parents[i] >= 0 else -1 for i in keep],
-                                     dtype=torch.long)
-        return Draft(tokens=draft_tokens, parents=draft_parents)
+        parent). Grown and chosen on the device level by level (each level's nodes appended to the head's
+        cache, seeing their ancestors): nothing waits for the GPU. A target that takes device trees gets the
+        parents and the verification block's depths and mask on the device; another one gets the parents on
+        the host (one copy)."""
+        tokens, parents, block_depth, block_visible = grow_tree(
+            self.head, root_feature, depth, state.vocab_size, self.true_length, self.tree_nodes)
+        if getattr(self.target, "takes_device_trees", False) and parents.device.type != "cpu":
+            return Draft(tokens=tokens, parents=parents, tree_block=(block_depth, block_visible))
+        return Draft(tokens=tokens, parents=parents.cpu())
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.head.runner.rollback(self.true_length)
@@ -240,12 +238,13 @@ class EagleDrafter(Drafter):
         self.pending = PendingFeed.of_rows(commit.block_features, rows, next_tokens)
 
 
-def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int):
-    """The candidate tree on the device: (tokens, parents, cumulative log-probs), each [T] in level order
-    (parents index earlier nodes, -1 = the root). Level d's nodes are written to the head's cache after its
-    true rows (cache row true_length + node, position true_length + d) and see the true rows and their own
-    ancestors; the head's length is left as it was (later levels and the next round overwrite those rows).
-    true_length: [1] on the device and kv a fixed attention width, so that the whole growth is one graph."""
+def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int,
+               nodes: int):
+    """The draft tree on the device: its `nodes` best candidates (see _choose_nodes). The candidates, [T] in
+    level order: level d's nodes are written to the head's cache after its true rows (cache row true_length +
+    node, position true_length + d) and see the true rows and their own ancestors; the head's length is left
+    as it was (later levels and the next round overwrite those rows). true_length: [1] on the device and kv a
+    fixed attention width, so that the whole growth is one graph."""
     runner = head.runner
     device = root_feature.device
     total = _tree_size(depth)
@@ -264,11 +263,11 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
         width = best.indices.numel()
         local_parent = best.indices // TREE_BRANCH  # [W] index into the frontier
         tokens, parents = top.indices.flatten()[best.indices], frontier[local_parent]  # [W] each
-        levels.append((tokens, parents, best.values))
+        levels.append((tokens, parents, best.values, torch.full((width,), level, device=device)))
+        rows = torch.arange(count, count + width, device=device)  # [W] node ids
+        ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
+        ancestors[rows, rows] = on_self[:width]  # a device tensor: a Python True would copy from the host
         if level < depth - 1:
-            rows = torch.arange(count, count + width, device=device)  # [W] node ids
-            ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
-            ancestors[rows, rows] = on_self[:width]  # a device tensor: a Python True would copy from the host
             sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
             visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
             mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible,
@@ -278,40 +277,52 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
                                        mask)
             frontier, frontier_scores = rows, best.values
         count += width
-    return tuple(torch.cat(parts) for parts in zip(*levels))
+    tokens, parents, scores, levels_of = (torch.cat(parts) for parts in zip(*levels))
+    return choose_nodes(tokens, parents, scores, levels_of, ancestors, min(nodes, total))
+
+
+def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> tuple:
+    """The `nodes` best candidates by cumulative log-probability as a draft tree, on their device.
+
+    Candidates [T] in level order (parents index earlier candidates, -1 = the root; ancestors [T, T]
+    ancestor-or-self). A node never scores above its parent; TIE_BREAK per depth makes it strictly below, so
+    the best `nodes` hold every chosen node's ancestors and the tree has exactly `nodes` nodes (a fixed
+    shape: no host decision). Returns tokens [N], parents [N] (in the tree, level order), and the
+    verification block's depth [N+1] and visibility [N+1, N+1] (row 0: the last committed token)."""
+    device = tokens.device
+    chosen = torch.topk(scores - TIE_BREAK * node_depth, nodes).indices.sort().values  # [N] level order
+    slot = torch.full((tokens.numel(),), -1, dtype=torch.long, device=device)
+    slot[chosen] = torch.arange(nodes, device=device)
+    chosen_parents = parents[chosen]  # [N] candidate ids
+    tree_parents = torch.where(chosen_parents >= 0, slot[chosen_parents.clamp_min(0)], chosen_parents)
+    block_visible = torch.zeros(nodes + 1, nodes + 1, dtype=torch.bool, device=device)
+    block_visible[:, 0] = True  # every row sees the last committed token
+    block_visible[1:, 1:] = ancestors[chosen][:, chosen]
+    block_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), node_depth[chosen] + 1])
+    return tokens[chosen], tree_parents, block_depth, block_visible
 
 
 def _tree_size(depth: int) -> int:
     return min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
 
 
-def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int) -> tuple:
-    """_grow_tree, replayed as one CUDA graph per (depth, attention width) where graphs apply."""
+def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int,
+              nodes: int) -> tuple:
+    """_grow_tree, replayed as one CUDA graph per (depth, attention width, nodes) where graphs apply."""
     runner = head.runner
     kv = runner._kv_width(true_length + _tree_size(depth))
     length = torch.full((1,), true_length, dtype=torch.long, device=root_feature.device)
     if not ChainGraphs.available(runner, 2):
-        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+        return _grow_tree(head, root_feature, depth, vocab, length, kv, nodes)
 
     def build() -> CapturedChain:
         def grow(feature, length):
-            return _grow_tree(head, feature, depth, vocab, length, kv)
+            return _grow_tree(head, feature, depth, vocab, length, kv, nodes)
 
         return CapturedChain(grow, (torch.zeros_like(root_feature), length.clone()), runner.device,
                              graph_pool(runner))
 
-    graph = ChainGraphs.of(runner).get(("tree", depth, kv, vocab), build)
+    graph = ChainGraphs.of(runner).get(("tree", depth, kv, vocab, nodes), build)
     if graph is None:
-        return _grow_tree(head, root_feature, depth, vocab, length, kv)
+        return _grow_tree(head, root_feature, depth, vocab, length, kv, nodes)
     return graph.run(root_feature, true_length)
-
-
-def _close_under_ancestors(keep: list, parents: list) -> list:
-    """Add any missing ancestors and return node indices in increasing (topological) order."""
-    chosen = set(keep)
-    for node in list(keep):
-        parent = parents[node]
-        while parent >= 0 and parent not in chosen:
-            chosen.add(parent)
-            parent = parents[parent]
-    return sorted(chosen)
