@@ -68,12 +68,29 @@ class _Launched:
     features: torch.Tensor  # [N+1, H]
     result: object  # kernels' VerifyResult (device tensors)
     uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
+    readout: "_QueuedReadout"  # the round's figures, on their way to the host
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
         """[1] the round's correction or bonus token, still on the device (-1, the NaN flag, made 0 so that a
         round queued after it stays valid; reading this round raises)."""
         return self.result.next_token[:1].clamp_min(0)
+
+
+@dataclass
+class _QueuedReadout:
+    """The round's readout (SpeculativeDecoder._queue_readout): its values and a device tree's parents in
+    host memory, complete once `copied` has (None: on the CPU, complete already)."""
+
+    values: torch.Tensor  # [flat] float32 on the host
+    width: int  # top alternatives per row
+    parents: Optional[torch.Tensor]  # [N] int64 on the host: a device tree's shape, else None
+    copied: Optional[torch.cuda.Event]
+
+    def wait(self) -> list:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.values.tolist()
 
 
 @dataclass
@@ -340,7 +357,7 @@ class SpeculativeDecoder:
             if ahead and len(inflight) == 1 and len(generated) + 1 < config.max_new_tokens:
                 inflight.append(self._launch_round(state, drafter, config, inflight[-1].next_token_on_device))
             launched = inflight.popleft()
-            round_ = self._read_round(launched.draft, launched.result, launched.logits, config)  # one copy
+            round_ = self._read_round(launched)  # the one wait for the GPU
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
                                    config)
             self._commit(state, drafter, launched, round_, outcome)
@@ -369,8 +386,9 @@ class SpeculativeDecoder:
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
         logits, features, result, uniforms = self._verify(state, draft, config, first_token)
+        readout = self._queue_readout(draft, result, logits, config)
         clock.mark()  # verification queued
-        return _Launched(clock, draft, block_start, logits, features, result, uniforms)
+        return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
 
     def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
         """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
@@ -454,19 +472,35 @@ class SpeculativeDecoder:
         elif draft.size:  # an empty draft's block is kept whole (and a plain round queued after it stays)
             self.target.rollback(start + 1 + outcome.accepted)
 
-    def _read_round(self, draft: Draft, result, logits, config) -> "_RoundReadout":
-        """Everything the host needs from the round, in one copy: the verdict (accepted count, next token,
-        path), the draft's tokens, and the per-token figures of the event (p, q, min(1, p/q), tested, p of the
-        next token, the target's top alternatives per row). Gathered on the device by the backend's readout
-        (one kernel on CUDA), so the GPU never waits for the host between the verdict and the details."""
+    def _queue_readout(self, draft: Draft, result, logits, config) -> _QueuedReadout:
+        """Everything the host needs from the round, gathered on the device by the backend's readout (one
+        kernel on CUDA) and copied to pinned host memory right behind the verification: the verdict
+        (accepted count, next token, path), the draft's tokens, the per-token figures of the event (p, q,
+        min(1, p/q), tested, p of the next token, the target's top alternatives per row), and a device tree's
+        parents. Queued now, not when the round is read: by then plain decoding has queued its next round,
+        and a copy behind it would wait for that round too."""
         sampling = config.sampling
         temperature = 1.0 if sampling.greedy else sampling.temperature
         width = min(TOP_ALTERNATIVES, logits.shape[-1])
-        readout = self.backend.readout(logits, result, draft.tokens, temperature, width)
-        if draft.is_tree and draft.parents.device.type != "cpu":  # a device tree's shape, in the same wait
-            draft.parents = draft.parents.to("cpu", non_blocking=True)
-        values = readout.tolist()  # waits for the round, and so for the parents' copy queued before it
-        return _RoundReadout.unpack(values, draft.size, width)
+        values = self.backend.readout(logits, result, draft.tokens, temperature, width)
+        if values.device.type == "cpu":
+            return _QueuedReadout(values, width, None, None)
+        parents = None
+        if draft.is_tree and draft.parents.device.type != "cpu":
+            parents = torch.empty(draft.parents.shape, dtype=torch.long, pin_memory=True)
+            parents.copy_(draft.parents, non_blocking=True)
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return _QueuedReadout(host, width, parents, copied)
+
+    def _read_round(self, launched: _Launched) -> "_RoundReadout":
+        """Wait for the round's readout (the round's one wait for the GPU) and unpack it."""
+        values = launched.readout.wait()
+        if launched.readout.parents is not None:  # the device tree's shape, for the rollback and the event
+            launched.draft.parents = launched.readout.parents
+        return _RoundReadout.unpack(values, launched.draft.size, launched.readout.width)
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
         """The event's DraftedTokens and the next token's figures, from the round's readout."""

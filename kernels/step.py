@@ -41,6 +41,11 @@ GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM 
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
 ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads fills 128 SMs, not 32
+# ... when one token's (sequence, head) pairs are fewer than this; a batch of sequences has blocks enough
+# without splitting (B = 64 of 32 heads split 4 ways ran 8,192 blocks, most of them without a key). Splits
+# depend on the sequences and heads only, never on the block's length: a verification block's rows keep
+# the bits of one-token steps.
+ATTENTION_SPLIT_PAIRS = 128
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
@@ -277,10 +282,12 @@ class StepKernels:
                           balanced=int(GEMV_BALANCED))
         return out
 
-    def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,
+                  splits: Optional[int] = None) -> torch.Tensor:
         """As attention_reference with start a device tensor int64: [1] for one sequence's caches
         [kv_heads, cache_len, D], [B] for B sequences' caches [B, kv_heads, cache_len, D] (q [heads,
-        B * block_n, D], visible [block_n, block_n]). Returns [n, heads * D]."""
+        B * block_n, D], visible [block_n, block_n]). Returns [n, heads * D]. splits: blocks per (token,
+        head), by default attention_splits(B, heads); a row's bits depend on it, and on nothing else."""
         heads, n, d = q.shape
         kv_heads, cache_len = k_cache.shape[-3], k_cache.shape[-2]
         seqs = k_cache.shape[0] if k_cache.dim() == 4 else 1
@@ -294,7 +301,11 @@ class StepKernels:
             raise ValueError(f"attention: start must be {seqs} int64 value(s) and visible contiguous")
         out = torch.empty(n, heads * d, dtype=q.dtype, device=q.device)
         pairs = n * heads
-        splits = ATTENTION_SPLITS if pairs <= ATTENTION_PAIRS else 1
+        if splits is None:
+            splits = attention_splits(seqs, heads)
+        if not 1 <= splits <= ATTENTION_SPLITS:
+            raise ValueError(f"attention: {splits} splits (1 to {ATTENTION_SPLITS})")
+        splits = splits if pairs <= ATTENTION_PAIRS else 1
         partial = torch.empty(pairs * splits * (d + 2) if splits > 1 else 1, dtype=torch.float32,
                               device=q.device)  # [pairs * splits, D + 2]: each split's softmax state
         instance = f"sp_attention<{_DTYPES[q.dtype]}>"
@@ -313,6 +324,12 @@ def _function_pointer(kernel) -> int:
     programmatic launcher then refuses it and CuPy launches)."""
     function = getattr(kernel, "kernel", kernel)
     return int(getattr(function, "ptr", 0) or 0)
+
+
+def attention_splits(seqs: int, heads: int) -> int:
+    """Blocks per (token, head) for `seqs` sequences of `heads` heads: up to ATTENTION_SPLITS, enough for
+    one token's ATTENTION_SPLIT_PAIRS blocks."""
+    return max(1, min(ATTENTION_SPLITS, ATTENTION_SPLIT_PAIRS // (seqs * heads)))
 
 
 def gemv_fits(weight: torch.Tensor, rows: int = 1) -> bool:

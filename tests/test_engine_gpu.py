@@ -227,3 +227,24 @@ def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
         return [[(t.token_id, t.parent, t.accepted) for t in e.drafted] + [e.next_token_id] for e in events]
 
     assert rounds(on_device) == rounds(on_host)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
+    """On the decode path the head's step over the committed positions and the tree's growth replay as one
+    graph (engine.drafters.eagle.tree_round): the same rounds as the step and the growth apart, every feed
+    length 1..K+1 captured when the generation starts, and greedy output equal to plain decoding."""
+    import engine.drafters.eagle as eagle
+    from engine.chain_graph import ChainGraphs
+
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_tree_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48, seed=3,
+                              sampling=SamplingParams(temperature, 0, 1.0))
+    fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
+    head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
+    lengths = {key[1] for key in ChainGraphs.of(head.runner)._graphs if key[0] == "eagle-tree-round"}
+    assert lengths == set(range(1, 6))
+    if temperature == 0.0:
+        plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+        assert [t for _, ids in fused for t in ids] == plain

@@ -234,7 +234,10 @@ def test_attention_rows_do_not_depend_on_the_block(kernels):
 
 def test_attention_batched_equals_each_sequence_alone(kernels):
     """B sequences' blocks in one launch (caches [B, kvh, L, D], one start each): every sequence's rows are,
-    bit for bit, what a launch of that sequence alone gives, and they match the fp64 twin."""
+    bit for bit, what a launch of that sequence alone with the same splits gives, and they match the fp64
+    twin."""
+    from kernels.step import attention_splits
+
     rng = random.Random(6)
     for case in range(max(CASES // 20, 50)):
         dtype = HALVES[case % 2]
@@ -253,7 +256,8 @@ def test_attention_batched_equals_each_sequence_alone(kernels):
         for b, start in enumerate(starts):
             rows = slice(b * block_n, (b + 1) * block_n)
             alone = kernels.attention(q[:, rows].contiguous(), k_cache[b], v_cache[b],
-                                      torch.tensor([start], device="cuda"), chain)
+                                      torch.tensor([start], device="cuda"), chain,
+                                      splits=attention_splits(seqs, heads))
             assert torch.equal(out[rows], alone), f"case {case}, sequence {b}"
         ref = attention_reference(q, k_cache, v_cache, starts, chain)
         tol = 2 * torch.finfo(dtype).eps * ref.float().abs() + 1e-3

@@ -161,7 +161,9 @@ class EagleDrafter(Drafter):
         self.pending = PendingFeed(features, None, state.tokens[1:])
         sampling = chain_sampling(state)
         k = state.config.k
-        if self._fuses(sampling):
+        if self.tree_nodes > 0:
+            prepare_tree_rounds(self.head, k, features.shape[-1], state.vocab_size, self.tree_nodes)
+        elif self._fuses(sampling):
             prepare_eagle_rounds(self.head, k, features.shape[-1], state.vocab_size, sampling)
 
     def _fuses(self, sampling) -> bool:
@@ -176,7 +178,7 @@ class EagleDrafter(Drafter):
         pending, self.pending = self.pending, None
         tokens = to_device(pending.next_tokens, state.device)  # [n]
         if self.tree_nodes > 0:
-            return self._tree(state, self._step(pending.committed_features(), tokens), k)
+            return self._tree(state, pending.committed_features(), tokens, k)
         sampling = chain_sampling(state)
         uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
         if pending.contiguous and self._fuses(sampling):  # the head's step and the chain in one graph
@@ -213,15 +215,22 @@ class EagleDrafter(Drafter):
                 feature, logits = out.hidden[-1:], out.logits[-1:]
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
-    def _tree(self, state: DecodeState, root_feature: torch.Tensor, depth: int) -> Draft:
-        """Dynamic tree: per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into
-        TREE_BRANCH children each; finally keep the tree_nodes best nodes (a child never outscores its
-        parent). Grown and chosen on the device level by level (each level's nodes appended to the head's
-        cache, seeing their ancestors): nothing waits for the GPU. A target that takes device trees gets the
-        parents and the verification block's depths and mask on the device; another one gets the parents on
-        the host (one copy)."""
-        tokens, parents, block_depth, block_visible = grow_tree(
-            self.head, root_feature, depth, state.vocab_size, self.true_length, self.tree_nodes)
+    def _tree(self, state: DecodeState, features: torch.Tensor, next_tokens: torch.Tensor,
+              depth: int) -> Draft:
+        """Dynamic tree after the head's step over the committed positions (features [n, F], next tokens
+        [n]): per depth, expand the TREE_FRONTIER best nodes by cumulative log-probability into TREE_BRANCH
+        children each; finally keep the tree_nodes best nodes (a child never outscores its parent). Grown and
+        chosen on the device level by level (each level's nodes appended to the head's cache, seeing their
+        ancestors), the step and the growth one graph where graphs apply: nothing waits for the GPU. A
+        target that takes device trees gets the parents and the verification block's depths and mask on the
+        device; another one gets the parents on the host (one copy)."""
+        grown = tree_round(self.head, features, next_tokens, depth, state.vocab_size, self.tree_nodes)
+        if grown is None:  # no graph: the head's step, then the growth (itself a graph where it can be)
+            grown = grow_tree(self.head, self._step(features, next_tokens), depth, state.vocab_size,
+                              self.true_length, self.tree_nodes)
+        else:
+            self.true_length = self.head.runner.length
+        tokens, parents, block_depth, block_visible = grown
         if getattr(self.target, "takes_device_trees", False) and parents.device.type != "cpu":
             return Draft(tokens=tokens, parents=parents, tree_block=(block_depth, block_visible))
         return Draft(tokens=tokens, parents=parents.cpu())
@@ -306,11 +315,20 @@ def _tree_size(depth: int) -> int:
     return min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
 
 
+def _tree_kv(runner, true_length: int, depth: int) -> int:
+    """The growth's attention width: the whole cache where graphs replay (one graph serves every length),
+    else the rows it needs."""
+    if ChainGraphs.available(runner, 2):
+        return runner.max_length
+    return runner._kv_width(true_length + _tree_size(depth))
+
+
 def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int,
               nodes: int) -> tuple:
-    """_grow_tree, replayed as one CUDA graph per (depth, attention width, nodes) where graphs apply."""
+    """_grow_tree from the predicted feature [1, H] after the root, replayed as one CUDA graph per (depth,
+    nodes) where graphs apply."""
     runner = head.runner
-    kv = runner._kv_width(true_length + _tree_size(depth))
+    kv = _tree_kv(runner, true_length, depth)
     length = torch.full((1,), true_length, dtype=torch.long, device=root_feature.device)
     if not ChainGraphs.available(runner, 2):
         return _grow_tree(head, root_feature, depth, vocab, length, kv, nodes)
@@ -326,3 +344,60 @@ def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_len
     if graph is None:
         return _grow_tree(head, root_feature, depth, vocab, length, kv, nodes)
     return graph.run(root_feature, true_length)
+
+
+def tree_round_body(head, features: torch.Tensor, next_tokens: torch.Tensor, start: torch.Tensor, depth: int,
+                    vocab: int, nodes: int, kv: int) -> tuple:
+    """The tree round's device work: the head's step over the n committed positions (features [n, F], next
+    tokens [n]) at cache rows start.. (start [1] on the device; the decode path's attention), then the tree
+    grown from its last predicted feature after them (_grow_tree)."""
+    n = next_tokens.shape[0]
+    chain_depth, block_visible = head.runner._chain_block(n)
+    x = head.fuse(head.true_features(features), next_tokens)  # [n, H]
+    predicted, _ = head.runner._block_step(x, start, chain_depth, block_visible, 0)  # [n, H]
+    return _grow_tree(head, predicted[-1:], depth, vocab, start + n, kv, nodes)
+
+
+def tree_round(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: int, vocab: int,
+               nodes: int):
+    """tree_round_body as one graph per (n, depth, nodes) on the decode path: appends the n positions to the
+    head's cache (its length grows by n) and returns the tree (choose_nodes' four tensors), or None where no
+    graph applies. Feed lengths 1..depth+1 are captured when first met, or beforehand by
+    prepare_tree_rounds."""
+    runner = head.runner
+    start_row = runner.length
+    graph = _tree_round_graph(head, next_tokens.numel(), depth, features.shape[-1], vocab, nodes)
+    if graph is None:
+        return None
+    grown = graph.run(features, next_tokens, start_row)
+    runner._length = start_row + next_tokens.numel()
+    return grown
+
+
+def prepare_tree_rounds(head, depth: int, width: int, vocab: int, nodes: int) -> int:
+    """Capture the tree round of every feed length (1..depth+1) before the first round (see
+    engine.chain_graph.prepare_draft_rounds); width: the features' F. Returns how many exist."""
+    runner = head.runner
+    if runner.length + depth + 1 + _tree_size(depth) > runner.max_length:  # warm-ups write past the end
+        return 0
+    lengths = range(1, depth + 2)
+    return sum(_tree_round_graph(head, n, depth, width, vocab, nodes) is not None for n in lengths)
+
+
+def _tree_round_graph(head, n: int, depth: int, width: int, vocab: int, nodes: int):
+    runner = head.runner
+    if not FUSED_ROUND or not ChainGraphs.available(runner, 2) or not runner._decode_path(n) or n > depth + 1:
+        return None
+    device, start_row, kv = runner.device, runner.length, runner.max_length
+
+    def build() -> CapturedChain:
+        features_in = torch.zeros(n, width, dtype=runner.dtype, device=device)  # [n, F]
+        tokens_in = torch.zeros(n, dtype=torch.long, device=device)  # [n]
+        start = torch.full((1,), start_row, dtype=torch.long, device=device)
+
+        def round_(features, tokens, start):
+            return tree_round_body(head, features, tokens, start, depth, vocab, nodes, kv)
+
+        return CapturedChain(round_, (features_in, tokens_in, start), device, graph_pool(runner))
+
+    return ChainGraphs.of(runner).get(("eagle-tree-round", n, depth, width, vocab, nodes), build)
