@@ -55,6 +55,8 @@ def probe_shape(kernels, name: str, n: int, k: int, rows: int, repeats: int, ban
     copies = max(2, -(-SPILL_BYTES // nbytes))
     weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+    if not step.gemv_fits(weights[0], rows):
+        return f"{name:12s} {rows:4d} {nbytes / 1e6:7.1f}  (more rows than sp_gemv stages)"
     times = {}
     for label, balanced in (("balanced", True), ("dealt", False)):
         step.GEMV_BALANCED = balanced
