@@ -83,7 +83,7 @@ if has gemv; then
   timeout 120 python3 scripts/gemv_probe.py 2>&1 | grep -v "compiling" | tee "$OUT/gemv_probe.txt"
 fi
 if has gap; then
-  for pdl in 0 1; do
+  for pdl in ${GAP_PDL:-0 1}; do
     SPECPLAY_PDL=$pdl timeout 100 python3 scripts/round_gap_probe.py --synthetic llama-1b 2>&1 \
       | grep -v "compiling" | tee "$OUT/round_gap_llama-1b_pdl$pdl.txt"
   done
