@@ -17,6 +17,9 @@
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
 #define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
 #define SP_GEMV_MAX_ROWS 8
+#ifndef SP_GEMV_BLOCKS
+#define SP_GEMV_BLOCKS 2  // resident blocks per SM sp_gemv is built for (kernels/step.py passes its own)
+#endif
 #define SP_ATTN_WARPS 8
 #define SP_ATTN_MAX_D 256
 #define SP_NEG_INF __int_as_float(0xff800000)
@@ -171,7 +174,7 @@ __device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, con
 }
 
 template <typename T, int M>
-__global__ void __launch_bounds__(256, 2) sp_gemv(const T* x, const T* norm_weight, const T* weight,
+__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
                                                   int x_stride, int mode, float eps, int out_f32,
                                                   int prefetch_bytes, int balanced) {

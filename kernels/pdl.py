@@ -13,10 +13,11 @@ programmatic only when its caller knows the previous kernel on the stream is one
 kernels.step): captured into a graph, a programmatic launch after a memset node (which cuBLAS may queue)
 invalidates the capture.
 
-Off unless SPECPLAY_PDL=1. Measured on an H200 it cut plain decoding of a 1B shape from 1.734 to 1.520 ms a
-token (an earlier machine: 1.525 to 1.420), and the engine, drafter and batch GPU tests passed with it twice
-(82 of 82; every GPU test, 123 of 123), but a third run lost one capture: an EAGLE-3 head's sampled chain in
-bf16 failed with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, a failure no run without it has shown.
+On by default; SPECPLAY_PDL=0 turns it off. Measured on an H200 it cut plain decoding of a 1B shape from 1.734
+to 1.520 ms a token (an earlier machine: 1.525 to 1.420), and a replayed 1B step from 1.150 to 1.077 ms
+(docs/measurements/round_gap_llama-1b_pdl*.txt). It was opt-in while one GPU run of three with it lost a capture
+(an EAGLE-3 head's sampled chain in bf16, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a later run without it lost the
+same capture, so launch is not the cause, and a failed capture is now retried (engine.chain_graph._capture).
 `PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or
 the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the
 process.
@@ -58,7 +59,7 @@ class PdlLauncher:
 
     @classmethod
     def load(cls, capability: tuple) -> Optional["PdlLauncher"]:
-        if os.environ.get("SPECPLAY_PDL", "0") != "1" or tuple(capability) < (9, 0):
+        if os.environ.get("SPECPLAY_PDL", "1") == "0" or tuple(capability) < (9, 0):
             return None
         try:
             driver = ctypes.CDLL("libcuda.so.1")

@@ -37,7 +37,9 @@ GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 # block by block, as before; the outputs are the same bits either way)
 GEMV_BALANCED = os.environ.get("SPECPLAY_GEMV_BALANCED", "1") != "0"
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
-GEMV_BLOCKS_PER_SM = 2  # the kernel's launch bounds: a grid of 2 blocks per SM walks every row
+# the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
+# SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
+GEMV_BLOCKS_PER_SM = int(os.environ.get("SPECPLAY_GEMV_BLOCKS", "2"))
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
 ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads fills 128 SMs, not 32
@@ -85,7 +87,7 @@ def module_source() -> str:
     return "\n".join(path.read_text() for path in SOURCES)
 
 
-COMPILE_OPTIONS = ("--std=c++17", "--fmad=false")
+COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}")
 
 
 # ------------------------------------------------------------------------------------------------ twins

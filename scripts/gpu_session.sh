@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call, most important first (a run cut short keeps what came first); logs to $OUT.
 # PART picks parts (default: all, in this order):
-#   tests     every GPU test, 10,000 fuzz cases per kernel (programmatic launch off: the default)
-#   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=1 (programmatic launch)
+#   tests     every GPU test, 10,000 fuzz cases per kernel (programmatic launch on: the default)
+#   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=0 (programmatic launch off)
 #   engine    the engine, drafter and batch GPU tests alone (the defaults)
 #   runtimes  bench runtimes on the synthetic 1B and 7B shapes, HF eager and assisted beside
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
@@ -28,8 +28,8 @@ if has tests; then
     2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
 if has tests-pdl; then
-  SPECPLAY_PDL=1 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py \
-    tests/test_drafters_gpu.py tests/test_batch_gpu.py 2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_pdl.log" | tail -6
+  SPECPLAY_PDL=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py \
+    tests/test_drafters_gpu.py tests/test_batch_gpu.py 2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_pdl_off.log" | tail -6
 fi
 if has engine; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $ENGINE_TESTS 2>&1 | grep -v -i "warn" \
@@ -80,7 +80,10 @@ if has kernels; then
     2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
 fi
 if has gemv; then
-  timeout 120 python3 scripts/gemv_probe.py 2>&1 | grep -v "compiling" | tee "$OUT/gemv_probe.txt"
+  for blocks in ${GEMV_BLOCKS:-2}; do
+    SPECPLAY_GEMV_BLOCKS=$blocks timeout 120 python3 scripts/gemv_probe.py --rows 1 2>&1 | grep -v "compiling" \
+      | tee "$OUT/gemv_probe_blocks$blocks.txt"
+  done
 fi
 if has gap; then
   for pdl in ${GAP_PDL:-0 1}; do

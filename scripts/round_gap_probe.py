@@ -94,7 +94,7 @@ def main() -> int:
     decoder = SpeculativeDecoder(pair)
     decoder.warm_up()
     with torch.inference_mode():
-        print(f"{args.synthetic}: SPECPLAY_PDL={os.environ.get('SPECPLAY_PDL', '0')}; replayed step "
+        print(f"{args.synthetic}: SPECPLAY_PDL={os.environ.get('SPECPLAY_PDL', '1')}; replayed step "
               f"{step_ms(pair.target):.3f} ms")
         for method in args.methods.split(","):
             for _ in range(args.repeats):

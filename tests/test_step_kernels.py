@@ -113,7 +113,9 @@ def test_launch_constants_match_the_cu_defines():
     assert defines["SP_GEMV_STAGE"] == step.GEMV_STAGE and defines["SP_GEMV_MAX_ROWS"] == step.GEMV_MAX_ROWS
     assert 32 * defines["SP_ATTN_WARPS"] == step.ATTENTION_THREADS
     assert defines["SP_ATTN_MAX_D"] == step.ATTENTION_MAX_D
-    assert "__launch_bounds__(256, 2) sp_gemv" in source and "__launch_bounds__(256) sp_attention" in source
+    assert "__launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv" in source
+    assert "__launch_bounds__(256) sp_attention" in source
+    assert f"-DSP_GEMV_BLOCKS={step.GEMV_BLOCKS_PER_SM}" in step.COMPILE_OPTIONS  # the grid's blocks per SM
 
 
 def test_programmatic_launch_structs_match_cuda_h():
@@ -132,20 +134,20 @@ def test_programmatic_launch_structs_match_cuda_h():
     assert pdl.PdlLauncher.load((8, 0)) is None  # below sm_90
 
 
-def test_programmatic_launch_is_opt_in(monkeypatch):
-    """Off unless SPECPLAY_PDL=1; with it, it loads wherever the driver has cuLaunchKernelEx (a stand-in
-    driver here)."""
+def test_programmatic_launch_is_on_unless_turned_off(monkeypatch):
+    """On by default wherever the driver has cuLaunchKernelEx (a stand-in driver here); SPECPLAY_PDL=0 turns
+    it off without loading the driver."""
     from kernels import pdl
 
     loaded = []
     monkeypatch.setattr(pdl.ctypes, "CDLL", lambda name: loaded.append(name) or
                         type("Driver", (), {"cuLaunchKernelEx": ctypes_function()})())
-    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
-    assert pdl.PdlLauncher.load((9, 0)) is None
     monkeypatch.setenv("SPECPLAY_PDL", "0")
     assert pdl.PdlLauncher.load((9, 0)) is None and not loaded
-    monkeypatch.setenv("SPECPLAY_PDL", "1")
+    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
     assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher) and loaded == ["libcuda.so.1"]
+    monkeypatch.setenv("SPECPLAY_PDL", "1")
+    assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher)
 
 
 def ctypes_function():
