@@ -85,7 +85,8 @@ def main() -> int:
     device = torch.device("cuda")
     kernels = step.StepKernels.load(device)
     bandwidth = measure_read_bandwidth(device)
-    print(f"read bandwidth {bandwidth / 1e12:.2f} TB/s; sp_gemv built for {step.GEMV_BLOCKS_PER_SM} blocks per SM")
+    print(f"read bandwidth {bandwidth / 1e12:.2f} TB/s; sp_gemv built for {step.GEMV_BLOCKS_PER_SM} blocks "
+          "per SM")
     print(f"{'shape':12s} {'rows':>4s} {'MB':>7s} {'balanced us':>12s} {'dealt us':>9s} {'cuBLAS us':>10s} "
           f"{'% bw balanced':>14s} {'% bw dealt':>11s} {'% bw cuBLAS':>12s}")
     for name, n, k in SHAPES:
