@@ -15,9 +15,9 @@ invalidates the capture.
 
 On by default; SPECPLAY_PDL=0 turns it off. Measured on an H200 it cut plain decoding of a 1B shape from
 1.734 to 1.520 ms a token (an earlier machine: 1.525 to 1.420), and a replayed 1B step from 1.150 to 1.077 ms
-(docs/measurements/round_gap_llama-1b_pdl*_before_readout.txt). It was opt-in while one GPU run of three with it lost a
-capture (an EAGLE-3 head's sampled chain in bf16, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a later run without
-it lost the same capture, so launch is not the cause, and a failed capture is now retried
+(docs/measurements/round_gap_llama-1b_pdl*_before_readout.txt). It was opt-in while one GPU run of three
+with it lost a capture (an EAGLE-3 head's sampled chain in bf16, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a
+later run without it lost the same capture, so launch is not the cause, and a failed capture is now retried
 (engine.chain_graph._capture).
 `PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or
 the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the
