@@ -442,3 +442,148 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
     }
     if (tid == 0) counters[pair] = 0;  // ready for the next launch (or graph replay)
 }
+
+// sp_attention for G query heads sharing a kv head at once (grouped-query attention), one split: one block of
+// 8 warps per (token i, kv head), reading each key and value row once for the G heads instead of once per head.
+// Arguments and layout as sp_attention's (splits 1, no partial state); G heads of D <= SP_ATTN_GROUP_D.  Every
+// head's arithmetic is sp_attention's with splits = 1, in the same order (the same key chunks per warp, the
+// same dot and p v order, the same merges), so each output is bit for bit what sp_attention gives: grouping is
+// a speed choice only.
+#define SP_ATTN_GROUP_D 128
+
+template <typename T, int G>
+__global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T* k_cache, const T* v_cache,
+                                                            const long long* start,
+                                                            const unsigned char* visible, T* out, int n,
+                                                            int heads, int kv_heads, int D, int cache_len,
+                                                            float scale, int block_n, int seq_stride) {
+    __shared__ __align__(16) float q_rows[G][SP_ATTN_GROUP_D];
+    __shared__ float probs[SP_ATTN_WARPS][G][32];
+    __shared__ float warp_max_s[SP_ATTN_WARPS][G], warp_sum_s[SP_ATTN_WARPS][G];
+    __shared__ float warp_acc[SP_ATTN_WARPS][G][SP_ATTN_GROUP_D];
+    sp_let_next_start();
+    sp_wait_for_previous();
+    int kvh = blockIdx.x % kv_heads, i = blockIdx.x / kv_heads;
+    int h0 = kvh * G;  // the group's first query head (heads / kv_heads == G)
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int b = i / block_n, t = i - b * block_n;
+    long long first = start[b];
+    long long total = first + block_n;
+    int chunks = (int)((total + 31) / 32);
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        int g = idx / D, d = idx - g * D;
+        q_rows[g][d] = to_f(q[((long long)(h0 + g) * n + i) * D + d]);
+    }
+    __syncthreads();
+
+    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
+    const T* keys = k_cache + base;
+    const T* values = v_cache + base;
+    const unsigned char* sees = visible + (long long)t * block_n;
+    int vchunks = D / 8;
+    int groups = 32 / vchunks;
+    int group = lane / vchunks, sub = lane - group * vchunks;
+    float run_max[G], run_sum[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        run_max[g] = SP_NEG_INF;
+        run_sum[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+    }
+
+    for (int c = warp; c < chunks; c += SP_ATTN_WARPS) {
+        long long r = (long long)c * 32 + lane;
+        bool seen = r < total && (r < first || sees[r - first] != 0);
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) s[g] = SP_NEG_INF;
+        if (seen) {
+            const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) dot[g] = 0.f;
+#pragma unroll 4
+            for (int d8 = 0; d8 < vchunks; d8++) {
+                float f[8];
+                dk_unpack8<T>(krow[d8], f);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) dot[g] = fmaf(q_rows[g][d8 * 8 + e], f[e], dot[g]);
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) s[g] = dot[g] * scale;
+        }
+        bool live[G];  // a head whose chunk has a visible key (all or none: visibility is the token's)
+        float rescale[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float chunk_max = dk_warp_max(s[g]);
+            live[g] = chunk_max != SP_NEG_INF;
+            float new_max = live[g] ? fmaxf(run_max[g], chunk_max) : run_max[g];
+            rescale[g] = live[g] ? expf(run_max[g] - new_max) : 1.f;
+            float p = live[g] && seen ? expf(s[g] - new_max) : 0.f;
+            if (live[g]) run_sum[g] = run_sum[g] * rescale[g] + dk_warp_sum(p);
+            probs[warp][g][lane] = p;
+            run_max[g] = new_max;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] = live[g] ? acc[g][e] * rescale[g] : acc[g][e];
+        }
+        int rows = (int)min((long long)32, total - (long long)c * 32);
+        if (group < groups) {
+#pragma unroll 4
+            for (int j = group; j < rows; j += groups) {
+                float f[8];
+                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[sub], f);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    if (!live[g]) continue;
+                    float pj = probs[warp][g][j];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pj, f[e], acc[g][e]);
+                }
+            }
+        }
+        __syncwarp();
+    }
+    for (int gi = 0; gi < groups; gi++) {
+        if (group == gi) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float* slot = &warp_acc[warp][g][sub * 8 + e];
+                    *slot = (gi == 0 ? 0.f : *slot) + acc[g][e];
+                }
+            }
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            warp_max_s[warp][g] = run_max[g];
+            warp_sum_s[warp][g] = run_sum[g];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        int g = idx / D, d = idx - g * D;
+        float top = SP_NEG_INF, total_sum = 0.f, value = 0.f;
+        for (int w = 0; w < SP_ATTN_WARPS; w++) top = fmaxf(top, warp_max_s[w][g]);
+        for (int w = 0; w < SP_ATTN_WARPS; w++) {
+            if (warp_max_s[w][g] == SP_NEG_INF) continue;
+            total_sum = fmaf(warp_sum_s[w][g], expf(warp_max_s[w][g] - top), total_sum);
+        }
+        for (int w = 0; w < SP_ATTN_WARPS; w++) {
+            if (warp_max_s[w][g] != SP_NEG_INF) value = fmaf(warp_acc[w][g][d], expf(warp_max_s[w][g] - top), value);
+        }
+        out[((long long)i * heads + h0 + g) * D + d] = rnd<T>(value / total_sum);
+    }
+}

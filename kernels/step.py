@@ -48,6 +48,12 @@ ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads f
 # depend on the sequences and heads only, never on the block's length: a verification block's rows keep
 # the bits of one-token steps.
 ATTENTION_SPLIT_PAIRS = 128
+# query heads per kv head that sp_attention_grouped is built for (SP_ATTN_GROUP_D: head dims up to 128); an
+# unsplit launch of such a model reads each key and value row once per kv head, not once per query head.
+# SPECPLAY_ATTN_GROUPED=0 keeps one block per query head (the same bits), for comparisons.
+ATTENTION_GROUPS = (2, 4, 8)
+ATTENTION_GROUP_D = 128
+ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
@@ -70,6 +76,11 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
                "float scale, int block_n, int seq_stride, float* partial, int* counters, int splits",
                templated=True),
+    KernelSpec("sp_attention_grouped",
+               "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
+               "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
+               "float scale, int block_n, int seq_stride",
+               templated=True),
 )}
 GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
 
@@ -79,6 +90,7 @@ def instance_names() -> list:
     names = [f"{name}<{t}>" for name in ("sp_rope_qkv", "sp_silu_mul") for t in _DTYPES.values()]
     halves = [_DTYPES[d] for d in HALF_DTYPES]
     names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
+    names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
     return names
 
@@ -233,6 +245,11 @@ class StepKernels:
     def _programmatic(self, chained: bool) -> bool:
         return chained and self.pdl is not None and self.pdl.enabled
 
+    @staticmethod
+    def _groups(heads: int, kv_heads: int, d: int) -> bool:
+        """Whether an unsplit attention launch takes sp_attention_grouped."""
+        return ATTENTION_GROUPED and heads // kv_heads in ATTENTION_GROUPS and d <= ATTENTION_GROUP_D
+
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
                  kv_heads: int, chained: bool = False) -> torch.Tensor:
         """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device.
@@ -302,22 +319,27 @@ class StepKernels:
         if start.dtype != torch.long or start.numel() != seqs or not visible.is_contiguous():
             raise ValueError(f"attention: start must be {seqs} int64 value(s) and visible contiguous")
         out = torch.empty(n, heads * d, dtype=q.dtype, device=q.device)
-        pairs = n * heads
         if splits is None:
             splits = attention_splits(seqs, heads)
         if not 1 <= splits <= ATTENTION_SPLITS:
             raise ValueError(f"attention: {splits} splits (1 to {ATTENTION_SPLITS})")
-        splits = splits if pairs <= ATTENTION_PAIRS else 1
+        if n * heads > ATTENTION_PAIRS:
+            splits = 1
+        args = dict(q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+                    start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n, heads=heads,
+                    kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d), block_n=block_n,
+                    seq_stride=kv_heads * cache_len * d if seqs > 1 else 0)
+        if splits == 1 and self._groups(heads, kv_heads, d):  # one block per kv head: rows read once
+            instance = f"sp_attention_grouped<{_DTYPES[q.dtype]}, {heads // kv_heads}>"
+            self._launch_grid("sp_attention_grouped", instance, (n * kv_heads,), ATTENTION_THREADS, chained,
+                              **args)
+            return out
+        pairs = n * heads
         partial = torch.empty(pairs * splits * (d + 2) if splits > 1 else 1, dtype=torch.float32,
                               device=q.device)  # [pairs * splits, D + 2]: each split's softmax state
-        instance = f"sp_attention<{_DTYPES[q.dtype]}>"
-        self._launch_grid("sp_attention", instance, (pairs * splits,), ATTENTION_THREADS, chained,
-                          q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
-                          start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n,
-                          heads=heads, kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d),
-                          block_n=block_n, seq_stride=kv_heads * cache_len * d if seqs > 1 else 0,
-                          partial=partial.data_ptr(), counters=self._attention_counters.data_ptr(),
-                          splits=splits)
+        self._launch_grid("sp_attention", f"sp_attention<{_DTYPES[q.dtype]}>", (pairs * splits,),
+                          ATTENTION_THREADS, chained, partial=partial.data_ptr(),
+                          counters=self._attention_counters.data_ptr(), splits=splits, **args)
         return out
 
 

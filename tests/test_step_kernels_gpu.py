@@ -264,6 +264,44 @@ def test_attention_batched_equals_each_sequence_alone(kernels):
         assert bool(((out.float() - ref.float()).abs() <= tol).all()), f"case {case}"
 
 
+def test_grouped_attention_gives_the_per_head_bits(kernels, monkeypatch):
+    """Unsplit launches of grouped-query models take sp_attention_grouped (one block per kv head): every row
+    equals, bit for bit, the one-block-per-head kernel's (chains and trees, one sequence and several), and
+    the fp64 twin."""
+    import kernels.step as step
+
+    rng = random.Random(8)
+    for case in range(max(CASES // 20, 60)):
+        dtype = HALVES[case % 2]
+        kv_heads, group = rng.choice([1, 2, 4]), rng.choice([2, 4, 8])
+        heads, d = kv_heads * group, rng.choice([8, 64, 128])
+        seqs, block_n = rng.choice([1, 2, 5]), rng.choice([1, 2, 5, 9])
+        starts = [rng.choice([0, 1, 31, 33, 100, 300]) for _ in range(seqs)]
+        cache_len = max(starts) + block_n + rng.choice([0, 9])
+        g = torch.Generator(device="cuda").manual_seed(100 + case)
+        q = torch.randn(heads, seqs * block_n, d, generator=g, device="cuda").to(dtype)
+        shape = (seqs, kv_heads, cache_len, d) if seqs > 1 else (kv_heads, cache_len, d)
+        k_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
+        v_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
+        if rng.random() < 0.5:
+            visible = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
+        else:
+            from engine.runner import tree_ancestor_mask
+
+            parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, block_n)])
+            visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
+        start = torch.tensor(starts, device="cuda")
+        monkeypatch.setattr(step, "ATTENTION_GROUPED", True)
+        grouped = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
+        monkeypatch.setattr(step, "ATTENTION_GROUPED", False)
+        per_head = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
+        assert torch.equal(grouped, per_head), f"case {case}: heads {heads}/{kv_heads} d {d} n {block_n}"
+        caches = (k_cache, v_cache) if seqs > 1 else (k_cache[None], v_cache[None])
+        ref = attention_reference(q, *caches, starts, visible)
+        tol = 2 * torch.finfo(dtype).eps * ref.float().abs() + 1e-3
+        assert bool(((grouped.float() - ref.float()).abs() <= tol).all()), f"case {case}"
+
+
 def test_rope_qkv_writes_batched_caches(kernels):
     """rope_qkv over B caches [B, kvh, L, D] (cache_index = b * kvh * L + row) writes what a launch per
     sequence writes into that sequence's cache, and returns the same q."""

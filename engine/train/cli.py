@@ -4,17 +4,31 @@
     python main.py train --out runs/full --export assets/models   # the real recipe (one GPU, < 20 min)
     python main.py train --out runs/full --stages tokenizer       # one stage (finished stages are skipped)
     python main.py train --evaluate assets/models --limit 50      # plausibility + held-out perplexity only
+
+Retrain only the Medusa heads of an exported family (scripts/train_medusa_gpu.sh on a GPU):
+
+    python main.py train --from-family assets/models --out runs/medusa --medusa-budget-s 150 \
+        --medusa-steps 20000 --export-medusa runs/medusa/heads
+    cp runs/medusa/heads/medusa_heads.safetensors runs/medusa/heads/medusa_config.json assets/models/target/
+
+--from-family DIR takes the tokenizer (DIR/target/tokenizer.json; the corpus is built and encoded with it, no
+BPE is trained) and the target (DIR/target, copied, not pre-trained) from DIR, which must match the preset
+(--tiny for a family made with --tiny); its stages default to tokenizer,target,selfgen,medusa. --export-medusa
+OUT writes only the heads (fp16, with their measured path accuracies) and medusa_report.json to OUT.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.errors import SpecplayError
 from engine.threads import check_threads, env_threads
 from engine.train.presets import PRESETS, STAGES  # not engine.train.stages: it imports torch
+
+FROM_FAMILY_STAGES = ("tokenizer", "target", "selfgen", "medusa")   # --from-family's default: Medusa only
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,8 +42,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny preset: few files, toy dims, CPU, < 1 minute")
     p.add_argument("--out", type=Path, default=None,
                    help="checkpoint directory (default runs/train, or runs/tiny with --tiny)")
-    p.add_argument("--stages", default=",".join(STAGES),
-                   help=f"comma-separated subset of {','.join(STAGES)} (finished stages are skipped)")
+    p.add_argument("--stages", default=None,
+                   help=f"comma-separated subset of {','.join(STAGES)} (finished stages are skipped; default "
+                        f"all, with --from-family {','.join(FROM_FAMILY_STAGES)})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--export", type=Path, default=None, help="export directory (default <out>/export)")
     p.add_argument("--baseline", type=Path, default=None,
@@ -41,17 +56,40 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-files", type=int, default=None,
                    help="--evaluate: held-out files for the perplexity (default all)")
     p.add_argument("--json", type=Path, default=None, help="--evaluate: also write the results here")
+    p.add_argument("--from-family", type=Path, default=None, metavar="DIR",
+                   help="take the tokenizer and the target from this exported family (e.g. assets/models) "
+                        "instead of training them, to retrain heads on it")
+    p.add_argument("--medusa-budget-s", type=float, default=None, metavar="S",
+                   help="the Medusa stage's wall-clock cap (default: the preset's)")
+    p.add_argument("--medusa-steps", type=int, default=None,
+                   help="the Medusa stage's step cap (default: the preset's; raise it with the budget)")
+    p.add_argument("--export-medusa", type=Path, default=None, metavar="DIR",
+                   help="after the stages, write only the Medusa heads (medusa_heads.safetensors, "
+                        "medusa_config.json) and medusa_report.json here")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
 
 
-def parse_stages(text: str) -> list[str]:
+def parse_stages(text: str | None, from_family: bool = False) -> list[str]:
+    if text is None:
+        return list(FROM_FAMILY_STAGES if from_family else STAGES)
     stages = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise SpecplayError(f"unknown stage(s) {bad}; choose from {STAGES}")
     return stages
+
+
+def with_medusa_schedule(preset, budget_s: float | None, steps: int | None):
+    """The preset with the Medusa stage's time budget and step cap replaced where given (the reports record
+    the preset, so they show the schedule that ran)."""
+    changes = {k: v for k, v in (("time_budget_s", budget_s), ("steps", steps)) if v is not None}
+    if any(v <= 0 for v in changes.values()):
+        raise SpecplayError(f"--medusa-budget-s and --medusa-steps must be positive, not {changes}")
+    if not changes:
+        return preset
+    return replace(preset, medusa_sched=replace(preset.medusa_sched, **changes))
 
 
 def run_train(args) -> int:
@@ -64,8 +102,10 @@ def run_train(args) -> int:
     hf_logging.disable_progress_bar()   # keep the training log readable
     if getattr(args, "evaluate", None):
         return run_evaluate(args)
-    stages = parse_stages(args.stages)
-    preset = PRESETS["tiny" if args.tiny else "full"]()
+    family = getattr(args, "from_family", None)
+    stages = parse_stages(args.stages, family is not None)
+    preset = with_medusa_schedule(PRESETS["tiny" if args.tiny else "full"](),
+                                  getattr(args, "medusa_budget_s", None), getattr(args, "medusa_steps", None))
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
     device = lm.pick_device(args.device)
     threads = getattr(args, "threads", None)
@@ -78,9 +118,14 @@ def run_train(args) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     ctx = Context(preset=preset, out=out, device=device, export_dir=args.export or out / "export",
-                  log=lambda msg: print(msg, flush=True), baseline_dir=getattr(args, "baseline", None))
+                  log=lambda msg: print(msg, flush=True), baseline_dir=getattr(args, "baseline", None),
+                  family_dir=family)
     t0 = time.time()
     run_stages(ctx, stages)
+    if getattr(args, "export_medusa", None) is not None:
+        from engine.train.export import export_medusa_only
+
+        export_medusa_only(ctx, args.export_medusa)
     print(f"train: finished in {time.time() - t0:.1f} s (preset {preset.name}, out {out})", flush=True)
     return 0
 

@@ -14,12 +14,14 @@ import json
 import math
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
+from engine.errors import SpecplayError
 from engine.train import heads, lm
 
 TARGET_MAX_BYTES = 15_000_000
@@ -87,11 +89,16 @@ def heldout_sample_losses(models_dir: Path, device="cpu") -> dict:
     return out
 
 
-def export_heads(ctx, dst: Path) -> None:
-    """Medusa and EAGLE heads beside the target, in fp16."""
+def export_medusa_heads(ctx, dst: Path) -> None:
+    """The Medusa heads in fp16, with the path accuracies measured by the medusa stage."""
     mh = heads.load_medusa(ctx.stage_dir("medusa"))
     path_accuracy = heads.medusa_path_accuracy(ctx.stage_dir("medusa"))
     heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16, path_accuracy=path_accuracy)
+
+
+def export_heads(ctx, dst: Path) -> None:
+    """Medusa and EAGLE heads beside the target, in fp16."""
+    export_medusa_heads(ctx, dst)
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(str(ctx.stage_dir("target") / "model"))
@@ -149,6 +156,28 @@ def export_all(ctx, stage_metrics: dict) -> dict:
     ctx.log(f"[export] {len(files)} files, {sum(r['bytes'] for r in files) / 1e6:.2f} MB -> {dst}; "
             f"held-out sample loss target {losses['target']:.3f} draft {losses['draft']:.3f} "
             f"unigram {losses['unigram_self_entropy']:.3f}")
+    return report
+
+
+def export_medusa_only(ctx, dst: Path) -> dict:
+    """Only the Medusa heads (medusa_heads.safetensors, medusa_config.json: to copy over the family's
+    target/) and medusa_report.json (the schedule and the metrics of the stages they came from)."""
+    if not (ctx.stage_dir("medusa") / "done.json").exists():
+        raise SpecplayError(f"{ctx.stage_dir('medusa')}: the medusa stage has not finished")
+    dst.mkdir(parents=True, exist_ok=True)
+    export_medusa_heads(ctx, dst)
+    stages = {}
+    for name in ("target", "selfgen", "medusa"):
+        if (ctx.stage_dir(name) / "done.json").exists():
+            stages[name] = json.loads((ctx.stage_dir(name) / "metrics.json").read_text())
+    stages.get("target", {}).pop("history", None)   # the Medusa learning curve stays: it is small
+    p = ctx.preset
+    report = {"preset": p.name, "from_family": None if ctx.family_dir is None else str(ctx.family_dir),
+              "medusa_sched": asdict(p.medusa_sched), "medusa_heads": p.medusa_heads,
+              "head_seq_len": ctx.head_len, "gen_fraction": p.gen_fraction, "stages": stages,
+              "exported": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (dst / "medusa_report.json").write_text(json.dumps(report, indent=1))
+    ctx.log(f"[export-medusa] medusa_heads.safetensors, medusa_config.json, medusa_report.json -> {dst}")
     return report
 
 

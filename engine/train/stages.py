@@ -2,6 +2,9 @@
 
 A stage whose done.json exists is skipped, so an interrupted run continues where it stopped and the
 stages can be spread over several machine sessions (carry `<out>` along).
+
+With `Context.family_dir` (an exported family, e.g. assets/models) the tokenizer and target stages take that
+family's tokenizer and target instead of training them, so that heads can be retrained on a shipped target.
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
+from engine.errors import SpecplayError
 from engine.train import corpus, heads, lm
 from engine.train import tokenizer as tk
 from engine.train.presets import STAGES, Preset
@@ -28,6 +33,7 @@ class Context:
     export_dir: Path
     log: Callable[[str], None] = print
     baseline_dir: Optional[Path] = None   # a family to evaluate beside the new one (the eval stage)
+    family_dir: Optional[Path] = None     # take the tokenizer and the target from this exported family
     _data: Optional[lm.TokenData] = field(default=None, repr=False)
     _gen: Optional[dict] = field(default=None, repr=False)
 
@@ -117,10 +123,59 @@ def schedule_summary(res: lm.RunResult, tokens_per_step: int) -> dict:
             "tokens_per_s": round(res.steps_done * tokens_per_step / max(res.elapsed_s, 1e-9))}
 
 
+# ----------------------------------------------------------------------------- a shipped family
+
+FAMILY_FILES = ("config.json", "model.safetensors", "tokenizer.json")   # what the family's target/ must hold
+FAMILY_STAGES = ("tokenizer", "target")                                 # the stages that take from it
+
+
+def family_tokenizer(family: Path) -> Path:
+    return Path(family) / "target" / "tokenizer.json"
+
+
+def family_mismatches(family: Path, p: Preset) -> list[str]:
+    """Where the family's target config and tokenizer disagree with what the preset trains ([]: nowhere)."""
+    cfg = json.loads((Path(family) / "target" / "config.json").read_text())
+    s = p.target
+    want = {"vocab_size": p.vocab_size, "hidden_size": s.hidden_size, "num_hidden_layers": s.num_layers,
+            "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads,
+            "intermediate_size": s.intermediate_size, "max_position_embeddings": p.seq_len}
+    bad = [f"{k} {cfg.get(k)} (preset {v})" for k, v in want.items() if cfg.get(k) != v]
+    tok = Tokenizer.from_file(str(family_tokenizer(family)))
+    if tok.get_vocab_size() > p.vocab_size:
+        bad.append(f"tokenizer vocabulary {tok.get_vocab_size()} (preset {p.vocab_size})")
+    specials = [tok.token_to_id(t) for t in tk.SPECIALS]
+    if specials != list(range(len(tk.SPECIALS))):
+        bad.append(f"special token ids {dict(zip(tk.SPECIALS, specials))} (expected 0..{len(specials) - 1})")
+    return bad
+
+
+def check_family(ctx: Context) -> None:
+    """Refuse a family that the preset does not describe, and an --out whose finished tokenizer or target
+    stage did not come from this family (it would be reused as it is)."""
+    family = Path(ctx.family_dir)
+    missing = [f"target/{name}" for name in FAMILY_FILES if not (family / "target" / name).exists()]
+    if missing:
+        raise SpecplayError(f"{family}: no {', '.join(missing)} (not an exported family like assets/models)")
+    bad = family_mismatches(family, ctx.preset)
+    if bad:
+        raise SpecplayError(f"{family}/target does not match the {ctx.preset.name!r} preset: "
+                            f"{'; '.join(bad)} (a family made with --tiny needs --tiny, the shipped one the "
+                            "full preset)")
+    for stage in FAMILY_STAGES:
+        if not is_done(ctx, stage):
+            continue
+        came = load_metrics(ctx, stage).get("from_family")
+        if came is None or Path(came).resolve() != family.resolve():
+            raise SpecplayError(f"{ctx.stage_dir(stage)} is a finished {stage} stage not taken from {family} "
+                                f"({'trained' if came is None else 'from ' + came}); use a fresh --out")
+
+
 # ----------------------------------------------------------------------------- stages
 
 def stage_tokenizer(ctx: Context) -> dict:
-    """Corpus -> manifest + held-out files -> BPE tokenizer -> uint16 token streams (train.npy, val.npy)."""
+    """Corpus -> manifest + held-out files -> BPE tokenizer (trained, or the family's) -> uint16 token streams
+    (train.npy, val.npy)."""
     t0, p, d = time.time(), ctx.preset, ctx.stage_dir("tokenizer")
     d.mkdir(parents=True, exist_ok=True)
     info = None
@@ -141,17 +196,12 @@ def stage_tokenizer(ctx: Context) -> dict:
     val_files = [f for f in files if f.split == "val"]
     train_texts = [f.text for f in train_files]
     val_texts = [f.text for f in val_files]
-    bpe_texts = train_texts
-    if p.bpe_sample_bytes is not None:   # a deterministic sample of the training files (path hash order)
-        bpe_texts, room = [], p.bpe_sample_bytes
-        for f in sorted(train_files, key=lambda f: corpus.path_bucket(f.rel, "bpe")):
-            if room <= 0:
-                break
-            bpe_texts.append(f.text)
-            room -= len(f.text)
-    t1 = time.time()
-    tok = tk.train_bpe(bpe_texts, p.vocab_size)          # validation text never shapes the vocabulary
-    ctx.log(f"[tokenizer] BPE on {sum(len(t) for t in bpe_texts)} characters in {time.time() - t1:.1f} s")
+    if ctx.family_dir is None:
+        tok, origin = train_tokenizer(ctx, train_files)
+    else:
+        path = family_tokenizer(ctx.family_dir)
+        tok, origin = Tokenizer.from_file(str(path)), {"from_family": str(ctx.family_dir)}
+        ctx.log(f"[tokenizer] the family's tokenizer {path} (no BPE training)")
     tk.save_hf(tok, d / "tokenizer", model_max_length=p.seq_len)
     t1 = time.time()
     train_lens: list = []
@@ -170,14 +220,31 @@ def stage_tokenizer(ctx: Context) -> dict:
                    bytes_per_token=round(n_bytes / max(1, len(train_ids)), 3),
                    roundtrip_exact=tk.roundtrip_ok(tok, val_texts[:200]),
                    unigram_val_loss=lm.unigram_loss(train_ids, val_ids, tok.get_vocab_size()),
-                   corpus=p.corpus, sources=corpus.source_table(files, tokens_by_source),
-                   bpe_bytes=sum(len(t.encode("utf-8")) for t in bpe_texts))
+                   corpus=p.corpus, sources=corpus.source_table(files, tokens_by_source), **origin)
     if info is not None:
         metrics.update(packages=info["included"], skipped_packages=info["skipped"],
                        dropped_files=info["dropped"])
     ctx.log(f"[tokenizer] {metrics['n_files']} files, {metrics['train_tokens']} train / "
             f"{metrics['val_tokens']} val tokens, {metrics['bytes_per_token']} bytes/token")
     return finish(ctx, "tokenizer", metrics, t0)
+
+
+def train_tokenizer(ctx: Context, train_files: list) -> tuple[Tokenizer, dict]:
+    """A byte-level BPE on the training files (validation text never shapes the vocabulary), or on a
+    deterministic sample of them (path hash order) when the preset caps its bytes."""
+    p = ctx.preset
+    bpe_texts = [f.text for f in train_files]
+    if p.bpe_sample_bytes is not None:
+        bpe_texts, room = [], p.bpe_sample_bytes
+        for f in sorted(train_files, key=lambda f: corpus.path_bucket(f.rel, "bpe")):
+            if room <= 0:
+                break
+            bpe_texts.append(f.text)
+            room -= len(f.text)
+    t1 = time.time()
+    tok = tk.train_bpe(bpe_texts, p.vocab_size)
+    ctx.log(f"[tokenizer] BPE on {sum(len(t) for t in bpe_texts)} characters in {time.time() - t1:.1f} s")
+    return tok, {"bpe_bytes": sum(len(t.encode("utf-8")) for t in bpe_texts)}
 
 
 def pretrain(ctx: Context, stage: str, shape, sched, seed_offset: int) -> dict:
@@ -200,7 +267,22 @@ def pretrain(ctx: Context, stage: str, shape, sched, seed_offset: int) -> dict:
 
 
 def stage_target(ctx: Context) -> dict:
+    if ctx.family_dir is not None:
+        return copy_target(ctx)
     return pretrain(ctx, "target", ctx.preset.target, ctx.preset.target_sched, seed_offset=1)
+
+
+def copy_target(ctx: Context) -> dict:
+    """The family's target as this stage's checkpoint (fp32, as pre-training leaves it; the shipped fp16
+    weights convert exactly), measured on this run's validation windows."""
+    t0, src = time.time(), ctx.family_dir / "target"
+    model = lm.load_lm(src, ctx.device).eval()
+    model.save_pretrained(str(ctx.stage_dir("target") / "model"), safe_serialization=True)
+    n_params = lm.count_params(model)
+    metrics = dict(params=n_params, fp16_bytes=2 * n_params, from_family=str(ctx.family_dir),
+                   **lm.eval_lm(model, ctx.val_windows(), ctx.device))
+    ctx.log(f"[target] copied from {src}: {n_params:,} params, val loss {metrics['val_loss']:.4f}")
+    return finish(ctx, "target", metrics, t0)
 
 
 def stage_draft(ctx: Context) -> dict:
@@ -407,6 +489,8 @@ ALWAYS_RUN = ("export", "eval")
 
 def run_stages(ctx: Context, stages: list[str]) -> None:
     """Run the requested stages in pipeline order, skipping finished ones (export and eval always re-run)."""
+    if ctx.family_dir is not None:
+        check_family(ctx)
     for stage in STAGES:
         if stage not in stages:
             continue
