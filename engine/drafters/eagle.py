@@ -249,7 +249,7 @@ class EagleDrafter(Drafter):
 
 def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: torch.Tensor, kv: int,
                nodes: int):
-    """The draft tree on the device: its `nodes` best candidates (see _choose_nodes). The candidates, [T] in
+    """The draft tree on the device: its `nodes` best candidates (see choose_nodes). The candidates, [T] in
     level order: level d's nodes are written to the head's cache after its true rows (cache row true_length +
     node, position true_length + d) and see the true rows and their own ancestors; the head's length is left
     as it was (later levels and the next round overwrite those rows). true_length: [1] on the device and kv a
@@ -257,10 +257,12 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
     runner = head.runner
     device = root_feature.device
     total = _tree_size(depth)
+    node_depth = _node_depths(depth, device)  # [T], made before the capture (a constant of the graph)
     ancestors = torch.zeros(total, total, dtype=torch.bool, device=device)  # [T, T] ancestor-or-self
+    node_rows = true_length + torch.arange(total, device=device)  # [T]: the cache row of each node
     node_of_col = torch.arange(kv, device=device) - true_length  # [kv]: the tree node a cache column holds
     in_tree = (node_of_col >= 0) & (node_of_col < total)
-    on_self = torch.ones(TREE_FRONTIER, dtype=torch.bool, device=device)
+    col_node, true_col = node_of_col.clamp(0, total - 1), node_of_col < 0  # [kv] each
     feats, frontier = root_feature, torch.full((1,), -1, dtype=torch.long, device=device)
     frontier_scores = torch.zeros(1, dtype=torch.float32, device=device)
     levels, count = [], 0
@@ -272,22 +274,21 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
         width = best.indices.numel()
         local_parent = best.indices // TREE_BRANCH  # [W] index into the frontier
         tokens, parents = top.indices.flatten()[best.indices], frontier[local_parent]  # [W] each
-        levels.append((tokens, parents, best.values, torch.full((width,), level, device=device)))
-        rows = torch.arange(count, count + width, device=device)  # [W] node ids
+        levels.append((tokens, parents, best.values))
+        rows = slice(count, count + width)  # the level's node ids
         ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
-        ancestors[rows, rows] = on_self[:width]  # a device tensor: a Python True would copy from the host
+        ancestors[rows, rows].diagonal().fill_(True)
         if level < depth - 1:
-            sees_node = ancestors[rows][:, node_of_col.clamp(0, total - 1)] & in_tree  # [W, kv]
-            visible = sees_node | (node_of_col < 0)[None, :]  # the true rows, and its own ancestors
-            mask = torch.zeros(width, kv, dtype=runner.dtype, device=device).masked_fill_(~visible,
-                                                                                          float("-inf"))
-            positions = (true_length + level).repeat(width)  # [W]
-            feats = runner.step_embeds(head.fuse(feats[local_parent], tokens), positions, true_length + rows,
-                                       mask)
-            frontier, frontier_scores = rows, best.values
+            visible = (ancestors[rows][:, col_node] & in_tree) | true_col  # [W, kv]: true rows and ancestors
+            mask = torch.full((width, kv), float("-inf"), dtype=runner.dtype, device=device)
+            mask.masked_fill_(visible, 0.0)
+            positions = true_length + node_depth[rows]  # [W]
+            inputs = head.fuse(feats[local_parent], tokens)  # [W, H]
+            feats = runner.step_embeds(inputs, positions, node_rows[rows], mask)
+            frontier, frontier_scores = torch.arange(count, count + width, device=device), best.values
         count += width
-    tokens, parents, scores, levels_of = (torch.cat(parts) for parts in zip(*levels))
-    return choose_nodes(tokens, parents, scores, levels_of, ancestors, min(nodes, total))
+    tokens, parents, scores = (torch.cat(parts) for parts in zip(*levels))
+    return choose_nodes(tokens, parents, scores, node_depth, ancestors, min(nodes, total))
 
 
 def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> tuple:
@@ -313,6 +314,19 @@ def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> 
 
 def _tree_size(depth: int) -> int:
     return min(TREE_BRANCH, TREE_FRONTIER) + TREE_FRONTIER * (depth - 1)
+
+
+_NODE_DEPTHS: dict = {}  # (depth, device) -> [T] each candidate's level
+
+
+def _node_depths(depth: int, device) -> torch.Tensor:
+    """[T] int64: the level of each candidate (level 0 holds min(B, F) nodes, each later one F). Made once and
+    kept: made inside a capture it would be a kernel in every replay."""
+    key = (depth, str(device))
+    if key not in _NODE_DEPTHS:
+        widths = [min(TREE_BRANCH, TREE_FRONTIER)] + [TREE_FRONTIER] * (depth - 1)
+        _NODE_DEPTHS[key] = torch.repeat_interleave(torch.arange(depth), torch.tensor(widths)).to(device)
+    return _NODE_DEPTHS[key]
 
 
 def _tree_kv(runner, true_length: int, depth: int) -> int:

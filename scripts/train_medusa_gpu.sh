@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Retrain only the Medusa heads of the shipped family (assets/models) on one CUDA GPU (about 6 minutes on an
+# H200) and bring back the new heads, small files only:
+#   OUT=/some/dir bash scripts/train_medusa_gpu.sh
+# Run from the repository root. Stages (engine/train, preset `full`, --from-family assets/models): corpus +
+# encoding with the shipped tokenizer (no BPE training), the shipped target copied as the target checkpoint
+# (its validation loss measured), the target's own text (selfgen), Medusa with a longer budget
+# (MEDUSA_BUDGET_S, default 150 s); then the heads-only export; then, if time is left, a short
+# `bench methods none,medusa` of the shipped target with the new heads (a temporary copy of its directory).
+# The target, draft and EAGLE heads are not trained, and no weights but the heads come back.
+#
+# Writes to $OUT, as it goes (so a run stopped at its limit still brings back what finished):
+#   train_log.txt             everything printed (PYTHONUNBUFFERED)
+#   stage_metrics.json        every finished stage's metrics, rewritten after each stage
+#   medusa_heads.safetensors  the new heads (fp16)                      } to copy over assets/models/target/
+#   medusa_config.json        with the path accuracies the tree uses    }
+#   medusa_report.json        the Medusa schedule and the target, selfgen and medusa stages' metrics
+#   medusa_stage/             only if the run stopped between the medusa stage and the export: its fp32 heads
+#   bench.txt                 the bench's table, when it ran
+# Ship with:
+#   cp $OUT/medusa_heads.safetensors $OUT/medusa_config.json assets/models/target/
+#   python -m engine.train.export assets/models     # rewrites the card's file table (sizes, sha256)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=true
+OUT=${OUT:-out}
+RUN=${RUN:-/tmp/specplay_medusa_run}
+FAMILY=${FAMILY:-assets/models}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVICE=cpu, FAMILY=a tiny export)
+MEDUSA_BUDGET_S=${MEDUSA_BUDGET_S:-150}
+MEDUSA_STEPS=${MEDUSA_STEPS:-20000}   # above what the budget allows (~35 steps/s on an H200): time ends it
+BUDGET_S=${BUDGET_S:-390}     # the whole script's wall clock; the bench runs only in what is left of it
+mkdir -p "$OUT"
+LOG="$OUT/train_log.txt"
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START )); }
+
+collect() {   # the finished stages' metrics, one JSON object (cheap; run after the pipeline and on exit)
+  $PY - "$RUN" "$OUT/stage_metrics.json" <<'EOF' 2>/dev/null || true
+import json, sys
+from pathlib import Path
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+found = {}
+for d in sorted(run.glob("*")):
+    m = d / "metrics.json"
+    if m.exists() and (d / "done.json").exists():
+        data = json.loads(m.read_text())
+        data.pop("history", None)
+        found[d.name] = data
+out.write_text(json.dumps(found, indent=1))
+EOF
+}
+
+keep_heads() {   # the export writes straight into $OUT; if it did not run, the medusa stage's own files
+  if [ ! -f "$OUT/medusa_heads.safetensors" ] && [ -f "$RUN/medusa/done.json" ]; then
+    mkdir -p "$OUT/medusa_stage"
+    cp "$RUN"/medusa/medusa_heads.safetensors "$RUN"/medusa/medusa_config.json "$RUN"/medusa/metrics.json \
+      "$OUT/medusa_stage/" 2>/dev/null
+  fi
+  ls -la "$OUT"
+}
+trap 'collect; keep_heads' EXIT
+trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
+( while sleep 15; do collect; done ) &   # stage_metrics.json stays current even if the run is killed hard
+WATCHER=$!
+
+{
+  echo "== specplay Medusa-only training on $FAMILY, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  $PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' || exit 2
+  nproc
+} 2>&1 | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 2
+
+# one process for every stage and the export; each stage leaves <RUN>/<stage>/done.json
+# shellcheck disable=SC2086
+$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,selfgen,medusa --out "$RUN" \
+  --device "$DEVICE" --medusa-budget-s "$MEDUSA_BUDGET_S" --medusa-steps "$MEDUSA_STEPS" \
+  --export-medusa "$OUT" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
+rc=${PIPESTATUS[0]}
+kill "$WATCHER" 2>/dev/null
+collect
+echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
+
+if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 60 ]; then
+  left=$(( BUDGET_S - $(elapsed) - 10 ))
+  BENCH=$(mktemp -d)   # the shipped target with the new heads; not under $OUT (its weights must not come back)
+  cp -r "$FAMILY/target" "$BENCH/target"
+  cp "$OUT/medusa_heads.safetensors" "$OUT/medusa_config.json" "$BENCH/target/"
+  echo "== bench methods of the shipped target with the new heads (${left} s at most)" | tee -a "$LOG"
+  timeout "$left" $PY main.py bench methods --target "$BENCH/target" --draft "$FAMILY/draft" \
+    --methods none,medusa --k 4 --prompts 8 --max-new-tokens 128 \
+    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
+  rm -rf "$BENCH"
+else
+  echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"
+fi
+echo "== done after $(elapsed) s" | tee -a "$LOG"
+exit "$rc"

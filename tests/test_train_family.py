@@ -1,0 +1,122 @@
+"""Retraining the Medusa heads of an exported family (`--from-family`, `--export-medusa`), with `--tiny` on CPU:
+the family's tokenizer and target are taken as they are, only the heads are trained and exported."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.errors import SpecplayError
+from engine.train import heads
+from engine.train.cli import main as train_main
+
+TAKEN = ("data", "target", "selfgen", "medusa")
+NOT_RUN = ("draft", "distill", "eagle", "eagle3", "export", "eval")
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory) -> Path:
+    """A tiny exported family, as `main.py train --tiny` makes it."""
+    out = tmp_path_factory.mktemp("family_run")
+    assert train_main(["--tiny", "--out", str(out), "--device", "cpu"]) == 0
+    return out / "export"
+
+
+@pytest.fixture(scope="module")
+def medusa_run(family, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("medusa_run")
+    assert train_main(["--tiny", "--from-family", str(family), "--out", str(out), "--device", "cpu",
+                       "--medusa-steps", "25", "--medusa-budget-s", "60",
+                       "--export-medusa", str(out / "heads")]) == 0
+    return out
+
+
+def metrics(out: Path, stage: str) -> dict:
+    return json.loads((out / stage / "metrics.json").read_text())
+
+
+def test_only_the_medusa_stages_run(medusa_run):
+    assert all((medusa_run / s / "done.json").exists() for s in TAKEN)
+    assert not any((medusa_run / s).exists() for s in NOT_RUN)
+    assert metrics(medusa_run, "selfgen")["train_sequences"] > 0
+
+
+def test_the_tokenizer_is_the_familys(family, medusa_run):
+    from transformers import AutoTokenizer
+
+    tok_dir = medusa_run / "data" / "tokenizer"
+    assert (tok_dir / "tokenizer.json").read_text() == (family / "target" / "tokenizer.json").read_text()
+    text = "def f(x):\n\treturn  x + 1\n"
+    assert AutoTokenizer.from_pretrained(str(tok_dir))(text)["input_ids"] == \
+        AutoTokenizer.from_pretrained(str(family / "target"))(text)["input_ids"]
+    m = metrics(medusa_run, "data")
+    assert m["from_family"] == str(family) and "bpe_bytes" not in m
+
+
+def test_the_target_is_the_familys(family, medusa_run):
+    mine = load_file(str(medusa_run / "target" / "model" / "model.safetensors"))
+    theirs = load_file(str(family / "target" / "model.safetensors"))
+    assert set(mine) == set(theirs)
+    assert all(mine[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k].float()) for k in mine)
+    m = metrics(medusa_run, "target")
+    assert m["from_family"] == str(family) and m["val_loss"] > 0 and "history" not in m
+
+
+def test_the_medusa_schedule_comes_from_the_command_line(medusa_run):
+    m = metrics(medusa_run, "medusa")
+    assert m["steps_done"] == 25 and not m["stopped_by_time"]      # the tiny preset's own cap is 15 steps
+    report = json.loads((medusa_run / "heads" / "medusa_report.json").read_text())
+    assert report["medusa_sched"]["steps"] == 25 and report["medusa_sched"]["time_budget_s"] == 60
+    assert report["stages"]["medusa"]["final"] == m["final"] and report["stages"]["selfgen"]["train_sequences"]
+
+
+def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
+    """The heads-only export, copied over the family's target/, is what the engine's Medusa method loads:
+    fp16, with the stage's measured path accuracies; greedy decoding with it equals plain decoding."""
+    from engine.config import GenerationConfig
+    from engine.decoder import SpeculativeDecoder
+    from engine.drafters.medusa import MedusaHeads
+    from engine.models import load_pair
+
+    out = medusa_run / "heads"
+    assert sorted(f.name for f in out.iterdir()) == ["medusa_config.json", "medusa_heads.safetensors",
+                                                      "medusa_report.json"]
+    state = load_file(str(out / "medusa_heads.safetensors"))
+    assert all(v.dtype == torch.float16 for v in state.values())
+    trained = heads.load_medusa(medusa_run / "medusa")
+    assert all(torch.equal(v, trained.state_dict()[k].half()) for k, v in state.items())
+    cfg = json.loads((out / "medusa_config.json").read_text())
+    assert cfg["path_accuracy"] == json.loads((medusa_run / "medusa" / "medusa_config.json").read_text())[
+        "path_accuracy"]
+    target = tmp_path / "target"
+    shutil.copytree(family / "target", target)
+    for name in ("medusa_heads.safetensors", "medusa_config.json"):
+        shutil.copy2(out / name, target / name)
+    loaded = MedusaHeads.load(target, "cpu", torch.float32)
+    assert loaded.count == 4 and loaded.path_accuracy is not None
+    assert torch.equal(loaded.weights[0], state["heads.0.weight"].float())
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    prompt = "def f(x):\n    return"
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=24))
+    events = list(decoder.generate(prompt, GenerationConfig(k=3, max_new_tokens=24).with_spec("medusa")))
+    assert [t for e in events for t in e.emitted_ids] == plain
+
+
+def test_a_family_the_preset_does_not_describe_is_refused(family, tmp_path):
+    with pytest.raises(SpecplayError, match=r"does not match the 'full' preset: vocab_size 512 \(preset 8192\)"):
+        train_main(["--from-family", str(family), "--out", str(tmp_path / "run"), "--device", "cpu"])
+    with pytest.raises(SpecplayError, match="no target/config.json"):
+        train_main(["--tiny", "--from-family", str(tmp_path), "--out", str(tmp_path / "run"), "--device", "cpu"])
+    assert not (tmp_path / "run").exists()                                  # refused before any stage ran
+
+
+def test_a_run_directory_trained_elsewhere_is_refused(family, tmp_path):
+    """A finished tokenizer or target stage is reused as it is: one that did not come from the family is an
+    error, not a silent mix."""
+    run = family.parent                                 # the family's own training run: its target was trained
+    with pytest.raises(SpecplayError, match="not taken from"):
+        train_main(["--tiny", "--from-family", str(family), "--out", str(run), "--device", "cpu"])
