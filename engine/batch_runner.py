@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from engine.errors import SpecplayError
 from engine.llama import DECODE_ROWS, GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
-from engine.runner import to_device
+from engine.runner import captured, graph_capture, to_device
 
 KV_ALIGN = 64  # on GPU the cache length is rounded up to this many rows (an aligned attention mask)
 GRAPH_LIMIT = 32  # captured steps kept per batch runner; past this, new shapes run eagerly
@@ -221,10 +221,17 @@ class BatchRunner:
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            self._graphs[key] = CapturedBatchStep(self, n, kv, self._graph_pool, embeds)
+            graph = captured(self, lambda: CapturedBatchStep(self, n, kv, self._pool(), embeds),
+                             "batched step")
+            if graph is None:
+                return None
+            self._graphs[key] = graph
         return self._graphs[key]
+
+    def _pool(self):
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
 
     def release_graphs(self) -> None:
         self._graphs.clear()
@@ -259,7 +266,7 @@ class CapturedBatchStep:
             body()  # warm-up outside the capture (cuBLAS handles, workspaces)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with graph_capture(self.graph, pool):
             self.logits, self.hidden = body()  # [B, n, V], [B, n, H]
 
     def run(self, tokens: torch.Tensor, start: torch.Tensor):

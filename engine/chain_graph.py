@@ -12,17 +12,13 @@ reads from a device buffer, so one graph serves every cache length up to kv - K.
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
 
-from engine.runner import fill_unknown, fit_vocab
+from engine.runner import captured, fill_unknown, fit_vocab, graph_capture
 
-log = logging.getLogger(__name__)
-
-CAPTURE_ATTEMPTS = 2  # a failed capture is retried once (see _capture)
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
 
@@ -39,7 +35,7 @@ class CapturedChain:
             fn(*inputs)  # warm-up outside the capture (cuBLAS workspaces, lazy kernels)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with graph_capture(self.graph, pool):
             self.outputs = fn(*inputs)
 
     def run(self, *values) -> torch.Tensor:
@@ -67,14 +63,15 @@ class ChainGraphs:
     """The captured chains of one runner, by (K, kv, ...), kept on the runner so that every generation (each
     builds its own drafter) reuses them. `available` says whether capture applies."""
 
-    def __init__(self):
+    def __init__(self, runner=None):
+        self.runner = runner  # whose memory pool the graphs record into (dropped after a failed capture)
         self._graphs: Dict[tuple, CapturedChain] = {}
 
     @classmethod
     def of(cls, runner) -> "ChainGraphs":
         graphs = getattr(runner, "_chain_graphs", None)
         if graphs is None:
-            graphs = runner._chain_graphs = cls()
+            graphs = runner._chain_graphs = cls(runner)
         return graphs
 
     def __len__(self) -> int:
@@ -99,25 +96,11 @@ class ChainGraphs:
         if key not in self._graphs:
             if len(self._graphs) >= CHAIN_GRAPHS_KEPT:
                 return None
-            graph = _capture(build, key)
+            graph = captured(self.runner, build, key[0])
             if graph is None:
                 return None
             self._graphs[key] = graph
         return self._graphs[key]
-
-
-def _capture(build: Callable[[], CapturedChain], key: tuple, attempts: int = CAPTURE_ATTEMPTS):
-    """build(), retried: on an H200 a capture of EAGLE-3's sampled chain was now and then invalidated by an
-    earlier operation (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, with and without programmatic launch); a
-    second capture then succeeds. None after the last attempt: the caller drafts without this graph (the
-    same tokens, more launches)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return build()
-        except RuntimeError as exc:  # torch.AcceleratorError and CuPy's CUDA errors are RuntimeErrors
-            log.warning("capturing the %s graph failed (attempt %d of %d): %s", key[0], attempt, attempts,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return None
 
 
 class ChainSampling:

@@ -33,7 +33,9 @@ from engine.errors import SpecplayError
 from engine.runner import (
     CausalRunner,
     ForwardOutput,
+    captured,
     fill_unknown,
+    graph_capture,
     to_device,
     tree_ancestor_mask,
     tree_depths,
@@ -689,10 +691,17 @@ class LlamaRunner(CausalRunner):
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            self._graphs[key] = CapturedStep(self, n, key[1], self._graph_pool)
+            graph = captured(self, lambda: CapturedStep(self, n, key[1], self.graph_pool()), "step")
+            if graph is None:
+                return None
+            self._graphs[key] = graph
         return self._graphs[key]
+
+    def graph_pool(self):
+        """The memory pool this runner's graphs record into (a new one after a failed capture)."""
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
 
     # -- the decode path (CUDA, bf16/fp16) -----------------------------------------------------------------
 
@@ -874,7 +883,7 @@ class CapturedStep:
             body()  # warm-up: cuBLAS handles and workspaces are created outside the capture
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with graph_capture(self.graph, pool):
             self.hidden, self.logits = body()  # [n, H], [n, V]
             self.taps = runner.last_taps  # [n, taps * H] or None
         self.runner = runner

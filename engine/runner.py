@@ -9,11 +9,18 @@ rolling back is moving the length; a tree block is compacted to its accepted pat
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+CAPTURE_ATTEMPTS = 2  # a failed capture is retried once, in a fresh memory pool (see captured)
 
 
 class ForwardOutput(NamedTuple):
@@ -124,3 +131,50 @@ def tree_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
         if p >= 0:
             mask[i] |= mask[p]
     return mask.to(parents.device)
+
+
+@contextlib.contextmanager
+def graph_capture(graph: "torch.cuda.CUDAGraph", pool):
+    """torch.cuda.graph with two guards. Python's cyclic collector is held off: freeing a pinned host buffer
+    inside a capture makes CUDA calls that may invalidate it (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, seen now
+    and then on H200s, never in the same place twice). And the capture is thread-local: another thread's
+    CUDA calls cannot invalidate it. A capture that fails leaves its memory pool recording (torch skips the
+    pool's end when the capture's end raises), so its recording is ended here; the owner then takes a new
+    pool (see captured)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    except RuntimeError:
+        _end_pool_recording(pool)
+        raise
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _end_pool_recording(pool) -> None:
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None or pool is None:
+        return
+    try:
+        end(torch.cuda.current_device(), pool)
+    except RuntimeError:  # nothing was recording to it
+        pass
+
+
+def captured(owner, build: Callable, what: str, attempts: int = CAPTURE_ATTEMPTS):
+    """build() -> a captured graph object, retried: after a failure the owner's pool (owner._graph_pool) is
+    dropped, so that the retry, and every later capture of the owner, records into a new one. None after the
+    last attempt: the caller runs that shape without a graph (the same results, more launches), with a
+    warning, rather than failing the run."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return build()
+        except RuntimeError as exc:  # torch.AcceleratorError and CuPy's CUDA errors are RuntimeErrors
+            log.warning("capturing the %s graph failed (attempt %d of %d): %s", what, attempt, attempts,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if owner is not None:
+                owner._graph_pool = None
+    return None

@@ -25,14 +25,14 @@ has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
   SPECPLAY_FUZZ_CASES=10000 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
-    2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests.log" | tail -8
+    2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
 if has tests-pdl; then
   SPECPLAY_PDL=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py \
-    tests/test_drafters_gpu.py tests/test_batch_gpu.py 2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_pdl_off.log" | tail -6
+    tests/test_drafters_gpu.py tests/test_batch_gpu.py 2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_pdl_off.log" | tail -6
 fi
 if has engine; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $ENGINE_TESTS 2>&1 | grep -v -i "warn" \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $ENGINE_TESTS 2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" \
     | tee "$OUT/gpu_tests_engine.log" | tail -6
 fi
 if has runtimes; then
@@ -77,7 +77,7 @@ if has host; then
 fi
 if has kernels; then
   SPECPLAY_FUZZ_CASES=2000 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
-    2>&1 | grep -v -i "warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
+    2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
 fi
 if has gemv; then
   for blocks in ${GEMV_BLOCKS:-2}; do

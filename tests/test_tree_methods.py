@@ -226,11 +226,13 @@ def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_nam
 
 
 def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(caplog):
-    """A capture invalidated by an earlier operation (seen now and then on an H200) is tried again; failing
-    twice, the caller gets None and drafts without the graph, with a warning, rather than crashing the run."""
+    """A capture invalidated by an earlier operation (seen now and then on an H200) is tried again in a new
+    memory pool (the failed capture's pool is dropped); failing twice, the caller gets None and drafts without
+    the graph, with a warning, rather than crashing the run."""
     from engine.chain_graph import ChainGraphs
 
-    graphs, calls = ChainGraphs(), []
+    runner = type("Runner", (), {"_graph_pool": "pool 1"})()
+    graphs, calls = ChainGraphs(runner), []
 
     def flaky(fails: int):
         def build():
@@ -241,6 +243,7 @@ def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(ca
         return build
 
     assert graphs.get(("eagle-round", 1), flaky(1)) == "graph" and len(calls) == 2
+    assert runner._graph_pool is None  # the next capture takes a new pool
     assert graphs.get(("eagle-round", 1), flaky(0)) == "graph" and len(calls) == 2  # kept, not rebuilt
     calls.clear()
     assert graphs.get(("eagle-round", 2), flaky(5)) is None and len(calls) == 2

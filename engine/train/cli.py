@@ -7,7 +7,7 @@
 
 Retrain only the Medusa heads of an exported family (scripts/train_medusa_gpu.sh on a GPU):
 
-    python main.py train --from-family assets/models --out runs/medusa --medusa-budget-s 150 \
+    python main.py train --from-family assets/models --out runs/medusa --medusa-budget-s 150 \\
         --medusa-steps 20000 --export-medusa runs/medusa/heads
     cp runs/medusa/heads/medusa_heads.safetensors runs/medusa/heads/medusa_config.json assets/models/target/
 
