@@ -1,5 +1,5 @@
-"""Retraining the Medusa heads of an exported family (`--from-family`, `--export-medusa`), with `--tiny` on CPU:
-the family's tokenizer and target are taken as they are, only the heads are trained and exported."""
+"""Retraining the Medusa heads of an exported family (`--from-family`, `--export-medusa`), `--tiny` on the
+CPU: the family's tokenizer and target are taken as they are, only the heads are trained and exported."""
 from __future__ import annotations
 
 import json
@@ -71,7 +71,8 @@ def test_the_medusa_schedule_comes_from_the_command_line(medusa_run):
     assert m["steps_done"] == 25 and not m["stopped_by_time"]      # the tiny preset's own cap is 15 steps
     report = json.loads((medusa_run / "heads" / "medusa_report.json").read_text())
     assert report["medusa_sched"]["steps"] == 25 and report["medusa_sched"]["time_budget_s"] == 60
-    assert report["stages"]["medusa"]["final"] == m["final"] and report["stages"]["selfgen"]["train_sequences"]
+    assert report["stages"]["medusa"]["final"] == m["final"]
+    assert report["stages"]["selfgen"]["train_sequences"] > 0
 
 
 def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
@@ -107,16 +108,17 @@ def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
 
 
 def test_a_family_the_preset_does_not_describe_is_refused(family, tmp_path):
-    with pytest.raises(SpecplayError, match=r"does not match the 'full' preset: vocab_size 512 \(preset 8192\)"):
-        train_main(["--from-family", str(family), "--out", str(tmp_path / "run"), "--device", "cpu"])
+    run = str(tmp_path / "run")
+    with pytest.raises(SpecplayError, match=r"not match the 'full' preset: vocab_size 512 \(preset 8192\)"):
+        train_main(["--from-family", str(family), "--out", run, "--device", "cpu"])
     with pytest.raises(SpecplayError, match="no target/config.json"):
-        train_main(["--tiny", "--from-family", str(tmp_path), "--out", str(tmp_path / "run"), "--device", "cpu"])
+        train_main(["--tiny", "--from-family", str(tmp_path), "--out", run, "--device", "cpu"])
     assert not (tmp_path / "run").exists()                                  # refused before any stage ran
 
 
 def test_a_run_directory_trained_elsewhere_is_refused(family, tmp_path):
     """A finished tokenizer or target stage is reused as it is: one that did not come from the family is an
     error, not a silent mix."""
-    run = family.parent                                 # the family's own training run: its target was trained
+    run = family.parent                           # the family's own training run: its target was trained
     with pytest.raises(SpecplayError, match="not taken from"):
         train_main(["--tiny", "--from-family", str(family), "--out", str(run), "--device", "cpu"])
