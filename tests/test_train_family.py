@@ -122,3 +122,21 @@ def test_a_run_directory_trained_elsewhere_is_refused(family, tmp_path):
     run = family.parent                           # the family's own training run: its target was trained
     with pytest.raises(SpecplayError, match="not taken from"):
         train_main(["--tiny", "--from-family", str(family), "--out", str(run), "--device", "cpu"])
+
+
+def test_the_card_reports_heads_retrained_alone(family, medusa_run, tmp_path):
+    """engine.train.export's merge records the retrain in train_report.json (medusa_retrain) and the card's
+    Medusa section shows the retrained heads' figures, with the family run's head 1 beside them."""
+    from engine.train import export
+
+    shipped = tmp_path / "family"
+    shutil.copytree(family, shipped)
+    report = json.loads((medusa_run / "heads" / "medusa_report.json").read_text())
+    export.merge_medusa_retrain(shipped, medusa_run / "heads" / "medusa_report.json")
+    merged = json.loads((shipped / "train_report.json").read_text())
+    assert merged["medusa_retrain"] == report
+    card = (shipped / "README.md").read_text()
+    section = card.split("## Medusa heads (validation)", 1)[1].split("\n## ", 1)[0]
+    assert "Retrained alone on this target" in section and "The family run's heads they replace" in section
+    head1 = report["stages"]["medusa"]["final"]["head1_top1"]
+    assert f"| 1 | t+2 | {export.fmt(head1)} |" in section

@@ -416,11 +416,16 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               "", "| | top-1 agreement | KL(target || draft) |", "| --- | --- | --- |",
               f"| before distillation | {fmt(b['top1_agreement'])} | {fmt(b['kl_target_draft'])} |",
               f"| after distillation | {fmt(a['top1_agreement'])} | {fmt(a['kl_target_draft'])} |", ""]
+    retrain = report.get("medusa_retrain")
+    if retrain:
+        med = retrain["stages"]["medusa"]
     if med:
         f = med["final"]
         g = med.get("final_generated") or {}
-        L += ["## Medusa heads (validation)",
-              "Top-k: the head's candidates against the validation text's tokens"
+        L += ["## Medusa heads (validation)"]
+        if retrain:
+            L += [retrain_line(retrain, st.get("medusa")), ""]
+        L += ["Top-k: the head's candidates against the validation text's tokens"
               + ("; 'own text': against the target's held-out greedy continuations" if g else "") + ".", "",
               "| head | predicts | top-1 | top-5 |" + (" top-1 (own text) | top-5 (own text) |" if g else ""),
               "| --- | --- | --- | --- |" + (" --- | --- |" if g else "")]
@@ -465,6 +470,30 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
     return "\n".join(L)
 
 
+def retrain_line(retrain: dict, family_medusa: Optional[dict]) -> str:
+    """What the card says of heads retrained alone on the shipped target (export_medusa_only's report)."""
+    sgen, med = retrain["stages"].get("selfgen") or {}, retrain["stages"]["medusa"]
+    line = (f"Retrained alone on this target (`main.py train --from-family`, `scripts/train_medusa_gpu.sh`; "
+            f"the target and tokenizer as shipped; {sgen.get('train_sequences')} continuations of the target's own "
+            f"text, {sgen.get('greedy_sequences')} of them greedy; {med.get('steps_done')} steps in "
+            f"{med.get('wall_s')} s on {med.get('hardware')}; {sched_line(retrain['medusa_sched'])}).")
+    if family_medusa:
+        old_f, old_g = family_medusa["final"], family_medusa.get("final_generated") or {}
+        line += (f" The family run's heads they replace: head 1 top-1 {fmt(old_f.get('head1_top1'))} on "
+                 f"validation text, {fmt(old_g.get('head1_top1'))} on the target's own text.")
+    return line
+
+
+def merge_medusa_retrain(models_dir: Path, medusa_report: Path, device="cpu") -> dict:
+    """Record heads retrained alone (export_medusa_only's medusa_report.json, the heads already copied into
+    target/) in train_report.json as medusa_retrain, and refresh the card."""
+    report_path = models_dir / "train_report.json"
+    report = json.loads(report_path.read_text())
+    report["medusa_retrain"] = json.loads(medusa_report.read_text())
+    report_path.write_text(json.dumps(report, indent=1))
+    return refresh_card(models_dir, device)
+
+
 # ----------------------------------------------------------------------------- refresh
 
 def alpha_section(card: str) -> Optional[str]:
@@ -500,5 +529,11 @@ if __name__ == "__main__":
     hf_logging.disable_progress_bar()
     ap = argparse.ArgumentParser(description="re-measure held-out losses and rewrite a shipped model card")
     ap.add_argument("models_dir", type=Path)
-    res = refresh_card(ap.parse_args().models_dir)
+    ap.add_argument("--medusa-report", type=Path, default=None,
+                    help="medusa_report.json of heads retrained alone (already copied into target/)")
+    args = ap.parse_args()
+    if args.medusa_report is not None:
+        res = merge_medusa_retrain(args.models_dir, args.medusa_report)
+    else:
+        res = refresh_card(args.models_dir)
     print(json.dumps(res["heldout_sample_losses"], indent=1))
