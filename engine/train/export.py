@@ -476,7 +476,8 @@ def retrain_line(retrain: dict, family_medusa: Optional[dict]) -> str:
     line = ("Retrained alone on this target (`main.py train --from-family`, `scripts/train_medusa_gpu.sh`; "
             f"the target and tokenizer as shipped; {sgen.get('train_sequences')} continuations of the "
             f"target's own text, {sgen.get('greedy_sequences')} of them greedy; "
-            f"{med.get('steps_done')} steps in {med.get('wall_s')} s on {med.get('hardware')}; {sched_line(retrain['medusa_sched'])}).")
+            f"{med.get('steps_done')} steps in {med.get('wall_s')} s on {med.get('hardware')}; "
+            f"{sched_line(retrain['medusa_sched'])}).")
     if family_medusa:
         old_f, old_g = family_medusa["final"], family_medusa.get("final_generated") or {}
         line += (f" The family run's heads they replace: head 1 top-1 {fmt(old_f.get('head1_top1'))} on "
