@@ -13,6 +13,7 @@
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 #   kernels   the step kernels' GPU tests (2,000 fuzz cases)
 #   gemv      scripts/gemv_probe.py: sp_gemv (balanced and dealt rows) against cuBLAS per matrix shape
+#   shipped-runtimes  bench runtimes on the shipped pair (end to end, TTFT apart), specplay methods only
 #   batch-profile  scripts/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
 #   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
 #             end-to-end time per token, and the host's time per round against its wait for the GPU
@@ -94,4 +95,8 @@ fi
 if has batch-profile; then
   timeout 120 python3 scripts/profile_e2e.py --synthetic llama-8b --no-prefill --methods none --tokens 16 --batch 64 \
     --top 24 2>&1 | grep -v "compiling\|USDT" > "$OUT/e2e_batch_llama-8b.txt"; grep "^==\|GPU busy" "$OUT/e2e_batch_llama-8b.txt"
+fi
+if has shipped-runtimes; then
+  timeout 120 python3 main.py bench runtimes --device cuda --methods none,draft,ngram,eagle,eagle3,eagle3:8 --k 4 \
+    --prompts 8 --max-new-tokens 128 --hf none 2>&1 | grep -v "compiling" | tee "$OUT/runtimes_shipped.txt" | tail -9
 fi
