@@ -119,7 +119,7 @@ def _gemv_tolerance(inputs, weight, kwargs, ref):
     tol = 1.01 * eps * ref.float().abs() + accumulation * magnitude + 4 * eps * largest
     if kwargs.get("residual") is not None:
         tol = tol + eps * kwargs["residual"].float().abs()
-        if kwargs.get("bias") is not None:  # two roundings (the biased product, then the sum): either may flip
+        if kwargs.get("bias") is not None:  # rounded twice (the biased product, then the sum)
             linear = inputs.float() @ weight.float().t() + kwargs["bias"].float()
             tol = tol + eps * linear.abs()
     return tol
