@@ -203,9 +203,16 @@ def prepare_draft_rounds(runner, k: int, vocab: int, sampling: Optional[ChainSam
     """Capture the round graphs of every feed length a round at K can have (1..k+1) now, before the first
     round: captured when first met, a length seen only late in a timed run (all k accepted) stalled it (the
     shipped pair on an H200: K = 8 went from 1.26x to 0.92x over plain decoding). Returns how many exist."""
-    if runner.length + 2 * k + 1 > runner.max_length:  # the captures' warm-ups write rows past the end
+    return capture_feed_lengths(runner, k, 2 * k + 1,
+                                lambda n: _draft_round_graph(runner, n, k, vocab, sampling))
+
+
+def capture_feed_lengths(runner, k: int, rows: int, graph_of: Callable[[int], object]) -> int:
+    """graph_of(n) for every feed length n = 1..k+1 a round at K can have; how many exist. None are made when
+    the captures' warm-ups, which write `rows` rows past the cache's end, would not fit."""
+    if runner.length + rows > runner.max_length:
         return 0
-    return sum(_draft_round_graph(runner, n, k, vocab, sampling) is not None for n in range(1, k + 2))
+    return sum(graph_of(n) is not None for n in range(1, k + 2))
 
 
 def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[ChainSampling]):
@@ -311,10 +318,8 @@ def prepare_eagle_rounds(head, k: int, width: int, vocab: int,
                          sampling: Optional[ChainSampling] = None) -> int:
     """Capture EAGLE's round graphs of every feed length a round at K can have (1..k+1) before the first
     round (see prepare_draft_rounds). width: the features' F. Returns how many exist."""
-    runner = head.runner
-    if runner.length + 2 * k + 1 > runner.max_length:  # the captures' warm-ups write rows past the end
-        return 0
-    return sum(_eagle_round_graph(head, n, k, width, vocab, sampling) is not None for n in range(1, k + 2))
+    return capture_feed_lengths(head.runner, k, 2 * k + 1,
+                                lambda n: _eagle_round_graph(head, n, k, width, vocab, sampling))
 
 
 def _eagle_round_graph(head, n: int, k: int, width: int, vocab: int, sampling: Optional[ChainSampling]):

@@ -92,9 +92,9 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
 // T-rounded value, as `.float()` of a T tensor).
 // Each block stages `in` [M, K] once in shared memory (M * K <= SP_GEMV_STAGE values), then its warps walk
-// output rows (`balanced`: block b owns rows [b N / G, (b + 1) N / G) of the G blocks and warp w takes every
-// 8th of them from the w-th; else warp w of block b takes rows b * 8 + w, then every 8 * G further, which leaves
-// some blocks a row per warp more than others when N is not a multiple of 8 G).  A row is read in
+// output rows (warp w of block b takes rows b * 8 + w, then every 8 * gridDim.x further; giving each block a
+// contiguous, even share of the rows instead measured no faster on an H200: docs/measurements/
+// gemv_probe_first.txt).  A row is read in
 // segments of 2048 columns, 8 chunks of 16 bytes per lane, and the next segment's loads are issued before the
 // current one is multiplied (two register buffers), so loads stay in flight while the block computes; the
 // first segment's loads go out before the statistics and the staging.  A lane's chunks come in the same order
@@ -177,18 +177,15 @@ template <typename T, int M>
 __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
                                                   int x_stride, int mode, float eps, int out_f32,
-                                                  int prefetch_bytes, int balanced) {
+                                                  int prefetch_bytes) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
-    // balanced: block b owns the contiguous rows [b N / G, (b + 1) N / G), its warps taking every 8th of
-    // them, so that no block holds more than one row per warp above another; else warp w of block b takes
-    // rows b * 8 + w, then every 8 * G further
-    int stride = balanced ? SP_GEMV_WARPS : gridDim.x * SP_GEMV_WARPS;  // rows between a warp's rows
-    int row = balanced ? (int)((long long)blockIdx.x * N / gridDim.x) + warp : blockIdx.x * SP_GEMV_WARPS + warp;
-    int end = balanced ? (int)((long long)(blockIdx.x + 1) * N / gridDim.x) : N;  // the warp's rows stop here
+    int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
+    int row = blockIdx.x * SP_GEMV_WARPS + warp;
+    int end = N;  // the warp's rows stop here
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
     sp_let_next_start();
     if (row < end) {

@@ -33,9 +33,6 @@ THREADS = 256
 GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
-# each block multiplies a contiguous, even share of the output rows (SPECPLAY_GEMV_BALANCED=0: rows dealt out
-# block by block, as before; the outputs are the same bits either way)
-GEMV_BALANCED = os.environ.get("SPECPLAY_GEMV_BALANCED", "1") != "0"
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
 # SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
@@ -68,8 +65,7 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter", templated=True),
     KernelSpec("sp_gemv",
                "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
-               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes, "
-               "int balanced",
+               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes",
                templated=True),
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
@@ -297,8 +293,7 @@ class StepKernels:
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
                           mode=mode, eps=eps, out_f32=int(out_f32),
-                          prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0,
-                          balanced=int(GEMV_BALANCED))
+                          prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0)
         return out
 
     def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,

@@ -4,8 +4,8 @@
     python scripts/gemv_probe.py [--rows 1,5] [--repeats 200]
 
 Each shape cycles through enough copies of its weight to spill the 50 MB L2, so that every launch reads
-its weight from memory as a decode step does. Rows dealt block by block (SPECPLAY_GEMV_BALANCED=0's way)
-are timed beside the balanced default.
+its weight from memory as a decode step does. (docs/measurements/gemv_probe_first.txt is an earlier version's
+run, which also timed a row assignment giving each block a contiguous share: no faster, since removed.)
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def time_us(fn, repeats: int) -> float:
 
 
 def probe_shape(kernels, name: str, n: int, k: int, rows: int, repeats: int, bandwidth: float) -> str:
-    """One table line: sp_gemv balanced and dealt, and cuBLAS, on an [n, k] weight times `rows` rows."""
+    """One table line: sp_gemv and cuBLAS on an [n, k] weight times `rows` rows."""
     import torch
     import torch.nn.functional as F
 
@@ -57,16 +57,11 @@ def probe_shape(kernels, name: str, n: int, k: int, rows: int, repeats: int, ban
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
     if not step.gemv_fits(weights[0], rows):
         return f"{name:12s} {rows:4d} {nbytes / 1e6:7.1f}  (more rows than sp_gemv stages)"
-    times = {}
-    for label, balanced in (("balanced", True), ("dealt", False)):
-        step.GEMV_BALANCED = balanced
-        times[label] = time_us(lambda i: kernels.gemv(x, weights[i % copies]), repeats)
-    step.GEMV_BALANCED = True
-    times["cublas"] = time_us(lambda i: F.linear(x, weights[i % copies]), repeats)
+    times = {"sp_gemv": time_us(lambda i: kernels.gemv(x, weights[i % copies]), repeats),
+             "cublas": time_us(lambda i: F.linear(x, weights[i % copies]), repeats)}
     share = {key: 100 * nbytes / (us * 1e-6) / bandwidth for key, us in times.items()}
-    return (f"{name:12s} {rows:4d} {nbytes / 1e6:7.1f} {times['balanced']:12.1f} {times['dealt']:9.1f} "
-            f"{times['cublas']:10.1f} {share['balanced']:14.1f} {share['dealt']:11.1f} "
-            f"{share['cublas']:12.1f}")
+    return (f"{name:12s} {rows:4d} {nbytes / 1e6:7.1f} {times['sp_gemv']:11.1f} {times['cublas']:10.1f} "
+            f"{share['sp_gemv']:13.1f} {share['cublas']:12.1f}")
 
 
 def main() -> int:
@@ -87,8 +82,8 @@ def main() -> int:
     bandwidth = measure_read_bandwidth(device)
     print(f"read bandwidth {bandwidth / 1e12:.2f} TB/s; sp_gemv built for {step.GEMV_BLOCKS_PER_SM} blocks "
           "per SM")
-    print(f"{'shape':12s} {'rows':>4s} {'MB':>7s} {'balanced us':>12s} {'dealt us':>9s} {'cuBLAS us':>10s} "
-          f"{'% bw balanced':>14s} {'% bw dealt':>11s} {'% bw cuBLAS':>12s}")
+    print(f"{'shape':12s} {'rows':>4s} {'MB':>7s} {'sp_gemv us':>11s} {'cuBLAS us':>10s} "
+          f"{'% bw sp_gemv':>13s} {'% bw cuBLAS':>12s}")
     for name, n, k in SHAPES:
         for rows in (int(r) for r in args.rows.split(",")):
             print(probe_shape(kernels, name, n, k, rows, args.repeats, bandwidth))

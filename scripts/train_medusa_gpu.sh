@@ -37,21 +37,7 @@ LOG="$OUT/train_log.txt"
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 
-collect() {   # the finished stages' metrics, one JSON object (cheap; run after the pipeline and on exit)
-  $PY - "$RUN" "$OUT/stage_metrics.json" <<'EOF' 2>/dev/null || true
-import json, sys
-from pathlib import Path
-run, out = Path(sys.argv[1]), Path(sys.argv[2])
-found = {}
-for d in sorted(run.glob("*")):
-    m = d / "metrics.json"
-    if m.exists() and (d / "done.json").exists():
-        data = json.loads(m.read_text())
-        data.pop("history", None)
-        found[d.name] = data
-out.write_text(json.dumps(found, indent=1))
-EOF
-}
+source scripts/train_common.sh
 
 keep_heads() {   # the export writes straight into $OUT; if it did not run, the medusa stage's own files
   if [ ! -f "$OUT/medusa_heads.safetensors" ] && [ -f "$RUN/medusa/done.json" ]; then
@@ -63,15 +49,9 @@ keep_heads() {   # the export writes straight into $OUT; if it did not run, the 
 }
 trap 'collect; keep_heads' EXIT
 trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
-( while sleep 15; do collect; done ) &   # stage_metrics.json stays current even if the run is killed hard
-WATCHER=$!
+start_watcher
 
-{
-  echo "== specplay Medusa-only training on $FAMILY, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  $PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' || exit 2
-  nproc
-} 2>&1 | tee -a "$LOG"
-[ "${PIPESTATUS[0]}" = 0 ] || exit 2
+print_versions "specplay Medusa-only training on $FAMILY" || exit 2
 
 # one process for every stage and the export; each stage leaves <RUN>/<stage>/done.json
 # shellcheck disable=SC2086

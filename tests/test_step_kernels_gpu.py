@@ -170,22 +170,6 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
             assert torch.equal(kernels.gemv(x[m:m + 1], weight, **alone)[0], together[m]), f"case {case}"
 
 
-def test_gemv_gives_the_same_bits_however_rows_are_dealt(kernels, monkeypatch):
-    """Blocks owning contiguous row ranges (the default) and rows dealt out block by block compute every
-    output row alike (one warp, the same chunk order): the same bits, large N included (several rows a
-    warp)."""
-    import kernels.step as step
-
-    rng = random.Random(5)
-    for case in range(max(CASES // 10, 50)):
-        x, weight, kwargs = _gemv_case(rng, case)
-        monkeypatch.setattr(step, "GEMV_BALANCED", True)
-        balanced = kernels.gemv(x, weight, **kwargs)
-        monkeypatch.setattr(step, "GEMV_BALANCED", False)
-        dealt = kernels.gemv(x, weight, **kwargs)
-        assert torch.equal(balanced, dealt), f"case {case}: N={weight.shape[0]} K={weight.shape[1]}"
-
-
 def _attention_case(rng, case):
     dtype = HALVES[case % 2]
     kv_heads = rng.choice([1, 2, 4, 8])

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from engine.chain_graph import (
     CapturedChain,
     ChainGraphs,
+    capture_feed_lengths,
     chain_sampling,
     eagle_chain,
     eagle_round,
@@ -391,11 +392,8 @@ def tree_round(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: i
 def prepare_tree_rounds(head, depth: int, width: int, vocab: int, nodes: int) -> int:
     """Capture the tree round of every feed length (1..depth+1) before the first round (see
     engine.chain_graph.prepare_draft_rounds); width: the features' F. Returns how many exist."""
-    runner = head.runner
-    if runner.length + depth + 1 + _tree_size(depth) > runner.max_length:  # warm-ups write past the end
-        return 0
-    lengths = range(1, depth + 2)
-    return sum(_tree_round_graph(head, n, depth, width, vocab, nodes) is not None for n in lengths)
+    return capture_feed_lengths(head.runner, depth, depth + 1 + _tree_size(depth),
+                                lambda n: _tree_round_graph(head, n, depth, width, vocab, nodes))
 
 
 def _tree_round_graph(head, n: int, depth: int, width: int, vocab: int, nodes: int):

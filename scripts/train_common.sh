@@ -1,0 +1,18 @@
+# Shared by scripts/train_family_gpu.sh and scripts/train_medusa_gpu.sh (sourced; they set PY, RUN, OUT, LOG).
+collect() {   # the finished stages' metrics, one JSON object (cheap; run after the pipeline and on exit)
+  $PY scripts/stage_metrics.py "$RUN" "$OUT/stage_metrics.json" 2>/dev/null || true
+}
+
+start_watcher() {   # stage_metrics.json stays current even if the run is killed hard; sets WATCHER
+  ( while sleep 15; do collect; done ) &
+  WATCHER=$!
+}
+
+print_versions() {   # $1: the run's title line; fails (status 2) when torch or transformers cannot load
+  {
+    echo "== $1, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    $PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' || exit 2
+    nproc
+  } 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || return 2
+}
