@@ -398,7 +398,8 @@ class SpeculativeDecoder:
             accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
             draft_tokens=round_.draft_tokens,
             block_features=launched.features if needs.block_features else None,
-            block_logits=launched.logits if needs.block_logits else None))
+            block_logits=launched.logits if needs.block_logits else None,
+            block_argmax=[row[0] for row in round_.top_i] if needs.block_argmax else None))
 
     def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
         draft = launched.draft

@@ -81,7 +81,8 @@ def test_unavailable_reasons_come_from_the_registry(tmp_path):
 @pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3",
                                   "eagle3:8", "lookahead", "suffix", "layerskip"])
 def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
-    """The decoder hands a drafter the prefill features, block features and logits only when it asks."""
+    """The decoder hands a drafter the prefill features, block features, logits and row argmax only when it
+    asks."""
     config = GenerationConfig(k=3, max_new_tokens=12).with_spec(spec)
     method = methods.get(config.method)
     seen = {"start": [], "commit": []}
@@ -114,6 +115,12 @@ def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
         assert info.draft_tokens == [t.token_id for t in event.drafted]
         assert (info.block_features is not None) == needs.block_features
         assert (info.block_logits is not None) == needs.block_logits
+        assert (info.block_argmax is not None) == needs.block_argmax
+        if needs.block_argmax:  # greedy: each accepted token, and the next one, is its parent row's argmax
+            assert len(info.block_argmax) == len(event.drafted) + 1
+            for node in (d for d in event.drafted if d.accepted):
+                assert node.token_id == info.block_argmax[node.parent + 1]
+            assert event.next_token_id == info.block_argmax[info.accepted_rows[-1]]
         if needs.block_features:
             assert info.block_features.shape[0] == len(event.drafted) + 1
             width = decoder.target.hidden_size * max(1, len(needs.tap_layers))  # EAGLE-3: the tapped layers

@@ -72,7 +72,10 @@ class DrafterNeeds:
     prefill_features: bool = False  # the target's features over the prompt (EAGLE starts from them)
     # the verified block's features (EAGLE feeds them, Medusa reads the last one)
     block_features: bool = False
-    block_logits: bool = False  # the verified block's logits (lookahead's Jacobi update)
+    block_logits: bool = False  # the verified block's logits
+    # the target's argmax at each row of the verified block, from the round's readout (lookahead's Jacobi
+    # update: no second copy from the device)
+    block_argmax: bool = False
     # target layers whose outputs, side by side, replace the last layer's as the features above (EAGLE-3's
     # fused low/middle/high features; needs engine.llama.LlamaRunner's tap_layers)
     tap_layers: tuple = ()
@@ -99,6 +102,7 @@ class RoundCommit:
     # [N+1, H] the target's last-layer features (if needed; [N+1, taps * H] with tap_layers)
     block_features: Optional[torch.Tensor] = None
     block_logits: Optional[torch.Tensor] = None  # [N+1, V] the target's logits (if needed)
+    block_argmax: Optional[list] = None  # [N+1] the target's most likely token at each row (if needed)
 
     @property
     def last_feature(self) -> Optional[torch.Tensor]:

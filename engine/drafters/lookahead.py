@@ -17,7 +17,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token (most recent first)
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
-    needs = DrafterNeeds(block_logits=True)
+    needs = DrafterNeeds(block_argmax=True)
 
     def __init__(self, window: int = 4, ngram: int = 4, max_candidates: int = 3):
         self.window_size = window
@@ -55,11 +55,10 @@ class LookaheadDrafter(Drafter):
         return nodes
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
-        block_logits = commit.block_logits  # [N+1, V], row 0 = root
         accepted = commit.accepted
-        # Jacobi step: the target's argmax after the root and after each window node
+        # Jacobi step: the target's argmax after the root and after each window node (block row 0 = root)
         rows = [0] + [n + 1 for n in self._window_nodes]
-        predictions = block_logits[rows].argmax(-1).tolist()  # [W+1] guesses for positions L+1 .. L+W+1
+        predictions = [commit.block_argmax[r] for r in rows]  # [W+1] guesses for positions L+1 .. L+W+1
         root = state.tokens[-(accepted + 2)]  # the round's last committed token, before this round's tokens
         self._add_ngrams([root] + predictions)
         self._add_ngrams(state.tokens[-(self.ngram + accepted + 1):])
