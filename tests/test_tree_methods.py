@@ -290,3 +290,21 @@ def test_the_trees_nodes_are_chosen_on_the_device_as_on_the_host(seed):
     block_parents = torch.tensor([-1] + [p + 1 for p in want_parents])
     assert block_depth.tolist() == tree_depths(block_parents).tolist()
     assert torch.equal(block_visible, tree_ancestor_mask(block_parents))
+
+
+def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end():
+    """engine.chain_graph.capture_feed_lengths (behind prepare_draft_rounds, prepare_eagle_rounds and
+    prepare_tree_rounds): every feed length 1..K+1 is asked for, those that exist are counted, and nothing is
+    captured when the warm-ups' rows would run past the cache."""
+    from engine.chain_graph import capture_feed_lengths
+
+    runner = type("Runner", (), {"length": 10, "max_length": 30})()
+    asked = []
+
+    def graph_of(n):
+        asked.append(n)
+        return None if n == 2 else f"graph {n}"
+
+    assert capture_feed_lengths(runner, 4, 9, graph_of) == 4 and asked == [1, 2, 3, 4, 5]
+    asked.clear()
+    assert capture_feed_lengths(runner, 4, 21, graph_of) == 0 and asked == []
