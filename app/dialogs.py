@@ -276,7 +276,11 @@ class SweepDialog(QDialog):
             measured = ", ".join(str(row["k"]) for row in rows)
             verdict = (f"Stopped after K = {measured}: the sweep did not measure every K, so it recommends "
                        "none.")
-        summary = QLabel(f"{title}<br>{verdict}" + (_from_run_line(rows) if complete else ""))
+        from engine.bench import sweep_steadiness
+
+        unsteady = sweep_steadiness(rows)
+        summary = QLabel(f"{title}<br>{verdict}" + (_from_run_line(rows) if complete else "")
+                         + (f"<br><i>Note: {unsteady}</i>" if unsteady else ""))
         summary.setWordWrap(True)
         self.summary = summary
         buttons = QDialogButtonBox(QDialogButtonBox.Close)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 from engine import analytic
 from engine import methods as method_registry
@@ -173,11 +174,42 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
         plain, r, events, plain_events = _paired_runs(decoder, prompts, plain_config, replace(base, k=k),
                                                       repeats)
         traces[k] = (events, plain_events)
-        rows.append(_sweep_row(k, r, plain.tokens_per_s, c, costs, events))
+        rows.append(dict(_sweep_row(k, r, plain.tokens_per_s, c, costs, events),
+                         plain_tokens_per_s=plain.tokens_per_s,
+                         calibrated_plain_ms=None if costs is None else costs.t_plain))
         if progress is not None and progress(rows[-1]) is False:
             break
     _add_from_run(rows, traces, costs)
     return rows
+
+
+UNSTEADY = 0.10  # plain decoding's speed moving this much during a sweep makes its predictions suspect
+
+
+def sweep_steadiness(rows: list) -> Optional[str]:
+    """A warning when the machine's speed moved during a K sweep, else None: the plain runs paired with each K
+    (rows' plain_tokens_per_s) more than UNSTEADY apart, or calibration's plain round (calibrated_plain_ms)
+    that far from them. The
+    predictions rest on calibration's timings, so they can be off by as much (seen on H200 machines whose
+    host slowed down for minutes, docs/measurements/idle_probe_gpu.txt)."""
+    plain = [r["plain_tokens_per_s"] for r in rows if r.get("plain_tokens_per_s")]
+    if not plain:
+        return None
+    calibrated_plain_ms = rows[0].get("calibrated_plain_ms")
+    low, high = min(plain), max(plain)
+    median = sorted(plain)[len(plain) // 2]
+    notes = []
+    if high > low * (1 + UNSTEADY):
+        notes.append(f"plain decoding ran at {low:.0f} to {high:.0f} tokens/s between the Ks "
+                     f"({100 * (high / low - 1):.0f}% apart)")
+    if calibrated_plain_ms:
+        calibrated = 1000.0 / calibrated_plain_ms
+        if abs(calibrated / median - 1) > UNSTEADY:
+            notes.append(f"calibration timed {calibrated:.0f} tokens/s against {median:.0f} in the sweep")
+    if not notes:
+        return None
+    return ("the machine's speed moved during the sweep: " + "; ".join(notes) + ". The predictions rest on "
+            "calibration's timings and may be off by as much; run the sweep again.")
 
 
 COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
@@ -186,6 +218,7 @@ COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
     "predicted_speedup": "x", "from_run_speedup": "x", "textbook_speedup": "x", "eager_tokens_per_s": "tok/s",
     "graph_tokens_per_s": "tok/s", "graph_gain": "x",
     "eager_speedup": "x", "graph_speedup": "x", "c": "ratio", "textbook_share": "ratio",
+    "plain_tokens_per_s": "tok/s",
 }
 # plain decoding drafts nothing: no K, no alpha, no textbook figure
 PLAIN_BLANKS = ("k", "alpha", "mean_acceptance_length", "c", "textbook_speedup", "textbook_share")

@@ -570,6 +570,9 @@ def cmd_bench(args) -> int:
             guess = max(rows, key=lambda r: r["from_run_speedup"])
             print(f"predicted from the K = {guess['from_run_k']} run alone: best K = {guess['k']} "
                   f"({guess['from_run_speedup']:.2f}x)", file=sys.stderr)
+        unsteady = bench.sweep_steadiness(rows)
+        if unsteady:
+            print(f"warning: {unsteady}", file=sys.stderr)
     elif args.what == "layerskip":
         decoder = load_decoder(args, "layerskip")
         rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats)

@@ -456,3 +456,28 @@ def test_a_cli_trace_reads_back_into_the_same_events(pair, capsys, tmp_path):
     for event, record in zip(run.events, records, strict=True):
         again = {"type": "round", "generation": 1, **asdict(event)}
         assert json.loads(json.dumps(again)) == record
+
+
+def test_a_sweep_whose_plain_runs_drift_is_flagged():
+    """engine.bench.sweep_steadiness: silent on a steady sweep; a warning naming the spread when the plain
+    runs paired with the Ks, or calibration's plain round, are more than 10% apart."""
+    from engine.bench import sweep_steadiness
+
+    def rows(plain, calibrated_ms):
+        return [{"k": k, "plain_tokens_per_s": p, "calibrated_plain_ms": calibrated_ms}
+                for k, p in zip((1, 2, 4), plain)]
+
+    assert sweep_steadiness(rows([3000, 3100, 2950], 1000 / 3050)) is None
+    drifted = sweep_steadiness(rows([3000, 2000, 3050], 1000 / 3000))
+    assert drifted and "2000 to 3050 tokens/s" in drifted and "52% apart" in drifted
+    off = sweep_steadiness(rows([3000, 3020, 2990], 1000 / 2400))
+    assert off and "calibration timed 2400 tokens/s against 3000" in off
+    assert sweep_steadiness([{"k": 1, "speedup": 1.0}]) is None  # rows without paired plain runs
+
+
+def test_k_sweep_rows_carry_their_plain_runs():
+    from engine.bench import bench_k_sweep
+    from engine.config import GenerationConfig
+
+    rows = bench_k_sweep(RecordingDecoder("cpu"), ["p1"], GenerationConfig(method="draft", k=4), (1, 3))
+    assert all(row["plain_tokens_per_s"] > 0 for row in rows)

@@ -137,3 +137,20 @@ def test_diagnosis_view_names_each_findings_figure(qtbot):
     assert "plain round" in text and "Predicted best K" in text
     for finding in view.diagnosis.findings:
         assert "figure:" in text and finding.title in text
+
+
+def test_sweep_dialog_flags_a_machine_whose_speed_moved(qtbot):
+    """A sweep whose plain runs drifted more than 10% says so under its verdict; a steady one does not."""
+    from app.dialogs import SweepDialog
+
+    def rows(plain):
+        return [{"k": k, "alpha": 0.7, "tokens_per_forward": 2.0, "tokens_per_s": 100.0 * k,
+                 "speedup": 1.0 + k, "predicted_speedup": 1.0, "textbook_speedup": 1.0,
+                 "plain_tokens_per_s": p, "calibrated_plain_ms": 1000 / 3000} for k, p in zip((1, 2), plain)]
+
+    drifted = SweepDialog(None, rows([3000, 2000]), "Draft model")
+    qtbot.addWidget(drifted)
+    assert "speed moved during the sweep" in drifted.summary.text()
+    steady = SweepDialog(None, rows([3000, 3050]), "Draft model")
+    qtbot.addWidget(steady)
+    assert "speed moved" not in steady.summary.text()
