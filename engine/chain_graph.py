@@ -291,11 +291,17 @@ def eagle_round_body(head, features: torch.Tensor, tokens: torch.Tensor, start: 
     target's features there [n, F], as the verification gave them, and each one's next token [n]), at cache
     rows start..start+n-1, then the k-token chain from the last predicted feature. kv: the attention width
     (0 on the decode path, which reads start on the device). Returns (tokens [k], q [k, V] or None)."""
-    n = tokens.shape[0]
-    depth, block_visible = head.runner._chain_block(n)
+    predicted = head_step(head, features, tokens, start, kv)  # [n, H]
+    return _eagle_chain(head, predicted[-1:], start + tokens.shape[0], k, kv, vocab, sampling, u)
+
+
+def head_step(head, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor,
+              kv: int) -> torch.Tensor:
+    """The EAGLE head's step over n committed positions (the target's features [n, F], next tokens [n]) at
+    cache rows start..start+n-1, inside a round's graph; returns the predicted features [n, H]."""
+    depth, block_visible = head.runner._chain_block(tokens.shape[0])
     x = head.fuse(head.true_features(features), tokens)  # [n, H]
-    predicted, _ = head.runner._block_step(x, start, depth, block_visible, kv)  # [n, H]
-    return _eagle_chain(head, predicted[-1:], start + n, k, kv, vocab, sampling, u)
+    return head.runner._block_step(x, start, depth, block_visible, kv)[0]
 
 
 def eagle_round(head, features: torch.Tensor, tokens: torch.Tensor, k: int, vocab: int,

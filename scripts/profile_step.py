@@ -14,18 +14,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PREFIX = 200  # cached tokens before the timed block
 
 
-def replay_ms(runner, tokens, repeats: int = 100) -> float:
-    """Milliseconds per step (graph replay, inputs copied in, outputs cloned), CUDA events around the loop."""
+def replay_ms(runner, tokens, repeats: int = 100, prefix: int = PREFIX, warmups: int = 3) -> float:
+    """Milliseconds per step (graph replay, inputs copied in, outputs cloned), CUDA events around the loop;
+    the cache is rolled back to `prefix` rows after each step."""
     import torch
 
-    for _ in range(3):
+    for _ in range(warmups):
         runner.forward(tokens)
-        runner.rollback(PREFIX)
+        runner.rollback(prefix)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
         runner.forward(tokens)
-        runner.rollback(PREFIX)
+        runner.rollback(prefix)
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats

@@ -20,24 +20,15 @@ PROMPT_TOKENS = 40
 
 
 def step_ms(target, repeats: int = 200) -> float:
-    """One replayed block of one token, back to back (CUDA events around the loop)."""
+    """One replayed block of one token after the prompt, back to back (profile_step's timing)."""
     import torch
+    from profile_step import replay_ms  # scripts/ is this script's first import path
 
     target.reset()
     target.forward(torch.arange(3, 3 + PROMPT_TOKENS, device=target.device) % target.vocab_size)
-    token = torch.tensor([7], device=target.device)
-    for _ in range(5):
-        target.forward(token)
-        target.rollback(PROMPT_TOKENS)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        target.forward(token)
-        target.rollback(PROMPT_TOKENS)
-    end.record()
-    torch.cuda.synchronize()
+    ms = replay_ms(target, torch.tensor([7], device=target.device), repeats, PROMPT_TOKENS, warmups=5)
     target.reset()
-    return start.elapsed_time(end) / repeats
+    return ms
 
 
 def timed_generation(decoder, method: str, tokens: int) -> dict:

@@ -127,8 +127,8 @@ def _gemv_tolerance(inputs, weight, kwargs, ref):
 
 @pytest.fixture
 def fp32_reductions(monkeypatch):
-    """cuBLAS's half-precision products reduce in fp32 (torch lets them reduce split-K partials in half
-    precision by default, an error far above the fp32 accumulation the twin's tolerance allows for)."""
+    """cuBLAS's half-precision products reduce in fp32: torch lets them reduce split-K partials in half
+    precision by default, which the twin's tolerance (fp32 accumulation) does not allow for."""
     matmul = torch.backends.cuda.matmul
     monkeypatch.setattr(matmul, "allow_fp16_reduced_precision_reduction", False)
     monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", False)

@@ -26,6 +26,7 @@ from engine.chain_graph import (
     eagle_chain,
     eagle_round,
     graph_pool,
+    head_step,
     prepare_eagle_rounds,
 )
 from engine.drafters.base import (
@@ -366,11 +367,8 @@ def tree_round_body(head, features: torch.Tensor, next_tokens: torch.Tensor, sta
     """The tree round's device work: the head's step over the n committed positions (features [n, F], next
     tokens [n]) at cache rows start.. (start [1] on the device; the decode path's attention), then the tree
     grown from its last predicted feature after them (_grow_tree)."""
-    n = next_tokens.shape[0]
-    chain_depth, block_visible = head.runner._chain_block(n)
-    x = head.fuse(head.true_features(features), next_tokens)  # [n, H]
-    predicted, _ = head.runner._block_step(x, start, chain_depth, block_visible, 0)  # [n, H]
-    return _grow_tree(head, predicted[-1:], depth, vocab, start + n, kv, nodes)
+    predicted = head_step(head, features, next_tokens, start, 0)  # [n, H]
+    return _grow_tree(head, predicted[-1:], depth, vocab, start + next_tokens.shape[0], kv, nodes)
 
 
 def tree_round(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: int, vocab: int,
