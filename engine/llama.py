@@ -44,7 +44,11 @@ from kernels.step import ATTENTION_MAX_D, HALF_DTYPES, StepKernels, gemv_fits
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
-GRAPH_MAX_BLOCK = 64  # longer blocks (prefill) run eagerly: they are rare and not launch-bound
+GRAPH_MAX_BLOCK = 64  # longer blocks run eagerly, but for a prefill's bucket of up to PREFILL_GRAPH_ROWS
+# A prefill (a block at the cache's start) padded to a bucket of up to this many rows is captured: one graph
+# per bucket serves every prompt length up to it. Eager, a 73-token prefill took 6.4 ms of host launches on
+# the 1B shape (H200, docs/measurements/ttft_llama-1b_pdl1_eager_prefill.txt).
+PREFILL_GRAPH_ROWS = 256
 KV_BUCKET = 256  # on GPU, a step's attention width is rounded up to this many cache rows
 MISTRAL_DEFAULT_WINDOW = QWEN2_DEFAULT_WINDOW = 4096  # transformers' defaults when config.json is silent
 QWEN2_DEFAULT_WINDOW_LAYERS = 28
@@ -78,6 +82,12 @@ def block_bucket(n: int) -> int:
             return bucket
     last = PAD_BUCKETS[-1]
     return -(-n // last) * last
+
+
+def prefill_buckets() -> tuple:
+    """The buckets a prefill runs as, up to PREFILL_GRAPH_ROWS: 16, 32, 64, then multiples of 64."""
+    last = PAD_BUCKETS[-1]
+    return PAD_BUCKETS + tuple(range(2 * last, PREFILL_GRAPH_ROWS + 1, last))
 
 
 def is_bucket(rows: int) -> bool:
@@ -512,13 +522,13 @@ class LlamaRunner(CausalRunner):
         self._length = start + m
 
     def warm_up_buckets(self) -> None:
-        """One prefill of each bucket up to 64 rows (the captured ones), so that a first prompt finds its
-        graph captured and cuBLAS's algorithm chosen, and one of 128: the first prefill past the decode path
+        """One prefill of each bucket up to PREFILL_GRAPH_ROWS (the captured ones), so that a first prompt
+        finds its graph captured and cuBLAS's algorithm chosen; the first prefill past the decode path also
         loads SDPA's and cuBLAS's kernels for longer blocks (~80 ms at the 1B shape on an H200, once). The
         cache is left reset. Does nothing when blocks are not padded."""
         if not self.pad_blocks:
             return
-        for rows in PAD_BUCKETS + (2 * PAD_BUCKETS[-1],):
+        for rows in prefill_buckets():
             if rows > self.max_length:
                 break
             self.reset()
@@ -679,14 +689,18 @@ class LlamaRunner(CausalRunner):
         """The captured step for n tokens at this length, capturing it on first use; None runs eagerly. On the
         decode path the attention reads the block's start on the device: one graph per n serves every
         length. A block at the cache's start is a prefill: captured only when bucketed (padded to a bucket,
-        so a few graphs serve every prompt length) and on the decode path (the other path's key holds the kv
-        width); an unpadded one would capture a graph per prompt length, which stalls. At start 0 the
-        capture's warm-up writes rows 0..n-1, which are free (the cache is empty)."""
-        if not self.use_graphs or n > GRAPH_MAX_BLOCK:
+        so a few graphs serve every prompt length), up to PREFILL_GRAPH_ROWS rows; an unpadded one would
+        capture a graph per prompt length, which stalls. (Off the decode path the key holds the kv width,
+        which at start 0 the bucket fixes.) At start 0 the capture's warm-up writes rows 0..n-1, which are
+        free (the cache is empty)."""
+        if not self.use_graphs:
+            return None
+        if start == 0:
+            if not bucketed or n > PREFILL_GRAPH_ROWS:
+                return None
+        elif n > GRAPH_MAX_BLOCK:
             return None
         decode = self._decode_path(n)
-        if start == 0 and not (bucketed and decode):
-            return None
         key = (n, 0 if decode else self._kv_width(start + n), self.tap_layers)
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:

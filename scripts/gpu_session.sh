@@ -17,6 +17,8 @@
 #   batch-profile  scripts/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
 #   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
 #             end-to-end time per token, and the host's time per round against its wait for the GPU
+#   ttft      scripts/ttft_probe.py: the first event taken apart (1B shape with programmatic launch on and off,
+#             7B shape on); TTFT_SHAPES / TTFT_PDL pick others
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -73,7 +75,7 @@ if has pdl-ab; then
   done
 fi
 if has host; then
-  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods none,draft,ngram,eagle3,medusa,eagle3:8 \
+  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods ${HOST_METHODS:-none,draft,ngram,eagle3,medusa,eagle3:8} \
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi
 if has kernels; then
@@ -99,4 +101,13 @@ fi
 if has shipped-runtimes; then
   timeout 120 python3 main.py bench runtimes --device cuda --methods none,draft,ngram,eagle,eagle3,eagle3:8 --k 4 \
     --prompts 8 --max-new-tokens 128 --hf none 2>&1 | grep -v "compiling" | tee "$OUT/runtimes_shipped.txt" | tail -9
+fi
+if has ttft; then
+  for shape in ${TTFT_SHAPES:-llama-1b llama-7b}; do
+    for pdl in ${TTFT_PDL:-1 0}; do
+      [[ $shape == llama-7b && $pdl == 0 && -z "${TTFT_PDL:-}" ]] && continue
+      SPECPLAY_PDL=$pdl timeout 120 python3 scripts/ttft_probe.py --synthetic $shape 2>&1 | grep -v "compiling\|USDT" \
+        > "$OUT/ttft_${shape}_pdl$pdl.txt"; head -5 "$OUT/ttft_${shape}_pdl$pdl.txt"
+    done
+  done
 fi

@@ -143,8 +143,9 @@ def test_forward_asks_for_a_bucket_graph_only_when_padded(model_dir):
 
 
 def test_capture_policy_at_the_cache_start(model_dir, monkeypatch):
-    """At start 0 only a bucketed block on the decode path is captured, keyed (n, 0, taps) as at any start;
-    elsewhere the policy is the old one."""
+    """At start 0 only a bucketed block of up to PREFILL_GRAPH_ROWS rows is captured: on the decode path keyed
+    (n, 0, taps) as at any start, off it keyed by the kv width its bucket fixes; past the start, blocks of up
+    to GRAPH_MAX_BLOCK rows."""
     built = []
 
     class FakeStep:
@@ -162,11 +163,14 @@ def test_capture_policy_at_the_cache_start(model_dir, monkeypatch):
     assert isinstance(step, FakeStep) and list(runner._graphs) == [(32, 0, ())]
     assert runner._captured_step(32, 0, bucketed=True) is step
     assert runner._captured_step(32, 70, bucketed=True) is step  # one graph for every start
-    assert runner._captured_step(128, 0, bucketed=True) is None  # past GRAPH_MAX_BLOCK
+    assert runner._captured_step(128, 0, bucketed=True) is not None  # a prefill bucket past the decode path
+    assert runner._captured_step(llama.PREFILL_GRAPH_ROWS + 64, 0, bucketed=True) is None
+    assert runner._captured_step(128, 10) is None  # past GRAPH_MAX_BLOCK after the start
     runner.decode_kernels = None  # the cuBLAS + SDPA path: its key holds the kv width
-    assert runner._captured_step(32, 0, bucketed=True) is None
+    assert runner._captured_step(32, 0) is None  # unpadded
+    assert runner._captured_step(32, 0, bucketed=True) is not None
     assert runner._captured_step(32, 10, bucketed=True) is not None
-    assert built == [(32, 0), (32, 42)]
+    assert built == [(32, 0), (128, 128), (32, 32), (32, 42)]  # kv widths of a CPU runner: rows themselves
 
 
 def test_warm_up_buckets_runs_each_bucket_and_resets(model_dir):
@@ -174,7 +178,7 @@ def test_warm_up_buckets_runs_each_bucket_and_resets(model_dir):
     rows = record_rows(runner)
     runner.forward(ids(5))
     runner.warm_up_buckets()
-    assert rows == [5, 16, 32, 64, 128] and runner.length == 0
+    assert rows == [5, 16, 32, 64, 128, 192, 256] and runner.length == 0
     short = make_runner(model_dir, True, max_length=40)
     short_rows = record_rows(short)
     short.warm_up_buckets()
