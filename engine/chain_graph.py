@@ -367,3 +367,24 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
 
     graph = ChainGraphs.of(target).get(("medusa", id(heads), tree, vocab), build)
     return None if graph is None else graph.run(hidden)
+
+
+def medusa_draft_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+    """Medusa's proposal from every row of a verified block at once: features [M, H] (pre-norm) -> tokens
+    [M, N], row i the tree's tokens drafted from row i's feature. Queued behind the verification, before the
+    accepted row is known; one graph replay per M where graphs apply, else eager."""
+    rows = features.shape[0]
+
+    def propose(block):
+        logits = heads.row_logits(target, block, tree.depth)[:, :, :vocab]  # [depth, M, V]
+        ranked = torch.topk(logits, tree.width, dim=-1).indices  # [depth, M, width]
+        return ranked.permute(1, 0, 2).reshape(rows, -1)[:, flat_index]  # [M, N]
+
+    if not ChainGraphs.available(target, 2):
+        return propose(features)
+
+    def build() -> CapturedChain:
+        return CapturedChain(propose, (torch.zeros_like(features),), target.device, graph_pool(target))
+
+    graph = ChainGraphs.of(target).get(("medusa_rows", id(heads), tree, vocab, rows), build)
+    return propose(features) if graph is None else graph.run(features)

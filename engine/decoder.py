@@ -387,6 +387,8 @@ class SpeculativeDecoder:
         block_start = self.target.length  # the cache row of the last committed token, fed first
         logits, features, result, uniforms = self._verify(state, draft, config, first_token)
         readout = self._queue_readout(draft, result, logits, config)
+        if self.pipelined:
+            drafter.verified(state, features)
         clock.mark()  # verification queued
         return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
 

@@ -299,9 +299,10 @@ __device__ __forceinline__ float dk_attn_value(const float (*warp_acc)[SP_ATTN_M
 // the D values), sum p v over the chunk's rows, group g taking rows g, g + G, ...  Every row below
 // start + block_n holds this step's or an earlier step's finite K/V, so a hidden row is read and adds p = 0
 // exactly: token t's output is the same whatever block_n is (for the same splits).  The warps' online-softmax
-// states and the groups' sums are merged in a fixed order; with splits > 1 each block leaves its state (max,
-// sum, unnormalised p v) in partial [pairs * splits, D + 2], and the pair's last block to finish (counted in
-// counters [pairs], zero before the launch and left zero after it) merges them in split order.
+// states and the groups' sums are merged in a fixed order; when more than one split holds keys, each such
+// block leaves its state (max, sum, unnormalised p v) in partial [pairs * splits, D + 2], and the pair's last
+// block to finish (counted in counters [pairs], zero before the launch and left zero after it) merges them in
+// split order.  Splits past the cache's last chunk leave at once (a short cache costs no merge).
 // D % 8 == 0, D <= 256.
 template <typename T>
 __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache, const T* v_cache,
@@ -325,10 +326,12 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
     long long first = start[b];
     long long total = first + block_n;
     int chunks = (int)((total + 31) / 32);
-    if (split * SP_ATTN_WARPS < chunks) {  // a split past the last chunk has no keys: q is not needed
-        const T* q_in = q + ((long long)h * n + i) * D;
-        for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
-    }
+    // Splits from `active` on hold no key (a short cache): they leave at once and nothing waits for them.
+    // Their state would be (-inf, 0, 0), which the merge skips, so the result is the same bits either way.
+    int active = min(splits, (chunks + SP_ATTN_WARPS - 1) / SP_ATTN_WARPS);
+    if (split >= active) return;
+    const T* q_in = q + ((long long)h * n + i) * D;
+    for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
     __syncthreads();
 
     long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
@@ -403,7 +406,7 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         total_sum = fmaf(warp_sum_s[w], expf(warp_max_s[w] - top), total_sum);
     }
     T* out_row = out + ((long long)i * heads + h) * D;
-    if (splits == 1) {
+    if (active == 1) {  // the merge of one state is this division (x * expf(0) and x + 0 are exact)
         for (int d = tid; d < D; d += blockDim.x) {
             out_row[d] = rnd<T>(dk_attn_value(warp_acc, warp_max_s, top, d) / total_sum);
         }
@@ -418,20 +421,20 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
     }
     __threadfence();
     __syncthreads();
-    if (tid == 0) merges = atomicAdd(counters + pair, 1) == splits - 1;
+    if (tid == 0) merges = atomicAdd(counters + pair, 1) == active - 1;
     __syncthreads();
     if (!merges) return;
     __threadfence();
     const float* parts = partial + (long long)pair * splits * (D + 2);
     float m = SP_NEG_INF, l = 0.f;
-    for (int sp = 0; sp < splits; sp++) m = fmaxf(m, __ldcg(parts + sp * (D + 2)));
-    for (int sp = 0; sp < splits; sp++) {
+    for (int sp = 0; sp < active; sp++) m = fmaxf(m, __ldcg(parts + sp * (D + 2)));
+    for (int sp = 0; sp < active; sp++) {
         float ms = __ldcg(parts + sp * (D + 2));
         if (ms != SP_NEG_INF) l = fmaf(__ldcg(parts + sp * (D + 2) + 1), expf(ms - m), l);
     }
     for (int d = tid; d < D; d += blockDim.x) {
         float value = 0.f;
-        for (int sp = 0; sp < splits; sp++) {
+        for (int sp = 0; sp < active; sp++) {
             float ms = __ldcg(parts + sp * (D + 2));
             if (ms != SP_NEG_INF) value = fmaf(__ldcg(parts + sp * (D + 2) + 2 + d), expf(ms - m), value);
         }

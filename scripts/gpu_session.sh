@@ -4,8 +4,10 @@
 #   tests     every GPU test, 10,000 fuzz cases per kernel (programmatic launch on: the default)
 #   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=0 (programmatic launch off)
 #   engine    the engine, drafter and batch GPU tests alone (the defaults)
-#   runtimes  bench runtimes on the synthetic 1B and 7B shapes, HF eager and assisted beside
+#   runtimes  bench runtimes on the synthetic 1B and 7B shapes, HF eager and assisted beside (RUNTIME_SHAPES,
+#             RUNTIME_HF pick others)
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
+#   methods-ab  bench methods once per environment setting of AB (AB_METHODS: the methods)
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
 #   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
@@ -39,9 +41,9 @@ if has engine; then
     | tee "$OUT/gpu_tests_engine.log" | tail -6
 fi
 if has runtimes; then
-  for shape in llama-1b llama-7b; do
+  for shape in ${RUNTIME_SHAPES:-llama-1b llama-7b}; do
     timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft --k 4 \
-      --prompts 4 --max-new-tokens 128 --hf hf-eager,hf-assisted 2>&1 | grep -v "compiling\|generation_config" \
+      --prompts 4 --max-new-tokens 128 --hf ${RUNTIME_HF:-hf-eager,hf-assisted} 2>&1 | grep -v "compiling\|generation_config" \
       | tee -a "$OUT/runtimes_synthetic.txt" | tail -7
   done
 fi
@@ -49,6 +51,13 @@ if has methods; then
   timeout 150 python3 main.py bench methods --device cuda \
     --methods none,draft,ngram,suffix,medusa,eagle,eagle:8,eagle3,eagle3:8,lookahead,layerskip --k 4 --prompts 8 \
     --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu.txt" | tail -14
+fi
+if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPLAY_GEMV_ROWS=1 SPECPLAY_GEMV_ROWS=8")
+  for setting in ${AB:-SPECPLAY_PDL=1}; do
+    env $setting timeout 150 python3 main.py bench methods --device cuda --methods ${AB_METHODS:-none,draft,eagle3,medusa} \
+      --k 4 --prompts 8 --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu_${setting//[^A-Za-z0-9]/_}.txt" \
+      | grep -v "^α" | tail -6
+  done
 fi
 if has batch; then
   timeout 80 python3 main.py bench batch --device cuda --synthetic llama-8b --batches 1,64 --method draft --k 4 \

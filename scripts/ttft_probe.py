@@ -88,7 +88,8 @@ def main() -> int:
         profiler.enable()
         ms = first_event_ms(decoder, fresh, config)
         profiler.disable()
-        print(f"\nfirst event of a new prompt ({len(decoder._encode(fresh))} tokens): {ms:.2f} ms; host functions:")
+        tokens = len(decoder._encode(fresh))
+        print(f"\nfirst event of a new prompt ({tokens} tokens): {ms:.2f} ms; host functions:")
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-4000:])
@@ -96,7 +97,8 @@ def main() -> int:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             ms = first_event_ms(decoder, fresh2, config)
         print(f"\nfirst event of another new prompt: {ms:.2f} ms (profiled); kernels and host ops:")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,
+                                        max_name_column_width=60))
     return 0
 
 

@@ -127,8 +127,11 @@ def test_chains_replay_as_one_graph(decoder, method, k, temperature):
     assert captured > 0 and len(ChainGraphs.of(runner)) == captured, "chains were not captured, or not reused"
 
 
-def test_medusa_proposal_replays_as_one_graph(decoder):
+def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
+    """Medusa drafts from every block row behind the verification, one graph per block size (medusa_rows);
+    with that off, from the accepted row (medusa). Eager or replayed, early or not: the same output."""
     from engine.chain_graph import ChainGraphs
+    from engine.drafters import medusa
 
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
     decoder.set_cuda_graphs(False)
@@ -137,7 +140,10 @@ def test_medusa_proposal_replays_as_one_graph(decoder):
     finally:
         decoder.set_cuda_graphs(True)
     assert decoder.generate_ids(PROMPT, config) == eager
-    assert any(key[0] == "medusa" for key in ChainGraphs.of(decoder.target)._graphs)
+    monkeypatch.setattr(medusa, "EARLY_HEADS", False)
+    assert decoder.generate_ids(PROMPT, config) == eager
+    kinds = {key[0] for key in ChainGraphs.of(decoder.target)._graphs}
+    assert {"medusa", "medusa_rows"} <= kinds
 
 
 def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> list:

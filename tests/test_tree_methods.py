@@ -308,3 +308,44 @@ def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end(
     assert capture_feed_lengths(runner, 4, 9, graph_of) == 4 and asked == [1, 2, 3, 4, 5]
     asked.clear()
     assert capture_feed_lengths(runner, 4, 21, graph_of) == 0 and asked == []
+
+
+def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
+    """medusa_draft_rows (every row of a block, the heads stacked into one product) gives row i the tree that
+    the one-row proposal drafts from row i's feature."""
+    from engine.chain_graph import medusa_draft_rows
+    from engine.drafters.medusa import MedusaDrafter
+
+    heads = decoder.medusa_heads()
+    drafter = MedusaDrafter(decoder.target, heads)
+    tree, flat_index, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    features = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))  # [M, H]
+    rows = medusa_draft_rows(decoder.target, heads, features, tree, flat_index, decoder.vocab_size)
+    assert rows.shape == (5, len(tree.parents))
+    for i in range(5):
+        logits = heads.logits(decoder.target, features[i])[:tree.depth, :decoder.vocab_size]  # [depth, V]
+        alone = torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]
+        assert rows[i].tolist() == alone.tolist()
+
+
+def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch):
+    """With the rounds pipelined (as on the GPU), Medusa drafts from every block row behind the verification
+    (Drafter.verified) and the next round takes the accepted row's tree: the rounds are the one-row path's
+    rounds, and greedy output is plain decoding's."""
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
+    alone = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
+    early_rounds = []
+    from engine.drafters import medusa
+
+    original = medusa.MedusaDrafter.verified
+
+    def counted(self, state, features):
+        original(self, state, features)
+        early_rounds.append(features.shape[0])
+
+    monkeypatch.setattr(medusa.MedusaDrafter, "verified", counted)
+    monkeypatch.setattr(decoder, "pipelined", True)
+    early = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
+    assert early == alone and [t for _, ids in early for t in ids] == plain
+    assert len(early_rounds) == len(early) and early_rounds[0] == 1 and max(early_rounds) > 1

@@ -122,6 +122,11 @@ class Drafter(ABC):
     def propose(self, state: DecodeState, k: int) -> Draft:
         """Draft up to k tokens (a chain) or a tree after state.tokens."""
 
+    def verified(self, state: DecodeState, features: torch.Tensor) -> None:  # noqa: B027 optional hook
+        """The round's verification and readout are queued on the GPU (never called on the CPU); features
+        [N+1, H] are the block's target features, not yet computed. Work queued here runs on the GPU while
+        the host waits for the readout and commits: the next draft's work, before the outcome is known."""
+
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:  # noqa: B027 optional hook
         """The last draft's accepted path was kept and state.tokens extended."""
 

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import medusa_draft
+from engine.chain_graph import medusa_draft, medusa_draft_rows
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
 from engine.runner import to_device
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
+# SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, after the outcome is read (as before
+# MedusaDrafter.verified), for comparisons
+EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
 RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05)
@@ -32,6 +36,7 @@ class MedusaHeads:
     def __init__(self, weights: list, biases: list, path_accuracy: tuple | None = None):
         self.weights = weights  # D x [H, H]
         self.biases = biases  # D x [H]
+        self._stacks: dict = {}  # depth -> the first depth heads' weights [depth * H, H] and biases, stacked
         # ((r_1, ..., r_d), chance): measured chance that every step of the path is right (None: not measured)
         self.path_accuracy = path_accuracy
 
@@ -62,6 +67,20 @@ class MedusaHeads:
         if self.path_accuracy is None:
             return assumed_chances(depth)
         return tuple(item for item in self.path_accuracy if len(item[0]) <= depth)
+
+    def row_logits(self, runner, features: torch.Tensor, depth: int) -> torch.Tensor:
+        """features [M, H] (pre-norm) -> [depth, M, V] logits of the first `depth` heads at every row, the
+        heads' products as one (their weights stacked once)."""
+        rows, hidden = features.shape
+        weight, bias = self._stacked(depth)  # [depth * H, H], [depth * H]
+        x = runner.final_norm(features)  # [M, H]
+        outs = x[:, None, :] + F.silu(F.linear(x, weight, bias)).view(rows, depth, hidden)  # [M, depth, H]
+        return runner.project(outs.transpose(0, 1).reshape(depth * rows, hidden)).view(depth, rows, -1)
+
+    def _stacked(self, depth: int) -> tuple:
+        if depth not in self._stacks:
+            self._stacks[depth] = (torch.cat(self.weights[:depth]), torch.cat(self.biases[:depth]))
+        return self._stacks[depth]
 
     def logits(self, runner, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head."""
@@ -151,24 +170,44 @@ class MedusaDrafter(Drafter):
         # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
         self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
+        # On the GPU: [N+1, N] the tree drafted from every row of the last verified block (see verified), and
+        # the row whose draft the next round takes once the outcome is known
+        self.early = None
+        self.early_row = None
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
-        self.last_feature = None
+        self.last_feature = self.early = self.early_row = None
+
+    def verified(self, state: DecodeState, features: torch.Tensor) -> None:
+        """Draft from every row of the block behind its verification: the heads run on the GPU while the host
+        reads the outcome, and the next round only picks the accepted row's tree (medusa_draft_rows)."""
+        if not EARLY_HEADS:
+            return
+        tree, flat_index, _ = self._tree(*self._shape(state.config.k), state.device)
+        self.early = medusa_draft_rows(self.target, self.heads, features, tree, flat_index, state.vocab_size)
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.last_feature = commit.last_feature
+        self.early_row = commit.accepted_rows[-1] if self.early is not None else None
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = self.last_feature
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        tree, flat_index, parents = self._tree(self.nodes or 2 * k, min(k, self.heads.count), state.device)
+        tree, flat_index, parents = self._tree(*self._shape(k), state.device)
+        if self.early is not None and self.early_row is not None:
+            tokens, self.early, self.early_row = self.early[self.early_row], None, None
+            return Draft(tokens=tokens, parents=parents)  # tokens [N]
         tokens = medusa_draft(self.target, self.heads, hidden, tree, flat_index, state.vocab_size)
         if tokens is not None:
             return Draft(tokens=tokens, parents=parents)
         head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
+
+    def _shape(self, k: int) -> tuple:
+        """(nodes, heads) of the tree for K = k."""
+        return self.nodes or 2 * k, min(k, self.heads.count)
 
     def _tree(self, nodes: int, heads: int, device) -> tuple:
         key = (nodes, heads, str(device))
