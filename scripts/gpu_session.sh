@@ -5,16 +5,17 @@
 #   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=0 (programmatic launch off)
 #   engine    the engine, drafter and batch GPU tests alone (the defaults)
 #   runtimes  bench runtimes on the synthetic 1B and 7B shapes, HF eager and assisted beside (RUNTIME_SHAPES,
-#             RUNTIME_HF pick others)
+#             RUNTIME_HF pick others; RUNTIME_ENV runs them once per environment setting)
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
 #   methods-ab  bench methods once per environment setting of AB (AB_METHODS: the methods)
+#   methods-k   bench methods at K = MK (default 5) for K_METHODS
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
 #   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
-#   kernels   the step kernels' GPU tests (2,000 fuzz cases)
-#   gemv      scripts/gemv_probe.py: sp_gemv (balanced and dealt rows) against cuBLAS per matrix shape
+#   kernels   the step kernels' GPU tests (KERNEL_FUZZ cases, default 2,000)
+#   gemv      scripts/gemv_probe.py: sp_gemv against cuBLAS per matrix shape, once per setting of GEMV_ENV
 #   shipped-runtimes  bench runtimes on the shipped pair (end to end, TTFT apart), specplay methods only
 #   batch-profile  scripts/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
 #   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
@@ -40,17 +41,24 @@ if has engine; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $ENGINE_TESTS 2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" \
     | tee "$OUT/gpu_tests_engine.log" | tail -6
 fi
-if has runtimes; then
-  for shape in ${RUNTIME_SHAPES:-llama-1b llama-7b}; do
-    timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft --k 4 \
-      --prompts 4 --max-new-tokens 128 --hf ${RUNTIME_HF:-hf-eager,hf-assisted} 2>&1 | grep -v "compiling\|generation_config" \
-      | tee -a "$OUT/runtimes_synthetic.txt" | tail -7
+if has runtimes; then  # RUNTIME_ENV: one run per setting (default: the defaults)
+  for setting in ${RUNTIME_ENV:-SPECPLAY_PDL=1}; do
+    for shape in ${RUNTIME_SHAPES:-llama-1b llama-7b}; do
+      env $setting timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft \
+        --k 4 --prompts 4 --max-new-tokens 128 --hf ${RUNTIME_HF:-hf-eager,hf-assisted} 2>&1 \
+        | grep -v "compiling\|generation_config" | tee -a "$OUT/runtimes_synthetic${RUNTIME_ENV:+_${setting//[^A-Za-z0-9]/_}}.txt" \
+        | tail -7
+    done
   done
 fi
 if has methods; then
   timeout 150 python3 main.py bench methods --device cuda \
     --methods none,draft,ngram,suffix,medusa,eagle,eagle:8,eagle3,eagle3:8,lookahead,layerskip --k 4 --prompts 8 \
     --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu.txt" | tail -14
+fi
+if has methods-k; then  # bench methods at another K (MK, default 5) for K_METHODS
+  timeout 120 python3 main.py bench methods --device cuda --methods ${K_METHODS:-none,eagle3,eagle3:8} --k ${MK:-5} \
+    --prompts 8 --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu_k${MK:-5}.txt" | grep -v "^α" | tail -5
 fi
 if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPLAY_GEMV_ROWS=1 SPECPLAY_GEMV_ROWS=8")
   for setting in ${AB:-SPECPLAY_PDL=1}; do
@@ -88,13 +96,13 @@ if has host; then
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi
 if has kernels; then
-  SPECPLAY_FUZZ_CASES=2000 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
+  SPECPLAY_FUZZ_CASES=${KERNEL_FUZZ:-2000} timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
 fi
-if has gemv; then
-  for blocks in ${GEMV_BLOCKS:-2}; do
-    SPECPLAY_GEMV_BLOCKS=$blocks timeout 120 python3 scripts/gemv_probe.py --rows 1 2>&1 | grep -v "compiling" \
-      | tee "$OUT/gemv_probe_blocks$blocks.txt"
+if has gemv; then  # once per setting of GEMV_ENV (e.g. GEMV_ENV="SPECPLAY_GEMV_AHEAD=0 SPECPLAY_GEMV_AHEAD=2")
+  for setting in ${GEMV_ENV:-SPECPLAY_GEMV_BLOCKS=2}; do
+    env $setting timeout 120 python3 scripts/gemv_probe.py --rows 1 2>&1 | grep -v "compiling" \
+      | tee "$OUT/gemv_probe_${setting//[^A-Za-z0-9]/_}.txt"
   done
 fi
 if has gap; then
