@@ -51,20 +51,20 @@ if has runtimes; then  # RUNTIME_ENV: one run per setting (default: the defaults
     done
   done
 fi
+bench_methods() {  # $1: output file under $OUT, $2: methods, $3: K, $4: lines shown; the environment as set
+  timeout 150 python3 main.py bench methods --device cuda --methods "$2" --k "$3" --prompts 8 --max-new-tokens 128 \
+    2>&1 | grep -v "compiling" | tee "$OUT/$1" | grep -v "^α" | tail -"$4"
+}
 if has methods; then
-  timeout 150 python3 main.py bench methods --device cuda \
-    --methods none,draft,ngram,suffix,medusa,eagle,eagle:8,eagle3,eagle3:8,lookahead,layerskip --k 4 --prompts 8 \
-    --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu.txt" | tail -14
+  bench_methods bench_gpu.txt none,draft,ngram,suffix,medusa,eagle,eagle:8,eagle3,eagle3:8,lookahead,layerskip 4 13
 fi
 if has methods-k; then  # bench methods at another K (MK, default 5) for K_METHODS
-  timeout 120 python3 main.py bench methods --device cuda --methods ${K_METHODS:-none,eagle3,eagle3:8} --k ${MK:-5} \
-    --prompts 8 --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu_k${MK:-5}.txt" | grep -v "^α" | tail -5
+  bench_methods "bench_gpu_k${MK:-5}.txt" "${K_METHODS:-none,eagle3,eagle3:8}" "${MK:-5}" 5
 fi
 if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPLAY_GEMV_ROWS=1 SPECPLAY_GEMV_ROWS=8")
   for setting in ${AB:-SPECPLAY_PDL=1}; do
-    env $setting timeout 150 python3 main.py bench methods --device cuda --methods ${AB_METHODS:-none,draft,eagle3,medusa} \
-      --k 4 --prompts 8 --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/bench_gpu_${setting//[^A-Za-z0-9]/_}.txt" \
-      | grep -v "^α" | tail -6
+    ( export "$setting"; bench_methods "bench_gpu_${setting//[^A-Za-z0-9]/_}.txt" \
+      "${AB_METHODS:-none,draft,eagle3,medusa}" 4 6 )
   done
 fi
 if has batch; then

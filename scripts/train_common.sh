@@ -1,4 +1,8 @@
-# Shared by scripts/train_family_gpu.sh and scripts/train_medusa_gpu.sh (sourced; they set PY, RUN, OUT, LOG).
+# Shared by scripts/train_family_gpu.sh and scripts/train_medusa_gpu.sh (sourced; they set PY, RUN and OUT).
+mkdir -p "$OUT"
+LOG="$OUT/train_log.txt"
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START )); }   # seconds since the script started
 collect() {   # the finished stages' metrics, one JSON object (cheap; run after the pipeline and on exit)
   $PY scripts/stage_metrics.py "$RUN" "$OUT/stage_metrics.json" 2>/dev/null || true
 }

@@ -26,12 +26,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run of this script on a CPU machine (DEVICE=cpu)
 BUDGET_S=${BUDGET_S:-510}     # the whole script's wall clock; the bench runs only in what is left of it
-mkdir -p "$OUT"
-LOG="$OUT/train_log.txt"
-START=$(date +%s)
-elapsed() { echo $(( $(date +%s) - START )); }
-
-source scripts/train_common.sh
+source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
 
 pack() {
   if [ -f "$EXPORT/target/model.safetensors" ] && [ -f "$EXPORT/README.md" ]; then

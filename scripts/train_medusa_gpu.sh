@@ -32,12 +32,7 @@ TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVI
 MEDUSA_BUDGET_S=${MEDUSA_BUDGET_S:-150}
 MEDUSA_STEPS=${MEDUSA_STEPS:-20000}   # above what the budget allows (~35 steps/s on an H200): time ends it
 BUDGET_S=${BUDGET_S:-390}     # the whole script's wall clock; the bench runs only in what is left of it
-mkdir -p "$OUT"
-LOG="$OUT/train_log.txt"
-START=$(date +%s)
-elapsed() { echo $(( $(date +%s) - START )); }
-
-source scripts/train_common.sh
+source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
 
 keep_heads() {   # the export writes straight into $OUT; if it did not run, the medusa stage's own files
   if [ ! -f "$OUT/medusa_heads.safetensors" ] && [ -f "$RUN/medusa/done.json" ]; then

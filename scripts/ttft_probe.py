@@ -18,35 +18,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from profile_e2e import _sync, prefill_ms  # noqa: E402  (scripts/ is this script's first import path)
 
 
 def first_event_ms(decoder, prompt: str, config) -> float:
-    _sync()
+    _sync(decoder.device)
     began = time.perf_counter()
     events = decoder.generate(prompt, config)
     next(events)
-    _sync()
+    _sync(decoder.device)
     elapsed = 1000.0 * (time.perf_counter() - began)
     events.close()
-    return elapsed
-
-
-def prefill_ms(target, ids: list) -> float:
-    import torch
-
-    target.reset()
-    _sync()
-    began = time.perf_counter()
-    target.forward(torch.tensor(ids[:-1], dtype=torch.long, device=target.device))
-    _sync()
-    elapsed = 1000.0 * (time.perf_counter() - began)
-    target.reset()
     return elapsed
 
 
@@ -80,7 +62,7 @@ def main() -> int:
             ids = decoder._encode(prompt)
             first = first_event_ms(decoder, prompt, config)
             again = first_event_ms(decoder, prompt, config)
-            fills = [prefill_ms(decoder.target, ids) for _ in range(2)]
+            fills = [prefill_ms(decoder.target, len(ids) - 1) for _ in range(2)]
             print(f"{len(ids):4d} prompt tokens: first event {first:7.2f} ms, again {again:7.2f} ms; "
                   f"prefill alone {fills[0]:6.2f} / {fills[1]:6.2f} ms")
         fresh = prompts[-1] + "\n    # one more line"

@@ -23,8 +23,8 @@ from engine.runner import to_device
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
-# SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, after the outcome is read (as before
-# MedusaDrafter.verified), for comparisons
+# SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, once the outcome is read (no
+# MedusaDrafter.verified work), for comparisons
 EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
