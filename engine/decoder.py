@@ -5,6 +5,7 @@ baseline is measured exactly like the speculative runs.
 """
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
@@ -23,6 +24,9 @@ from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
+# SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no Drafter.propose_after
+# rounds), for comparisons
+QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 
 
@@ -69,6 +73,9 @@ class _Launched:
     result: object  # kernels' VerifyResult (device tensors)
     uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
     readout: "_QueuedReadout"  # the round's figures, on their way to the host
+    # the round queued behind this one before this one was read, whose launch rolled this block back on the
+    # device (SpeculativeDecoder._launch_after); its block_start is set once this round is read
+    successor: Optional["_Launched"] = None
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
@@ -346,16 +353,19 @@ class SpeculativeDecoder:
 
         if stopped():
             return
-        # plain decoding keeps two rounds in flight: its next input is the last round's next token, still on
-        # the device, and it never rolls a cache back, so a round can be queued before the last one is read
-        ahead = self.pipelined and isinstance(drafter, NoDrafter)
+        # Two rounds in flight where the next round's input can come from the device: plain decoding (its
+        # next input is the last round's next token, and it never rolls a cache back) and drafters that
+        # propose from the device's outcome (Drafter.propose_after: Medusa)
+        ahead = self.pipelined and (isinstance(drafter, NoDrafter) or self._queues_after(drafter))
         inflight = deque([self._launch_round(state, drafter, config)])
         last_end = None
         while True:
             if self.pipelined and round_index > 0 and stopped():  # rounds queued before the stop are dropped
                 return
             if ahead and len(inflight) == 1 and len(generated) + 1 < config.max_new_tokens:
-                inflight.append(self._launch_round(state, drafter, config, inflight[-1].next_token_on_device))
+                successor = self._launch_after(state, drafter, config, inflight[-1])
+                if successor is not None:
+                    inflight.append(successor)
             launched = inflight.popleft()
             round_ = self._read_round(launched)  # the one wait for the GPU
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
@@ -378,23 +388,63 @@ class SpeculativeDecoder:
             round_index += 1
 
     def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig,
-                      first_token: Optional[torch.Tensor] = None) -> "_Launched":
+                      first_token: Optional[torch.Tensor] = None, after: Optional[_Launched] = None
+                      ) -> Optional["_Launched"]:
         """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
-        block's first token [1] on the device when the host does not know it yet (plain decoding ahead)."""
+        block's first token [1] on the device when the host does not know it yet (a round queued after
+        `after`, not yet read); None when the drafter cannot propose from there (see _launch_after)."""
         clock = RoundClock(self.device)
-        draft = drafter.propose(state, config.k)
+        start = None
+        if after is None or not drafter.proposes_after:
+            draft = drafter.propose(state, config.k)
+        else:
+            draft = drafter.propose_after(state, config.k, after.result)
+            latest = after.block_start + 1 + _depth(after.draft)  # the latest row this block can begin at
+            if draft is None or latest + draft.size + 1 > self.target.max_length:
+                return None
+            start = self._roll_back_on_device(after, latest)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
-        logits, features, result, uniforms = self._verify(state, draft, config, first_token)
+        logits, features, result, uniforms = self._verify(state, draft, config, first_token, start)
         readout = self._queue_readout(draft, result, logits, config)
         if self.pipelined:
             drafter.verified(state, features)
         clock.mark()  # verification queued
-        return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
+        launched = _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
+        if start is not None:
+            after.successor = launched
+        return launched
+
+    def _queues_after(self, drafter: Drafter) -> bool:
+        return QUEUE_AFTER and drafter.proposes_after and getattr(self.target, "takes_device_starts", False)
+
+    def _launch_after(self, state, drafter, config, previous: _Launched) -> Optional[_Launched]:
+        """The round after `previous`, queued before `previous` is read, from its outcome still on the device:
+        its next token and, for a drafter that proposes from there (Medusa), the proposal from its accepted
+        row, the target's cache rolled back to its accepted path (compact_on_device) and the block placed
+        at start + 1 + accepted, on the device. None (the round is launched once `previous` is read) when
+        the drafter has nothing queued or the cache might not hold the block."""
+        return self._launch_round(state, drafter, config, previous.next_token_on_device, after=previous)
+
+    def _roll_back_on_device(self, previous: _Launched, latest: int) -> torch.Tensor:
+        """Keep `previous`'s accepted path in the target's cache without reading it: the block's start on
+        the device ([1]) for the round after it. The host's length stays an upper bound (latest) until
+        _commit."""
+        start, result = previous.block_start, previous.result
+        if previous.draft.is_tree:
+            self.target.compact_on_device(start, result.path[0, :latest - start - 1])
+        self.target.rollback(latest)
+        return start + 1 + result.accepted[:1]  # [1]
 
     def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
         """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
-        self._roll_back(launched.draft, outcome, launched.block_start)
+        successor = launched.successor
+        if successor is None:
+            self._roll_back(launched.draft, outcome, launched.block_start)
+        else:  # the successor's launch rolled this block back on the device; its block follows the path
+            successor.block_start = launched.block_start + 1 + outcome.accepted
+            end = successor.block_start + (0 if outcome.finish_reason else successor.draft.size + 1)
+            self.target.rollback(end)
         needs = drafter.needs
         drafter.commit(state, RoundCommit(
             accepted=outcome.accepted, accepted_rows=[0] + [i + 1 for i in outcome.path],
@@ -422,17 +472,19 @@ class SpeculativeDecoder:
             finish_reason=outcome.finish_reason, metrics=round_metrics)
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
-                first_token: Optional[torch.Tensor] = None):
-        """One target forward over [last committed token] + draft, then the verification kernel.
+                first_token: Optional[torch.Tensor] = None, start: Optional[torch.Tensor] = None):
+        """One target forward over [last committed token] + draft, then the verification kernel. start: the
+        block's cache row [1] on the device, when the host has only an upper bound (the cache's length).
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
         last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
-        if draft.tree_block is not None:  # a tree drafted on the device
+        parents = torch.cat([torch.tensor([-1]), draft.parents + 1]) if draft.is_tree else None  # host
+        if start is not None:
+            out = self.target.forward_at(block, parents, start, self.target.length)
+        elif draft.tree_block is not None:  # a tree drafted on the device
             out = self.target.forward(block, tree=draft.tree_block)
-        elif draft.is_tree:
-            out = self.target.forward(block, torch.cat([torch.tensor([-1]), draft.parents + 1]))  # host
         else:
-            out = self.target.forward(block)
+            out = self.target.forward(block, parents)
         logits = out.logits  # [N+1, V]: the target's full distribution, never narrowed to the draft's
         if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
@@ -536,6 +588,16 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
+
+
+def _depth(draft: Draft) -> int:
+    """The longest path a draft can have accepted: its tree's depth, or its chain's length."""
+    if not draft.is_tree:
+        return draft.size
+    depths: list = []
+    for parent in draft.parents.tolist():
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return 1 + max(depths, default=-1)
 
 
 def attention_without_plans() -> None:

@@ -146,6 +146,38 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     assert {"medusa", "medusa_rows"} <= kinds
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_medusa_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, temperature):
+    """bf16 on the decode kernels: a Medusa round queued before the last one is read (its block at a start
+    known on the device only, replayed from the captured tree step; the last block rolled back on the
+    device) gives the rounds of one launched after the read, and it is how every round after the first
+    goes."""
+    from engine import decoder as decoder_module
+
+    decoder = build(tmp_path_factory.mktemp("gpu_medusa_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=48, seed=7,
+                              sampling=SamplingParams(temperature, 0, 0.9))
+
+    def rounds():
+        return [(e.accepted_count, e.emitted_ids, [t.u for t in e.drafted])
+                for e in decoder.generate(PROMPT, config)]
+
+    monkeypatch.setattr(decoder_module, "QUEUE_AFTER", False)
+    alone = rounds()
+    queued = []
+    original = SpeculativeDecoder._roll_back_on_device
+
+    def counted(self, previous, latest):
+        queued.append(latest)
+        return original(self, previous, latest)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_roll_back_on_device", counted)
+    monkeypatch.setattr(decoder_module, "QUEUE_AFTER", True)
+    assert rounds() == alone
+    assert len(queued) >= len(alone) - 1
+    assert decoder.target._graphs, "the tree step was not replayed"
+
+
 def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> list:
     """The rounds (accepted count, emitted ids) with the drafter module's FUSED_ROUND off, then on: equal;
     returns the fused ones."""

@@ -130,6 +130,16 @@ class Drafter(ABC):
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:  # noqa: B027 optional hook
         """The last draft's accepted path was kept and state.tokens extended."""
 
+    # whether propose_after may queue the next round before the last one is read (GPU)
+    proposes_after: ClassVar[bool] = False
+
+    def propose_after(self, state: DecodeState, k: int, result) -> Optional[Draft]:
+        """The draft of the round after one whose outcome is still on the device: result, its kernels'
+        VerifyResult (device tensors); verified() has run for it, commit() has not. Nothing here may wait
+        for the device or change what propose would do (the draft may be discarded); None: propose once the
+        round is read."""
+        return None
+
 
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: an empty draft, so each round emits exactly the target's next token."""

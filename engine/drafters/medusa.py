@@ -205,6 +205,18 @@ class MedusaDrafter(Drafter):
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
 
+    proposes_after = True
+
+    def propose_after(self, state: DecodeState, k: int, result) -> Draft | None:
+        """The accepted row's tree, picked on the device from the early drafts of every row (verified) by the
+        round's outcome: row 0 when nothing was accepted, else the last accepted node's row."""
+        if self.early is None:
+            return None
+        _, _, parents = self._tree(*self._shape(k), state.device)
+        path = torch.cat((result.path.new_full((1,), -1), result.path[0]))  # [N+1]: -1, then the path
+        row = path.index_select(0, result.accepted[:1]) + 1  # [1]
+        return Draft(tokens=self.early.index_select(0, row)[0], parents=parents)  # tokens [N]
+
     def _shape(self, k: int) -> tuple:
         """(nodes, heads) of the tree for K = k."""
         return self.nodes or 2 * k, min(k, self.heads.count)
