@@ -369,6 +369,13 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
     return None if graph is None else graph.run(hidden)
 
 
+def medusa_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+    """features [M, H] (pre-norm) -> tokens [M, N]: row i the tree's tokens drafted from row i's feature."""
+    logits = heads.row_logits(target, features, tree.depth)[:, :, :vocab]  # [depth, M, V]
+    ranked = torch.topk(logits, tree.width, dim=-1).indices  # [depth, M, width]
+    return ranked.permute(1, 0, 2).reshape(features.shape[0], -1)[:, flat_index]  # [M, N]
+
+
 def medusa_draft_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
     """Medusa's proposal from every row of a verified block at once: features [M, H] (pre-norm) -> tokens
     [M, N], row i the tree's tokens drafted from row i's feature. Queued behind the verification, before the
@@ -376,9 +383,7 @@ def medusa_draft_rows(target, heads, features: torch.Tensor, tree, flat_index: t
     rows = features.shape[0]
 
     def propose(block):
-        logits = heads.row_logits(target, block, tree.depth)[:, :, :vocab]  # [depth, M, V]
-        ranked = torch.topk(logits, tree.width, dim=-1).indices  # [depth, M, width]
-        return ranked.permute(1, 0, 2).reshape(rows, -1)[:, flat_index]  # [M, N]
+        return medusa_rows(target, heads, block, tree, flat_index, vocab)
 
     if not ChainGraphs.available(target, 2):
         return propose(features)

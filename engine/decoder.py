@@ -424,7 +424,35 @@ class SpeculativeDecoder:
         row, the target's cache rolled back to its accepted path (compact_on_device) and the block placed
         at start + 1 + accepted, on the device. None (the round is launched once `previous` is read) when
         the drafter has nothing queued or the cache might not hold the block."""
+        if drafter.proposes_after:
+            width = min(TOP_ALTERNATIVES, self.vocab_size)
+            graph = drafter.round_graph(state, config, width)
+            if graph is not None:
+                return self._replay_round(drafter, graph, previous, width)
         return self._launch_round(state, drafter, config, previous.next_token_on_device, after=previous)
+
+    def _replay_round(self, drafter: Drafter, graph, previous: _Launched, width: int) -> Optional[_Launched]:
+        """The round after `previous` as one replay of the drafter's round graph (engine.round_graph), which
+        reads `previous`'s outcome on the device: seeded from it first when `previous` ran apart. The draft
+        phase is empty: the replay's time counts as the verification's."""
+        fed = graph.fed_by is previous
+        latest = previous.block_start + 1 + (graph.depth if fed else _depth(previous.draft))
+        if latest + graph.rows > self.target.max_length:
+            return None
+        clock = RoundClock(self.device)
+        if not fed:
+            graph.seed(previous, drafter)
+        clock.mark()
+        self.target.rollback(latest)
+        graph.graph.replay()
+        self.target.occupy(latest, graph.rows)
+        drafter.replayed(graph)
+        draft = Draft(tokens=graph.tokens[1:], parents=graph.parents)
+        readout = self._copy_readout(graph.values, width, draft)
+        clock.mark()
+        launched = _Launched(clock, draft, latest, graph.logits, graph.hidden, graph.result, None, readout)
+        previous.successor = graph.fed_by = launched
+        return launched
 
     def _roll_back_on_device(self, previous: _Launched, latest: int) -> torch.Tensor:
         """Keep `previous`'s accepted path in the target's cache without reading it: the block's start on
@@ -537,7 +565,12 @@ class SpeculativeDecoder:
         sampling = config.sampling
         temperature = 1.0 if sampling.greedy else sampling.temperature
         width = min(TOP_ALTERNATIVES, logits.shape[-1])
-        values = self.backend.readout(logits, result, draft.tokens, temperature, width)
+        return self._copy_readout(self.backend.readout(logits, result, draft.tokens, temperature, width),
+                                  width, draft)
+
+    def _copy_readout(self, values: torch.Tensor, width: int, draft: Draft) -> _QueuedReadout:
+        """The readout's values (width top alternatives per row; a device tree's parents) queued for pinned
+        host memory."""
         if values.device.type == "cpu":
             return _QueuedReadout(values, width, None, None)
         parents = None

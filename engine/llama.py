@@ -554,11 +554,19 @@ class LlamaRunner(CausalRunner):
         `latest` (the decoder queues a round behind one it has not read). The cache's length becomes
         latest + n; the decoder rolls it back to the real end once it knows it. Rows between the real end
         and latest + n are never visible: the attention's mask ends at the device start's block."""
-        if latest > self._length:
-            raise ValueError(f"a block at row {latest} is past the cache's {self._length} tokens")
-        self._length = latest
+        self.occupy(latest, 0)
         tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
         return self._forward(F.embedding(tokens, self.embed_weight), parents, device_start=start)
+
+    def occupy(self, latest: int, n: int) -> None:
+        """A block of n rows went in at a device start of at most latest (forward_at, a round graph's replay):
+        the length becomes latest + n, an upper bound until the decoder rolls back to the real end."""
+        if latest > self._length:
+            raise ValueError(f"a block at row {latest} is past the cache's {self._length} tokens")
+        if latest + n > self.max_length:
+            raise SpecplayError(f"context full: {latest} cached + {n} new tokens exceed max_length "
+                                f"{self.max_length}")
+        self._length = latest + n
 
     def compact_on_device(self, start: int, path: torch.Tensor) -> None:
         """compact for a tree block at cache row start whose accepted path is on the device only: path [D]

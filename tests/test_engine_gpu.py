@@ -148,11 +148,13 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_medusa_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, temperature):
-    """bf16 on the decode kernels: a Medusa round queued before the last one is read (its block at a start
-    known on the device only, replayed from the captured tree step; the last block rolled back on the
-    device) gives the rounds of one launched after the read, and it is how every round after the first
-    goes."""
+    """bf16 on the decode kernels: a Medusa round queued before the last one is read gives the rounds of one
+    launched after the read. Greedy, it is one replay of the captured round (engine.round_graph), seeded by
+    the first round; op by op (propose_after: its block at a start known on the device only, the last block
+    rolled back on the device) otherwise, and with round graphs off. Every round after the first goes one
+    of these ways."""
     from engine import decoder as decoder_module
+    from engine.drafters import medusa
 
     decoder = build(tmp_path_factory.mktemp("gpu_medusa_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=48, seed=7,
@@ -162,20 +164,32 @@ def test_medusa_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monke
         return [(e.accepted_count, e.emitted_ids, [t.u for t in e.drafted])
                 for e in decoder.generate(PROMPT, config)]
 
+    def counting(name):
+        calls = []
+        original = getattr(SpeculativeDecoder, name)
+
+        def counted(self, *args):
+            calls.append(1)
+            return original(self, *args)
+
+        monkeypatch.setattr(SpeculativeDecoder, name, counted)
+        return calls
+
     monkeypatch.setattr(decoder_module, "QUEUE_AFTER", False)
     alone = rounds()
-    queued = []
-    original = SpeculativeDecoder._roll_back_on_device
-
-    def counted(self, previous, latest):
-        queued.append(latest)
-        return original(self, previous, latest)
-
-    monkeypatch.setattr(SpeculativeDecoder, "_roll_back_on_device", counted)
     monkeypatch.setattr(decoder_module, "QUEUE_AFTER", True)
+    monkeypatch.setattr(medusa, "ROUND_GRAPHS", False)
+    op_by_op = counting("_roll_back_on_device")
+    assert rounds() == alone and len(op_by_op) >= len(alone) - 1
+    monkeypatch.setattr(medusa, "ROUND_GRAPHS", True)
+    replays, ops = counting("_replay_round"), counting("_roll_back_on_device")
     assert rounds() == alone
-    assert len(queued) >= len(alone) - 1
-    assert decoder.target._graphs, "the tree step was not replayed"
+    assert len(replays) + len(ops) >= len(alone) - 1
+    if temperature == 0.0:
+        assert len(replays) >= len(alone) - 2 and not ops
+        assert rounds() == alone  # the next generation reseeds the graph
+    else:
+        assert not replays
 
 
 def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> list:

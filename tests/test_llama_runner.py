@@ -173,6 +173,22 @@ def test_a_block_rolled_back_and_placed_on_the_device_equals_fresh_prefill(model
         runner.forward_at(after, None, start, runner.length + 1)
 
 
+def test_the_round_graphs_path_keeping_is_the_runners(model_dirs):
+    """engine.round_graph.keep_path (start on the device, in a captured round) moves the rows that
+    compact_on_device moves: a path with a gap, padded with -1."""
+    from engine.round_graph import keep_path
+
+    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=64)
+    runner.forward(_tokens(20, seed=25))
+    before = runner.kv.clone()
+    path = torch.tensor([2, 5, -1, -1])
+    runner.compact_on_device(6, path)
+    want = runner.kv.clone()
+    runner.kv.copy_(before)
+    keep_path(runner, torch.tensor([6]), path, torch.arange(4))
+    assert torch.equal(runner.kv, want) and not torch.equal(want, before)
+
+
 def test_rollback_then_forward_equals_fresh_prefill(model_dirs):
     path = model_dirs["qwen2"]
     runner = LlamaRunner.from_pretrained(path, max_length=64)

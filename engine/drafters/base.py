@@ -140,6 +140,15 @@ class Drafter(ABC):
         round is read."""
         return None
 
+    def round_graph(self, state: DecodeState, config, width: int):
+        """A whole round captured as one graph that feeds itself on the device (engine.round_graph), for the
+        rounds queued behind unread ones (width: the readout's top alternatives per row); None: this drafter
+        has none here (they go through propose_after)."""
+        return None
+
+    def replayed(self, graph) -> None:  # noqa: B027 optional hook
+        """A round ran as a replay of round_graph's graph (neither propose nor verified was called)."""
+
 
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: an empty draft, so each round emits exactly the target's next token."""

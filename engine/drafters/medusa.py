@@ -26,6 +26,9 @@ CONFIG_FILE = "medusa_config.json"
 # SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, once the outcome is read (no
 # MedusaDrafter.verified work), for comparisons
 EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
+# SPECPLAY_ROUND_GRAPHS=0 queues a greedy round behind an unread one op by op (propose_after), not as one
+# replay of its captured round (engine.round_graph), for comparisons
+ROUND_GRAPHS = os.environ.get("SPECPLAY_ROUND_GRAPHS", "1") != "0"
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
 RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05)
@@ -216,6 +219,19 @@ class MedusaDrafter(Drafter):
         path = torch.cat((result.path.new_full((1,), -1), result.path[0]))  # [N+1]: -1, then the path
         row = path.index_select(0, result.accepted[:1]) + 1  # [1]
         return Draft(tokens=self.early.index_select(0, row)[0], parents=parents)  # tokens [N]
+
+    def round_graph(self, state: DecodeState, config, width: int):
+        """Greedy rounds as one self-feeding graph replay each (engine.round_graph), where it applies."""
+        if not (EARLY_HEADS and ROUND_GRAPHS and config.sampling.greedy) or self.early is None:
+            return None
+        from engine.round_graph import medusa_round_graph
+
+        tree, flat_index, _ = self._tree(*self._shape(config.k), state.device)
+        return medusa_round_graph(self.target, self.heads, tree, flat_index, state.backend, state.vocab_size,
+                                  width)
+
+    def replayed(self, graph) -> None:
+        self.early = graph.early  # the drafts from the replayed block's rows, for a round launched apart
 
     def _shape(self, k: int) -> tuple:
         """(nodes, heads) of the tree for K = k."""
