@@ -506,13 +506,12 @@ class SpeculativeDecoder:
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
         last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
-        parents = torch.cat([torch.tensor([-1]), draft.parents + 1]) if draft.is_tree else None  # host
-        if start is not None:
-            out = self.target.forward_at(block, parents, start, self.target.length)
-        elif draft.tree_block is not None:  # a tree drafted on the device
+        if draft.tree_block is not None:  # a tree drafted on the device
             out = self.target.forward(block, tree=draft.tree_block)
+        elif start is not None:
+            out = self.target.forward_at(block, _block_parents(draft), start, self.target.length)
         else:
-            out = self.target.forward(block, parents)
+            out = self.target.forward(block, _block_parents(draft))
         logits = out.logits  # [N+1, V]: the target's full distribution, never narrowed to the draft's
         if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
@@ -621,6 +620,12 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
+
+
+def _block_parents(draft: Draft) -> Optional[torch.Tensor]:
+    """A host tree's parents in its verification block ([N+1], row 0 the last committed token), None for a
+    chain."""
+    return torch.cat([torch.tensor([-1]), draft.parents + 1]) if draft.is_tree else None
 
 
 def _depth(draft: Draft) -> int:
