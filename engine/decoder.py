@@ -428,13 +428,15 @@ class SpeculativeDecoder:
             width = min(TOP_ALTERNATIVES, self.vocab_size)
             graph = drafter.round_graph(state, config, width)
             if graph is not None:
-                return self._replay_round(drafter, graph, previous, width)
+                return self._replay_round(state, drafter, graph, previous, width)
         return self._launch_round(state, drafter, config, previous.next_token_on_device, after=previous)
 
-    def _replay_round(self, drafter: Drafter, graph, previous: _Launched, width: int) -> Optional[_Launched]:
+    def _replay_round(self, state, drafter: Drafter, graph, previous: _Launched, width: int
+                      ) -> Optional[_Launched]:
         """The round after `previous` as one replay of the drafter's round graph (engine.round_graph), which
-        reads `previous`'s outcome on the device: seeded from it first when `previous` ran apart. The draft
-        phase is empty: the replay's time counts as the verification's."""
+        reads `previous`'s outcome on the device: seeded from it first when `previous` ran apart. A sampled
+        round's uniforms are drawn here, where _verify draws them, and copied in. The draft phase is empty:
+        the replay's time counts as the verification's."""
         fed = graph.fed_by is previous
         latest = previous.block_start + 1 + (graph.depth if fed else _depth(previous.draft))
         if latest + graph.rows > self.target.max_length:
@@ -442,6 +444,10 @@ class SpeculativeDecoder:
         clock = RoundClock(self.device)
         if not fed:
             graph.seed(previous, drafter)
+        uniforms = None
+        if not state.config.sampling.greedy:
+            uniforms = torch.rand(graph.rows, generator=state.generator)  # CPU copy kept for the event
+            graph.uniforms.copy_(to_device(uniforms, self.device, torch.float32)[None])
         clock.mark()
         self.target.rollback(latest)
         graph.graph.replay()
@@ -450,7 +456,8 @@ class SpeculativeDecoder:
         draft = Draft(tokens=graph.tokens[1:], parents=graph.parents)
         readout = self._copy_readout(graph.values, width, draft)
         clock.mark()
-        launched = _Launched(clock, draft, latest, graph.logits, graph.hidden, graph.result, None, readout)
+        launched = _Launched(clock, draft, latest, graph.logits, graph.hidden, graph.result, uniforms,
+                             readout)
         previous.successor = graph.fed_by = launched
         return launched
 

@@ -1,9 +1,10 @@
-"""A whole speculative round as one CUDA graph that feeds itself on the device: greedy Medusa.
+"""A whole speculative round as one CUDA graph that feeds itself on the device: Medusa's.
 
 A Medusa round queued behind an unread one (SpeculativeDecoder._launch_after) needs nothing from the host: the
 last round's outcome (accepted count, path, next token), the heads' drafts from every row of its block and the
 block's start are on the device. Queued op by op, that round is some forty launches and copies, and on the
-shipped pair the host's share of them took twice a plain round. Captured, a round is one replay:
+shipped pair the host's share of them took twice a plain round. Captured (greedy, or sampled with the round's
+uniforms copied in), a round is one replay:
 
   1. the last block keeps its accepted path in the target's cache (its rows moved down on the device);
   2. the new block: the last next token, then the accepted row's tree;
@@ -25,10 +26,13 @@ from engine.runner import graph_capture
 
 
 class MedusaRoundGraph:
-    """One greedy Medusa round at a fixed tree: graph.replay() runs it; its outputs (tokens, hidden, logits,
-    result, values) are static tensors that the next replay overwrites."""
+    """One Medusa round at a fixed tree (greedy or sampled): graph.replay() runs it; its outputs (tokens,
+    hidden, logits, result, values) are static tensors that the next replay overwrites."""
 
-    def __init__(self, target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int):
+    def __init__(self, target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,
+                 warp: Optional[tuple] = None):
+        """warp: (temperature, top_k, top_p) for sampled rounds (recursive rejection sampling with the
+        uniforms the host copies into `uniforms` before each replay), None for greedy ones."""
         device, n = target.device, len(tree.parents)
         self.target, self.depth, self.nodes = target, tree.depth, n
         self.parents = torch.tensor(tree.parents, dtype=torch.long)  # [N] host, for the events
@@ -40,6 +44,7 @@ class MedusaRoundGraph:
         self.early = torch.zeros(n + 1, n, dtype=torch.long, device=device)  # [N+1, N]
         # a start past the cache's end for the warm-up and the capture: they write only free rows
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
+        self.uniforms = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
         self.fed_by = None  # the launched round whose outcome the buffers hold (see seed)
         block_depth, block_visible = target._tree_block(self.block_parents)
         tree_parents = self.parents.to(device)  # [N]
@@ -54,8 +59,12 @@ class MedusaRoundGraph:
             start = self.start + 1 + self.accepted  # [1]
             x = F.embedding(tokens, target.embed_weight)  # [N+1, H]
             hidden, logits = target._block_step(x, start, block_depth, block_visible, 0)
-            result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
-            values = backend.readout(logits, result, tokens[1:], 1.0, width)
+            if warp is None:
+                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
+            else:  # one-hot q: Medusa's tokens are its heads' top ranks
+                result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
+                                                        self.uniforms, *warp)
+            values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
             early = medusa_rows(target, heads, hidden, tree, flat_index, vocab)  # [N+1, N]
             self.accepted.copy_(result.accepted[:1])
             self.path.copy_(result.path[0])
@@ -100,8 +109,8 @@ def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tenso
     target.kv.index_copy_(3, start + 1 + rows, target.kv.index_select(3, source))
 
 
-def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, vocab: int,
-                       width: int) -> Optional[MedusaRoundGraph]:
+def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,
+                       warp: Optional[tuple] = None) -> Optional[MedusaRoundGraph]:
     """The captured round for this tree, built on first use and kept with the target's graphs; None where it
     does not apply: no graphs, no decode path for the block, no compiled kernels, or too little free cache
     for the capture's rows."""
@@ -110,7 +119,7 @@ def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, v
         return None
     if target.length + 1 + tree.depth + n > target.max_length:
         return None
-    key = ("medusa_round", id(heads), tree, vocab, width)
+    key = ("medusa_round", id(heads), tree, vocab, width, warp)
     return ChainGraphs.of(target).get(
-        key, lambda: MedusaRoundGraph(target, heads, tree, flat_index, backend, vocab, width))
+        key, lambda: MedusaRoundGraph(target, heads, tree, flat_index, backend, vocab, width, warp))
 

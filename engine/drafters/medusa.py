@@ -221,14 +221,16 @@ class MedusaDrafter(Drafter):
         return Draft(tokens=self.early.index_select(0, row)[0], parents=parents)  # tokens [N]
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """Greedy rounds as one self-feeding graph replay each (engine.round_graph), where it applies."""
-        if not (EARLY_HEADS and ROUND_GRAPHS and config.sampling.greedy) or self.early is None:
+        """Rounds as one self-feeding graph replay each (engine.round_graph), where it applies."""
+        if not (EARLY_HEADS and ROUND_GRAPHS) or self.early is None:
             return None
         from engine.round_graph import medusa_round_graph
 
         tree, flat_index, _ = self._tree(*self._shape(config.k), state.device)
+        s = config.sampling
+        warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
         return medusa_round_graph(self.target, self.heads, tree, flat_index, state.backend, state.vocab_size,
-                                  width)
+                                  width, warp)
 
     def replayed(self, graph) -> None:
         self.early = graph.early  # the drafts from the replayed block's rows, for a round launched apart
