@@ -240,7 +240,7 @@ def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[Ch
     return ChainGraphs.of(runner).get(key, build)
 
 
-def _eagle_chain(head, feature: torch.Tensor, start: torch.Tensor, k: int, kv: int, vocab: int,
+def eagle_chain_steps(head, feature: torch.Tensor, start: torch.Tensor, k: int, kv: int, vocab: int,
                  sampling: Optional[ChainSampling], u: torch.Tensor):
     """k tokens of an EAGLE chain from the predicted feature [1, H] after the root: token i is drawn from the
     target's head on feature i; feature i+1 comes from one head step on (feature i, token i) at cache row
@@ -257,7 +257,7 @@ def _eagle_chain(head, feature: torch.Tensor, start: torch.Tensor, k: int, kv: i
 
 def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
                 uniforms: Optional[torch.Tensor] = None):
-    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root (_eagle_chain) as one
+    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root (eagle_chain_steps) as one
     graph. The head's runner shares the target's final norm and LM head, so its step's logits are the next
     token's logits (no second LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k],
     q [k, V] or None) or None."""
@@ -272,7 +272,7 @@ def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optio
         u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
         def chain(feature, start, u):
-            return _eagle_chain(head, feature, start, k, kv, vocab, sampling, u)
+            return eagle_chain_steps(head, feature, start, k, kv, vocab, sampling, u)
 
         return CapturedChain(chain, (feature_in, start, u_in), device, graph_pool(runner))
 
@@ -292,7 +292,7 @@ def eagle_round_body(head, features: torch.Tensor, tokens: torch.Tensor, start: 
     rows start..start+n-1, then the k-token chain from the last predicted feature. kv: the attention width
     (0 on the decode path, which reads start on the device). Returns (tokens [k], q [k, V] or None)."""
     predicted = head_step(head, features, tokens, start, kv)  # [n, H]
-    return _eagle_chain(head, predicted[-1:], start + tokens.shape[0], k, kv, vocab, sampling, u)
+    return eagle_chain_steps(head, predicted[-1:], start + tokens.shape[0], k, kv, vocab, sampling, u)
 
 
 def head_step(head, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor,

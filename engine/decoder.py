@@ -76,6 +76,7 @@ class _Launched:
     # the round queued behind this one before this one was read, whose launch rolled this block back on the
     # device (SpeculativeDecoder._launch_after); its block_start is set once this round is read
     successor: Optional["_Launched"] = None
+    replayed: bool = False  # a round graph's replay (_replay_round)
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
@@ -393,15 +394,16 @@ class SpeculativeDecoder:
         """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
         block's first token [1] on the device when the host does not know it yet (a round queued after
         `after`, not yet read); None when the drafter cannot propose from there (see _launch_after)."""
-        clock = RoundClock(self.device)
         start = None
         if after is None or not drafter.proposes_after:
+            clock = RoundClock(self.device)
             draft = drafter.propose(state, config.k)
         else:
             draft = drafter.propose_after(state, config.k, after.result)
             latest = after.block_start + 1 + _depth(after.draft)  # the latest row this block can begin at
             if draft is None or latest + draft.size + 1 > self.target.max_length:
                 return None
+            clock = RoundClock(self.device)  # the draft phase: the roll back (propose_after: a few launches)
             start = self._roll_back_on_device(after, latest)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
@@ -444,10 +446,7 @@ class SpeculativeDecoder:
         clock = RoundClock(self.device)
         if not fed:
             graph.seed(previous, drafter)
-        uniforms = None
-        if not state.config.sampling.greedy:
-            uniforms = torch.rand(graph.rows, generator=state.generator)  # CPU copy kept for the event
-            graph.uniforms.copy_(to_device(uniforms, self.device, torch.float32)[None])
+        uniforms = None if state.config.sampling.greedy else graph.draw_uniforms(state)  # [N+1] host
         clock.mark()
         self.target.rollback(latest)
         graph.graph.replay()
@@ -456,8 +455,9 @@ class SpeculativeDecoder:
         draft = Draft(tokens=graph.tokens[1:], parents=graph.parents)
         readout = self._copy_readout(graph.values, width, draft)
         clock.mark()
-        launched = _Launched(clock, draft, latest, graph.logits, graph.hidden, graph.result, uniforms,
+        launched = _Launched(clock, draft, latest, graph.logits, graph.features, graph.result, uniforms,
                              readout)
+        launched.replayed = True
         previous.successor = graph.fed_by = launched
         return launched
 
@@ -486,7 +486,8 @@ class SpeculativeDecoder:
             draft_tokens=round_.draft_tokens,
             block_features=launched.features if needs.block_features else None,
             block_logits=launched.logits if needs.block_logits else None,
-            block_argmax=[row[0] for row in round_.top_i] if needs.block_argmax else None))
+            block_argmax=[row[0] for row in round_.top_i] if needs.block_argmax else None,
+            fed_ahead=successor is not None and successor.replayed))
 
     def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
         draft = launched.draft

@@ -1,18 +1,26 @@
-"""A whole speculative round as one CUDA graph that feeds itself on the device: Medusa's.
+"""A whole speculative round as one CUDA graph that feeds itself on the device: Medusa's and EAGLE's chain.
 
-A Medusa round queued behind an unread one (SpeculativeDecoder._launch_after) needs nothing from the host: the
-last round's outcome (accepted count, path, next token), the heads' drafts from every row of its block and the
-block's start are on the device. Queued op by op, that round is some forty launches and copies, and on the
-shipped pair the host's share of them took twice a plain round. Captured (greedy, or sampled with the round's
-uniforms copied in), a round is one replay:
+A round queued behind an unread one (SpeculativeDecoder._launch_after) can need nothing from the host: the
+last round's outcome (accepted count, path, next token), what the drafter made of its block (Medusa: the
+heads' drafts from every row; EAGLE: the block's features, to feed its head) and the block's start are on the
+device. Queued op by op, a Medusa round is some forty launches and copies, and on the shipped pair the host's
+share of them took twice a plain round. Captured (greedy, or sampled with the round's uniforms copied in), a
+round is one replay:
 
-  1. the last block keeps its accepted path in the target's cache (its rows moved down on the device);
-  2. the new block: the last next token, then the accepted row's tree;
-  3. the target's step over the block (decode path), the tree verification, the event's readout;
-  4. the heads' drafts from every row of the new block;
-  5. the outcome, the drafts and the new start become the next replay's inputs (the graph's own buffers).
+  Medusa: 1. the last block keeps its accepted path in the target's cache (its rows moved down on the
+  device); 2. the new block: the last next token, then the accepted row's tree; 3. the target's step over the
+  block (decode path), the tree verification, the event's readout; 4. the heads' drafts from every row of the
+  new block.
+  EAGLE (a chain of K): 1. the head reads the last block's K+1 rows (features, each row's next token) at its
+  true length; the rows past the accepted ones are stray, and the chain, drafted from the last accepted row's
+  prediction, writes over them; 2. the block [next token] + chain after the accepted path (a chain keeps its
+  prefix in place); 3. as Medusa's.
+  Then the outcome, the drafts or features and the new starts become the next replay's inputs (the graph's own
+  buffers).
 
 The buffers are seeded from a round that ran without the graph (seed) before the first replay after it.
+EAGLE's head reads K+1 rows where a round launched apart reads the accepted ones only, so its products may
+round differently there; the verification keeps the output lossless either way.
 """
 from __future__ import annotations
 
@@ -21,18 +29,56 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import ChainGraphs, graph_pool, medusa_rows
-from engine.runner import graph_capture
+from engine.chain_graph import ChainGraphs, eagle_chain_steps, graph_pool, head_step, medusa_rows
+from engine.runner import graph_capture, to_device
 
 
-class MedusaRoundGraph:
-    """One Medusa round at a fixed tree (greedy or sampled): graph.replay() runs it; its outputs (tokens,
-    hidden, logits, result, values) are static tensors that the next replay overwrites."""
+class RoundGraph:
+    """A captured round: graph.replay() runs it; its outputs (tokens [N+1] of the block, features, logits,
+    result, values: the readout) are static tensors that the next replay overwrites. Subclasses set the
+    buffers and `depth` (the longest path a round can accept) and call _capture(round_)."""
+
+    depth: int
+    nodes: int
+    parents: Optional[torch.Tensor] = None  # [N] host, a tree's; None for a chain
+
+    @property
+    def rows(self) -> int:
+        return self.nodes + 1
+
+    def _capture(self, target, round_) -> None:
+        self._round = round_  # keeps alive what the graph reads
+        device = target.device
+        self.fed_by = None  # the launched round whose outcome the buffers hold (see seed)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            round_()  # warm-up outside the capture (cuBLAS workspaces, lazy kernels)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with graph_capture(self.graph, graph_pool(target)):
+            self.tokens, self.features, self.logits, self.result, self.values = round_()
+
+    def _seed_outcome(self, launched) -> None:
+        self.accepted.copy_(launched.result.accepted[:1])
+        self.next_token.copy_(launched.next_token_on_device)
+        self.start.fill_(launched.block_start)
+
+    def draw_uniforms(self, state) -> torch.Tensor:
+        """A sampled round's uniforms, drawn from the run's generator where a round launched apart draws them
+        and copied in; returns the verification's on the host (the event's)."""
+        uniforms = torch.rand(self.rows, generator=state.generator)
+        self.verify_u.copy_(to_device(uniforms, self.target.device, torch.float32)[None])
+        return uniforms
+
+
+class MedusaRoundGraph(RoundGraph):
+    """One Medusa round at a fixed tree (greedy or sampled)."""
 
     def __init__(self, target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,
                  warp: Optional[tuple] = None):
         """warp: (temperature, top_k, top_p) for sampled rounds (recursive rejection sampling with the
-        uniforms the host copies into `uniforms` before each replay), None for greedy ones."""
+        uniforms copied into `verify_u` before each replay), None for greedy ones."""
         device, n = target.device, len(tree.parents)
         self.target, self.depth, self.nodes = target, tree.depth, n
         self.parents = torch.tensor(tree.parents, dtype=torch.long)  # [N] host, for the events
@@ -44,8 +90,7 @@ class MedusaRoundGraph:
         self.early = torch.zeros(n + 1, n, dtype=torch.long, device=device)  # [N+1, N]
         # a start past the cache's end for the warm-up and the capture: they write only free rows
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
-        self.uniforms = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
-        self.fed_by = None  # the launched round whose outcome the buffers hold (see seed)
+        self.verify_u = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
         block_depth, block_visible = target._tree_block(self.block_parents)
         tree_parents = self.parents.to(device)  # [N]
         minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
@@ -57,13 +102,13 @@ class MedusaRoundGraph:
             row = path.index_select(0, self.accepted) + 1  # [1]
             tokens = torch.cat((self.next_token, self.early.index_select(0, row)[0]))  # [N+1]
             start = self.start + 1 + self.accepted  # [1]
-            x = F.embedding(tokens, target.embed_weight)  # [N+1, H]
-            hidden, logits = target._block_step(x, start, block_depth, block_visible, 0)
+            hidden, logits = target._block_step(F.embedding(tokens, target.embed_weight), start, block_depth,
+                                                block_visible, 0)  # [N+1, H], [N+1, V]
             if warp is None:
                 result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
             else:  # one-hot q: Medusa's tokens are its heads' top ranks
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
-                                                        self.uniforms, *warp)
+                                                        self.verify_u, *warp)
             values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
             early = medusa_rows(target, heads, hidden, tree, flat_index, vocab)  # [N+1, N]
             self.accepted.copy_(result.accepted[:1])
@@ -73,32 +118,82 @@ class MedusaRoundGraph:
             self.start.copy_(start)
             return tokens, hidden, logits, result, values
 
-        self._round = round_  # keeps alive what the graph reads
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            round_()  # warm-up outside the capture (cuBLAS workspaces, lazy kernels)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with graph_capture(self.graph, graph_pool(target)):
-            self.tokens, self.hidden, self.logits, self.result, self.values = round_()
-
-    @property
-    def rows(self) -> int:
-        return self.nodes + 1
+        self._capture(target, round_)
 
     def seed(self, launched, drafter) -> None:
         """Take a round launched without the graph as the next replay's last round: its outcome (device),
         the drafts from its rows (the Medusa drafter's early [rows, N]) and its block's start."""
-        result, early = launched.result, drafter.early
-        self.accepted.copy_(result.accepted[:1])
-        if result.path.shape[-1] == self.nodes:
-            self.path.copy_(result.path[0])
+        self._seed_outcome(launched)
+        if launched.result.path.shape[-1] == self.nodes:
+            self.path.copy_(launched.result.path[0])
         else:  # an empty draft: nothing to keep
             self.path.fill_(-1)
-        self.next_token.copy_(launched.next_token_on_device)
-        self.early[:early.shape[0]].copy_(early)
-        self.start.fill_(launched.block_start)
+        self.early[:drafter.early.shape[0]].copy_(drafter.early)
+
+
+class EagleRoundGraph(RoundGraph):
+    """One round of EAGLE's (or EAGLE-3's) chain of K, greedy or sampled (sampling: the run's ChainSampling,
+    the draft's uniforms and the verification's copied in before each replay)."""
+
+    def __init__(self, target, head, k: int, backend, vocab: int, width: int, sampling=None):
+        device = target.device
+        self.target, self.depth, self.nodes = target, k, k
+        taps = len(target.tap_layers) or 1
+        self.accepted = torch.zeros(1, dtype=torch.long, device=device)
+        self.next_token = torch.zeros(1, dtype=torch.long, device=device)
+        self.draft = torch.zeros(k, dtype=torch.long, device=device)  # the last block's chain
+        # the last block's features (the tap layers' side by side for EAGLE-3) [K+1, F]
+        self.block_features = torch.zeros(k + 1, taps * target.spec.hidden_size, dtype=target.dtype,
+                                          device=device)
+        # starts past both caches' ends for the warm-up and the capture: they write only free rows
+        self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
+        self.head_start = torch.full((1,), head.runner.length, dtype=torch.long, device=device)
+        self.draft_u = torch.zeros(k, dtype=torch.float32, device=device)
+        self.verify_u = torch.zeros(1, k + 1, dtype=torch.float32, device=device)
+        depth, visible = target._chain_block(k + 1)
+
+        def round_():
+            accepted = self.accepted
+            # row i's next token: the chain's token i while accepted, the next token at the last accepted row
+            feed = torch.cat((self.draft, self.next_token)).scatter(0, accepted, self.next_token)  # [K+1]
+            predicted = head_step(head, self.block_features, feed, self.head_start, 0)  # [K+1, H]
+            root = predicted.index_select(0, accepted)  # [1, H]: the last accepted row's prediction
+            chain, q = eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, 0, vocab, sampling,
+                                         self.draft_u)  # [K], [K, V] or None
+            tokens = torch.cat((self.next_token, chain))  # [K+1]
+            start = self.start + 1 + accepted  # [1]
+            x = F.embedding(tokens, target.embed_weight)  # [K+1, H]
+            hidden, logits = target._block_step(x, start, depth, visible, 0)  # [K+1, H], [K+1, V]
+            features = target.last_taps if target.tap_layers else hidden
+            if sampling is None:
+                result = backend.verify_chain_greedy(logits[None], chain[None])
+            else:
+                result = backend.verify_chain_stochastic(logits[None], chain[None], q[None], self.verify_u,
+                                                         *sampling.key)
+            temperature = 1.0 if sampling is None else sampling.key[0]
+            values = backend.readout(logits, result, chain, temperature, width)
+            self.head_start.copy_(self.head_start + 1 + accepted)  # the head read the accepted rows
+            self.accepted.copy_(result.accepted[:1])
+            self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+            self.draft.copy_(chain)
+            self.block_features.copy_(features)
+            self.start.copy_(start)
+            return tokens, features, logits, result, values
+
+        self._capture(target, round_)
+
+    def seed(self, launched, drafter) -> None:
+        """Take a round launched without the graph as the next replay's last round: its outcome, chain and
+        features (device), its block's start and the head's true length (the drafter's)."""
+        self._seed_outcome(launched)
+        drafted, features = launched.draft.tokens, launched.features
+        self.draft[:drafted.numel()].copy_(drafted)
+        self.block_features[:features.shape[0]].copy_(features)
+        self.head_start.fill_(drafter.true_length)
+
+    def draw_uniforms(self, state) -> torch.Tensor:
+        self.draft_u.copy_(state.uniforms(self.nodes))  # drawn first, as a round's propose draws them
+        return super().draw_uniforms(state)
 
 
 def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tensor) -> None:
@@ -122,4 +217,21 @@ def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, v
     key = ("medusa_round", id(heads), tree, vocab, width, warp)
     return ChainGraphs.of(target).get(
         key, lambda: MedusaRoundGraph(target, heads, tree, flat_index, backend, vocab, width, warp))
+
+
+def eagle_round_graph(target, head, k: int, backend, vocab: int, width: int,
+                      sampling=None) -> Optional[EagleRoundGraph]:
+    """The captured chain round at K for this head, built on first use and kept with the target's graphs;
+    None where it does not apply (as for Medusa's, and the head's step must be on its decode path too)."""
+    rows = k + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and head.runner._decode_path(rows)):
+        return None
+    if target.length + 1 + k + rows > target.max_length:
+        return None
+    if head.runner.length + 2 * rows > head.runner.max_length:
+        return None
+    key = ("eagle_round", id(head), k, vocab, width, None if sampling is None else sampling.key)
+    return ChainGraphs.of(target).get(key, lambda: EagleRoundGraph(target, head, k, backend, vocab, width,
+                                                                   sampling))
 

@@ -53,14 +53,32 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
     assert spec == plain
 
 
-@pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0)])
-def test_bf16_sampling_is_lossless(tmp_path_factory, method, nodes):
+@pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
+                                          ("medusa", 0)])
+def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
+    """bf16 on the decode kernels, chi-squared of the first two tokens. Medusa's and the EAGLE chains' second
+    round is often a replay of their round graph (engine.round_graph), queued behind the first."""
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
     assert decoder.pair.target.decode_kernels is not None
+    replays = _count_calls(monkeypatch, "_replay_round")
     config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
                               seed=1000)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=1000)
     assert report.passed, report
+    assert (len(replays) > 0) == (method in ("eagle", "eagle3", "medusa") and nodes == 0)
+
+
+def _count_calls(monkeypatch, name: str) -> list:
+    """SpeculativeDecoder.<name> counted: the list grows by one per call."""
+    calls = []
+    original = getattr(SpeculativeDecoder, name)
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(SpeculativeDecoder, name, counted)
+    return calls
 
 
 @pytest.fixture(scope="module")
@@ -164,25 +182,15 @@ def test_medusa_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monke
         return [(e.accepted_count, e.emitted_ids, [t.u for t in e.drafted])
                 for e in decoder.generate(PROMPT, config)]
 
-    def counting(name):
-        calls = []
-        original = getattr(SpeculativeDecoder, name)
-
-        def counted(self, *args):
-            calls.append(1)
-            return original(self, *args)
-
-        monkeypatch.setattr(SpeculativeDecoder, name, counted)
-        return calls
-
     monkeypatch.setattr(decoder_module, "QUEUE_AFTER", False)
     alone = rounds()
     monkeypatch.setattr(decoder_module, "QUEUE_AFTER", True)
     monkeypatch.setattr(medusa, "ROUND_GRAPHS", False)
-    op_by_op = counting("_roll_back_on_device")
+    op_by_op = _count_calls(monkeypatch, "_roll_back_on_device")
     assert rounds() == alone and len(op_by_op) >= len(alone) - 1
     monkeypatch.setattr(medusa, "ROUND_GRAPHS", True)
-    replays, ops = counting("_replay_round"), counting("_roll_back_on_device")
+    replays = _count_calls(monkeypatch, "_replay_round")
+    ops = _count_calls(monkeypatch, "_roll_back_on_device")
     assert rounds() == alone
     assert len(replays) >= len(alone) - 2 and not ops
     assert rounds() == alone  # the next generation reseeds the graph
@@ -237,6 +245,7 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
+    monkeypatch.setattr(eagle, "ROUND_GRAPHS", False)  # the rounds launched once the last is read
 
     fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
     head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
@@ -249,6 +258,29 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_eagle_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, k):
+    """bf16 on the decode kernels: EAGLE's (and EAGLE-3's) chain round queued behind an unread one is one
+    replay of its round graph (engine.round_graph.EagleRoundGraph): the head reads the last block's K+1 rows
+    on the device, the chain and the target's block follow the accepted path. Greedy output equals plain
+    decoding with the replays and without them, every round after the first two is a replay, and the next
+    generation reseeds the graph."""
+    import engine.drafters.eagle as eagle
+
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_replay"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=k, max_new_tokens=48)
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    replays = _count_calls(monkeypatch, "_replay_round")
+    monkeypatch.setattr(eagle, "ROUND_GRAPHS", False)
+    assert decoder.generate_ids(PROMPT, config) == plain and not replays
+    monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
+    events = list(decoder.generate(PROMPT, config))
+    assert [t for e in events for t in e.emitted_ids] == plain
+    assert len(replays) >= len(events) - 2 and sum(e.accepted_count for e in events) > 0
+    assert decoder.generate_ids(PROMPT, config) == plain
+
+
 def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
     """An EAGLE tree reaches the verification with its parents and block on the device (no mid-round copy),
     and its rounds are the rounds of the tree copied to the host (a target without device trees)."""

@@ -103,6 +103,9 @@ class RoundCommit:
     block_features: Optional[torch.Tensor] = None
     block_logits: Optional[torch.Tensor] = None  # [N+1, V] the target's logits (if needed)
     block_argmax: Optional[list] = None  # [N+1] the target's most likely token at each row (if needed)
+    # the round after this one, queued already, was a round graph's replay: it took this round's outcome on
+    # the device, and fed the drafter (EAGLE's head) the accepted rows there
+    fed_ahead: bool = False
 
     @property
     def last_feature(self) -> Optional[torch.Tensor]:

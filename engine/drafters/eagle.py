@@ -52,6 +52,9 @@ TIE_BREAK = 1e-4
 # SPECPLAY_FUSED_DRAFT=0 steps the head over the committed positions and drafts the chain as two graphs (as
 # before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
+# SPECPLAY_ROUND_GRAPHS=0 launches a chain's round only once the last one is read, not as one replay of its
+# captured round queued behind it (engine.round_graph), for comparisons
+ROUND_GRAPHS = os.environ.get("SPECPLAY_ROUND_GRAPHS", "1") != "0"
 
 
 @dataclass
@@ -191,6 +194,20 @@ class EagleDrafter(Drafter):
                 return Draft(tokens=drafted[0], probs=drafted[1])
         return self._chain(state, self._step(pending.committed_features(), tokens), k, sampling, uniforms)
 
+    # the round after an unread one may be a replay of the chain's round graph (round_graph)
+    proposes_after = True
+
+    def round_graph(self, state: DecodeState, config, width: int):
+        """A chain's rounds as one self-feeding graph replay each (engine.round_graph.EagleRoundGraph),
+        where the fused round applies; trees and a one-token prompt's first rounds go apart."""
+        sampling = chain_sampling(state)
+        if not (ROUND_GRAPHS and self._fuses(sampling)) or self.true_length == 0:
+            return None
+        from engine.round_graph import eagle_round_graph
+
+        return eagle_round_graph(self.target, self.head, config.k, state.backend, state.vocab_size, width,
+                                 sampling)
+
     def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the head the committed positions (raw features [n, F], next tokens [n]); returns the
         predicted feature [1, H] of the position after the root."""
@@ -238,6 +255,11 @@ class EagleDrafter(Drafter):
         return Draft(tokens=tokens, parents=parents.cpu())
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        if commit.fed_ahead:  # the replayed round after this one fed the head these rows on the device
+            self.true_length += len(commit.accepted_rows)
+            self.head.runner._length = self.true_length  # the host's view; the chain's rows lie past it
+            self.pending = None
+            return
         self.head.runner.rollback(self.true_length)
         rows = commit.accepted_rows  # block rows of the root and the accepted path
         start = len(state.tokens) - len(rows)  # state.tokens index of the first token after the root
