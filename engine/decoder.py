@@ -449,7 +449,7 @@ class SpeculativeDecoder:
         uniforms = None if state.config.sampling.greedy else graph.draw_uniforms(state)  # [N+1] host
         clock.mark()
         self.target.rollback(latest)
-        graph.graph.replay()
+        graph.replay()
         self.target.occupy(latest, graph.rows)
         drafter.replayed(graph)
         draft = Draft(tokens=graph.tokens[1:], parents=graph.parents)

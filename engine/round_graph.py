@@ -34,7 +34,7 @@ from engine.runner import graph_capture, to_device
 
 
 class RoundGraph:
-    """A captured round: graph.replay() runs it; its outputs (tokens [N+1] of the block, features, logits,
+    """A captured round: replay() runs it; its outputs (tokens [N+1] of the block, features, logits,
     result, values: the readout) are static tensors that the next replay overwrites. Subclasses set the
     buffers and `depth` (the longest path a round can accept) and call _capture(round_)."""
 
@@ -47,9 +47,13 @@ class RoundGraph:
         return self.nodes + 1
 
     def _capture(self, target, round_) -> None:
+        """Capture round_ on CUDA; elsewhere replay() runs it eagerly (what the CPU tests drive)."""
         self._round = round_  # keeps alive what the graph reads
         device = target.device
         self.fed_by = None  # the launched round whose outcome the buffers hold (see seed)
+        self.graph = None
+        if device.type != "cuda":
+            return
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -58,6 +62,12 @@ class RoundGraph:
         self.graph = torch.cuda.CUDAGraph()
         with graph_capture(self.graph, graph_pool(target)):
             self.tokens, self.features, self.logits, self.result, self.values = round_()
+
+    def replay(self) -> None:
+        if self.graph is None:
+            self.tokens, self.features, self.logits, self.result, self.values = self._round()
+        else:
+            self.graph.replay()
 
     def _seed_outcome(self, launched) -> None:
         self.accepted.copy_(launched.result.accepted[:1])
@@ -92,6 +102,7 @@ class MedusaRoundGraph(RoundGraph):
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
         self.verify_u = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
         block_depth, block_visible = target._tree_block(self.block_parents)
+        kv = _kv(target, n + 1)
         tree_parents = self.parents.to(device)  # [N]
         minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
         rows = target._arange[:self.depth]  # [D]
@@ -103,7 +114,7 @@ class MedusaRoundGraph(RoundGraph):
             tokens = torch.cat((self.next_token, self.early.index_select(0, row)[0]))  # [N+1]
             start = self.start + 1 + self.accepted  # [1]
             hidden, logits = target._block_step(F.embedding(tokens, target.embed_weight), start, block_depth,
-                                                block_visible, 0)  # [N+1, H], [N+1, V]
+                                                block_visible, kv)  # [N+1, H], [N+1, V]
             if warp is None:
                 result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
             else:  # one-hot q: Medusa's tokens are its heads' top ranks
@@ -151,19 +162,20 @@ class EagleRoundGraph(RoundGraph):
         self.draft_u = torch.zeros(k, dtype=torch.float32, device=device)
         self.verify_u = torch.zeros(1, k + 1, dtype=torch.float32, device=device)
         depth, visible = target._chain_block(k + 1)
+        kv, head_kv = _kv(target, k + 1), _kv(head.runner, k + 1)
 
         def round_():
             accepted = self.accepted
             # row i's next token: the chain's token i while accepted, the next token at the last accepted row
             feed = torch.cat((self.draft, self.next_token)).scatter(0, accepted, self.next_token)  # [K+1]
-            predicted = head_step(head, self.block_features, feed, self.head_start, 0)  # [K+1, H]
+            predicted = head_step(head, self.block_features, feed, self.head_start, head_kv)  # [K+1, H]
             root = predicted.index_select(0, accepted)  # [1, H]: the last accepted row's prediction
-            chain, q = eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, 0, vocab, sampling,
-                                         self.draft_u)  # [K], [K, V] or None
+            chain, q = eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, head_kv, vocab,
+                                         sampling, self.draft_u)  # [K], [K, V] or None
             tokens = torch.cat((self.next_token, chain))  # [K+1]
             start = self.start + 1 + accepted  # [1]
             x = F.embedding(tokens, target.embed_weight)  # [K+1, H]
-            hidden, logits = target._block_step(x, start, depth, visible, 0)  # [K+1, H], [K+1, V]
+            hidden, logits = target._block_step(x, start, depth, visible, kv)  # [K+1, H], [K+1, V]
             features = target.last_taps if target.tap_layers else hidden
             if sampling is None:
                 result = backend.verify_chain_greedy(logits[None], chain[None])
@@ -194,6 +206,12 @@ class EagleRoundGraph(RoundGraph):
     def draw_uniforms(self, state) -> torch.Tensor:
         self.draft_u.copy_(state.uniforms(self.nodes))  # drawn first, as a round's propose draws them
         return super().draw_uniforms(state)
+
+
+def _kv(runner, rows: int) -> int:
+    """The attention width a round's step of `rows` rows is built for: 0 on the decode path (it reads the
+    block's start on the device), else the whole cache (the mask hides what lies past the block)."""
+    return 0 if runner._decode_path(rows) else runner.max_length
 
 
 def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tensor) -> None:

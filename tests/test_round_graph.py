@@ -1,0 +1,176 @@
+"""Round graphs (engine/round_graph.py) on the CPU: there replay() runs the round eagerly, so the decoder's
+rounds queued behind unread ones (the seeding, the self-fed buffers, the cache's bookkeeping, the drafters'
+host views, the fall back to rounds launched apart) run here as they do on the GPU, against the synchronous
+loop and plain decoding."""
+import json
+from pathlib import Path
+
+import pytest
+from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
+from tiny_models import make_tiny_llama
+
+import engine.drafters.eagle as eagle
+from engine.chain_graph import chain_sampling
+from engine.config import GenerationConfig, SamplingParams
+from engine.decoder import SpeculativeDecoder
+from engine.drafters.medusa import MedusaDrafter
+from engine.lossless import check_sampling
+from engine.models import load_pair
+from engine.round_graph import EagleRoundGraph, MedusaRoundGraph
+
+
+def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
+    target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
+    add_random_medusa_heads(target, hidden)
+    add_random_eagle_head(target, hidden)
+    add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
+    return SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    return _decoder(tmp_path_factory.mktemp("round_graph"))
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "models"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped pair (its EAGLE heads accept paths, which random heads seldom do) and a held-out prompt."""
+    if not (SHIPPED / "target").exists():
+        pytest.skip("assets/models/target not present")
+    prompt = json.loads((SHIPPED / "heldout_prompts.json").read_text())["prompts"][0]["text"]
+    pair = load_pair(str(SHIPPED / "target"), str(SHIPPED / "draft"), device="cpu")
+    return SpeculativeDecoder(pair), prompt
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """Rounds pipelined (as on the GPU) and the drafters' round graphs built here, one per shape; returns the
+    list that counts the replays."""
+    graphs, replays = {}, []
+
+    def medusa_graph(self, state, config, width):
+        if self.early is None:
+            return None
+        tree, flat_index, _ = self._tree(*self._shape(config.k), state.device)
+        s = config.sampling
+        warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
+        key = ("medusa", id(self.heads), tree, warp)
+        if key not in graphs:
+            graphs[key] = MedusaRoundGraph(self.target, self.heads, tree, flat_index, state.backend,
+                                           state.vocab_size, width, warp)
+        return graphs[key]
+
+    def eagle_graph(self, state, config, width):
+        if self.tree_nodes or self.true_length == 0:
+            return None
+        sampling = chain_sampling(state)
+        key = ("eagle", id(self.head), config.k, None if sampling is None else sampling.key)
+        if key not in graphs:
+            graphs[key] = EagleRoundGraph(self.target, self.head, config.k, state.backend, state.vocab_size,
+                                          width, sampling)
+        return graphs[key]
+
+    original = SpeculativeDecoder._replay_round
+
+    def counted(self, *args):
+        launched = original(self, *args)
+        replays.append(launched is not None)
+        return launched
+
+    monkeypatch.setattr(MedusaDrafter, "round_graph", medusa_graph)
+    monkeypatch.setattr(eagle.EagleDrafter, "round_graph", eagle_graph)
+    monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
+    return replays
+
+
+def _rounds(decoder, config, pipelined: bool, prompt: str = PROMPT) -> list:
+    decoder.pipelined = pipelined
+    try:
+        return [(e.emitted_ids, e.accepted_count, [(t.token_id, t.u, t.accepted) for t in e.drafted],
+                 e.finish_reason) for e in decoder.generate(prompt, config)]
+    finally:
+        decoder.pipelined = False
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature):
+    """Medusa's replayed rounds are the rounds launched once the last is read: tokens, verdicts, uniforms."""
+    config = GenerationConfig(method="medusa", k=4, sampling=SamplingParams(temperature, 0, 0.9),
+                              max_new_tokens=60, seed=3)
+    alone = _rounds(decoder, config, pipelined=False)
+    assert not queued
+    assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) >= len(alone) - 2
+    assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_eagle_chain_replays_are_lossless(shipped, queued, method, k):
+    """EAGLE's chain rounds replayed behind unread ones (the head reading K+1 rows, the stray ones written
+    over by the chain) give plain decoding's greedy output on the shipped pair, with paths accepted and
+    every round after the first two a replay; so does the next generation."""
+    decoder, prompt = shipped
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=48))
+    config = GenerationConfig(method=method, k=k, max_new_tokens=48)
+    rounds = _rounds(decoder, config, True, prompt)
+    assert [t for ids, *_ in rounds for t in ids] == plain
+    assert sum(queued) >= len(rounds) - 2 and sum(accepted for _, accepted, _, _ in rounds) > len(rounds) // 2
+    assert [t for ids, *_ in _rounds(decoder, config, True, prompt) for t in ids] == plain
+
+
+def _refuse_every_third(monkeypatch) -> list:
+    """Every third queued round refused (as when the cache might not hold it): the list counts the tries."""
+    replay = SpeculativeDecoder._replay_round  # the counted one
+    calls = []
+
+    def every_third_refused(self, *args):
+        calls.append(1)
+        return None if len(calls) % 3 == 0 else replay(self, *args)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_replay_round", every_third_refused)
+    return calls
+
+
+def test_medusa_rounds_launched_apart_between_replays(decoder, queued, monkeypatch):
+    """Every third queued round refused: the round after it is launched once the last is read, and the
+    replay after that seeds the graph from it. The rounds are the synchronous loop's."""
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=60)
+    alone = _rounds(decoder, config, pipelined=False)
+    calls = _refuse_every_third(monkeypatch)
+    assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_rounds_launched_apart_between_replays(shipped, queued, monkeypatch, method):
+    """As for Medusa, on the shipped pair: the rounds launched apart read the drafter's host view of the
+    replays (the head's true length and pending rows, RoundCommit.fed_ahead). Greedy output is plain
+    decoding's."""
+    decoder, prompt = shipped
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=48))
+    calls = _refuse_every_third(monkeypatch)
+    rounds = _rounds(decoder, GenerationConfig(method=method, k=4, max_new_tokens=48), True, prompt)
+    assert [t for ids, *_ in rounds for t in ids] == plain
+    assert sum(queued) >= len(rounds) // 2 and len(calls) > sum(queued)
+
+
+@pytest.mark.slow  # a statistical check: `make test-fast` skips it
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_replayed_sampling_is_lossless(tmp_path_factory, queued, method):
+    """Chi-squared of the first two tokens with the second round replayed when the first is not enough."""
+    decoder = _decoder(tmp_path_factory.mktemp(f"chi_replay_{method}"), vocab=24, hidden=32, layers=1,
+                       seed=11, std=0.3)
+    decoder.pipelined = True
+    try:
+        config = GenerationConfig(method=method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
+        report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
+    finally:
+        decoder.pipelined = False
+    assert report.bins >= 8 and report.passed, report
+    assert sum(queued) > 100
+
