@@ -141,7 +141,7 @@ def graph_pool(runner):
     return runner._graph_pool
 
 
-def _model_chain(runner, logits: torch.Tensor, row: torch.Tensor, k: int, kv: int, vocab: int,
+def model_chain_steps(runner, logits: torch.Tensor, row: torch.Tensor, k: int, kv: int, vocab: int,
                  sampling: Optional[ChainSampling], u: torch.Tensor):
     """k tokens of a model's chain: token 0 drawn from logits [1, V], token i after one step on token i-1 at
     cache row row + i - 1 (row: [1] on the device). Returns (tokens [k], q [k, V] or None)."""
@@ -171,7 +171,7 @@ def draft_model_chain(runner, first_logits: torch.Tensor, k: int, vocab: int,
         u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
         def chain(logits, start, u):
-            return _model_chain(runner, logits, start, k, kv, vocab, sampling, u)
+            return model_chain_steps(runner, logits, start, k, kv, vocab, sampling, u)
 
         return CapturedChain(chain, (logits_in, start, u_in), device, graph_pool(runner))
 
@@ -232,7 +232,7 @@ def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[Ch
             tokens = fill_unknown(tokens, runner.vocab_size, runner.input_fill)
             _, logits = runner._block_step(F.embedding(tokens, runner.embed_weight), start, depth,
                                            block_visible, 0)  # [n, V]
-            return _model_chain(runner, logits[-1:], start + n, k, 0, vocab, sampling, u)
+            return model_chain_steps(runner, logits[-1:], start + n, k, 0, vocab, sampling, u)
 
         return CapturedChain(round_, (feed_in, start, u_in), device, graph_pool(runner))
 

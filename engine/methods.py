@@ -51,7 +51,7 @@ def _none(decoder, config):
 def _draft(decoder, config):
     from engine.drafters.draft_model import DraftModelDrafter
 
-    return DraftModelDrafter(decoder.pair.draft)
+    return DraftModelDrafter(decoder.pair.draft, decoder.target)
 
 
 def _ngram(decoder, config):

@@ -29,8 +29,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import ChainGraphs, eagle_chain_steps, graph_pool, head_step, medusa_rows
-from engine.runner import graph_capture, to_device
+from engine.chain_graph import (
+    ChainGraphs,
+    eagle_chain_steps,
+    graph_pool,
+    head_step,
+    medusa_rows,
+    model_chain_steps,
+)
+from engine.runner import fill_unknown, graph_capture, to_device
 
 
 class RoundGraph:
@@ -142,38 +149,33 @@ class MedusaRoundGraph(RoundGraph):
         self.early[:drafter.early.shape[0]].copy_(drafter.early)
 
 
-class EagleRoundGraph(RoundGraph):
-    """One round of EAGLE's (or EAGLE-3's) chain of K, greedy or sampled (sampling: the run's ChainSampling,
-    the draft's uniforms and the verification's copied in before each replay)."""
+class ChainRoundGraph(RoundGraph):
+    """A chain drafter's round of K, greedy or sampled (sampling: the run's ChainSampling; the draft's
+    uniforms and the verification's copied in before each replay). Subclasses set up their drafter's
+    buffers and give _draft(), which returns the chain (tokens [K], q [K, V] or None) from the last round's
+    outcome and advances their own buffers; the target's block, its verification and the readout are
+    here."""
 
-    def __init__(self, target, head, k: int, backend, vocab: int, width: int, sampling=None):
+    def _chain_buffers(self, target, k: int) -> None:
         device = target.device
         self.target, self.depth, self.nodes = target, k, k
-        taps = len(target.tap_layers) or 1
         self.accepted = torch.zeros(1, dtype=torch.long, device=device)
         self.next_token = torch.zeros(1, dtype=torch.long, device=device)
         self.draft = torch.zeros(k, dtype=torch.long, device=device)  # the last block's chain
-        # the last block's features (the tap layers' side by side for EAGLE-3) [K+1, F]
-        self.block_features = torch.zeros(k + 1, taps * target.spec.hidden_size, dtype=target.dtype,
-                                          device=device)
-        # starts past both caches' ends for the warm-up and the capture: they write only free rows
+        # a start past the cache's end for the warm-up and the capture: they write only free rows
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
-        self.head_start = torch.full((1,), head.runner.length, dtype=torch.long, device=device)
         self.draft_u = torch.zeros(k, dtype=torch.float32, device=device)
         self.verify_u = torch.zeros(1, k + 1, dtype=torch.float32, device=device)
+
+    def _capture_chain(self, target, backend, width: int, sampling) -> None:
+        k = self.nodes
         depth, visible = target._chain_block(k + 1)
-        kv, head_kv = _kv(target, k + 1), _kv(head.runner, k + 1)
+        kv = _kv(target, k + 1)
 
         def round_():
-            accepted = self.accepted
-            # row i's next token: the chain's token i while accepted, the next token at the last accepted row
-            feed = torch.cat((self.draft, self.next_token)).scatter(0, accepted, self.next_token)  # [K+1]
-            predicted = head_step(head, self.block_features, feed, self.head_start, head_kv)  # [K+1, H]
-            root = predicted.index_select(0, accepted)  # [1, H]: the last accepted row's prediction
-            chain, q = eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, head_kv, vocab,
-                                         sampling, self.draft_u)  # [K], [K, V] or None
-            tokens = torch.cat((self.next_token, chain))  # [K+1]
-            start = self.start + 1 + accepted  # [1]
+            chain, q = self._draft()  # [K], [K, V] or None
+            tokens = torch.cat((self.next_token, chain))  # [K+1]: the block after the accepted prefix
+            start = self.start + 1 + self.accepted  # [1]
             x = F.embedding(tokens, target.embed_weight)  # [K+1, H]
             hidden, logits = target._block_step(x, start, depth, visible, kv)  # [K+1, H], [K+1, V]
             features = target.last_taps if target.tap_layers else hidden
@@ -184,28 +186,103 @@ class EagleRoundGraph(RoundGraph):
                                                          *sampling.key)
             temperature = 1.0 if sampling is None else sampling.key[0]
             values = backend.readout(logits, result, chain, temperature, width)
-            self.head_start.copy_(self.head_start + 1 + accepted)  # the head read the accepted rows
+            self._advance(features)
             self.accepted.copy_(result.accepted[:1])
             self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
             self.draft.copy_(chain)
-            self.block_features.copy_(features)
             self.start.copy_(start)
             return tokens, features, logits, result, values
 
         self._capture(target, round_)
 
-    def seed(self, launched, drafter) -> None:
-        """Take a round launched without the graph as the next replay's last round: its outcome, chain and
-        features (device), its block's start and the head's true length (the drafter's)."""
+    def _advance(self, features: torch.Tensor) -> None:
+        """The drafter's buffers for the next replay, before the outcome's are overwritten."""
+
+    def _seed_chain(self, launched) -> None:
         self._seed_outcome(launched)
-        drafted, features = launched.draft.tokens, launched.features
+        drafted = launched.draft.tokens
         self.draft[:drafted.numel()].copy_(drafted)
-        self.block_features[:features.shape[0]].copy_(features)
-        self.head_start.fill_(drafter.true_length)
 
     def draw_uniforms(self, state) -> torch.Tensor:
         self.draft_u.copy_(state.uniforms(self.nodes))  # drawn first, as a round's propose draws them
         return super().draw_uniforms(state)
+
+
+class EagleRoundGraph(ChainRoundGraph):
+    """EAGLE's (or EAGLE-3's) chain: the head reads the last block's K+1 rows at its true length (the rows
+    past the accepted ones are stray; the chain, drafted from the last accepted row's prediction, writes
+    over them)."""
+
+    def __init__(self, target, head, k: int, backend, vocab: int, width: int, sampling=None):
+        self._chain_buffers(target, k)
+        taps = len(target.tap_layers) or 1
+        # the last block's features (the tap layers' side by side for EAGLE-3) [K+1, F]
+        self.block_features = torch.zeros(k + 1, taps * target.spec.hidden_size, dtype=target.dtype,
+                                          device=target.device)
+        self.head_start = torch.full((1,), head.runner.length, dtype=torch.long, device=target.device)
+        head_kv = _kv(head.runner, k + 1)
+
+        def draft():
+            accepted = self.accepted
+            # row i's next token: the chain's token i while accepted, the next token at the last accepted row
+            feed = torch.cat((self.draft, self.next_token)).scatter(0, accepted, self.next_token)  # [K+1]
+            predicted = head_step(head, self.block_features, feed, self.head_start, head_kv)  # [K+1, H]
+            root = predicted.index_select(0, accepted)  # [1, H]: the last accepted row's prediction
+            return eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, head_kv, vocab, sampling,
+                                     self.draft_u)
+
+        self._draft = draft
+        self._capture_chain(target, backend, width, sampling)
+
+    def _advance(self, features: torch.Tensor) -> None:
+        self.head_start.copy_(self.head_start + 1 + self.accepted)  # the head read the accepted rows
+        self.block_features.copy_(features)
+
+    def seed(self, launched, drafter) -> None:
+        """Take a round launched without the graph as the next replay's last round: its outcome, chain and
+        features (device), its block's start and the head's true length (the drafter's)."""
+        self._seed_chain(launched)
+        self.block_features[:launched.features.shape[0]].copy_(launched.features)
+        self.head_start.fill_(drafter.true_length)
+
+
+class DraftModelRoundGraph(ChainRoundGraph):
+    """The draft model's chain. Its cache holds the committed tokens and the last chain's first K-1 tokens, so
+    after `accepted` of them it lacks one token (the next one) or, all K accepted, two (the chain's last and
+    the next one): it reads two rows at base + min(accepted, K-1), the second stray when it lacks one, and
+    the chain starts from the last real row's logits and writes over the stray one."""
+
+    def __init__(self, runner, target, k: int, backend, vocab: int, width: int, sampling=None):
+        self._chain_buffers(target, k)
+        # committed tokens when the last chain was drafted: the draft cache's rows before that chain
+        self.base = torch.full((1,), runner.length, dtype=torch.long, device=target.device)
+        depth, visible = runner._chain_block(2)
+        draft_kv = _kv(runner, 2)
+
+        def draft():
+            accepted = self.accepted
+            whole = (accepted == k).long()  # [1]: 1 when the chain's last token is not in the cache
+            row = self.base + accepted - whole  # [1]: base + min(accepted, K - 1)
+            last = self.draft[k - 1:]  # [1]
+            feed = torch.cat((torch.where(whole > 0, last, self.next_token), self.next_token))  # [2]
+            feed = fill_unknown(feed, runner.vocab_size, runner.input_fill)
+            _, logits = runner._block_step(F.embedding(feed, runner.embed_weight), row, depth, visible,
+                                           draft_kv)  # [2, V]
+            first = logits.index_select(0, whole)  # [1, V]: the next token's row
+            return model_chain_steps(runner, first, row + 1 + whole, k, draft_kv, vocab, sampling,
+                                     self.draft_u)
+
+        self._draft = draft
+        self._capture_chain(target, backend, width, sampling)
+
+    def _advance(self, features: torch.Tensor) -> None:
+        self.base.copy_(self.base + 1 + self.accepted)  # every token the last round emitted is committed
+
+    def seed(self, launched, drafter) -> None:
+        """Take a round launched without the graph: its outcome and chain (device), its block's start and the
+        committed count when its chain was drafted (the drafter's base)."""
+        self._seed_chain(launched)
+        self.base.fill_(drafter.base)
 
 
 def _kv(runner, rows: int) -> int:
@@ -252,4 +329,18 @@ def eagle_round_graph(target, head, k: int, backend, vocab: int, width: int,
     key = ("eagle_round", id(head), k, vocab, width, None if sampling is None else sampling.key)
     return ChainGraphs.of(target).get(key, lambda: EagleRoundGraph(target, head, k, backend, vocab, width,
                                                                    sampling))
+
+
+def draft_model_round_graph(runner, target, k: int, backend, vocab: int, width: int,
+                            sampling=None) -> Optional[DraftModelRoundGraph]:
+    """The captured chain round at K for this draft model, as eagle_round_graph's."""
+    rows = k + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and runner._decode_path(2) and ChainGraphs.available(runner, 2)):
+        return None
+    if target.length + 1 + k + rows > target.max_length or runner.length + 2 + k > runner.max_length:
+        return None
+    key = ("draft_round", id(runner), k, vocab, width, None if sampling is None else sampling.key)
+    return ChainGraphs.of(target).get(
+        key, lambda: DraftModelRoundGraph(runner, target, k, backend, vocab, width, sampling))
 

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from spec_fixtures import make_perturbed_copy
 from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_llama
 
+import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
 from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig, SamplingParams
@@ -16,7 +18,7 @@ from engine.decoder import SpeculativeDecoder
 from engine.drafters.medusa import MedusaDrafter
 from engine.lossless import check_sampling
 from engine.models import load_pair
-from engine.round_graph import EagleRoundGraph, MedusaRoundGraph
+from engine.round_graph import DraftModelRoundGraph, EagleRoundGraph, MedusaRoundGraph
 
 
 def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
@@ -24,7 +26,8 @@ def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
     add_random_medusa_heads(target, hidden)
     add_random_eagle_head(target, hidden)
     add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
-    return SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
+    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,14 @@ def queued(monkeypatch):
                                           width, sampling)
         return graphs[key]
 
+    def draft_graph(self, state, config, width):
+        sampling = chain_sampling(state)
+        key = ("draft", id(self.runner), config.k, None if sampling is None else sampling.key)
+        if key not in graphs:
+            graphs[key] = DraftModelRoundGraph(self.runner, self.round_target, config.k, state.backend,
+                                               state.vocab_size, width, sampling)
+        return graphs[key]
+
     original = SpeculativeDecoder._replay_round
 
     def counted(self, *args):
@@ -83,6 +94,8 @@ def queued(monkeypatch):
     monkeypatch.setattr(MedusaDrafter, "round_graph", medusa_graph)
     monkeypatch.setattr(eagle.EagleDrafter, "round_graph", eagle_graph)
     monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
+    monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
     monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
     return replays
 
@@ -108,12 +121,13 @@ def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature
     assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft"])
 @pytest.mark.parametrize("k", [1, 4])
-def test_eagle_chain_replays_are_lossless(shipped, queued, method, k):
-    """EAGLE's chain rounds replayed behind unread ones (the head reading K+1 rows, the stray ones written
-    over by the chain) give plain decoding's greedy output on the shipped pair, with paths accepted and
-    every round after the first two a replay; so does the next generation."""
+def test_chain_replays_are_lossless(shipped, queued, method, k):
+    """EAGLE's and the draft model's chain rounds replayed behind unread ones (their drafter reading a fixed
+    number of rows, the stray ones written over by the chain) give plain decoding's greedy output on the
+    shipped pair, with paths accepted and every round after the first two a replay; so does the next
+    generation."""
     decoder, prompt = shipped
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=48))
     config = GenerationConfig(method=method, k=k, max_new_tokens=48)
@@ -146,11 +160,11 @@ def test_medusa_rounds_launched_apart_between_replays(decoder, queued, monkeypat
     assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_eagle_rounds_launched_apart_between_replays(shipped, queued, monkeypatch, method):
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft"])
+def test_chain_rounds_launched_apart_between_replays(shipped, queued, monkeypatch, method):
     """As for Medusa, on the shipped pair: the rounds launched apart read the drafter's host view of the
-    replays (the head's true length and pending rows, RoundCommit.fed_ahead). Greedy output is plain
-    decoding's."""
+    replays (RoundCommit.fed_ahead: EAGLE's head's true length and pending rows, the draft model's
+    committed count and cache length). Greedy output is plain decoding's."""
     decoder, prompt = shipped
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=48))
     calls = _refuse_every_third(monkeypatch)
@@ -160,7 +174,7 @@ def test_eagle_rounds_launched_apart_between_replays(shipped, queued, monkeypatc
 
 
 @pytest.mark.slow  # a statistical check: `make test-fast` skips it
-@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3", "draft"])
 def test_replayed_sampling_is_lossless(tmp_path_factory, queued, method):
     """Chi-squared of the first two tokens with the second round replayed when the first is not enough."""
     decoder = _decoder(tmp_path_factory.mktemp(f"chi_replay_{method}"), vocab=24, hidden=32, layers=1,

@@ -18,13 +18,17 @@ from engine.runner import CausalRunner, fit_vocab, to_device
 # SPECPLAY_FUSED_DRAFT=0 runs the draft model's forward over the committed tokens and its chain as two
 # graphs (as before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
+# SPECPLAY_DRAFT_ROUND_GRAPHS=1 queues a round behind an unread one as one replay of its captured round
+# (engine.round_graph.DraftModelRoundGraph). Off by default: its GPU tests have not run yet (CPU-tested).
+ROUND_GRAPHS = os.environ.get("SPECPLAY_DRAFT_ROUND_GRAPHS", "0") == "1"
 
 
 class DraftModelDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, runner: CausalRunner):
+    def __init__(self, runner: CausalRunner, target=None):
         self.runner = runner
+        self.round_target = target  # the target its round graph verifies with (None: no round graph)
         self.cached = 0  # committed tokens in the draft cache
         self.base = 0  # committed tokens when the last draft was made
         self.last_k = 0
@@ -57,6 +61,22 @@ class DraftModelDrafter(Drafter):
                 return Draft(tokens=drafted[0], probs=drafted[1])
         return self._eager_chain(state, logits, k, uniforms)
 
+    @property
+    def proposes_after(self) -> bool:
+        """A round after an unread one may be a replay of the round graph (round_graph)."""
+        return ROUND_GRAPHS and self.round_target is not None
+
+    def round_graph(self, state: DecodeState, config, width: int):
+        """The rounds as one self-feeding graph replay each (engine.round_graph.DraftModelRoundGraph), where
+        the fused round applies."""
+        sampling = chain_sampling(state)
+        if not (ROUND_GRAPHS and FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling)):
+            return None
+        from engine.round_graph import draft_model_round_graph
+
+        return draft_model_round_graph(self.runner, self.round_target, config.k, state.backend,
+                                       state.vocab_size, width, sampling)
+
     def _eager_chain(self, state: DecodeState, logits: torch.Tensor, k: int, uniforms: torch.Tensor) -> Draft:
         """Draw k tokens one step at a time, starting from the logits [1, V] of draft token 0."""
         tokens, probs = [], []
@@ -71,6 +91,11 @@ class DraftModelDrafter(Drafter):
         return Draft(tokens=torch.cat(tokens), probs=None if probs[0] is None else torch.cat(probs))
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
+        if commit.fed_ahead:  # the replayed round after this one fed the draft model these tokens
+            self.base += commit.accepted + 1
+            self.cached = self.base
+            self.runner._length = self.base + self.last_k - 1  # the host's view: the replay's chain rows
+            return
         # the cache holds the committed tokens plus drafts 1..K-1; keep the accepted ones among those
         valid = self.base + min(commit.accepted, self.last_k - 1)
         self.runner.rollback(valid)
