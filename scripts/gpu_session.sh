@@ -22,6 +22,8 @@
 #             end-to-end time per token, and the host's time per round against its wait for the GPU
 #   ttft      scripts/ttft_probe.py: the first event taken apart (1B shape with programmatic launch on and off,
 #             7B shape on); TTFT_SHAPES / TTFT_PDL pick others
+#   round-graphs  the engine's GPU tests with EAGLE's and the draft model's round graphs on, then bench methods
+#             (none,draft,eagle,eagle3,medusa) with them off and on
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -126,5 +128,14 @@ if has ttft; then
       SPECPLAY_PDL=$pdl timeout 120 python3 scripts/ttft_probe.py --synthetic $shape 2>&1 | grep -v "compiling\|USDT" \
         > "$OUT/ttft_${shape}_pdl$pdl.txt"; head -5 "$OUT/ttft_${shape}_pdl$pdl.txt"
     done
+  done
+fi
+if has round-graphs; then
+  SPECPLAY_EAGLE_ROUND_GRAPHS=1 SPECPLAY_DRAFT_ROUND_GRAPHS=1 timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    -rs $ENGINE_TESTS 2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" \
+    | tee "$OUT/gpu_tests_round_graphs.log" | tail -6
+  for on in 0 1; do
+    ( export SPECPLAY_EAGLE_ROUND_GRAPHS=$on SPECPLAY_DRAFT_ROUND_GRAPHS=$on
+      bench_methods "bench_gpu_chain_round_graphs_$on.txt" none,draft,eagle,eagle3,medusa 4 7 )
   done
 fi
