@@ -24,8 +24,8 @@ from engine.timing import RoundClock, Stopwatch
 from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
-# SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no Drafter.propose_after
-# rounds), for comparisons
+# SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no round graph replays
+# queued behind unread rounds), for comparisons
 QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 
@@ -73,10 +73,9 @@ class _Launched:
     result: object  # kernels' VerifyResult (device tensors)
     uniforms: Optional[torch.Tensor]  # [N+1] on the host, None when greedy
     readout: "_QueuedReadout"  # the round's figures, on their way to the host
-    # the round queued behind this one before this one was read, whose launch rolled this block back on the
-    # device (SpeculativeDecoder._launch_after); its block_start is set once this round is read
+    # the round graph's replay queued behind this one before this one was read, which took this round's
+    # outcome on the device (SpeculativeDecoder._replay_round); its block_start is set once this one is read
     successor: Optional["_Launched"] = None
-    replayed: bool = False  # a round graph's replay (_replay_round)
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
@@ -355,8 +354,8 @@ class SpeculativeDecoder:
         if stopped():
             return
         # Two rounds in flight where the next round's input can come from the device: plain decoding (its
-        # next input is the last round's next token, and it never rolls a cache back) and drafters that
-        # propose from the device's outcome (Drafter.propose_after: Medusa)
+        # next input is the last round's next token, and it never rolls a cache back) and drafters whose
+        # round graph reads the last outcome there (Drafter.replays_rounds: Medusa)
         ahead = self.pipelined and (isinstance(drafter, NoDrafter) or self._queues_after(drafter))
         inflight = deque([self._launch_round(state, drafter, config)])
         last_end = None
@@ -389,49 +388,32 @@ class SpeculativeDecoder:
             round_index += 1
 
     def _launch_round(self, state: DecodeState, drafter: Drafter, config: GenerationConfig,
-                      first_token: Optional[torch.Tensor] = None, after: Optional[_Launched] = None
-                      ) -> Optional["_Launched"]:
+                      first_token: Optional[torch.Tensor] = None) -> "_Launched":
         """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
-        block's first token [1] on the device when the host does not know it yet (a round queued after
-        `after`, not yet read); None when the drafter cannot propose from there (see _launch_after)."""
-        start = None
-        if after is None or not drafter.proposes_after:
-            clock = RoundClock(self.device)
-            draft = drafter.propose(state, config.k)
-        else:
-            draft = drafter.propose_after(state, config.k, after.result)
-            latest = after.block_start + 1 + _depth(after.draft)  # the latest row this block can begin at
-            if draft is None or latest + draft.size + 1 > self.target.max_length:
-                return None
-            clock = RoundClock(self.device)  # the draft phase: the roll back (propose_after: a few launches)
-            start = self._roll_back_on_device(after, latest)
+        block's first token [1] on the device when the host does not know it yet (plain decoding ahead)."""
+        clock = RoundClock(self.device)
+        draft = drafter.propose(state, config.k)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
-        logits, features, result, uniforms = self._verify(state, draft, config, first_token, start)
+        logits, features, result, uniforms = self._verify(state, draft, config, first_token)
         readout = self._queue_readout(draft, result, logits, config)
         if self.pipelined:
             drafter.verified(state, features)
         clock.mark()  # verification queued
-        launched = _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
-        if start is not None:
-            after.successor = launched
-        return launched
+        return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
 
     def _queues_after(self, drafter: Drafter) -> bool:
-        return QUEUE_AFTER and drafter.proposes_after and getattr(self.target, "takes_device_starts", False)
+        return QUEUE_AFTER and drafter.replays_rounds and getattr(self.target, "takes_device_starts", False)
 
     def _launch_after(self, state, drafter, config, previous: _Launched) -> Optional[_Launched]:
-        """The round after `previous`, queued before `previous` is read, from its outcome still on the device:
-        its next token and, for a drafter that proposes from there (Medusa), the proposal from its accepted
-        row, the target's cache rolled back to its accepted path (compact_on_device) and the block placed
-        at start + 1 + accepted, on the device. None (the round is launched once `previous` is read) when
-        the drafter has nothing queued or the cache might not hold the block."""
-        if drafter.proposes_after:
-            width = min(TOP_ALTERNATIVES, self.vocab_size)
-            graph = drafter.round_graph(state, config, width)
-            if graph is not None:
-                return self._replay_round(state, drafter, graph, previous, width)
-        return self._launch_round(state, drafter, config, previous.next_token_on_device, after=previous)
+        """The round after `previous`, queued before `previous` is read: plain decoding's from its next token
+        on the device, a drafter's as one replay of its round graph. None (the round is launched once
+        `previous` is read) when the drafter has no graph here or the cache might not hold the block."""
+        if not drafter.replays_rounds:
+            return self._launch_round(state, drafter, config, previous.next_token_on_device)
+        width = min(TOP_ALTERNATIVES, self.vocab_size)
+        graph = drafter.round_graph(state, config, width)
+        return None if graph is None else self._replay_round(state, drafter, graph, previous, width)
 
     def _replay_round(self, state, drafter: Drafter, graph, previous: _Launched, width: int
                       ) -> Optional[_Launched]:
@@ -457,26 +439,15 @@ class SpeculativeDecoder:
         clock.mark()
         launched = _Launched(clock, draft, latest, graph.logits, graph.features, graph.result, uniforms,
                              readout)
-        launched.replayed = True
         previous.successor = graph.fed_by = launched
         return launched
-
-    def _roll_back_on_device(self, previous: _Launched, latest: int) -> torch.Tensor:
-        """Keep `previous`'s accepted path in the target's cache without reading it: the block's start on
-        the device ([1]) for the round after it. The host's length stays an upper bound (latest) until
-        _commit."""
-        start, result = previous.block_start, previous.result
-        if previous.draft.is_tree:
-            self.target.compact_on_device(start, result.path[0, :latest - start - 1])
-        self.target.rollback(latest)
-        return start + 1 + result.accepted[:1]  # [1]
 
     def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
         """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
         successor = launched.successor
         if successor is None:
             self._roll_back(launched.draft, outcome, launched.block_start)
-        else:  # the successor's launch rolled this block back on the device; its block follows the path
+        else:  # the successor's replay rolled this block back on the device; its block follows the path
             successor.block_start = launched.block_start + 1 + outcome.accepted
             end = successor.block_start + (0 if outcome.finish_reason else successor.draft.size + 1)
             self.target.rollback(end)
@@ -487,7 +458,7 @@ class SpeculativeDecoder:
             block_features=launched.features if needs.block_features else None,
             block_logits=launched.logits if needs.block_logits else None,
             block_argmax=[row[0] for row in round_.top_i] if needs.block_argmax else None,
-            fed_ahead=successor is not None and successor.replayed))
+            fed_ahead=successor is not None))
 
     def _event(self, index, launched, round_, outcome, position, emitted_text, metrics, config) -> RoundEvent:
         draft = launched.draft
@@ -508,18 +479,17 @@ class SpeculativeDecoder:
             finish_reason=outcome.finish_reason, metrics=round_metrics)
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
-                first_token: Optional[torch.Tensor] = None, start: Optional[torch.Tensor] = None):
-        """One target forward over [last committed token] + draft, then the verification kernel. start: the
-        block's cache row [1] on the device, when the host has only an upper bound (the cache's length).
+                first_token: Optional[torch.Tensor] = None):
+        """One target forward over [last committed token] + draft, then the verification kernel.
         Returns (logits [N+1, V], features [N+1, H], VerifyResult, uniforms or None)."""
         last = first_token if first_token is not None else to_device(state.tokens[-1:], self.device)
         block = torch.cat([last, draft.tokens])  # [N+1]
         if draft.tree_block is not None:  # a tree drafted on the device
             out = self.target.forward(block, tree=draft.tree_block)
-        elif start is not None:
-            out = self.target.forward_at(block, _block_parents(draft), start, self.target.length)
+        elif draft.is_tree:
+            out = self.target.forward(block, torch.cat([torch.tensor([-1]), draft.parents + 1]))  # host
         else:
-            out = self.target.forward(block, _block_parents(draft))
+            out = self.target.forward(block)
         logits = out.logits  # [N+1, V]: the target's full distribution, never narrowed to the draft's
         if not self.backend.flags_nan_on_device and torch.isnan(logits).any():
             raise SpecplayError(NAN_MESSAGE)
@@ -628,12 +598,6 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
-
-
-def _block_parents(draft: Draft) -> Optional[torch.Tensor]:
-    """A host tree's parents in its verification block ([N+1], row 0 the last committed token), None for a
-    chain."""
-    return torch.cat([torch.tensor([-1]), draft.parents + 1]) if draft.is_tree else None
 
 
 def _depth(draft: Draft) -> int:

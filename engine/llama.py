@@ -545,22 +545,14 @@ class LlamaRunner(CausalRunner):
         tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
         return self._forward(F.embedding(tokens, self.embed_weight), parents, tree)
 
-    # a round may be queued before the last one is read (forward_at, compact_on_device)
+    # a round graph's replay may write a block at a start known on the device only (occupy)
     takes_device_starts = True
 
-    def forward_at(self, tokens: torch.Tensor, parents: Optional[torch.Tensor], start: torch.Tensor,
-                   latest: int) -> ForwardOutput:
-        """forward for a block whose cache row is known on the device only: start [1] int64, at most
-        `latest` (the decoder queues a round behind one it has not read). The cache's length becomes
-        latest + n; the decoder rolls it back to the real end once it knows it. Rows between the real end
-        and latest + n are never visible: the attention's mask ends at the device start's block."""
-        self.occupy(latest, 0)
-        tokens = fill_unknown(tokens.to(self.device).reshape(-1), self.vocab_size, self.input_fill)
-        return self._forward(F.embedding(tokens, self.embed_weight), parents, device_start=start)
-
     def occupy(self, latest: int, n: int) -> None:
-        """A block of n rows went in at a device start of at most latest (forward_at, a round graph's replay):
-        the length becomes latest + n, an upper bound until the decoder rolls back to the real end."""
+        """A block of n rows went in at a device start of at most latest (a round graph's replay,
+        engine.round_graph): the length becomes latest + n, an upper bound until the decoder rolls back to
+        the real end. Rows between the real end and latest + n are never visible: the attention's mask ends
+        at the block the device start placed."""
         if latest > self._length:
             raise ValueError(f"a block at row {latest} is past the cache's {self._length} tokens")
         if latest + n > self.max_length:
@@ -568,26 +560,16 @@ class LlamaRunner(CausalRunner):
                                 f"{self.max_length}")
         self._length = latest + n
 
-    def compact_on_device(self, start: int, path: torch.Tensor) -> None:
-        """compact for a tree block at cache row start whose accepted path is on the device only: path [D]
-        int64, the accepted node indices, -1 past the accepted count. Rows start+1..start+D take rows
-        start+1+path[i]; a row past the accepted count copies itself (it lies past the new end). The length
-        is left alone (see forward_at)."""
-        d = path.numel()
-        rows = start + 1 + torch.where(path >= 0, path, self._arange[:d])  # [D]
-        self.kv[:, :, :, start + 1 : start + 1 + d] = self.kv.index_select(3, rows)
-
     def forward_embeds(self, inputs: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
         """Like forward, from input vectors [n, H] instead of token ids (the EAGLE head feeds fused
         features)."""
         return self._forward(inputs.to(self.device, self.dtype), parents)
 
-    def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor], tree: Optional[tuple] = None,
-                 device_start: Optional[torch.Tensor] = None) -> ForwardOutput:
-        """x [n, H] at the cache's end (or at device_start [1], at most the end: see forward_at). A padded
-        chain block runs as `rows` rows; the padding rows come after the real ones, so causal attention keeps
-        them out of the real rows' outputs, and their K/V land past the new length, hidden from every later
-        step (and overwritten by the next block)."""
+    def _forward(self, x: torch.Tensor, parents: Optional[torch.Tensor], tree: Optional[tuple] = None
+                 ) -> ForwardOutput:
+        """x [n, H] at the cache's end. A padded chain block runs as `rows` rows; the padding rows come after
+        the real ones, so causal attention keeps them out of the real rows' outputs, and their K/V land past
+        the new length, hidden from every later step (and overwritten by the next block)."""
         n = x.shape[0]
         start = self._length
         if start + n > self.max_length:
@@ -598,7 +580,7 @@ class LlamaRunner(CausalRunner):
             tree = self._tree_block(parents.reshape(n))
         rows = self._block_rows(n, start, tree is not None)
         bucketed = tree is None and self.pad_blocks and is_bucket(rows)
-        hidden, logits = self._run_block(_pad_rows(x, rows), start, tree, bucketed, device_start)
+        hidden, logits = self._run_block(_pad_rows(x, rows), start, tree, bucketed)
         self._length = start + n
         if rows > n:  # only the real rows' outputs leave
             hidden, logits = hidden[:n], logits[:n]  # [n, H], [n, V]
@@ -613,22 +595,16 @@ class LlamaRunner(CausalRunner):
         bucket = block_bucket(n)
         return bucket if start + bucket <= self.max_length else n
 
-    def _run_block(self, x: torch.Tensor, start: int, tree: Optional[tuple], bucketed: bool,
-                   device_start: Optional[torch.Tensor] = None):
+    def _run_block(self, x: torch.Tensor, start: int, tree: Optional[tuple], bucketed: bool):
         """x [rows, H] at cache rows start.. -> (features [rows, H], logits [rows, V]), captured or eager.
         tree: a tree block's (depth, visible) on the device, None for a chain; bucketed: a padded chain block
-        whose rows are a bucket (see _captured_step); device_start: the block's row on the device, when the
-        host knows only that it is at most start."""
+        whose rows are a bucket (see _captured_step)."""
         rows = x.shape[0]
         depth, block_visible = self._chain_block(rows) if tree is None else tree
         captured = self._captured_step(rows, start, bucketed)
-        at = start if device_start is None else device_start
         if captured is not None:
-            return captured.run(x, at, depth, block_visible, tree is None)
-        if device_start is None:
-            self._start.fill_(start)
-        else:
-            self._start.copy_(device_start)
+            return captured.run(x, start, depth, block_visible, tree is None)
+        self._start.fill_(start)
         return self._block_step(x, self._start, depth, block_visible, self._kv_width(start + rows))
 
     def _block_step(self, x, start, depth, block_visible, kv: int):
@@ -944,10 +920,7 @@ class CapturedStep:
     def run(self, x: torch.Tensor, start: int, depth: torch.Tensor, block_visible: torch.Tensor,
             is_chain: bool):
         self.x.copy_(x)
-        if isinstance(start, torch.Tensor):  # known on the device only (LlamaRunner.forward_at)
-            self.start.copy_(start)
-        else:
-            self.start.fill_(start)
+        self.start.fill_(start)
         if not (is_chain and self.holds_chain):
             self.depth.copy_(depth)
             self.block_visible.copy_(block_visible)

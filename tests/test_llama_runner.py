@@ -142,51 +142,24 @@ def test_compact_keeps_a_path_with_gaps(model_dirs):
     assert (got - want).abs().max().item() <= TOL
 
 
-def test_a_block_rolled_back_and_placed_on_the_device_equals_fresh_prefill(model_dirs):
-    """The decoder's round queued behind an unread one: the tree block [last token] + tree keeps its
-    accepted path by compact_on_device (path padded with -1 to the tree's depth, a gap before it), and the
-    next block goes in by forward_at at a device start below the host's bound; then the host settles the
-    length by a rollback. Every logit equals a fresh prefill of the kept tokens."""
+def test_the_round_graphs_path_keeping_is_the_runners_compact(model_dirs):
+    """engine.round_graph.keep_path (start on the device, in a captured round; the path padded with -1 to the
+    tree's depth) keeps the rows that compact keeps: a path with a gap, then a fresh prefill's logits."""
+    from engine.round_graph import keep_path
+
     path = model_dirs["llama"]
     runner = LlamaRunner.from_pretrained(path, max_length=64)
-    prompt, tree = _tokens(6, seed=21), _tokens(PARENTS.numel(), seed=22)
-    after, more = _tokens(3, seed=23), _tokens(2, seed=24)
+    prompt, tree, after = _tokens(6, seed=21), _tokens(PARENTS.numel(), seed=22), _tokens(3, seed=23)
     runner.forward(prompt[:5])
     block_parents = torch.cat([torch.tensor([-1]), PARENTS + 1])  # row 0: the last committed token
     runner.forward(torch.cat([prompt[5:], tree]), block_parents)
     accepted = _path(PARENTS, 8)  # nodes 6 -> 7 -> 8
-    depth = 4
-    runner.compact_on_device(5, torch.tensor(accepted + [-1] * (depth - len(accepted))))
-    runner.rollback(5 + 1 + depth)  # the host's bound: the latest the next block can begin
-    start = torch.tensor([5 + 1 + len(accepted)])
-    got = runner.forward_at(after, None, start, runner.length).logits
-    assert runner.length == 5 + 1 + depth + after.numel()
-    runner.rollback(int(start) + after.numel())
-    got_more = runner.forward(more).logits
-
+    keep_path(runner, torch.tensor([5]), torch.tensor(accepted + [-1]), torch.arange(4))
+    runner.rollback(5 + 1 + len(accepted))
+    got = runner.forward(after).logits
     fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    kept = torch.cat([prompt, tree[torch.tensor(accepted)]])
-    want = fresh.forward(torch.cat([kept, after, more])).logits
-    assert (got - want[kept.numel():kept.numel() + after.numel()]).abs().max().item() <= TOL
-    assert (got_more - want[-more.numel():]).abs().max().item() <= TOL
-    with pytest.raises(ValueError, match="past the cache"):
-        runner.forward_at(after, None, start, runner.length + 1)
-
-
-def test_the_round_graphs_path_keeping_is_the_runners(model_dirs):
-    """engine.round_graph.keep_path (start on the device, in a captured round) moves the rows that
-    compact_on_device moves: a path with a gap, padded with -1."""
-    from engine.round_graph import keep_path
-
-    runner = LlamaRunner.from_pretrained(model_dirs["llama"], max_length=64)
-    runner.forward(_tokens(20, seed=25))
-    before = runner.kv.clone()
-    path = torch.tensor([2, 5, -1, -1])
-    runner.compact_on_device(6, path)
-    want = runner.kv.clone()
-    runner.kv.copy_(before)
-    keep_path(runner, torch.tensor([6]), path, torch.arange(4))
-    assert torch.equal(runner.kv, want) and not torch.equal(want, before)
+    want = fresh.forward(torch.cat([prompt, tree[torch.tensor(accepted)], after])).logits[-after.numel():]
+    assert (got - want).abs().max().item() <= TOL
 
 
 def test_rollback_then_forward_equals_fresh_prefill(model_dirs):

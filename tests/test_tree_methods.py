@@ -349,31 +349,3 @@ def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch
     early = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
     assert early == alone and [t for _, ids in early for t in ids] == plain
     assert len(early_rounds) == len(early) and early_rounds[0] == 1 and max(early_rounds) > 1
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_medusa_rounds_queued_behind_unread_ones_give_the_same_events(decoder, monkeypatch, temperature):
-    """Pipelined (as on the GPU), a Medusa round is queued before the last one is read: its tree picked on
-    the device by the last outcome, the last block rolled back on the device and the new one placed after
-    its accepted path. The events (tokens, verdicts, uniforms) are the synchronous loop's, and every round
-    after the first was queued that way."""
-    config = GenerationConfig(method="medusa", k=4, sampling=SamplingParams(temperature), max_new_tokens=60,
-                              seed=3)
-
-    def events():
-        return [(e.emitted_ids, e.accepted_count, [(t.token_id, t.u, t.accepted) for t in e.drafted],
-                 e.finish_reason) for e in decoder.generate(PROMPT, config)]
-
-    alone = events()
-    queued_after = []
-    original = SpeculativeDecoder._roll_back_on_device
-
-    def counted(self, previous, latest):
-        queued_after.append(previous.draft.size)
-        return original(self, previous, latest)
-
-    monkeypatch.setattr(SpeculativeDecoder, "_roll_back_on_device", counted)
-    monkeypatch.setattr(decoder, "pipelined", True)
-    assert events() == alone
-    assert len(queued_after) >= len(alone) - 1 and max(queued_after) > 0
-    assert sum(accepted for _, accepted, _, _ in alone) > 0  # paths were kept, not only the last token

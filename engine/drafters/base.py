@@ -133,20 +133,13 @@ class Drafter(ABC):
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:  # noqa: B027 optional hook
         """The last draft's accepted path was kept and state.tokens extended."""
 
-    # whether propose_after may queue the next round before the last one is read (GPU)
-    proposes_after: ClassVar[bool] = False
-
-    def propose_after(self, state: DecodeState, k: int, result) -> Optional[Draft]:
-        """The draft of the round after one whose outcome is still on the device: result, its kernels'
-        VerifyResult (device tensors); verified() has run for it, commit() has not. Nothing here may wait
-        for the device or change what propose would do (the draft may be discarded); None: propose once the
-        round is read."""
-        return None
+    # whether round_graph may offer a round to queue behind an unread one (GPU)
+    replays_rounds: ClassVar[bool] = False
 
     def round_graph(self, state: DecodeState, config, width: int):
         """A whole round captured as one graph that feeds itself on the device (engine.round_graph), for the
         rounds queued behind unread ones (width: the readout's top alternatives per row); None: this drafter
-        has none here (they go through propose_after)."""
+        has none here (its next round is launched once the last one is read)."""
         return None
 
     def replayed(self, graph) -> None:  # noqa: B027 optional hook

@@ -62,7 +62,7 @@ class DraftModelDrafter(Drafter):
         return self._eager_chain(state, logits, k, uniforms)
 
     @property
-    def proposes_after(self) -> bool:
+    def replays_rounds(self) -> bool:
         """A round after an unread one may be a replay of the round graph (round_graph)."""
         return ROUND_GRAPHS and self.round_target is not None
 

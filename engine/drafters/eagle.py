@@ -195,7 +195,7 @@ class EagleDrafter(Drafter):
         return self._chain(state, self._step(pending.committed_features(), tokens), k, sampling, uniforms)
 
     @property
-    def proposes_after(self) -> bool:
+    def replays_rounds(self) -> bool:
         """A chain's round after an unread one may be a replay of its round graph (round_graph)."""
         return ROUND_GRAPHS and self.tree_nodes == 0
 

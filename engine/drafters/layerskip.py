@@ -90,7 +90,7 @@ class LayerSkipDrafter(DraftModelDrafter):
     """A draft-model drafter whose draft model is the target's first L layers, over the target's cache."""
 
     name = "layerskip"
-    proposes_after = False  # its cache is the target's: no round graph of its own
+    replays_rounds = False  # its cache is the target's: no round graph of its own
 
     def __init__(self, target: LlamaRunner, layers: int = 0):
         self.layers = resolve_draft_layers(target, layers)

@@ -26,9 +26,6 @@ CONFIG_FILE = "medusa_config.json"
 # SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, once the outcome is read (no
 # MedusaDrafter.verified work), for comparisons
 EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
-# SPECPLAY_ROUND_GRAPHS=0 queues a greedy round behind an unread one op by op (propose_after), not as one
-# replay of its captured round (engine.round_graph), for comparisons
-ROUND_GRAPHS = os.environ.get("SPECPLAY_ROUND_GRAPHS", "1") != "0"
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
 RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05)
@@ -208,21 +205,11 @@ class MedusaDrafter(Drafter):
         ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
 
-    proposes_after = True
-
-    def propose_after(self, state: DecodeState, k: int, result) -> Draft | None:
-        """The accepted row's tree, picked on the device from the early drafts of every row (verified) by the
-        round's outcome: row 0 when nothing was accepted, else the last accepted node's row."""
-        if self.early is None:
-            return None
-        _, _, parents = self._tree(*self._shape(k), state.device)
-        path = torch.cat((result.path.new_full((1,), -1), result.path[0]))  # [N+1]: -1, then the path
-        row = path.index_select(0, result.accepted[:1]) + 1  # [1]
-        return Draft(tokens=self.early.index_select(0, row)[0], parents=parents)  # tokens [N]
+    replays_rounds = True  # its round after an unread one is a replay of its round graph (round_graph)
 
     def round_graph(self, state: DecodeState, config, width: int):
         """Rounds as one self-feeding graph replay each (engine.round_graph), where it applies."""
-        if not (EARLY_HEADS and ROUND_GRAPHS) or self.early is None:
+        if not EARLY_HEADS or self.early is None:
             return None
         from engine.round_graph import medusa_round_graph
 
