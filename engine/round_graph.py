@@ -153,8 +153,8 @@ class ChainRoundGraph(RoundGraph):
     """A chain drafter's round of K, greedy or sampled (sampling: the run's ChainSampling; the draft's
     uniforms and the verification's copied in before each replay). Subclasses set up their drafter's
     buffers and give _draft(), which returns the chain (tokens [K], q [K, V] or None) from the last round's
-    outcome and advances their own buffers; the target's block, its verification and the readout are
-    here."""
+    outcome, and _advance(), which moves their buffers on; the target's block, its verification and the
+    readout are here."""
 
     def _chain_buffers(self, target, k: int) -> None:
         device = target.device
