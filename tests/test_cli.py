@@ -475,6 +475,32 @@ def test_a_sweep_whose_plain_runs_drift_is_flagged():
     assert sweep_steadiness([{"k": 1, "speedup": 1.0}]) is None  # rows without paired plain runs
 
 
+def test_a_sweep_is_swept_again_while_the_machine_drifts(monkeypatch):
+    """engine.bench.steadiest_k_sweep: a steady first sweep is the only one; an unsteady one is swept again,
+    up to `passes` sweeps, and the sweep whose plain runs spread least is kept; a stopped sweep (fewer rows
+    than Ks) is not repeated."""
+    from engine import bench
+
+    def sweep(plain):
+        return [{"k": k, "plain_tokens_per_s": p, "calibrated_plain_ms": 1000 / plain[0], "speedup": 1.5}
+                for k, p in zip((1, 2, 4), plain)]
+
+    def replay(*sweeps):
+        queue = list(sweeps)
+        monkeypatch.setattr(bench, "bench_k_sweep", lambda *args, **kw: queue.pop(0))
+
+    steady, drifted, less = sweep([3000, 3050, 2990]), sweep([3000, 2000, 3050]), sweep([3000, 2700, 3000])
+    replay(steady)
+    assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4)) == (steady, 1)
+    replay(drifted, steady)
+    assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4)) == (steady, 2)
+    replay(drifted, less, drifted)
+    assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4), passes=3) == (less, 3)
+    assert bench.plain_spread(less) == pytest.approx(3000 / 2700 - 1)
+    replay(drifted[:2])
+    assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4)) == (drifted[:2], 1)
+
+
 def test_k_sweep_rows_carry_their_plain_runs():
     from engine.bench import bench_k_sweep
     from engine.config import GenerationConfig

@@ -140,6 +140,7 @@ def other_cases():
         "ks words": ([*sweep, "--ks", "a,b"], "--ks"),
         "ks out of range": ([*sweep, "--ks", "0,40"], "--ks"),
         "ks empty": ([*sweep, "--ks", ","], "--ks"),
+        "sweep passes zero": ([*sweep, "--passes", "0"], "--passes"),
         "bench unknown method": ([*methods, "--methods", "magic"], "unknown method"),
         "bench prompts zero": ([*methods, "--prompts", "0"], "--prompts"),
         "bench repeats negative": ([*methods, "--repeats", "-1"], "--repeats"),
