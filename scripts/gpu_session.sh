@@ -74,15 +74,15 @@ if has batch; then
     --ks 4 2>&1 | grep -v "compiling" | tail -12 | tee "$OUT/batch_llama8b.txt"
 fi
 if has ksweep; then
-  timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+  timeout 160 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
     --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu.txt" | tail -12
 fi
 if has predictions; then
   for pass in 1 2; do
-    timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+    timeout 160 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
       --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu_pass$pass.txt" | tail -11
   done
-  timeout 80 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+  timeout 160 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
     --max-new-tokens 128 --temperature 0.8 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu_t08.txt" | tail -11
   timeout 100 python3 scripts/calibration_spread.py --device cuda --repeats 5 2>&1 | grep -v "compiling" \
     | tee "$OUT/calibration_spread_gpu.txt" | tail -5
