@@ -31,6 +31,6 @@ if has batch; then
     timeout 100 python3 scripts/profile_step.py --synthetic $shape 2>&1 | tee "$OUT/profile_$shape.txt" | grep "^n=\|floor"
   done
   echo "== bench k-sweep, shipped pair (measured beside predicted)"
-  timeout 120 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
+  timeout 200 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
     --max-new-tokens 128 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu.txt"
 fi
