@@ -110,15 +110,25 @@ def _rounds(decoder, config, pipelined: bool, prompt: str = PROMPT) -> list:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature):
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature, k):
     """Medusa's replayed rounds are the rounds launched once the last is read: tokens, verdicts, uniforms."""
-    config = GenerationConfig(method="medusa", k=4, sampling=SamplingParams(temperature, 0, 0.9),
+    config = GenerationConfig(method="medusa", k=k, sampling=SamplingParams(temperature, 0, 0.9),
                               max_new_tokens=60, seed=3)
     alone = _rounds(decoder, config, pipelined=False)
     assert not queued
     assert _rounds(decoder, config, pipelined=True) == alone
     assert sum(queued) >= len(alone) - 2
     assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
+
+
+def test_medusa_replays_on_the_shipped_pair(shipped, queued):
+    """With the shipped heads, whose paths are accepted: the replayed rounds are the synchronous ones."""
+    decoder, prompt = shipped
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=48)
+    alone = _rounds(decoder, config, False, prompt)
+    assert _rounds(decoder, config, True, prompt) == alone
+    assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone) // 3
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "draft"])
