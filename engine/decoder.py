@@ -526,10 +526,11 @@ class SpeculativeDecoder:
     def _roll_back(self, draft: Draft, outcome: _RoundOutcome, start: int) -> None:
         """Keep the last committed token and the accepted path in the target cache; the next token stays
         out."""
-        if draft.is_tree:
+        if draft.is_tree and outcome.path != list(range(len(outcome.path))):
             keep = to_device([0] + [i + 1 for i in outcome.path], self.device)
             self.target.compact(start, keep)
         elif draft.size:  # an empty draft's block is kept whole (and a plain round queued after it stays)
+            # a chain, or a tree whose path is its first rows: they are in place
             self.target.rollback(start + 1 + outcome.accepted)
 
     def _queue_readout(self, draft: Draft, result, logits, config) -> _QueuedReadout:

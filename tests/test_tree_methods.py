@@ -349,3 +349,24 @@ def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch
     early = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
     assert early == alone and [t for _, ids in early for t in ids] == plain
     assert len(early_rounds) == len(early) and early_rounds[0] == 1 and max(early_rounds) > 1
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_a_tree_path_in_its_first_rows_is_kept_in_place(decoder, monkeypatch, method):
+    """A tree round whose accepted path is the block's first rows (nodes 0, 1, ...; nothing accepted
+    included) is rolled back like a chain; the cache is compacted only for other paths. Greedy output is
+    plain decoding's either way."""
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
+    compacted = []
+    compact = decoder.target.compact
+
+    def counted(start, keep):
+        compacted.append(keep.tolist())
+        compact(start, keep)
+
+    monkeypatch.setattr(decoder.target, "compact", counted)
+    events = list(decoder.generate(PROMPT, config_for(method, k=4, max_new_tokens=40)))
+    assert [t for e in events for t in e.emitted_ids] == plain
+    paths = [[i for i, t in enumerate(e.drafted) if t.accepted] for e in events]
+    moved = [[0] + [i + 1 for i in p] for p in paths if p != list(range(len(p)))]
+    assert compacted == moved and len(compacted) < len(events)
