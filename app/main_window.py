@@ -650,8 +650,9 @@ class MainWindow(QMainWindow):
             return
         self.sweep_rows = []
         self._start_job(self.sweep_slot, SweepWorker(self.decoder, *inputs, SWEEP_KS),
-                        f"Measuring K = {SWEEP_KS[0]}…", row=self._on_sweep_row,
-                        failed=self._fail_later("K sweep failed"), done=self._on_sweep_done)
+                        f"Measuring K = {SWEEP_KS[0]}…", row=self._on_sweep_row, again=self._on_sweep_again,
+                        steadiest=self._on_sweep_steadiest, failed=self._fail_later("K sweep failed"),
+                        done=self._on_sweep_done)
 
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)
@@ -659,6 +660,15 @@ class MainWindow(QMainWindow):
         done = len(self.sweep_rows)
         following = f"; measuring K = {SWEEP_KS[done]}" if done < len(SWEEP_KS) else ""
         self.set_progress(done, len(SWEEP_KS), f"K sweep: %v of %m Ks measured{following}")
+
+    def _on_sweep_again(self, sweep: int) -> None:
+        """The machine's speed moved during the last sweep: measuring every K again."""
+        self.sweep_rows = []
+        self.show_status(f"The machine's speed moved during the sweep: sweeping again ({sweep} of "
+                         f"{SweepWorker.passes})")
+
+    def _on_sweep_steadiest(self, rows: list) -> None:
+        self.sweep_rows = list(rows)
 
     def _on_sweep_done(self, job: Job) -> None:
         self._task_ended()

@@ -82,7 +82,11 @@ class GenerationWorker(DecoderWorker):
 
 
 class SweepWorker(DecoderWorker):
-    """Measures the speedup of each K on the prompt (engine.bench.bench_k_sweep); one ("row", dict) per K."""
+    """Measures the speedup of each K on the prompt (engine.bench.steadiest_k_sweep); one ("row", dict) per
+    K. While the machine's speed moved during a sweep it sweeps again, once: ("again", n) before sweep n,
+    and at the end ("steadiest", rows) with the sweep kept."""
+
+    passes = 2
 
     def __init__(self, decoder, prompt: str, config, ks):
         super().__init__(decoder, prompt, config)
@@ -93,9 +97,12 @@ class SweepWorker(DecoderWorker):
         return not self._stop.is_set()
 
     def work(self) -> None:
-        from engine.bench import bench_k_sweep
+        from engine.bench import steadiest_k_sweep
 
-        bench_k_sweep(self.decoder, [self.prompt], self.config, self.ks, progress=self._report)
+        rows, swept = steadiest_k_sweep(self.decoder, [self.prompt], self.config, self.ks, passes=self.passes,
+                                        progress=self._report, again=lambda n: self.post("again", n))
+        if swept > 1:
+            self.post("steadiest", rows)
 
 
 class BatchWorker(DecoderWorker):

@@ -187,18 +187,22 @@ UNSTEADY = 0.10  # plain decoding's speed moving this much during a sweep makes 
 
 
 def steadiest_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, passes=2,
-                      progress=None) -> tuple:
+                      progress=None, again=None) -> tuple:
     """bench_k_sweep, swept again (up to `passes` sweeps) while the machine's speed moved during the last
-    one (sweep_steadiness): that sweep's measurements and predictions are suspect. Returns (the rows of the
-    sweep whose plain runs spread least, the sweeps run). A sweep stopped by progress is not repeated."""
+    one (sweep_steadiness): that sweep's measurements and predictions are suspect. again(n), when given, is
+    called before sweep n > 1. Returns (the rows of the complete sweep whose plain runs spread least, or of
+    a stopped first sweep; the sweeps run). A sweep stopped by progress is not repeated."""
     best, best_spread, ran = None, float("inf"), 0
-    for _ in range(passes):
+    for n in range(1, passes + 1):
+        if n > 1 and again is not None:
+            again(n)
         rows = bench_k_sweep(decoder, prompts, base, ks, repeats, progress)
         ran += 1
+        complete = len(rows) == len(ks)
         spread = plain_spread(rows)
-        if best is None or spread < best_spread:
+        if best is None or (complete and spread < best_spread):
             best, best_spread = rows, spread
-        if len(rows) < len(ks) or sweep_steadiness(rows) is None:
+        if not complete or sweep_steadiness(rows) is None:
             break
     return best, ran
 

@@ -333,6 +333,41 @@ def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_wind
     assert window.settings.get("decode/k") == best and window.k_actions[best].isChecked()
 
 
+def test_a_k_sweep_on_a_drifting_machine_sweeps_again_and_shows_the_steadiest(qtbot, make_window,
+                                                                              monkeypatch):
+    """The first sweep's plain runs drift (the steadiness warning): the window clears its rows, sweeps again,
+    and the dialog shows the second, steady sweep without the warning."""
+    from app.main_window import SWEEP_KS
+    from engine import bench
+
+    def sweep(plain, speedup):
+        calibrated_ms = 1000 / plain[0]
+        return [{"k": k, "alpha": 0.5, "tokens_per_forward": 2.0, "tokens_per_s": 100.0,
+                 "speedup": speedup + k / 100, "plain_tokens_per_s": p, "calibrated_plain_ms": calibrated_ms}
+                for k, p in zip(SWEEP_KS, plain)]
+
+    sweeps = [sweep([3000, 2000, 3000, 3000, 3000, 3000], 1.0), sweep([3000] * 6, 2.0)]
+    seen = []
+
+    def canned(decoder, prompts, base, ks, repeats=1, progress=None):
+        rows = sweeps.pop(0)
+        for row in rows:
+            progress(row)
+        seen.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(bench, "bench_k_sweep", canned)
+    window = make_window()
+    window.method_actions["draft"].trigger()
+    window.prompt.setPlainText("def f(x):")
+    window.sweep_action.trigger()
+    qtbot.waitUntil(lambda: window.sweep_dialog is not None, timeout=20000)
+    assert seen == [6, 6] and window.errors == []
+    assert [row["speedup"] for row in window.sweep_rows] == [2.0 + k / 100 for k in SWEEP_KS]
+    assert "speed moved" not in window.sweep_dialog.summary.text()
+    assert window.sweep_dialog.best == SWEEP_KS[-1]
+
+
 @pytest.mark.parametrize("task", ["sweep_action", "check_action"])  # Find the fastest K, Check lossless
 def test_drafting_tasks_need_a_drafting_method_and_a_prompt(qtbot, make_window, task):
     window = make_window()

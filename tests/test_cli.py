@@ -477,8 +477,8 @@ def test_a_sweep_whose_plain_runs_drift_is_flagged():
 
 def test_a_sweep_is_swept_again_while_the_machine_drifts(monkeypatch):
     """engine.bench.steadiest_k_sweep: a steady first sweep is the only one; an unsteady one is swept again,
-    up to `passes` sweeps, and the sweep whose plain runs spread least is kept; a stopped sweep (fewer rows
-    than Ks) is not repeated."""
+    up to `passes` sweeps, and the complete sweep whose plain runs spread least is kept; a stopped sweep
+    (fewer rows than Ks) is not repeated, nor kept over a complete one."""
     from engine import bench
 
     def sweep(plain):
@@ -499,6 +499,10 @@ def test_a_sweep_is_swept_again_while_the_machine_drifts(monkeypatch):
     assert bench.plain_spread(less) == pytest.approx(3000 / 2700 - 1)
     replay(drifted[:2])
     assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4)) == (drifted[:2], 1)
+    again = []
+    replay(drifted, steady[:1])  # the second sweep stopped: the complete first one stands
+    assert bench.steadiest_k_sweep(None, [], None, (1, 2, 4), again=again.append) == (drifted, 2)
+    assert again == [2]
 
 
 def test_k_sweep_rows_carry_their_plain_runs():
