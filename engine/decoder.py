@@ -13,11 +13,13 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from engine import methods
+from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
+from engine.round_graph import plain_round_graph
 from engine.runner import to_device
 from engine.text import IncrementalText
 from engine.timing import RoundClock, Stopwatch
@@ -27,6 +29,8 @@ TOP_ALTERNATIVES = 5
 # SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no round graph replays
 # queued behind unread rounds), for comparisons
 QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
+# SPECPLAY_PLAIN_ROUND_GRAPHS=0 queues plain decoding's rounds as launched rounds, not replays of its step
+PLAIN_ROUND_GRAPHS = os.environ.get("SPECPLAY_PLAIN_ROUND_GRAPHS", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 
 
@@ -409,18 +413,31 @@ class SpeculativeDecoder:
         """The round after `previous`, queued before `previous` is read: plain decoding's from its next token
         on the device, a drafter's as one replay of its round graph. None (the round is launched once
         `previous` is read) when the drafter has no graph here or the cache might not hold the block."""
-        if not drafter.replays_rounds:
-            return self._launch_round(state, drafter, config, previous.next_token_on_device)
         width = min(TOP_ALTERNATIVES, self.vocab_size)
-        graph = drafter.round_graph(state, config, width)
-        return None if graph is None else self._replay_round(state, drafter, graph, previous, width)
+        graph = self._round_graph(state, drafter, config, width)
+        if graph is not None:
+            return self._replay_round(state, drafter, graph, previous, width)
+        if isinstance(drafter, NoDrafter):
+            return self._launch_round(state, drafter, config, previous.next_token_on_device)
+        return None
+
+    def _round_graph(self, state, drafter, config, width: int):
+        """The captured round to replay behind an unread one: plain decoding's step, or the drafter's round
+        graph; None where there is none (see _queues_after)."""
+        if not (QUEUE_AFTER and getattr(self.target, "takes_device_starts", False)):
+            return None
+        if isinstance(drafter, NoDrafter):
+            return plain_round_graph(self.target, state.backend, width, chain_sampling(state)) \
+                if PLAIN_ROUND_GRAPHS else None
+        return drafter.round_graph(state, config, width) if drafter.replays_rounds else None
 
     def _replay_round(self, state, drafter: Drafter, graph, previous: _Launched, width: int
                       ) -> Optional[_Launched]:
         """The round after `previous` as one replay of the drafter's round graph (engine.round_graph), which
         reads `previous`'s outcome on the device: seeded from it first when `previous` ran apart. A sampled
-        round's uniforms are drawn here, where _verify draws them, and copied in. The draft phase is empty:
-        the replay's time counts as the verification's."""
+        round's uniforms are drawn here, where _verify draws them, and copied in. A chain's drafting is a
+        graph of its own, replayed first: the clock times it as the draft phase. Medusa's heads draft at the
+        end of its round's graph, so its draft phase is empty and its verification phase holds them."""
         fed = graph.fed_by is previous
         latest = previous.block_start + 1 + (graph.depth if fed else _depth(previous.draft))
         if latest + graph.rows > self.target.max_length:
@@ -429,6 +446,7 @@ class SpeculativeDecoder:
         if not fed:
             graph.seed(previous, drafter)
         uniforms = None if state.config.sampling.greedy else graph.draw_uniforms(state)  # [N+1] host
+        graph.replay_draft()
         clock.mark()
         self.target.rollback(latest)
         graph.replay()

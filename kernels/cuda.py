@@ -45,12 +45,10 @@ from kernels.launch_spec import (
     SPECS,
     WARP_ARGS,
     module_source,
-    row_stats_bytes,
     wide_chunks,
-    wide_sync_words,
-    wide_workspace_bytes,
 )
 from kernels.reference import VerifyResult
+from kernels.workspaces import Workspaces
 
 try:
     import cupy
@@ -101,8 +99,7 @@ class DeviceState:
         self.index = index
         self.device = torch.device("cuda", index)
         self.streams: dict = {}  # stream pointer -> cupy ExternalStream (for CuPy's own launch)
-        self.work: dict = {}  # stream pointer -> _VerifyWorkspace
-        self.wide: dict = {}  # stream pointer -> _WideWorkspace
+        self.workspaces = Workspaces(self.device)  # the verification's and sp_wide's scratch, per stream
         self.parents: dict = {}  # tuple of parents, or ("chain", n) -> int64 device tensor
         self._threads = threading.local()  # .launchers: this thread's {kernel name: _Launcher}
         self.kernels = _compile(index)  # kernel name ("sp_wide<float>", ...) -> cupy RawKernel
@@ -128,24 +125,11 @@ class DeviceState:
             self.streams[ptr] = st
         return st
 
-    def verify_workspace(self, stream_ptr: int, rows: int, batch: int, vocab: int) -> _VerifyWorkspace:
-        vocab_batch = batch * vocab
-        ws = self.work.get(stream_ptr)
-        if ws is None or ws.rows < rows or ws.batch < batch or ws.vocab_batch < vocab_batch:
-            if ws is not None:  # grow, never shrink
-                rows, batch, vocab_batch = (max(rows, ws.rows), max(batch, ws.batch),
-                                            max(vocab_batch, ws.vocab_batch))
-            ws = self.work[stream_ptr] = _VerifyWorkspace(self.device, rows, batch, vocab_batch)
-        return ws
+    def verify_workspace(self, stream_ptr: int, rows: int, batch: int, vocab: int):
+        return self.workspaces.verify(stream_ptr, rows, batch, vocab)
 
-    def wide_workspace(self, stream_ptr: int, batch: int, rows_per_seq: int, chunks: int) -> _WideWorkspace:
-        nbytes = wide_workspace_bytes(batch, rows_per_seq, chunks)
-        ws = self.wide.get(stream_ptr)
-        if ws is None or ws.nbytes < nbytes or ws.batch < batch:
-            if ws is not None:  # grow, never shrink
-                nbytes, batch = max(nbytes, ws.nbytes), max(batch, ws.batch)
-            ws = self.wide[stream_ptr] = _WideWorkspace(self.device, nbytes, batch)
-        return ws
+    def wide_workspace(self, stream_ptr: int, batch: int, rows_per_seq: int, chunks: int):
+        return self.workspaces.wide(stream_ptr, batch, rows_per_seq, chunks)
 
     def wide_grid(self, tasks: int) -> int:
         """sp_wide's grid: at most one block per SM, so that all blocks are co-resident (grid barriers)."""
@@ -175,31 +159,6 @@ def _compile(index: int) -> dict:
     with cupy.cuda.Device(index):
         module = cupy.RawModule(code=module_source(), options=_OPTIONS, name_expressions=_TEMPLATES)
         return {name: module.get_function(name) for name in _NAMES}
-
-
-class _VerifyWorkspace:
-    """sp_verify's scratch: a RowStats per row, a completion counter per sequence (zeroed; the kernel leaves
-    it zeroed) and a residual row per sequence."""
-
-    def __init__(self, device: torch.device, rows: int, batch: int, vocab_batch: int):
-        self.rows, self.batch, self.vocab_batch = rows, batch, vocab_batch
-        self.stats = torch.empty(row_stats_bytes(rows), dtype=torch.uint8, device=device)
-        self.counters = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.scratch = torch.empty(vocab_batch, dtype=torch.float32, device=device)
-        self.stats_ptr = self.stats.data_ptr()
-        self.counters_ptr = self.counters.data_ptr()
-        self.scratch_ptr = self.scratch.data_ptr()
-
-
-class _WideWorkspace:
-    """sp_wide's `ws` (bytes) and `sync` (zeroed; the kernel leaves it zeroed), for `batch` sequences."""
-
-    def __init__(self, device: torch.device, nbytes: int, batch: int):
-        self.nbytes, self.batch = nbytes, batch
-        self.ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        self.sync = torch.zeros(wide_sync_words(batch), dtype=torch.int32, device=device)
-        self.ws_ptr = self.ws.data_ptr()
-        self.sync_ptr = self.sync.data_ptr()
 
 
 # ----------------------------------------------------------------------------------------------- launching

@@ -60,11 +60,13 @@ def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes)
     round is often a replay of their round graph (engine.round_graph), queued behind the first."""
     import engine.drafters.draft_model as draft_model
     import engine.drafters.eagle as eagle
+    import engine.round_graph as round_graph
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
     assert decoder.pair.target.decode_kernels is not None
-    for module in (eagle, draft_model):  # off by default until this test has run on a GPU
+    for module in (eagle, draft_model):
         monkeypatch.setattr(module, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # sampled chains replayed (off by default)
     replays = _count_calls(monkeypatch, "_replay_round")
     config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
                               seed=1000)
@@ -169,16 +171,19 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     assert {"medusa", "medusa_rows"} <= kinds
 
 
+@pytest.mark.parametrize("method", ["medusa", "none"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_medusa_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, temperature):
-    """bf16 on the decode kernels: a Medusa round queued before the last one is read, one replay of the
-    captured round (engine.round_graph) seeded by the first round, gives the rounds of one launched after
-    the read (tokens, verdicts, uniforms); every round after the first goes that way, and the next
-    generation seeds the graph again."""
+def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
+    """bf16 on the decode kernels: a Medusa round (a plain step) queued before the last one is read, one
+    replay of the captured round (engine.round_graph) seeded by the first round, gives the rounds of one
+    launched after the read (tokens, verdicts, uniforms); every round after the first goes that way, and the
+    next generation seeds the graph again."""
     from engine import decoder as decoder_module
+    from engine import round_graph
 
-    decoder = build(tmp_path_factory.mktemp("gpu_medusa_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
-    config = GenerationConfig(method="medusa", k=4, max_new_tokens=48, seed=7,
+    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # a sampled plain step replayed (off by default)
+    decoder = build(tmp_path_factory.mktemp("gpu_queued_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=4, max_new_tokens=48, seed=7, stop_at_eos=False,
                               sampling=SamplingParams(temperature, 0, 0.9))
 
     def rounds():
@@ -257,7 +262,6 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
         assert [t for _, ids in fused for t in ids] == plain
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "draft"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, k):
@@ -286,6 +290,7 @@ def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, m
     assert decoder.generate_ids(PROMPT, config) == plain
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
     """An EAGLE tree reaches the verification with its parents and block on the device (no mid-round copy),
     and its rounds are the rounds of the tree copied to the host (a target without device trees)."""

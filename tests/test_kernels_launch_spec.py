@@ -142,3 +142,28 @@ def test_cuda_py_has_no_positional_argument_tuples():
     # state, kernel, grid and stream positional; every kernel argument by name
     assert launches and all(len(n.args) == 4 for n in launches)
     assert not re.search(r"\b_ARGS\b", CUDA_PY.read_text())  # the old table of layout strings
+
+
+def test_an_outgrown_workspace_stays_allocated():
+    """A verification or sp_wide workspace replaced by a bigger one is kept: a CUDA graph captured with it
+    launches its kernels with its address (freed, a graph's replays wrote into memory another tensor owned:
+    an illegal address on an H200 in a sampled K sweep). On the CPU the bookkeeping is the same."""
+    import gc
+    import weakref
+
+    import torch
+
+    from kernels.workspaces import Workspaces
+
+    spaces = Workspaces(torch.device("cpu"))
+    small = spaces.verify(7, rows=2, batch=1, vocab=16)
+    kept = weakref.ref(small.scratch)
+    bigger = spaces.verify(7, rows=9, batch=1, vocab=16)
+    assert bigger is not small and bigger.rows == 9 and spaces.verify(7, 3, 1, 16) is bigger
+    assert spaces.verify(8, 2, 1, 16) is not bigger  # another stream, its own
+    wide_small = spaces.wide(7, batch=1, rows_per_seq=2, chunks=4)
+    wide_kept = weakref.ref(wide_small.ws)
+    assert spaces.wide(7, batch=1, rows_per_seq=9, chunks=4) is not wide_small
+    del small, wide_small
+    gc.collect()
+    assert kept() is not None and wide_kept() is not None

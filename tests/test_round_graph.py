@@ -10,6 +10,7 @@ from spec_fixtures import make_perturbed_copy
 from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_llama
 
+import engine.decoder
 import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
 from engine.chain_graph import chain_sampling
@@ -18,7 +19,7 @@ from engine.decoder import SpeculativeDecoder
 from engine.drafters.medusa import MedusaDrafter
 from engine.lossless import check_sampling
 from engine.models import load_pair
-from engine.round_graph import DraftModelRoundGraph, EagleRoundGraph, MedusaRoundGraph
+from engine.round_graph import DraftModelRoundGraph, EagleRoundGraph, MedusaRoundGraph, PlainRoundGraph
 
 
 def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
@@ -84,6 +85,12 @@ def queued(monkeypatch):
                                                state.vocab_size, width, sampling)
         return graphs[key]
 
+    def plain_graph(target, backend, width, sampling=None):
+        key = ("plain", id(target), width, None if sampling is None else sampling.key)
+        if key not in graphs:
+            graphs[key] = PlainRoundGraph(target, backend, width, sampling)
+        return graphs[key]
+
     original = SpeculativeDecoder._replay_round
 
     def counted(self, *args):
@@ -96,6 +103,7 @@ def queued(monkeypatch):
     monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
     monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(engine.decoder, "plain_round_graph", plain_graph)
     monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
     return replays
 
@@ -120,6 +128,26 @@ def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature
     assert _rounds(decoder, config, pipelined=True) == alone
     assert sum(queued) >= len(alone) - 2
     assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_plain_replays_give_the_synchronous_rounds(decoder, queued, temperature):
+    """Plain decoding's steps replayed behind unread ones are the rounds launched apart: tokens and
+    uniforms; and with the replays off (SPECPLAY_PLAIN_ROUND_GRAPHS=0) they are launched rounds again."""
+    config = GenerationConfig(method="none", sampling=SamplingParams(temperature, 0, 0.9), max_new_tokens=40,
+                              seed=5, stop_at_eos=False)
+    alone = _rounds(decoder, config, pipelined=False)
+    assert len(alone) == 40 and not queued
+    assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) == len(alone) - 1
+    assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
+
+
+def test_plain_rounds_launched_apart_without_the_step_graph(decoder, queued, monkeypatch):
+    monkeypatch.setattr(engine.decoder, "PLAIN_ROUND_GRAPHS", False)
+    config = GenerationConfig(method="none", max_new_tokens=30, stop_at_eos=False)
+    alone = _rounds(decoder, config, pipelined=False)
+    assert _rounds(decoder, config, pipelined=True) == alone and not queued
 
 
 def test_medusa_replays_on_the_shipped_pair(shipped, queued):
@@ -184,7 +212,7 @@ def test_chain_rounds_launched_apart_between_replays(shipped, queued, monkeypatc
 
 
 @pytest.mark.slow  # a statistical check: `make test-fast` skips it
-@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3", "draft"])
+@pytest.mark.parametrize("method", ["none", "medusa", "eagle", "eagle3", "draft"])
 def test_replayed_sampling_is_lossless(tmp_path_factory, queued, method):
     """Chi-squared of the first two tokens with the second round replayed when the first is not enough."""
     decoder = _decoder(tmp_path_factory.mktemp(f"chi_replay_{method}"), vocab=24, hidden=32, layers=1,

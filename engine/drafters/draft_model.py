@@ -18,9 +18,9 @@ from engine.runner import CausalRunner, fit_vocab, to_device
 # SPECPLAY_FUSED_DRAFT=0 runs the draft model's forward over the committed tokens and its chain as two
 # graphs (as before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
-# SPECPLAY_DRAFT_ROUND_GRAPHS=1 queues a round behind an unread one as one replay of its captured round
-# (engine.round_graph.DraftModelRoundGraph). Off by default: its GPU tests have not run yet (CPU-tested).
-ROUND_GRAPHS = os.environ.get("SPECPLAY_DRAFT_ROUND_GRAPHS", "0") == "1"
+# a round behind an unread one is a replay of its captured round (engine.round_graph.DraftModelRoundGraph);
+# SPECPLAY_DRAFT_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
+ROUND_GRAPHS = os.environ.get("SPECPLAY_DRAFT_ROUND_GRAPHS", "1") != "0"
 
 
 class DraftModelDrafter(Drafter):

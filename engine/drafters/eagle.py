@@ -52,9 +52,9 @@ TIE_BREAK = 1e-4
 # SPECPLAY_FUSED_DRAFT=0 steps the head over the committed positions and drafts the chain as two graphs (as
 # before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
-# SPECPLAY_EAGLE_ROUND_GRAPHS=1 queues a chain's round behind an unread one as one replay of its captured
-# round (engine.round_graph.EagleRoundGraph). Off by default: its GPU tests have not run yet (CPU-tested).
-ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "0") == "1"
+# a chain's round behind an unread one is a replay of its captured round (engine.round_graph.EagleRoundGraph);
+# SPECPLAY_EAGLE_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
+ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
 
 
 @dataclass
