@@ -137,7 +137,9 @@ drafts nothing and counts as one target step with no drafted tokens (it does not
 <li><b>Medusa</b>: extra heads on the target predict the tokens 1..K ahead from its last hidden state; their
 top candidates form a tree verified in one forward with a tree attention mask. On a GPU (bf16/fp16) each
 round after the first is queued behind the one before it as a single captured graph (keep the accepted path,
-pick the next tree, verify), so its drafting shows inside the verification phase.</li>
+pick the next tree, verify), so its drafting shows inside the verification phase. Plain decoding's steps, and
+greedy rounds of EAGLE's chain and of the draft model, are queued the same way (their drafting a graph of its
+own, so it keeps its own phase).</li>
 <li><b>EAGLE</b>: a one-layer head drafts from the target's hidden features, autoregressively: a chain of K,
 or a dynamic tree of N nodes (EAGLE, dynamic tree of 8 nodes).</li>
 <li><b>EAGLE-3</b>: like EAGLE, but the head reads the outputs of several of the target's layers (a low, a
