@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from engine.errors import SpecplayError
 from engine.llama import DECODE_ROWS, GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
-from engine.runner import captured, graph_capture, to_device
+from engine.runner import captured, graph_capture, to_device, warm_up_stream
 
 KV_ALIGN = 64  # on GPU the cache length is rounded up to this many rows (an aligned attention mask)
 GRAPH_LIMIT = 32  # captured steps kept per batch runner; past this, new shapes run eagerly
@@ -260,13 +260,10 @@ class CapturedBatchStep:
                 return runner.step_embeds(self.tokens, self.start, kv)
             return runner.step(self.tokens, self.start, kv)
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with warm_up_stream(device):
             body()  # warm-up outside the capture (cuBLAS handles, workspaces)
-        torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with graph_capture(self.graph, pool):
+        with graph_capture(self.graph, pool, device):
             self.logits, self.hidden = body()  # [B, n, V], [B, n, H]
 
     def run(self, tokens: torch.Tensor, start: torch.Tensor):

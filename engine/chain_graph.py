@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from engine.runner import captured, fill_unknown, fit_vocab, graph_capture
+from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
 
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
@@ -29,13 +29,10 @@ class CapturedChain:
     def __init__(self, fn: Callable, inputs: tuple, device: torch.device, pool):
         self.inputs = inputs
         self.fn = fn  # keeps alive every tensor the graph reads that fn's closure holds (a tree's index, say)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with warm_up_stream(device):
             fn(*inputs)  # warm-up outside the capture (cuBLAS workspaces, lazy kernels)
-        torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with graph_capture(self.graph, pool):
+        with graph_capture(self.graph, pool, device):
             self.outputs = fn(*inputs)
 
     def run(self, *values) -> torch.Tensor:

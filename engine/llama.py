@@ -39,6 +39,7 @@ from engine.runner import (
     to_device,
     tree_ancestor_mask,
     tree_depths,
+    warm_up_stream,
 )
 from kernels.step import ATTENTION_MAX_D, HALF_DTYPES, StepKernels, gemv_fits
 
@@ -908,13 +909,10 @@ class CapturedStep:
         def body():
             return runner._block_step(self.x, self.start, self.depth, self.block_visible, kv)
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with warm_up_stream(device):
             body()  # warm-up: cuBLAS handles and workspaces are created outside the capture
-        torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with graph_capture(self.graph, pool):
+        with graph_capture(self.graph, pool, device):
             self.hidden, self.logits = body()  # [n, H], [n, V]
             self.taps = runner.last_taps  # [n, taps * H] or None
         self.runner = runner

@@ -133,18 +133,48 @@ def tree_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask.to(parents.device)
 
 
+_CAPTURE_STREAMS: dict = {}  # device -> the stream its graphs are warmed up and captured on
+
+
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One side stream per device, for the warm-up before a capture and for the capture itself. The kernels
+    keep scratch per stream that they make on first use (kernels.workspaces: zeroed counters); warmed up on
+    the stream the capture then uses, that scratch is made and zeroed for real, outside any graph. Made first
+    inside a capture, its zeroing would be a node of that one graph, its memory that graph's pool's, and
+    every other graph captured with it would depend on that graph having run (or on its capture not having
+    failed)."""
+    device = torch.device(device)
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(key)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[key] = torch.cuda.Stream(torch.device("cuda", key))
+    return stream
+
+
 @contextlib.contextmanager
-def graph_capture(graph: "torch.cuda.CUDAGraph", pool):
-    """torch.cuda.graph with two guards. Python's cyclic collector is held off: freeing a pinned host buffer
-    inside a capture makes CUDA calls that may invalidate it (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, seen now
-    and then on H200s, never in the same place twice). And the capture is thread-local: another thread's
-    CUDA calls cannot invalidate it. A capture that fails leaves its memory pool recording (torch skips the
-    pool's end when the capture's end raises), so its recording is ended here; the owner then takes a new
-    pool (see captured)."""
+def warm_up_stream(device: torch.device):
+    """Run the body on the device's capture stream, after the current stream's queued work and before its
+    next (a graph's warm-up: cuBLAS handles, workspaces and lazy kernels made outside the capture)."""
+    stream = capture_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+@contextlib.contextmanager
+def graph_capture(graph: "torch.cuda.CUDAGraph", pool, device: torch.device):
+    """torch.cuda.graph on the device's capture stream, with two guards. Python's cyclic collector is held
+    off: freeing a pinned host buffer inside a capture makes CUDA calls that may invalidate it
+    (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, seen now and then on H200s, never in the same place twice). And
+    the capture is thread-local: another thread's CUDA calls cannot invalidate it. A capture that fails
+    leaves its memory pool recording (torch skips the pool's end when the capture's end raises), so its
+    recording is ended here; the owner then takes a new pool (see captured)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream(device),
+                              capture_error_mode="thread_local"):
             yield
     except RuntimeError:
         _end_pool_recording(pool)

@@ -338,3 +338,34 @@ def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, me
     if temperature == 0.0:
         plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
         assert [t for _, ids in fused for t in ids] == plain
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypatch, temperature):
+    """Every verification and sp_wide workspace is made by a warm-up, on the stream the capture then uses
+    (engine.runner.capture_stream), never inside a capture: made there, its zeroing would be a node of one
+    graph and its memory that graph's pool's (an illegal address in a sampled K sweep on an H200). A large
+    vocabulary takes sp_wide for chains; the sampled rounds are replayed for the check."""
+    from engine import round_graph
+    from kernels.workspaces import Workspaces
+
+    made_while_capturing = []
+    for name in ("verify", "wide"):
+        original = getattr(Workspaces, name)
+
+        def recorded(self, stream_ptr, *args, _original=original):
+            before = set(map(id, self.outgrown)) | {id(w) for w in self.current_verify.values()} \
+                | {id(w) for w in self.current_wide.values()}
+            ws = _original(self, stream_ptr, *args)
+            if id(ws) not in before:
+                made_while_capturing.append(torch.cuda.is_current_stream_capturing())
+            return ws
+
+        monkeypatch.setattr(Workspaces, name, recorded)
+    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)
+    decoder = build(tmp_path_factory.mktemp("gpu_workspaces"), 4096, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    for method, k in (("none", 0), ("draft", 1), ("draft", 4), ("eagle", 6), ("medusa", 4)):
+        config = GenerationConfig(method=method, k=max(k, 1), max_new_tokens=40, stop_at_eos=False, seed=3,
+                                  sampling=SamplingParams(temperature, 0, 1.0))
+        decoder.generate_ids(PROMPT, config)
+    assert made_while_capturing and not any(made_while_capturing)
