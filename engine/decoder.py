@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -80,6 +80,9 @@ class _Launched:
     # the round graph's replay queued behind this one before this one was read, which took this round's
     # outcome on the device (SpeculativeDecoder._replay_round); its block_start is set once this one is read
     successor: Optional["_Launched"] = None
+    # a replay whose chain has K slots and a count of real drafts known on the device only (n-gram): its
+    # readout ends with the count, its draft is cut to it when read, and its block had K+1 rows whatever it
+    counted: bool = False
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
@@ -136,6 +139,12 @@ class _RoundReadout:
                    accept_prob=part["accept_prob"], tested=part["tested"], next_p=part["next_p"][next_row],
                    top_p=[part["top_p"][r * width:(r + 1) * width] for r in range(rows)],
                    top_i=[[int(i) for i in part["top_i"][r * width:(r + 1) * width]] for r in range(rows)])
+
+    def trimmed(self, n: int) -> "_RoundReadout":
+        """The readout of the first n drafted tokens of a chain (its accepted path lies within them)."""
+        return replace(self, draft_tokens=self.draft_tokens[:n], p=self.p[:n], q=self.q[:n],
+                       accept_prob=self.accept_prob[:n], tested=self.tested[:n], top_p=self.top_p[:n + 1],
+                       top_i=self.top_i[:n + 1])
 
 
 class SpeculativeDecoder:
@@ -456,14 +465,16 @@ class SpeculativeDecoder:
         readout = self._copy_readout(graph.values, width, draft)
         clock.mark()
         launched = _Launched(clock, draft, latest, graph.logits, graph.features, graph.result, uniforms,
-                             readout)
+                             readout, counted=graph.counts_drafts)
         previous.successor = graph.fed_by = launched
         return launched
 
     def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
         """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
         successor = launched.successor
-        if successor is None:
+        if successor is None and launched.counted:  # its block's K+1 rows were written, drafts or not
+            self.target.rollback(launched.block_start + 1 + outcome.accepted)
+        elif successor is None:
             self._roll_back(launched.draft, outcome, launched.block_start)
         else:  # the successor's replay rolled this block back on the device; its block follows the path
             successor.block_start = launched.block_start + 1 + outcome.accepted
@@ -584,7 +595,12 @@ class SpeculativeDecoder:
         values = launched.readout.wait()
         if launched.readout.parents is not None:  # the device tree's shape, for the rollback and the event
             launched.draft.parents = launched.readout.parents
-        return _RoundReadout.unpack(values, launched.draft.size, launched.readout.width)
+        if not launched.counted:
+            return _RoundReadout.unpack(values, launched.draft.size, launched.readout.width)
+        count = int(values[-1])
+        round_ = _RoundReadout.unpack(values[:-1], launched.draft.size, launched.readout.width).trimmed(count)
+        launched.draft = Draft(tokens=launched.draft.tokens[:count])
+        return round_
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
         """The event's DraftedTokens and the next token's figures, from the round's readout."""

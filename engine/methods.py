@@ -57,7 +57,7 @@ def _draft(decoder, config):
 def _ngram(decoder, config):
     from engine.drafters.ngram import NgramDrafter
 
-    return NgramDrafter()
+    return NgramDrafter(decoder.target)
 
 
 def _medusa(decoder, config):

@@ -58,6 +58,8 @@ class RoundGraph:
     depth: int
     nodes: int
     parents: Optional[torch.Tensor] = None  # [N] host, a tree's; None for a chain
+    # the readout ends with the count of the chain's real tokens (SpeculativeDecoder._read_round cuts to it)
+    counts_drafts = False
 
     @property
     def rows(self) -> int:
@@ -210,13 +212,13 @@ class ChainRoundGraph(RoundGraph):
             hidden, logits = target._block_step(x, start, depth, visible, kv)  # [K+1, H], [K+1, V]
             features = target.last_taps if target.tap_layers else hidden
             if sampling is None:
-                result = backend.verify_chain_greedy(logits[None], chain[None])
+                result = self._limit(backend.verify_chain_greedy(logits[None], chain[None]), chain)
             else:
                 q = None if q is None else q[None]  # None: plain decoding's empty chain
                 result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
                                                          *sampling.key)
             temperature = 1.0 if sampling is None else sampling.key[0]
-            values = backend.readout(logits, result, chain, temperature, width)
+            values = self._with_count(backend.readout(logits, result, chain, temperature, width))
             self._advance(features)
             self.accepted.copy_(result.accepted[:1])
             self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
@@ -228,6 +230,13 @@ class ChainRoundGraph(RoundGraph):
 
     def _advance(self, features: torch.Tensor) -> None:
         """The drafter's buffers for the next replay, before the outcome's are overwritten."""
+
+    def _limit(self, result, chain: torch.Tensor):
+        """A greedy verification's result, for a chain whose tail may not be real drafts (n-gram)."""
+        return result
+
+    def _with_count(self, values: torch.Tensor) -> torch.Tensor:
+        return values
 
     def _seed_chain(self, launched) -> None:
         self._seed_outcome(launched)
@@ -256,6 +265,82 @@ class PlainRoundGraph(ChainRoundGraph):
 
     def draw_uniforms(self, state) -> torch.Tensor:
         return RoundGraph.draw_uniforms(self, state)  # the verification's one uniform, as _verify draws it
+
+
+def ngram_lookup(history: torch.Tensor, length: torch.Tensor, max_n: int, k: int):
+    """engine.drafters.ngram.lookup_continuation on the device, with fixed shapes: history [M] int64 holds the
+    committed tokens in [0, L) (anything past them), length [1] int64 is L. Returns (tokens [k] int64,
+    count [1] int64): the first `count` tokens are the lookup's proposal, the rest stray ids (0 when nothing
+    matched)."""
+    m, device = history.numel(), history.device
+    starts = torch.arange(m, device=device)  # [M] where an earlier occurrence may begin
+    padded = torch.cat((history, history.new_zeros(max_n + k)))  # [M + max_n + k]
+    best = []  # per suffix length n, longest first: the most recent start matching the last n tokens, or -1
+    for n in range(max_n, 0, -1):
+        match = (starts <= length - n - 1) & (length - 1 >= n)  # [M]: ends before the suffix; n <= L - 1
+        for j in range(n):
+            last = history.gather(0, (length - n + j).clamp_min(0))  # [1]: the suffix's token j
+            match = match & (padded[j:j + m] == last)
+        best.append(torch.where(match, starts, -1).max())
+    best = torch.stack(best)  # [max_n]
+    found = best >= 0
+    longest = found.long().argmax()  # the first n (longest) that matched
+    begin = (best[longest] + max_n - longest).reshape(1)  # [1]: the continuation's first index
+    count = torch.where(found.any(), (length - begin).clamp(0, k), 0)  # [1]
+    index = (begin + torch.arange(k, device=device)).clamp(0, padded.numel() - 1)  # [k]
+    return padded.index_select(0, index), count
+
+
+class NgramRoundGraph(ChainRoundGraph):
+    """n-gram prompt lookup (greedy): the committed tokens kept on the device, the last round's accepted ones
+    and next token appended, the lookup (ngram_lookup) over them; the chain has K slots, and the lookup's
+    count of real tokens caps the verification's accepted length and goes out with the readout."""
+
+    counts_drafts = True
+
+    def __init__(self, target, k: int, max_n: int, backend, width: int):
+        self._chain_buffers(target, k)
+        device = target.device
+        self.history = torch.zeros(target.max_length + k + 2, dtype=torch.long, device=device)  # [M]
+        self.length = torch.zeros(1, dtype=torch.long, device=device)  # committed tokens in history
+        self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
+        rows = torch.arange(k + 1, device=device)  # [K+1]
+
+        def draft():
+            # the last round's emitted tokens: its chain's accepted prefix, then its next token [K+1]
+            emitted = torch.cat((self.draft, self.next_token)).scatter(0, self.accepted, self.next_token)
+            self.history.index_copy_(0, self.length + rows, emitted)  # the rows past them are stray
+            self.length.add_(self.accepted + 1)
+            tokens, count = ngram_lookup(self.history, self.length, max_n, k)
+            self.count.copy_(count)
+            return tokens, None
+
+        self._draft = draft
+        self._capture_chain(target, backend, width, None)
+
+    def _limit(self, result, chain: torch.Tensor):
+        """Accepted no further than the lookup's count; cut there, the next token is the target's argmax at
+        that row, which the chain's token there matched."""
+        k = chain.numel()
+        rows = torch.arange(k, device=chain.device)[None]  # [1, K]
+        accepted = torch.minimum(result.accepted, self.count)  # [1]
+        cut = (result.accepted > self.count) & (result.next_token >= 0)  # -1 (NaN) stays
+        next_token = torch.where(cut, chain.index_select(0, self.count.clamp(max=k - 1)), result.next_token)
+        return result._replace(accepted=accepted, next_token=next_token,
+                               path=torch.where(rows < accepted[:, None], result.path, -1),
+                               tested=result.tested & (rows < self.count[:, None]))
+
+    def _with_count(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.cat((values, self.count.float()))
+
+    def seed(self, launched, drafter) -> None:
+        """Take a round launched without the graph: the committed tokens before it (the drafter's view of
+        the run's tokens, which that round has not extended yet), its outcome and chain."""
+        committed = drafter.committed
+        self.history.zero_()
+        self.history[:len(committed)].copy_(to_device(committed, self.target.device))
+        self.length.fill_(len(committed))
+        self._seed_chain(launched)
 
 
 class EagleRoundGraph(ChainRoundGraph):
@@ -359,6 +444,18 @@ def plain_round_graph(target, backend, width: int, sampling=None) -> Optional[Pl
         return None
     key = ("plain_round", width, None if sampling is None else sampling.key)
     return ChainGraphs.of(target).get(key, lambda: PlainRoundGraph(target, backend, width, sampling))
+
+
+def ngram_round_graph(target, k: int, max_n: int, backend, width: int) -> Optional[NgramRoundGraph]:
+    """The captured greedy n-gram round at K, built on first use and kept with the target's graphs; None
+    where it does not apply (as for Medusa's)."""
+    rows = k + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)):
+        return None
+    if target.length + 1 + k + rows > target.max_length:
+        return None
+    key = ("ngram_round", k, max_n, width)
+    return ChainGraphs.of(target).get(key, lambda: NgramRoundGraph(target, k, max_n, backend, width))
 
 
 def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,

@@ -262,18 +262,20 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
         assert [t for _, ids in fused for t in ids] == plain
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft", "ngram"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, k):
-    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's) chain round queued behind an
-    unread one is one replay of its round graph (engine.round_graph): the drafter reads the last block's
-    rows on the device, the chain and the target's block follow the accepted path. Greedy output equals
+    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's) chain round queued behind
+    an unread one is a replay of its round graph (engine.round_graph): the drafter reads the last block's
+    rows (n-gram: the committed tokens) on the device, the chain and the target's block follow the accepted
+    path. Greedy output equals
     plain decoding with the replays and without them, every round after the first two is a replay, and the
     next generation reseeds the graph."""
     import engine.drafters.draft_model as draft_model
     import engine.drafters.eagle as eagle
+    import engine.drafters.ngram as ngram
 
-    module = draft_model if method == "draft" else eagle
+    module = {"draft": draft_model, "ngram": ngram}.get(method, eagle)
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_replay"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, max_new_tokens=48)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from spec_fixtures import make_perturbed_copy
 from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_llama
@@ -13,13 +14,21 @@ from tiny_models import make_tiny_llama
 import engine.decoder
 import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
+import engine.drafters.ngram as ngram
 from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.drafters.medusa import MedusaDrafter
 from engine.lossless import check_sampling
 from engine.models import load_pair
-from engine.round_graph import DraftModelRoundGraph, EagleRoundGraph, MedusaRoundGraph, PlainRoundGraph
+from engine.round_graph import (
+    DraftModelRoundGraph,
+    EagleRoundGraph,
+    MedusaRoundGraph,
+    NgramRoundGraph,
+    PlainRoundGraph,
+    ngram_lookup,
+)
 
 
 def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
@@ -85,6 +94,14 @@ def queued(monkeypatch):
                                                state.vocab_size, width, sampling)
         return graphs[key]
 
+    def ngram_graph(self, state, config, width):
+        if not state.config.sampling.greedy:
+            return None
+        key = ("ngram", id(self.target), config.k, state.config.ngram_n)
+        if key not in graphs:
+            graphs[key] = NgramRoundGraph(self.target, config.k, state.config.ngram_n, state.backend, width)
+        return graphs[key]
+
     def plain_graph(target, backend, width, sampling=None):
         key = ("plain", id(target), width, None if sampling is None else sampling.key)
         if key not in graphs:
@@ -104,6 +121,8 @@ def queued(monkeypatch):
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
     monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
     monkeypatch.setattr(engine.decoder, "plain_round_graph", plain_graph)
+    monkeypatch.setattr(ngram.NgramDrafter, "round_graph", ngram_graph)
+    monkeypatch.setattr(ngram, "ROUND_GRAPHS", True)
     monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
     return replays
 
@@ -148,6 +167,71 @@ def test_plain_rounds_launched_apart_without_the_step_graph(decoder, queued, mon
     config = GenerationConfig(method="none", max_new_tokens=30, stop_at_eos=False)
     alone = _rounds(decoder, config, pipelined=False)
     assert _rounds(decoder, config, pipelined=True) == alone and not queued
+
+
+def test_the_device_lookup_is_the_host_lookup():
+    """ngram_lookup (fixed shapes, on the device in a round graph) proposes what lookup_continuation does, on
+    random token strings over a few symbols (many matches, of every length), stray tokens past them."""
+    generator = torch.Generator().manual_seed(0)
+    for case in range(600):
+        length = 1 + case % 40
+        max_n, k = 1 + case % 4, 1 + case % 8
+        tokens = torch.randint(0, 2 + case % 4, (length,), generator=generator).tolist()
+        history = torch.randint(0, 9, (length + 16,), generator=generator)  # stray ids past the tokens
+        history[:length] = torch.tensor(tokens)
+        proposal, count = ngram_lookup(history, torch.tensor([length]), max_n, k)
+        expected = ngram.lookup_continuation(tokens, max_n, k)
+        found = proposal[:len(expected)].tolist()
+        assert int(count) == len(expected) and found == expected, (tokens, max_n, k)
+
+
+def test_a_chain_past_the_lookup_count_is_cut_there():
+    """Accepted past the lookup's count (the chain's stray tail matched the target), the round stops at the
+    count: the next token is the target's argmax there, which the chain's token at that row matched. Within
+    the count, and for the NaN flag, the verification's result is kept."""
+    from types import SimpleNamespace
+
+    from kernels.reference import VerifyResult
+
+    def result(accepted, next_token):
+        path = [i if i < accepted else -1 for i in range(4)]
+        return VerifyResult(torch.tensor([accepted]), torch.tensor([next_token]), torch.tensor([path]),
+                            torch.zeros(1, 4), torch.ones(1, 4), torch.zeros(1, 4),
+                            torch.tensor([[i <= accepted for i in range(4)]]))
+
+    chain = torch.tensor([5, 6, 7, 8])
+    graph = SimpleNamespace(count=torch.tensor([2]))
+    cut = NgramRoundGraph._limit(graph, result(4, 9), chain)
+    assert cut.accepted.tolist() == [2] and cut.next_token.tolist() == [7]
+    assert cut.path.tolist() == [[0, 1, -1, -1]] and cut.tested.tolist() == [[True, True, False, False]]
+    kept = NgramRoundGraph._limit(graph, result(1, 3), chain)
+    assert kept.accepted.tolist() == [1] and kept.next_token.tolist() == [3]
+    assert kept.path.tolist()[0][:2] == [0, -1]
+    assert NgramRoundGraph._limit(graph, result(3, -1), chain).next_token.tolist() == [-1]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_ngram_replays_give_the_synchronous_rounds(shipped, queued, k):
+    """n-gram rounds replayed behind unread ones (the lookup on the device, the chain cut to its count) are
+    the rounds launched apart: drafted tokens, verdicts, misses included; greedy output is plain
+    decoding's."""
+    decoder, prompt = shipped
+    config = GenerationConfig(method="ngram", k=k, max_new_tokens=64)
+    alone = _rounds(decoder, config, False, prompt)
+    assert not queued and any(not drafted for _, _, drafted, _ in alone)  # a miss among them
+    assert _rounds(decoder, config, True, prompt) == alone
+    assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone) // 2
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=64))
+    assert [t for ids, *_ in alone for t in ids] == plain
+
+
+def test_ngram_rounds_launched_apart_between_replays(shipped, queued, monkeypatch):
+    decoder, prompt = shipped
+    config = GenerationConfig(method="ngram", k=4, max_new_tokens=64)
+    alone = _rounds(decoder, config, False, prompt)
+    calls = _refuse_every_third(monkeypatch)
+    assert _rounds(decoder, config, True, prompt) == alone
+    assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
 
 
 def test_medusa_replays_on_the_shipped_pair(shipped, queued):

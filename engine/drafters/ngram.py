@@ -1,8 +1,14 @@
 """Prompt lookup: match the last n tokens of the context earlier in it and propose what followed."""
 from __future__ import annotations
 
+import os
+
 from engine.drafters.base import DecodeState, Draft, Drafter
 from engine.runner import to_device
+
+# SPECPLAY_NGRAM_ROUND_GRAPHS=1 queues a greedy round behind an unread one as a replay of its captured round
+# (engine.round_graph.NgramRoundGraph: the lookup on the device). Off by default: CPU-tested only.
+ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "0") == "1"
 
 
 def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
@@ -20,7 +26,25 @@ def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
 class NgramDrafter(Drafter):
     name = "ngram"
 
+    def __init__(self, target=None):
+        """target: the decoder's target runner, for the round graph (None: rounds are launched apart)."""
+        self.target = target
+        self.committed: list = []  # the run's tokens (state.tokens) as of the last proposal
+
     def propose(self, state: DecodeState, k: int) -> Draft:
+        self.committed = state.tokens
         proposal = lookup_continuation(state.tokens, state.config.ngram_n, k)
         tokens = to_device(proposal, state.device)
         return Draft(tokens=tokens)
+
+    @property
+    def replays_rounds(self) -> bool:
+        """A greedy round after an unread one may be a replay of its round graph (round_graph)."""
+        return ROUND_GRAPHS and self.target is not None
+
+    def round_graph(self, state: DecodeState, config, width: int):
+        if not (ROUND_GRAPHS and state.config.sampling.greedy):
+            return None
+        from engine.round_graph import ngram_round_graph
+
+        return ngram_round_graph(self.target, config.k, state.config.ngram_n, state.backend, width)
