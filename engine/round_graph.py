@@ -267,28 +267,38 @@ class PlainRoundGraph(ChainRoundGraph):
         return RoundGraph.draw_uniforms(self, state)  # the verification's one uniform, as _verify draws it
 
 
+class NgramLookup:
+    """engine.drafters.ngram.lookup_continuation on the device, with fixed shapes, in a dozen small kernels:
+    history [M] int64 holds the committed tokens in [0, L) (anything past them), length [1] int64 is L.
+    Returns (tokens [k] int64, count [1] int64): the first `count` tokens are the lookup's proposal, the rest
+    stray ids. An occurrence is found by where it ends: the last n tokens occur earlier, ending at t, when
+    history[t - i] equals the i-th last token for every i < n, a running AND over i for all n at once."""
+
+    def __init__(self, m: int, max_n: int, k: int, device):
+        self.max_n, self.k = max_n, k
+        self.ends = torch.arange(m, device=device)  # [M] where an earlier occurrence may end
+        self.back = torch.arange(max_n, device=device)[:, None]  # [N, 1] tokens back from its end
+        self.earlier = (self.ends - self.back).clamp_min(0)  # [N, M] the index of history[t - i]
+        self.lengths = self.back[:, 0] + 1  # [N] the suffix length n of each row
+        self.steps = torch.arange(k, device=device)  # [k]
+
+    def __call__(self, history: torch.Tensor, length: torch.Tensor):
+        suffix = history.gather(0, (length - 1 - self.back[:, 0]).clamp_min(0))  # [N] last tokens, last first
+        same = (history[self.earlier] == suffix[:, None]).long().cumprod(0)  # [N, M] row n-1: n tokens match
+        # it ends before the last token, and it starts at 0 or later (so n <= L - 1 too)
+        valid = (self.ends <= length - 2) & (self.ends >= self.back)  # [N, M]
+        best = torch.where((same > 0) & valid, self.ends, -1).max(1).values  # [N] its latest end per n
+        found = best >= 0
+        longest = (found.long() * self.lengths).argmax()  # the row of the longest n that occurs
+        begin = (best[longest] + 1).reshape(1)  # [1] the continuation's first index
+        count = torch.where(found.any(), (length - begin).clamp(0, self.k), 0)  # [1]
+        index = (begin + self.steps).clamp(0, history.numel() - 1)  # [k]
+        return history.index_select(0, index), count
+
+
 def ngram_lookup(history: torch.Tensor, length: torch.Tensor, max_n: int, k: int):
-    """engine.drafters.ngram.lookup_continuation on the device, with fixed shapes: history [M] int64 holds the
-    committed tokens in [0, L) (anything past them), length [1] int64 is L. Returns (tokens [k] int64,
-    count [1] int64): the first `count` tokens are the lookup's proposal, the rest stray ids (0 when nothing
-    matched)."""
-    m, device = history.numel(), history.device
-    starts = torch.arange(m, device=device)  # [M] where an earlier occurrence may begin
-    padded = torch.cat((history, history.new_zeros(max_n + k)))  # [M + max_n + k]
-    best = []  # per suffix length n, longest first: the most recent start matching the last n tokens, or -1
-    for n in range(max_n, 0, -1):
-        match = (starts <= length - n - 1) & (length - 1 >= n)  # [M]: ends before the suffix; n <= L - 1
-        for j in range(n):
-            last = history.gather(0, (length - n + j).clamp_min(0))  # [1]: the suffix's token j
-            match = match & (padded[j:j + m] == last)
-        best.append(torch.where(match, starts, -1).max())
-    best = torch.stack(best)  # [max_n]
-    found = best >= 0
-    longest = found.long().argmax()  # the first n (longest) that matched
-    begin = (best[longest] + max_n - longest).reshape(1)  # [1]: the continuation's first index
-    count = torch.where(found.any(), (length - begin).clamp(0, k), 0)  # [1]
-    index = (begin + torch.arange(k, device=device)).clamp(0, padded.numel() - 1)  # [k]
-    return padded.index_select(0, index), count
+    """NgramLookup once (for tests and one-off lookups)."""
+    return NgramLookup(history.numel(), max_n, k, history.device)(history, length)
 
 
 class NgramRoundGraph(ChainRoundGraph):
@@ -305,13 +315,14 @@ class NgramRoundGraph(ChainRoundGraph):
         self.length = torch.zeros(1, dtype=torch.long, device=device)  # committed tokens in history
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
         rows = torch.arange(k + 1, device=device)  # [K+1]
+        lookup = NgramLookup(self.history.numel(), max_n, k, device)
 
         def draft():
             # the last round's emitted tokens: its chain's accepted prefix, then its next token [K+1]
             emitted = torch.cat((self.draft, self.next_token)).scatter(0, self.accepted, self.next_token)
             self.history.index_copy_(0, self.length + rows, emitted)  # the rows past them are stray
             self.length.add_(self.accepted + 1)
-            tokens, count = ngram_lookup(self.history, self.length, max_n, k)
+            tokens, count = lookup(self.history, self.length)
             self.count.copy_(count)
             return tokens, None
 
