@@ -448,7 +448,9 @@ class SpeculativeDecoder:
         graph of its own, replayed first: the clock times it as the draft phase. Medusa's heads draft at the
         end of its round's graph, so its draft phase is empty and its verification phase holds them."""
         fed = graph.fed_by is previous
-        latest = previous.block_start + 1 + (graph.depth if fed else _depth(previous.draft))
+        unread_tree = previous.draft.is_tree and previous.draft.parents.device.type != "cpu"
+        # the longest path the last round can have accepted (a device tree's shape is not read yet: its bound)
+        latest = previous.block_start + 1 + (graph.depth if fed or unread_tree else _depth(previous.draft))
         if latest + graph.rows > self.target.max_length:
             return None
         clock = RoundClock(self.device)

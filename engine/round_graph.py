@@ -392,6 +392,76 @@ class EagleRoundGraph(ChainRoundGraph):
         self.head_start.fill_(drafter.true_length)
 
 
+class EagleTreeRoundGraph(RoundGraph):
+    """EAGLE's (or EAGLE-3's) dynamic tree of N nodes grown D deep, greedy: 1. the last block keeps its
+    accepted path in the target's cache (keep_path); 2. the head reads the last block's root and path rows
+    (D+1 rows at its true length; the rows past the accepted ones are stray, and the tree's nodes are written
+    over them) and grows the next tree from the last accepted row's prediction (the growth of the rounds
+    launched apart, at a true length known on the device only); 3. the block [next token] + the tree, the
+    tree verification, the readout. The tree's parents are an output of the graph, copied back with the
+    readout."""
+
+    def __init__(self, target, head, depth: int, nodes: int, backend, vocab: int, width: int, grow,
+                 candidates: int):
+        """grow: the drafter's tree growth (engine.drafters.eagle._grow_tree), candidates: the nodes it grows
+        at this depth (a shallow tree keeps fewer than `nodes`)."""
+        device, nodes = target.device, min(nodes, candidates)
+        self.target, self.depth, self.nodes = target, depth, nodes
+        self.accepted = torch.zeros(1, dtype=torch.long, device=device)
+        self.path = torch.full((depth,), -1, dtype=torch.long, device=device)  # [D] the last accepted path
+        self.next_token = torch.zeros(1, dtype=torch.long, device=device)
+        self.drafted = torch.zeros(nodes, dtype=torch.long, device=device)  # [N] the last tree's tokens
+        # a start past the cache's end for the warm-up and the capture: they write only free rows
+        self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
+        self.head_start = torch.full((1,), head.runner.length, dtype=torch.long, device=device)
+        taps = len(target.tap_layers) or 1
+        self.block_features = torch.zeros(nodes + 1, taps * target.spec.hidden_size, dtype=target.dtype,
+                                          device=device)  # [N+1, F] the last block's
+        head_kv, grow_kv, kv = _kv(head.runner, depth + 1), head.runner.max_length, _kv(target, nodes + 1)
+        rows = target._arange[:depth]  # [D]
+        root_row = torch.zeros(1, dtype=torch.long, device=device)
+
+        def round_():
+            keep_path(target, self.start, self.path, rows)
+            committed = torch.cat((root_row, self.path + 1)).clamp_min(0)  # [D+1] block rows, stray past a
+            # each committed row's next token: the next accepted node's, then the next token
+            feed = torch.cat((self.drafted.index_select(0, self.path.clamp_min(0)), self.next_token))
+            feed = feed.scatter(0, self.accepted, self.next_token)  # [D+1]
+            predicted = head_step(head, self.block_features.index_select(0, committed), feed, self.head_start,
+                                  head_kv)  # [D+1, H]
+            root = predicted.index_select(0, self.accepted)  # [1, H]: the last accepted row's prediction
+            true_length = self.head_start + 1 + self.accepted  # [1]
+            tree, parents, block_depth, block_visible = grow(head, root, depth, vocab, true_length, grow_kv,
+                                                             nodes)
+            tokens = torch.cat((self.next_token, tree))  # [N+1]
+            start = self.start + 1 + self.accepted  # [1]
+            hidden, logits = target._block_step(F.embedding(tokens, target.embed_weight), start, block_depth,
+                                                block_visible, kv)  # [N+1, H], [N+1, V]
+            features = target.last_taps if target.tap_layers else hidden
+            result = backend.verify_tree_greedy(logits[None], tree[None], parents)
+            values = backend.readout(logits, result, tree, 1.0, width)
+            self.head_start.copy_(true_length)
+            self.block_features.copy_(features)
+            self.accepted.copy_(result.accepted[:1])
+            self.path.copy_(result.path[0, :depth])
+            self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+            self.drafted.copy_(tree)
+            self.start.copy_(start)
+            self.parents = parents  # [N] on the device, the event's (copied back with the readout)
+            return tokens, features, logits, result, values
+
+        self._capture(target, round_)
+
+    def seed(self, launched, drafter) -> None:
+        """Take a tree round launched without the graph: its outcome, path, tree and features (device), its
+        block's start and the head's true length (the drafter's)."""
+        self._seed_outcome(launched)
+        self.path.copy_(launched.result.path[0, :self.depth])
+        self.drafted.copy_(launched.draft.tokens)
+        self.block_features[:launched.features.shape[0]].copy_(launched.features)
+        self.head_start.fill_(drafter.true_length)
+
+
 class DraftModelRoundGraph(ChainRoundGraph):
     """The draft model's chain. Its cache holds the committed tokens and the last chain's first K-1 tokens, so
     after `accepted` of them it lacks one token (the next one) or, all K accepted, two (the chain's last and
@@ -499,6 +569,24 @@ def eagle_round_graph(target, head, k: int, backend, vocab: int, width: int,
     key = ("eagle_round", id(head), k, vocab, width, None if sampling is None else sampling.key)
     return ChainGraphs.of(target).get(key, lambda: EagleRoundGraph(target, head, k, backend, vocab, width,
                                                                    sampling))
+
+
+def eagle_tree_round_graph(target, head, depth: int, nodes: int, backend, vocab: int, width: int, grow,
+                           candidates: int) -> Optional[EagleTreeRoundGraph]:
+    """The captured greedy tree round for this head, built on first use and kept with the target's graphs;
+    None where it does not apply (as for Medusa's, and the head's step must be on its decode path too).
+    grow, candidates: as EagleTreeRoundGraph's (the growth's rows in the head's cache)."""
+    rows = min(nodes, candidates) + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and head.runner._decode_path(depth + 1) and ChainGraphs.available(head.runner, 2)):
+        return None
+    if target.length + 1 + depth + rows > target.max_length:
+        return None
+    if head.runner.length + 2 * (depth + 1) + candidates > head.runner.max_length:
+        return None
+    key = ("eagle_tree_round", id(head), depth, nodes, vocab, width)
+    return ChainGraphs.of(target).get(
+        key, lambda: EagleTreeRoundGraph(target, head, depth, nodes, backend, vocab, width, grow, candidates))
 
 
 def draft_model_round_graph(runner, target, k: int, backend, vocab: int, width: int,

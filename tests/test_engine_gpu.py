@@ -262,13 +262,14 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
         assert [t for _, ids in fused for t in ids] == plain
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft", "ngram"])
+@pytest.mark.parametrize("method,nodes", [("eagle", 0), ("eagle3", 0), ("draft", 0), ("ngram", 0),
+                                          ("eagle", 8), ("eagle3", 8)])
 @pytest.mark.parametrize("k", [1, 4])
-def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, k):
-    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's) chain round queued behind
-    an unread one is a replay of its round graph (engine.round_graph): the drafter reads the last block's
-    rows (n-gram: the committed tokens) on the device, the chain and the target's block follow the accepted
-    path. Greedy output equals
+def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, nodes, k):
+    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's) chain round, or EAGLE's
+    tree of 8, queued behind an unread one is a replay of its round graph (engine.round_graph): the drafter
+    reads the last block's rows (n-gram: the committed tokens) on the device, the chain or tree and the
+    target's block follow the accepted path. Greedy output equals
     plain decoding with the replays and without them, every round after the first two is a replay, and the
     next generation reseeds the graph."""
     import engine.drafters.draft_model as draft_model
@@ -276,14 +277,15 @@ def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, m
     import engine.drafters.ngram as ngram
 
     module = {"draft": draft_model, "ngram": ngram}.get(method, eagle)
+    flag = "TREE_ROUND_GRAPHS" if nodes else "ROUND_GRAPHS"
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_replay"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
-    config = GenerationConfig(method=method, k=k, max_new_tokens=48)
+    config = GenerationConfig(method=method, k=k, tree_nodes=nodes, max_new_tokens=48)
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
     replays = _count_calls(monkeypatch, "_replay_round")
-    monkeypatch.setattr(module, "ROUND_GRAPHS", False)
+    monkeypatch.setattr(module, flag, False)
     assert decoder.generate_ids(PROMPT, config) == plain and not replays
-    monkeypatch.setattr(module, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(module, flag, True)
     events = list(decoder.generate(PROMPT, config))
     assert [t for e in events for t in e.emitted_ids] == plain
     assert len(replays) >= len(events) - 2

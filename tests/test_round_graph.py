@@ -24,6 +24,7 @@ from engine.models import load_pair
 from engine.round_graph import (
     DraftModelRoundGraph,
     EagleRoundGraph,
+    EagleTreeRoundGraph,
     MedusaRoundGraph,
     NgramRoundGraph,
     PlainRoundGraph,
@@ -77,8 +78,17 @@ def queued(monkeypatch):
         return graphs[key]
 
     def eagle_graph(self, state, config, width):
-        if self.tree_nodes or self.true_length == 0:
+        if self.true_length == 0:
             return None
+        if self.tree_nodes:
+            if not state.config.sampling.greedy:
+                return None
+            key = ("eagle-tree", id(self.head), config.k, self.tree_nodes)
+            if key not in graphs:
+                graphs[key] = EagleTreeRoundGraph(self.target, self.head, config.k, self.tree_nodes,
+                                                  state.backend, state.vocab_size, width, eagle._grow_tree,
+                                                  eagle._tree_size(config.k))
+            return graphs[key]
         sampling = chain_sampling(state)
         key = ("eagle", id(self.head), config.k, None if sampling is None else sampling.key)
         if key not in graphs:
@@ -118,6 +128,7 @@ def queued(monkeypatch):
     monkeypatch.setattr(MedusaDrafter, "round_graph", medusa_graph)
     monkeypatch.setattr(eagle.EagleDrafter, "round_graph", eagle_graph)
     monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
+    monkeypatch.setattr(eagle, "TREE_ROUND_GRAPHS", True)
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
     monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
     monkeypatch.setattr(engine.decoder, "plain_round_graph", plain_graph)
@@ -279,6 +290,32 @@ def test_medusa_rounds_launched_apart_between_replays(decoder, queued, monkeypat
     alone = _rounds(decoder, config, pipelined=False)
     calls = _refuse_every_third(monkeypatch)
     assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_eagle_tree_replays_give_the_synchronous_rounds(shipped, queued, method, k):
+    """EAGLE's trees replayed behind unread ones (the head reading the last block's root and path rows, the
+    tree grown at a true length known on the device, the last path kept in the cache there) are the rounds
+    launched apart: the tree, the verdicts, the output; the next generation seeds the graph again."""
+    decoder, prompt = shipped
+    config = GenerationConfig(method=method, k=k, tree_nodes=8, max_new_tokens=48)
+    alone = _rounds(decoder, config, False, prompt)
+    assert not queued
+    assert _rounds(decoder, config, True, prompt) == alone
+    assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone)
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=48))
+    assert [t for ids, *_ in alone for t in ids] == plain
+    assert _rounds(decoder, config, True, prompt) == alone
+
+
+def test_eagle_tree_rounds_launched_apart_between_replays(shipped, queued, monkeypatch):
+    decoder, prompt = shipped
+    config = GenerationConfig(method="eagle3", k=4, tree_nodes=8, max_new_tokens=48)
+    alone = _rounds(decoder, config, False, prompt)
+    calls = _refuse_every_third(monkeypatch)
+    assert _rounds(decoder, config, True, prompt) == alone
     assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
 
 

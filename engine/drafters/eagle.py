@@ -55,6 +55,9 @@ FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 # a chain's round behind an unread one is a replay of its captured round (engine.round_graph.EagleRoundGraph);
 # SPECPLAY_EAGLE_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
 ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
+# SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=1 queues a greedy tree round behind an unread one as a replay of its
+# captured round (engine.round_graph.EagleTreeRoundGraph). Off by default: CPU-tested only.
+TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "0") == "1"
 
 
 @dataclass
@@ -197,11 +200,14 @@ class EagleDrafter(Drafter):
     @property
     def replays_rounds(self) -> bool:
         """A chain's round after an unread one may be a replay of its round graph (round_graph)."""
-        return ROUND_GRAPHS and self.tree_nodes == 0
+        return TREE_ROUND_GRAPHS if self.tree_nodes else ROUND_GRAPHS
 
     def round_graph(self, state: DecodeState, config, width: int):
         """A chain's rounds as one self-feeding graph replay each (engine.round_graph.EagleRoundGraph),
-        where the fused round applies; trees and a one-token prompt's first rounds go apart."""
+        where the fused round applies; greedy trees' too (EagleTreeRoundGraph) where the target takes
+        device trees; a one-token prompt's first rounds go apart."""
+        if self.tree_nodes:
+            return self._tree_round_graph(state, config, width)
         sampling = chain_sampling(state)
         if not (ROUND_GRAPHS and self._fuses(sampling)) or self.true_length == 0:
             return None
@@ -209,6 +215,16 @@ class EagleDrafter(Drafter):
 
         return eagle_round_graph(self.target, self.head, config.k, state.backend, state.vocab_size, width,
                                  sampling)
+
+    def _tree_round_graph(self, state: DecodeState, config, width: int):
+        if not (TREE_ROUND_GRAPHS and FUSED_ROUND and state.config.sampling.greedy) or self.true_length == 0:
+            return None
+        if not getattr(self.target, "takes_device_trees", False):
+            return None
+        from engine.round_graph import eagle_tree_round_graph
+
+        return eagle_tree_round_graph(self.target, self.head, config.k, self.tree_nodes, state.backend,
+                                      state.vocab_size, width, _grow_tree, _tree_size(config.k))
 
     def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the head the committed positions (raw features [n, F], next tokens [n]); returns the
