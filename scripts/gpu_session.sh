@@ -24,6 +24,9 @@
 #             7B shape on); TTFT_SHAPES / TTFT_PDL pick others
 #   round-graphs  the engine's GPU tests with EAGLE's and the draft model's round graphs on, then bench methods
 #             (none,draft,eagle,eagle3,medusa) with them off and on
+#   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
+#             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
+#             EAGLE trees' round graphs off and on
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -128,6 +131,15 @@ if has ttft; then
       SPECPLAY_PDL=$pdl timeout 120 python3 scripts/ttft_probe.py --synthetic $shape 2>&1 | grep -v "compiling\|USDT" \
         > "$OUT/ttft_${shape}_pdl$pdl.txt"; head -5 "$OUT/ttft_${shape}_pdl$pdl.txt"
     done
+  done
+fi
+if has replays; then
+  SPECPLAY_SAMPLED_ROUND_GRAPHS=1 SPECPLAY_GEMV_ROWS=8 timeout 120 python3 main.py bench k-sweep --device cuda \
+    --method draft --ks 1,2,3,4,6,8 --prompts 4 --max-new-tokens 128 --temperature 0.8 2>&1 | grep -v "compiling" \
+    | tee "$OUT/ksweep_gpu_t08_sampled_replays.txt" | tail -11
+  for on in 0 1; do
+    ( export SPECPLAY_NGRAM_ROUND_GRAPHS=$on SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=$on
+      bench_methods "bench_gpu_ngram_tree_round_graphs_$on.txt" none,ngram,eagle:8,eagle3:8 4 6 )
   done
 fi
 if has round-graphs; then
