@@ -303,7 +303,7 @@ def ngram_lookup(history: torch.Tensor, length: torch.Tensor, max_n: int, k: int
 
 class NgramRoundGraph(ChainRoundGraph):
     """n-gram prompt lookup (greedy): the committed tokens kept on the device, the last round's accepted ones
-    and next token appended, the lookup (ngram_lookup) over them; the chain has K slots, and the lookup's
+    and next token appended, the lookup (NgramLookup) over them; the chain has K slots, and the lookup's
     count of real tokens caps the verification's accepted length and goes out with the readout."""
 
     counts_drafts = True
