@@ -416,7 +416,9 @@ class SpeculativeDecoder:
         return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
 
     def _queues_after(self, drafter: Drafter) -> bool:
-        return QUEUE_AFTER and drafter.replays_rounds and getattr(self.target, "takes_device_starts", False)
+        """Whether a round of this drafter (plain decoding's step included) may be a round graph's replay."""
+        replays = PLAIN_ROUND_GRAPHS if isinstance(drafter, NoDrafter) else drafter.replays_rounds
+        return QUEUE_AFTER and replays and getattr(self.target, "takes_device_starts", False)
 
     def _launch_after(self, state, drafter, config, previous: _Launched) -> Optional[_Launched]:
         """The round after `previous`, queued before `previous` is read: plain decoding's from its next token
@@ -432,13 +434,12 @@ class SpeculativeDecoder:
 
     def _round_graph(self, state, drafter, config, width: int):
         """The captured round to replay behind an unread one: plain decoding's step, or the drafter's round
-        graph; None where there is none (see _queues_after)."""
-        if not (QUEUE_AFTER and getattr(self.target, "takes_device_starts", False)):
+        graph; None where there is none."""
+        if not self._queues_after(drafter):
             return None
         if isinstance(drafter, NoDrafter):
-            return plain_round_graph(self.target, state.backend, width, chain_sampling(state)) \
-                if PLAIN_ROUND_GRAPHS else None
-        return drafter.round_graph(state, config, width) if drafter.replays_rounds else None
+            return plain_round_graph(self.target, state.backend, width, chain_sampling(state))
+        return drafter.round_graph(state, config, width)
 
     def _replay_round(self, state, drafter: Drafter, graph, previous: _Launched, width: int
                       ) -> Optional[_Launched]:

@@ -268,7 +268,7 @@ class PlainRoundGraph(ChainRoundGraph):
 
 
 class NgramLookup:
-    """engine.drafters.ngram.lookup_continuation on the device, with fixed shapes, in a dozen small kernels:
+    """engine.drafters.ngram.lookup_continuation on the device, with fixed shapes and no loop over positions:
     history [M] int64 holds the committed tokens in [0, L) (anything past them), length [1] int64 is L.
     Returns (tokens [k] int64, count [1] int64): the first `count` tokens are the lookup's proposal, the rest
     stray ids. An occurrence is found by where it ends: the last n tokens occur earlier, ending at t, when
@@ -315,6 +315,7 @@ class NgramRoundGraph(ChainRoundGraph):
         self.length = torch.zeros(1, dtype=torch.long, device=device)  # committed tokens in history
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
         rows = torch.arange(k + 1, device=device)  # [K+1]
+        self.chain_rows = rows[None, :k]  # [1, K], for _limit
         lookup = NgramLookup(self.history.numel(), max_n, k, device)
 
         def draft():
@@ -332,8 +333,7 @@ class NgramRoundGraph(ChainRoundGraph):
     def _limit(self, result, chain: torch.Tensor):
         """Accepted no further than the lookup's count; cut there, the next token is the target's argmax at
         that row, which the chain's token there matched."""
-        k = chain.numel()
-        rows = torch.arange(k, device=chain.device)[None]  # [1, K]
+        k, rows = chain.numel(), self.chain_rows  # [1, K]
         accepted = torch.minimum(result.accepted, self.count)  # [1]
         cut = (result.accepted > self.count) & (result.next_token >= 0)  # -1 (NaN) stays
         next_token = torch.where(cut, chain.index_select(0, self.count.clamp(max=k - 1)), result.next_token)

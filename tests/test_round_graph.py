@@ -211,7 +211,7 @@ def test_a_chain_past_the_lookup_count_is_cut_there():
                             torch.tensor([[i <= accepted for i in range(4)]]))
 
     chain = torch.tensor([5, 6, 7, 8])
-    graph = SimpleNamespace(count=torch.tensor([2]))
+    graph = SimpleNamespace(count=torch.tensor([2]), chain_rows=torch.arange(4)[None])
     cut = NgramRoundGraph._limit(graph, result(4, 9), chain)
     assert cut.accepted.tolist() == [2] and cut.next_token.tolist() == [7]
     assert cut.path.tolist() == [[0, 1, -1, -1]] and cut.tested.tolist() == [[True, True, False, False]]
