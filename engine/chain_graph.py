@@ -63,6 +63,7 @@ class ChainGraphs:
     def __init__(self, runner=None):
         self.runner = runner  # whose memory pool the graphs record into (dropped after a failed capture)
         self._graphs: Dict[tuple, CapturedChain] = {}
+        self._failed: set = set()  # keys whose capture failed: their rounds run without a graph
 
     @classmethod
     def of(cls, runner) -> "ChainGraphs":
@@ -91,10 +92,11 @@ class ChainGraphs:
 
     def get(self, key: tuple, build: Callable[[], CapturedChain]) -> Optional[CapturedChain]:
         if key not in self._graphs:
-            if len(self._graphs) >= CHAIN_GRAPHS_KEPT:
+            if len(self._graphs) >= CHAIN_GRAPHS_KEPT or key in self._failed:
                 return None
             graph = captured(self.runner, build, key[0])
-            if graph is None:
+            if graph is None:  # not tried again: a capture that failed twice would fail every round
+                self._failed.add(key)
                 return None
             self._graphs[key] = graph
         return self._graphs[key]

@@ -61,8 +61,9 @@ GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run ea
 # one-token steps (plain decoding, the draft model's and EAGLE's steps). scripts/profile_step.py measures both
 # for a block of K + 1 rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not. With whole
 # rounds replayed, 8 rows were 2-6% faster on the shipped pair and no slower on the 1B and 7B shapes
-# (docs/measurements/bench_gpu_gemv_rows_*_replays.txt); left at 1 until a long sampled run passes with 8.
-DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "1"))
+# (docs/measurements/bench_gpu_gemv_rows_*_replays.txt). sp_gemv sums each row in the same order whatever
+# the block's rows, so a bf16 block of up to 8 rows gets the products of one-token steps.
+DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "8"))
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
 # prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
 DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))

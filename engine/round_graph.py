@@ -43,11 +43,11 @@ from engine.chain_graph import (
 )
 from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
 
-# Sampled chain and plain rounds are launched apart unless SPECPLAY_SAMPLED_ROUND_GRAPHS=1: replayed, a
-# sampled K sweep on the shipped pair (draft model, T = 0.8, K 1..8, 128 tokens) stopped on an illegal
-# address on an H200; the GPU tests' short sampled runs and the CPU tests pass with them. The likely cause
-# (kernel scratch made inside captures) is fixed by engine.runner.capture_stream, not yet run on a GPU.
-SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "0") == "1"
+# Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
+# sampled K sweep had stopped on an illegal address on an H200 while kernel scratch was made inside
+# captures; with engine.runner.capture_stream the same sweep ran to the end
+# (docs/measurements/ksweep_gpu_t08_sampled_replays.txt).
+SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
 
 
 class RoundGraph:
@@ -290,7 +290,8 @@ class NgramLookup:
         best = torch.where((same > 0) & valid, self.ends, -1).max(1).values  # [N] its latest end per n
         found = best >= 0
         longest = (found.long() * self.lengths).argmax()  # the row of the longest n that occurs
-        begin = (best[longest] + 1).reshape(1)  # [1] the continuation's first index
+        # gather, not best[longest]: indexing by a 0-d tensor reads it on the host, which a capture forbids
+        begin = best.gather(0, longest.reshape(1)) + 1  # [1] the continuation's first index
         count = torch.where(found.any(), (length - begin).clamp(0, self.k), 0)  # [1]
         index = (begin + self.steps).clamp(0, history.numel() - 1)  # [k]
         return history.index_select(0, index), count

@@ -330,14 +330,17 @@ def test_rope_qkv_writes_batched_caches(kernels):
 
 
 def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
-    """bf16: the decode kernels' step gives the cuBLAS + SDPA step's logits within bf16 rounding, for a
-    prefill, a chain block and single tokens."""
+    """bf16: the decode kernels' step is as close to the fp32 step's logits as the cuBLAS + SDPA step is, for
+    a prefill, chain blocks (sp_gemv's up to 8 rows, cuBLAS past them) and single tokens. The two bf16 paths
+    round their products' sums in different orders, so they differ from each other by a few bf16 steps of the
+    hidden states (0.072 at one logit of 480 in a 10,000-case run)."""
     from tiny_models import make_tiny_llama
 
     from engine.models import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     fast = load_runner(str(path), "cuda", torch.bfloat16)
+    exact = load_runner(str(path), "cuda", torch.float32)
     monkeypatch.setenv("SPECPLAY_DECODE", "0")
     slow = load_runner(str(path), "cuda", torch.bfloat16)
     assert fast.decode_kernels is not None and slow.decode_kernels is None
@@ -345,7 +348,10 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
     with torch.inference_mode():
         for block in (tokens[:20], tokens[20:25], tokens[25:26], tokens[26:34], tokens[34:35]):
             a, b = fast.forward(block).logits, slow.forward(block).logits
-            torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
+            reference = exact.forward(block).logits
+            torch.testing.assert_close(a, b, atol=0.15, rtol=0.05)
+            fast_error, slow_error = (a - reference).abs().max(), (b - reference).abs().max()
+            assert fast_error <= 2 * slow_error + 0.02, (block.numel(), fast_error, slow_error)
 
 
 def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):

@@ -55,9 +55,10 @@ FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 # a chain's round behind an unread one is a replay of its captured round (engine.round_graph.EagleRoundGraph);
 # SPECPLAY_EAGLE_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
 ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
-# SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=1 queues a greedy tree round behind an unread one as a replay of its
-# captured round (engine.round_graph.EagleTreeRoundGraph). Off by default: CPU-tested only.
-TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "0") == "1"
+# a greedy tree round behind an unread one is a replay of its captured round
+# (engine.round_graph.EagleTreeRoundGraph); SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=0 launches it once the last
+# is read
+TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "1") != "0"
 
 
 @dataclass

@@ -6,9 +6,9 @@ import os
 from engine.drafters.base import DecodeState, Draft, Drafter
 from engine.runner import to_device
 
-# SPECPLAY_NGRAM_ROUND_GRAPHS=1 queues a greedy round behind an unread one as a replay of its captured round
-# (engine.round_graph.NgramRoundGraph: the lookup on the device). Off by default: CPU-tested only.
-ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "0") == "1"
+# a greedy round behind an unread one is a replay of its captured round (engine.round_graph.NgramRoundGraph:
+# the lookup on the device); SPECPLAY_NGRAM_ROUND_GRAPHS=0 launches it once the last is read
+ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "1") != "0"
 
 
 def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
