@@ -42,12 +42,16 @@ from engine.chain_graph import (
     model_chain_steps,
 )
 from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
+from kernels.step import NGRAM_MAX_N, THREADS
 
 # Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
 # sampled K sweep had stopped on an illegal address on an H200 while kernel scratch was made inside
 # captures; with engine.runner.capture_stream the same sweep ran to the end
 # (docs/measurements/ksweep_gpu_t08_sampled_replays.txt).
 SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
+# n-gram's lookup in one kernel (kernels.step sp_ngram_lookup) where the target has the decode kernels, else
+# NgramLookup's torch operations; SPECPLAY_NGRAM_KERNEL=0 keeps the torch ones, for comparisons
+NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
 
 
 class RoundGraph:
@@ -297,6 +301,15 @@ class NgramLookup:
         return history.index_select(0, index), count
 
 
+def _ngram_lookup(target, m: int, max_n: int, k: int):
+    """(history [m], length [1]) -> (tokens [k], count [1]): sp_ngram_lookup on the target's decode kernels,
+    else NgramLookup."""
+    kernels = getattr(target, "decode_kernels", None)
+    if NGRAM_KERNEL and kernels is not None and max_n <= NGRAM_MAX_N and k <= THREADS:
+        return lambda history, length: kernels.ngram_lookup(history, length, max_n, k)
+    return NgramLookup(m, max_n, k, target.device)
+
+
 def ngram_lookup(history: torch.Tensor, length: torch.Tensor, max_n: int, k: int):
     """NgramLookup once (for tests and one-off lookups)."""
     return NgramLookup(history.numel(), max_n, k, history.device)(history, length)
@@ -317,7 +330,7 @@ class NgramRoundGraph(ChainRoundGraph):
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
         rows = torch.arange(k + 1, device=device)  # [K+1]
         self.chain_rows = rows[None, :k]  # [1, K], for _limit
-        lookup = NgramLookup(self.history.numel(), max_n, k, device)
+        lookup = _ngram_lookup(target, self.history.numel(), max_n, k)
 
         def draft():
             # the last round's emitted tokens: its chain's accepted prefix, then its next token [K+1]

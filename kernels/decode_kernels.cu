@@ -7,7 +7,9 @@
 //                 SiLU(gate) * up, staged in shared memory by the block that reads the weights
 //   sp_attention  softmax(q k^T / sqrt(D)) v of a block of queries over the cache and the block's own rows
 //                 (a chain's causal rows or a tree's ancestors), written in the layout o_proj reads
-// Twins in kernels/step.py (gemv_reference, attention_reference); fuzz tests in tests/test_step_kernels_gpu.py.
+//   sp_ngram_lookup  n-gram prompt lookup over the committed tokens on the device (n-gram's round graph)
+// Twins in kernels/step.py (gemv_reference, attention_reference) and engine/round_graph.py (NgramLookup); fuzz
+// tests in tests/test_step_kernels_gpu.py.
 //
 // Batch invariance: every output is reduced in an order fixed by its own row, never by how many rows the block
 // holds, so a verification block's logits equal, bit for bit, those of the same tokens decoded one at a time.
@@ -586,4 +588,50 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
         }
         out[((long long)i * heads + h0 + g) * D + d] = rnd<T>(value / total_sum);
     }
+}
+
+// sp_ngram_lookup: n-gram prompt lookup over the committed tokens, as engine.round_graph.NgramLookup (its twin)
+// and engine.drafters.ngram.lookup_continuation compute it, in one block instead of two dozen torch operations.
+// history [M] holds the committed tokens in [0, L), L = *length (anything past them); the longest suffix of
+// n <= max_n tokens that occurs earlier (n <= L - 1), its most recent occurrence ending at t <= L - 2, gives
+// tokens_out[j] = history[t + 1 + j] for j < k (clamped into [0, M)) and *count_out = min(L - t - 1, k), or 0
+// with tokens from row 0 when no suffix occurs earlier. Thread x tries the occurrences ending at x, x + blockDim,
+// ...; each keeps, per n, the latest end that matched, by an atomicMax in shared memory.
+#define SP_NGRAM_MAX_N 64
+
+extern "C" __global__ void __launch_bounds__(256)
+sp_ngram_lookup(const long long* history, const long long* length, int M, int max_n, int k, long long* tokens_out,
+                long long* count_out) {
+    __shared__ long long suffix[SP_NGRAM_MAX_N];  // the last tokens, last first
+    __shared__ int latest_end[SP_NGRAM_MAX_N];    // per n - 1: the latest end t that matched, -1 none
+    __shared__ int begin_s, count_s;
+    sp_let_next_start();
+    sp_wait_for_previous();  // history and length come from the kernels before this one
+    int tid = threadIdx.x;
+    int L = (int)min((long long)M, max(0LL, *length));
+    for (int i = tid; i < max_n; i += blockDim.x) {
+        suffix[i] = history[max(L - 1 - i, 0)];
+        latest_end[i] = -1;
+    }
+    __syncthreads();
+    for (int t = tid; t <= L - 2; t += blockDim.x) {
+        int matched = 0;
+        while (matched < max_n && t - matched >= 0 && history[t - matched] == suffix[matched]) matched++;
+        for (int n = 0; n < matched; n++) atomicMax(&latest_end[n], t);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int longest = 0;  // the n - 1 of the longest suffix that occurs (0 when none does, as the twin's argmax)
+        for (int n = max_n - 1; n >= 0; n--) {
+            if (latest_end[n] >= 0) {
+                longest = n;
+                break;
+            }
+        }
+        begin_s = latest_end[longest] + 1;
+        count_s = latest_end[longest] >= 0 ? min(max(L - begin_s, 0), k) : 0;
+    }
+    __syncthreads();
+    for (int j = tid; j < k; j += blockDim.x) tokens_out[j] = history[min(max(begin_s + j, 0), M - 1)];
+    if (tid == 0) *count_out = count_s;
 }

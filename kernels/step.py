@@ -51,6 +51,7 @@ ATTENTION_SPLIT_PAIRS = 128
 ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
 ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
+NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
@@ -77,6 +78,9 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
                "float scale, int block_n, int seq_stride",
                templated=True),
+    KernelSpec("sp_ngram_lookup",
+               "const long long* history, const long long* length, int M, int max_n, int k, "
+               "long long* tokens_out, long long* count_out"),
 )}
 GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
 
@@ -88,7 +92,7 @@ def instance_names() -> list:
     names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
-    return names
+    return names + ["sp_ngram_lookup"]
 
 
 def module_source() -> str:
@@ -203,8 +207,8 @@ class StepKernels:
         except Exception:  # noqa: BLE001 - no CuPy: the step keeps its torch operations
             return None
         with cupy.cuda.Device(device.index):
-            module = cupy.RawModule(code=module_source(), options=COMPILE_OPTIONS,
-                                    name_expressions=instance_names())
+            module = cupy.RawModule(code=module_source(), options=COMPILE_OPTIONS,  # extern "C" ones by name
+                                    name_expressions=[n for n in instance_names() if "<" in n])
             return cls(module, device)
 
     def _launch(self, name: str, dtype: torch.dtype, count: int, chained: bool, **args) -> None:
@@ -295,6 +299,22 @@ class StepKernels:
                           mode=mode, eps=eps, out_f32=int(out_f32),
                           prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0)
         return out
+
+    def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
+                     chained: bool = False) -> tuple:
+        """As engine.round_graph.NgramLookup: history [M] int64, length [1] int64 (both on the device) ->
+        (tokens [k] int64, count [1] int64), in one launch that reads nothing on the host."""
+        for t in (history, length):
+            if t.dtype != torch.long or not t.is_contiguous() or t.device != self.device:
+                raise ValueError("ngram_lookup: history and length must be contiguous int64 on the device")
+        if not (1 <= max_n <= NGRAM_MAX_N and 1 <= k <= THREADS and length.numel() == 1):
+            raise ValueError(f"ngram_lookup: n = {max_n} (1..{NGRAM_MAX_N}), k = {k} (1..{THREADS})")
+        tokens = torch.empty(k, dtype=torch.long, device=self.device)
+        count = torch.empty(1, dtype=torch.long, device=self.device)
+        self._launch_grid("sp_ngram_lookup", "sp_ngram_lookup", (1,), THREADS, chained,
+                          history=history.data_ptr(), length=length.data_ptr(), M=history.numel(),
+                          max_n=max_n, k=k, tokens_out=tokens.data_ptr(), count_out=count.data_ptr())
+        return tokens, count
 
     def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,
                   splits: Optional[int] = None) -> torch.Tensor:

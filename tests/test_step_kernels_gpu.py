@@ -329,6 +329,27 @@ def test_rope_qkv_writes_batched_caches(kernels):
         assert torch.equal(k_all, k_each) and torch.equal(v_all, v_each), f"case {case}"
 
 
+def test_ngram_lookup_fuzz(kernels):
+    """sp_ngram_lookup gives its twin's tokens (stray ones included) and count, and lookup_continuation's
+    proposal (every eighth case): random strings over a few symbols (many matches of every length), lengths 0..M,
+    n 1..6."""
+    from engine.drafters.ngram import lookup_continuation
+    from engine.round_graph import ngram_lookup
+
+    rng = random.Random(11)
+    for case in range(CASES):
+        m = rng.choice([8, 64, 300, 1030])
+        length, max_n, k = rng.randint(0, m), rng.randint(1, 6), rng.randint(1, 32)
+        history = torch.randint(0, rng.randint(2, 6), (m,), device="cuda")
+        length_t = torch.tensor([length], device="cuda")
+        tokens, count = kernels.ngram_lookup(history, length_t, max_n, k)
+        twin_tokens, twin_count = ngram_lookup(history, length_t, max_n, k)
+        assert torch.equal(tokens, twin_tokens) and torch.equal(count, twin_count), (case, length, max_n, k)
+        if case % 8 == 0:  # the host lookup is a Python loop: on every eighth case
+            expected = lookup_continuation(history[:length].tolist(), max_n, k)
+            assert int(count) == len(expected) and tokens[:len(expected)].tolist() == expected, case
+
+
 def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
     """bf16: the decode kernels' step is as close to the fp32 step's logits as the cuBLAS + SDPA step is, for
     a prefill, chain blocks (sp_gemv's up to 8 rows, cuBLAS past them) and single tokens. The two bf16 paths
