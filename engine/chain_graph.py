@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
+from kernels.step import topk
 
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
@@ -360,7 +361,7 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
     def build() -> CapturedChain:
         def propose(feature):
             logits = heads.logits(target, feature)[:tree.depth, :vocab]  # [depth, V]
-            return torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]  # [N]
+            return topk(logits, tree.width).indices.flatten()[flat_index]  # [N]
 
         return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, graph_pool(target))
 
@@ -371,7 +372,7 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
 def medusa_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
     """features [M, H] (pre-norm) -> tokens [M, N]: row i the tree's tokens drafted from row i's feature."""
     logits = heads.row_logits(target, features, tree.depth)[:, :, :vocab]  # [depth, M, V]
-    ranked = torch.topk(logits, tree.width, dim=-1).indices  # [depth, M, width]
+    ranked = topk(logits, tree.width).indices  # [depth, M, width]
     return ranked.permute(1, 0, 2).reshape(features.shape[0], -1)[:, flat_index]  # [M, N]
 
 

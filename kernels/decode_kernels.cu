@@ -635,3 +635,65 @@ sp_ngram_lookup(const long long* history, const long long* length, int M, int ma
     for (int j = tid; j < k; j += blockDim.x) tokens_out[j] = history[min(max(begin_s + j, 0), M - 1)];
     if (tid == 0) *count_out = count_s;
 }
+
+// sp_topk: the k <= SP_TOPK_MAX largest of each row of x [R, C] (row r at x + r * stride), as
+// torch.sort(x, descending=True, stable=True)[:k] (kernels.step.topk_reference, its twin): values descending, a
+// tie to the lower index, NaN above everything. One block per row, where torch.topk's radix select takes
+// several passes over a short row (16-50 us for the rows a draft tree ranks). Each value and its index are one
+// 64-bit key whose order is that order (sp_topk_key), so keys never tie: every thread keeps the best k keys of
+// its columns, then k rounds of a block-wide max take the row's best k.
+#define SP_TOPK_MAX 16
+
+__device__ __forceinline__ unsigned long long sp_topk_key(float v, int column) {
+    u32 bits = v == 0.f ? 0u : __float_as_uint(v);  // -0 ties with +0, as in torch.sort
+    u32 ordered = isnan(v) ? 0xffffffffu : (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    return ((unsigned long long)ordered << 32) | (0xffffffffu - (u32)column);
+}
+
+__device__ __forceinline__ float sp_topk_value(unsigned long long key) {
+    u32 ordered = (u32)(key >> 32);
+    return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int stride, int k, float* values_out,
+                                               long long* indices_out) {
+    __shared__ unsigned long long warp_best[32];
+    __shared__ unsigned long long winner;
+    sp_let_next_start();
+    sp_wait_for_previous();
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = (blockDim.x + 31) >> 5;
+    const T* row = x + (long long)blockIdx.x * stride;
+    unsigned long long best[SP_TOPK_MAX];  // this thread's best keys, descending
+    int have = 0;
+    for (int c = tid; c < C; c += blockDim.x) {
+        unsigned long long key = sp_topk_key(to_f(row[c]), c);
+        if (have == k && key <= best[k - 1]) continue;
+        int pos = have < k ? have++ : k - 1;
+        while (pos > 0 && best[pos - 1] < key) {
+            best[pos] = best[pos - 1];
+            pos--;
+        }
+        best[pos] = key;
+    }
+    int head = 0;  // this thread's next key
+    for (int r = 0; r < k; r++) {
+        unsigned long long mine = head < have ? best[head] : 0ull;  // 0: below every key (NaN maps high)
+        unsigned long long top = mine;
+        for (int o = 16; o > 0; o >>= 1) {
+            unsigned long long other = __shfl_xor_sync(SP_FULL_MASK, top, o);
+            top = other > top ? other : top;
+        }
+        if (lane == 0) warp_best[warp] = top;
+        __syncthreads();
+        if (tid == 0) {
+            unsigned long long w = warp_best[0];
+            for (int i = 1; i < warps; i++) w = warp_best[i] > w ? warp_best[i] : w;
+            winner = w;
+            values_out[(long long)blockIdx.x * k + r] = sp_topk_value(w);
+            indices_out[(long long)blockIdx.x * k + r] = (long long)(0xffffffffu - (u32)(w & 0xffffffffu));
+        }
+        __syncthreads();
+        if (head < have && mine == winner) head++;  // keys are unique: one thread owned it
+    }
+}

@@ -17,6 +17,7 @@ import math
 import os
 import pathlib
 import threading
+from collections import namedtuple
 from typing import Optional
 
 import numpy as np
@@ -52,6 +53,9 @@ ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
 ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
 NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
+TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
+# SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
+TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
@@ -78,6 +82,9 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
                "float scale, int block_n, int seq_stride",
                templated=True),
+    KernelSpec("sp_topk",
+               "const T* x, int R, int C, int stride, int k, float* values_out, long long* indices_out",
+               templated=True),
     KernelSpec("sp_ngram_lookup",
                "const long long* history, const long long* length, int M, int max_n, int k, "
                "long long* tokens_out, long long* count_out"),
@@ -92,6 +99,7 @@ def instance_names() -> list:
     names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
+    names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
     return names + ["sp_ngram_lookup"]
 
 
@@ -129,6 +137,25 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+TopK = namedtuple("TopK", "values indices")
+
+
+def topk_reference(x: torch.Tensor, k: int) -> tuple:
+    """sp_topk's order: x [..., C] -> (values [..., k] float32, indices [..., k] int64), values descending, a
+    tie to the lower index, NaN above everything (torch.sort's order, stable)."""
+    values, indices = torch.sort(x.float(), dim=-1, descending=True, stable=True)
+    return values[..., :k], indices[..., :k]
+
+
+def topk(x: torch.Tensor, k: int) -> tuple:
+    """The k largest along the last dimension, as (values, indices), for the short rankings of drafting:
+    sp_topk on CUDA (topk_reference's order, values float32) where it applies, else torch.topk."""
+    kernels = StepKernels.load(x.device) if x.is_cuda and TOPK_KERNEL and 1 <= k <= TOPK_MAX else None
+    if kernels is None or x.dtype not in _DTYPES or x.numel() == 0 or k > x.shape[-1]:
+        return TopK(*torch.topk(x, k, dim=-1))
+    return kernels.topk(x, k)
 
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
@@ -299,6 +326,24 @@ class StepKernels:
                           mode=mode, eps=eps, out_f32=int(out_f32),
                           prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0)
         return out
+
+    def topk(self, x: torch.Tensor, k: int, chained: bool = False) -> tuple:
+        """As topk_reference for x [..., C] (float32, bf16 or fp16; rows may be strided, columns contiguous),
+        1 <= k <= min(TOPK_MAX, C): one block per row."""
+        if x.device != self.device or x.dtype not in _DTYPES or not 1 <= k <= min(TOPK_MAX, x.shape[-1]):
+            raise ValueError(f"topk: k = {k} of {tuple(x.shape)} {x.dtype}")
+        lead, columns = x.shape[:-1], x.shape[-1]
+        rows = x if x.dim() == 2 else x.reshape(-1, columns)  # a view where the leading dims collapse
+        if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < columns):
+            rows = rows.contiguous()
+        count = rows.shape[0]
+        values = torch.empty(count, k, dtype=torch.float32, device=self.device)
+        indices = torch.empty(count, k, dtype=torch.long, device=self.device)
+        self._launch_grid("sp_topk", f"sp_topk<{_DTYPES[x.dtype]}>", (count,), THREADS, chained,
+                          x=rows.data_ptr(), R=count, C=columns,
+                          stride=rows.stride(0) if count > 1 else columns, k=k,
+                          values_out=values.data_ptr(), indices_out=indices.data_ptr())
+        return TopK(values.reshape(*lead, k), indices.reshape(*lead, k))
 
     def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
                      chained: bool = False) -> tuple:

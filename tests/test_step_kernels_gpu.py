@@ -18,6 +18,8 @@ from kernels.step import (  # noqa: E402
     rms_norm_reference,
     rope_qkv_reference,
     silu_mul_reference,
+    topk,
+    topk_reference,
 )
 
 CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
@@ -329,10 +331,44 @@ def test_rope_qkv_writes_batched_caches(kernels):
         assert torch.equal(k_all, k_each) and torch.equal(v_all, v_each), f"case {case}"
 
 
+def test_topk_fuzz(kernels):
+    """sp_topk gives topk_reference's values and indices bit for bit: rows of random values or of a few
+    symbols (ties, +-0, +-inf, NaN), strided rows (a slice of a wider row), every dtype, k 1..16."""
+    rng = random.Random(5)
+    symbols = torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 2.5],
+                           device="cuda")
+    for case in range(CASES):
+        dtype = DTYPES[case % 3]
+        rows, columns = rng.randint(1, 40), rng.choice([1, 3, 12, 255, 256, 1000, 8192, rng.randint(1, 9000)])
+        k = rng.randint(1, min(16, columns))
+        wider = columns + rng.choice([0, 0, 5])
+        if case % 4 == 0:
+            x = symbols[torch.randint(0, len(symbols), (rows, wider), device="cuda")]
+        else:
+            x = torch.randn(rows, wider, device="cuda") * rng.choice([1e-3, 1.0, 30.0])
+        x = x.to(dtype)[:, :columns]  # [rows, columns], rows `wider` apart
+        values, indices = kernels.topk(x, k)
+        expected_values, expected_indices = topk_reference(x, k)
+        assert torch.equal(indices, expected_indices), (case, dtype, rows, columns, k)
+        assert torch.allclose(values, expected_values, rtol=0, atol=0, equal_nan=True), case
+
+
+def test_topk_takes_the_kernel_on_cuda_and_keeps_torch_order_of_values(kernels):
+    """kernels.step.topk: the kernel for short k on CUDA (3-d and 1-d inputs too), torch.topk past TOPK_MAX;
+    both give the same values, largest first."""
+    x = torch.randn(4, 9, 8192, device="cuda")[:, :, :8000]
+    values, indices = topk(x, 3)
+    assert values.shape == (4, 9, 3) and torch.equal(indices, topk_reference(x, 3)[1])
+    assert torch.equal(values, torch.topk(x, 3, dim=-1).values)
+    line = torch.randn(12, device="cuda")
+    assert torch.equal(topk(line, 4).indices, topk_reference(line, 4)[1])
+    assert torch.equal(topk(x, 20).values, torch.topk(x, 20, dim=-1).values)
+
+
 def test_ngram_lookup_fuzz(kernels):
     """sp_ngram_lookup gives its twin's tokens (stray ones included) and count, and lookup_continuation's
-    proposal (every eighth case): random strings over a few symbols (many matches of every length), lengths 0..M,
-    n 1..6."""
+    proposal (every eighth case): random strings over a few symbols (many matches of every length), lengths
+    0..M, n 1..6."""
     from engine.drafters.ngram import lookup_continuation
     from engine.round_graph import ngram_lookup
 

@@ -41,6 +41,7 @@ from engine.drafters.base import (
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.runner import to_device
+from kernels.step import topk
 
 HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -311,9 +312,9 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
     levels, count = [], 0
     for level in range(depth):
         logp = torch.log_softmax(head.logits(feats)[:, :vocab], dim=-1)  # [F, V]
-        top = torch.topk(logp, TREE_BRANCH, dim=-1)  # [F, B]
+        top = topk(logp, TREE_BRANCH)  # [F, B]
         candidates = (frontier_scores[:, None] + top.values).flatten()  # [F * B]
-        best = torch.topk(candidates, min(TREE_FRONTIER, candidates.numel()))  # [W], best first
+        best = topk(candidates, min(TREE_FRONTIER, candidates.numel()))  # [W], best first
         width = best.indices.numel()
         local_parent = best.indices // TREE_BRANCH  # [W] index into the frontier
         tokens, parents = top.indices.flatten()[best.indices], frontier[local_parent]  # [W] each
@@ -343,7 +344,7 @@ def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> 
     shape: no host decision). Returns tokens [N], parents [N] (in the tree, level order), and the
     verification block's depth [N+1] and visibility [N+1, N+1] (row 0: the last committed token)."""
     device = tokens.device
-    chosen = torch.topk(scores - TIE_BREAK * node_depth, nodes).indices.sort().values  # [N] level order
+    chosen = topk(scores - TIE_BREAK * node_depth, nodes).indices.sort().values  # [N] level order
     slot = torch.full((tokens.numel(),), -1, dtype=torch.long, device=device)
     slot[chosen] = torch.arange(nodes, device=device)
     chosen_parents = parents[chosen]  # [N] candidate ids

@@ -20,6 +20,7 @@ from engine.chain_graph import medusa_draft, medusa_draft_rows
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
 from engine.runner import to_device
+from kernels.step import topk
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
@@ -202,7 +203,7 @@ class MedusaDrafter(Drafter):
         if tokens is not None:
             return Draft(tokens=tokens, parents=parents)
         head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
-        ranked = torch.topk(head_logits, tree.width, dim=-1).indices  # [depth, width], stays on the device
+        ranked = topk(head_logits, tree.width).indices  # [depth, width], stays on the device
         return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
 
     replays_rounds = True  # its round after an unread one is a replay of its round graph (round_graph)
