@@ -515,6 +515,33 @@ class DraftModelRoundGraph(ChainRoundGraph):
         self.base.fill_(drafter.base)
 
 
+class LayerSkipRoundGraph(ChainRoundGraph):
+    """Layer skip's chain: its draft runner is the target's first L layers over the target's own cache, in
+    which the last verification left every committed token's rows but the next token's. So the drafting feeds
+    the next token at the row after the accepted ones (the block's start + 1 + accepted) and draws the chain
+    from there; the target's block then writes over the same rows with all its layers."""
+
+    def __init__(self, runner, target, k: int, backend, vocab: int, width: int, sampling=None):
+        self._chain_buffers(target, k)
+        depth, visible = runner._chain_block(1)
+        draft_kv = _kv(runner, 1)
+
+        def draft():
+            row = self.start + 1 + self.accepted  # [1]: the next token's row
+            feed = fill_unknown(self.next_token, runner.vocab_size, runner.input_fill)  # [1]
+            _, logits = runner._block_step(F.embedding(feed, runner.embed_weight), row, depth, visible,
+                                           draft_kv)  # [1, V]
+            return model_chain_steps(runner, logits, row + 1, k, draft_kv, vocab, sampling, self.draft_u)
+
+        self._draft = draft
+        self._capture_chain(target, backend, width, sampling)
+
+    def seed(self, launched, drafter) -> None:
+        """Take a round launched without the graph: its outcome, chain and block start (the cache is the
+        target's, so there is nothing of the drafter's own to take)."""
+        self._seed_chain(launched)
+
+
 def _kv(runner, rows: int) -> int:
     """The attention width a round's step of `rows` rows is built for: 0 on the decode path (it reads the
     block's start on the device), else the whole cache (the mask hides what lies past the block)."""
@@ -601,6 +628,20 @@ def eagle_tree_round_graph(target, head, depth: int, nodes: int, backend, vocab:
     key = ("eagle_tree_round", id(head), depth, nodes, vocab, width)
     return ChainGraphs.of(target).get(
         key, lambda: EagleTreeRoundGraph(target, head, depth, nodes, backend, vocab, width, grow, candidates))
+
+
+def layer_skip_round_graph(runner, target, k: int, backend, vocab: int, width: int,
+                           sampling=None) -> Optional[LayerSkipRoundGraph]:
+    """The captured chain round at K for this layer-skip runner, as eagle_round_graph's."""
+    rows = k + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and runner._decode_path(1) and ChainGraphs.available(runner, 2)):
+        return None
+    if (sampling is not None and not SAMPLED_CHAINS) or target.length + 1 + k + rows > target.max_length:
+        return None
+    key = ("layerskip_round", id(runner), k, vocab, width, None if sampling is None else sampling.key)
+    return ChainGraphs.of(target).get(
+        key, lambda: LayerSkipRoundGraph(runner, target, k, backend, vocab, width, sampling))
 
 
 def draft_model_round_graph(runner, target, k: int, backend, vocab: int, width: int,

@@ -54,19 +54,21 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
 
 
 @pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
-                                          ("medusa", 0)])
+                                          ("medusa", 0), ("layerskip", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
-    """bf16 on the decode kernels, chi-squared of the first two tokens. Medusa's and the EAGLE chains' second
-    round is often a replay of their round graph (engine.round_graph), queued behind the first."""
+    """bf16 on the decode kernels, chi-squared of the first two tokens. The chains' (Medusa's) second round
+    is often a replay of their round graph (engine.round_graph), queued behind the first."""
     import engine.drafters.draft_model as draft_model
     import engine.drafters.eagle as eagle
+    import engine.drafters.layerskip as layerskip
     import engine.round_graph as round_graph
 
-    decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
+    layers = 2 if method == "layerskip" else 1  # layer skip drafts with fewer layers than the target's
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, layers, 11, 0.3, dtype=torch.bfloat16)
     assert decoder.pair.target.decode_kernels is not None
-    for module in (eagle, draft_model):
+    for module in (eagle, draft_model, layerskip):
         monkeypatch.setattr(module, "ROUND_GRAPHS", True)
-    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # sampled chains replayed (off by default)
+    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # sampled chains replayed
     replays = _count_calls(monkeypatch, "_replay_round")
     config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
                               seed=1000)
@@ -263,20 +265,21 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
 
 
 @pytest.mark.parametrize("method,nodes", [("eagle", 0), ("eagle3", 0), ("draft", 0), ("ngram", 0),
-                                          ("eagle", 8), ("eagle3", 8)])
+                                          ("layerskip", 0), ("eagle", 8), ("eagle3", 8)])
 @pytest.mark.parametrize("k", [1, 4])
 def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, nodes, k):
-    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's) chain round, or EAGLE's
-    tree of 8, queued behind an unread one is a replay of its round graph (engine.round_graph): the drafter
-    reads the last block's rows (n-gram: the committed tokens) on the device, the chain or tree and the
-    target's block follow the accepted path. Greedy output equals
-    plain decoding with the replays and without them, every round after the first two is a replay, and the
-    next generation reseeds the graph."""
+    """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's, layer skip's) chain
+    round, or EAGLE's tree of 8, queued behind an unread one is a replay of its round graph
+    (engine.round_graph): the drafter reads the last block's rows (n-gram: the committed tokens) on the
+    device, the chain or tree and the target's block follow the accepted path. Greedy output equals plain
+    decoding with the replays and without them, every round after the first two is a replay, and the next
+    generation reseeds the graph."""
     import engine.drafters.draft_model as draft_model
     import engine.drafters.eagle as eagle
+    import engine.drafters.layerskip as layerskip
     import engine.drafters.ngram as ngram
 
-    module = {"draft": draft_model, "ngram": ngram}.get(method, eagle)
+    module = {"draft": draft_model, "ngram": ngram, "layerskip": layerskip}.get(method, eagle)
     flag = "TREE_ROUND_GRAPHS" if nodes else "ROUND_GRAPHS"
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_replay"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)

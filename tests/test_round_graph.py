@@ -14,6 +14,7 @@ from tiny_models import make_tiny_llama
 import engine.decoder
 import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
+import engine.drafters.layerskip as layerskip
 import engine.drafters.ngram as ngram
 from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig, SamplingParams
@@ -25,6 +26,7 @@ from engine.round_graph import (
     DraftModelRoundGraph,
     EagleRoundGraph,
     EagleTreeRoundGraph,
+    LayerSkipRoundGraph,
     MedusaRoundGraph,
     NgramRoundGraph,
     PlainRoundGraph,
@@ -104,6 +106,14 @@ def queued(monkeypatch):
                                                state.vocab_size, width, sampling)
         return graphs[key]
 
+    def layerskip_graph(self, state, config, width):
+        sampling = chain_sampling(state)
+        key = ("layerskip", id(self.runner), config.k, None if sampling is None else sampling.key)
+        if key not in graphs:
+            graphs[key] = LayerSkipRoundGraph(self.runner, self.target, config.k, state.backend,
+                                              state.vocab_size, width, sampling)
+        return graphs[key]
+
     def ngram_graph(self, state, config, width):
         if not state.config.sampling.greedy:
             return None
@@ -132,6 +142,8 @@ def queued(monkeypatch):
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
     monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
     monkeypatch.setattr(engine.decoder, "plain_round_graph", plain_graph)
+    monkeypatch.setattr(layerskip.LayerSkipDrafter, "round_graph", layerskip_graph)
+    monkeypatch.setattr(layerskip, "ROUND_GRAPHS", True)
     monkeypatch.setattr(ngram.NgramDrafter, "round_graph", ngram_graph)
     monkeypatch.setattr(ngram, "ROUND_GRAPHS", True)
     monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
@@ -158,6 +170,28 @@ def test_medusa_replays_give_the_synchronous_rounds(decoder, queued, temperature
     assert _rounds(decoder, config, pipelined=True) == alone
     assert sum(queued) >= len(alone) - 2
     assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("k", [1, 4])
+def test_layerskip_replays_give_the_synchronous_rounds(decoder, queued, temperature, k):
+    """Layer skip's replayed rounds (its draft layers feeding the next token into the target's own cache on
+    the device) are the rounds launched apart: tokens, verdicts, uniforms; the next generation too."""
+    config = GenerationConfig(method="layerskip", k=k, sampling=SamplingParams(temperature, 0, 0.9),
+                              max_new_tokens=48, seed=3)
+    alone = _rounds(decoder, config, pipelined=False)
+    assert not queued and sum(accepted for _, accepted, _, _ in alone) > 0
+    assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) >= len(alone) - 2
+    assert _rounds(decoder, config, pipelined=True) == alone
+
+
+def test_layerskip_rounds_launched_apart_between_replays(decoder, queued, monkeypatch):
+    config = GenerationConfig(method="layerskip", k=4, max_new_tokens=48)
+    alone = _rounds(decoder, config, pipelined=False)
+    calls = _refuse_every_third(monkeypatch)
+    assert _rounds(decoder, config, pipelined=True) == alone
+    assert sum(queued) >= len(alone) // 2 and len(calls) > sum(queued)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

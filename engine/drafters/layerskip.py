@@ -11,15 +11,20 @@ the target's layers; skipping the first L for the drafted rows would need a forw
 """
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
 
+from engine.chain_graph import ChainGraphs, chain_sampling
 from engine.drafters.base import DecodeState, Draft, DraftStart, RoundCommit
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner
 
+# a round behind an unread one is a replay of its captured round (engine.round_graph.LayerSkipRoundGraph);
+# SPECPLAY_LAYERSKIP_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
+ROUND_GRAPHS = os.environ.get("SPECPLAY_LAYERSKIP_ROUND_GRAPHS", "1") != "0"
 # target -> {(layers, shared): runner}: a runner (and its CUDA graphs) outlives the generation that built it
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -90,12 +95,26 @@ class LayerSkipDrafter(DraftModelDrafter):
     """A draft-model drafter whose draft model is the target's first L layers, over the target's cache."""
 
     name = "layerskip"
-    replays_rounds = False  # its cache is the target's: no round graph of its own
 
     def __init__(self, target: LlamaRunner, layers: int = 0):
         self.layers = resolve_draft_layers(target, layers)
         super().__init__(layer_skip_runner(target, self.layers))
         self.target = target
+
+    @property
+    def replays_rounds(self) -> bool:
+        """A round after an unread one may be a replay of its round graph (round_graph)."""
+        return ROUND_GRAPHS
+
+    def round_graph(self, state: DecodeState, config, width: int):
+        """The rounds as one self-feeding graph replay each (engine.round_graph.LayerSkipRoundGraph)."""
+        sampling = chain_sampling(state)
+        if not (ROUND_GRAPHS and ChainGraphs.rounds_available(self.runner, sampling)):
+            return None
+        from engine.round_graph import layer_skip_round_graph
+
+        return layer_skip_round_graph(self.runner, self.target, config.k, state.backend, state.vocab_size,
+                                      width, sampling)
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.cached = self.target.length  # the target's prefill filled the shared rows: nothing to feed
