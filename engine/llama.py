@@ -780,11 +780,14 @@ class LlamaRunner(CausalRunner):
                                           chained=not self.tap_layers)  # [n, V] (the taps' cat comes first)
         return hidden, logits
 
-    def _decode_layers(self, x, positions, cache_index, start, block_visible) -> torch.Tensor:
+    def _decode_layers(self, x, positions, cache_index, start, block_visible,
+                       earlier: int = 0) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
         fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
         and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's and the norms
-        torch's."""
+        torch's. earlier: rows of the attention's block before x's, already in the cache (a tree level's
+        earlier nodes, see step_tree_level): block_visible is [earlier + n, earlier + n], their queries are
+        zeros and their outputs dropped."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
@@ -797,7 +800,10 @@ class LlamaRunner(CausalRunner):
                 qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads, chained=small)  # [heads, n, D]
-            attn = k.attention(q, keys, values, start, block_visible, chained=True)  # [n, heads * D]
+            if earlier:
+                q = torch.cat((q.new_zeros(q.shape[0], earlier, q.shape[2]), q), 1)  # [heads, earlier + n, D]
+            attn = k.attention(q, keys, values, start, block_visible, chained=not earlier)  # [., heads * D]
+            attn = attn[earlier:]  # [n, heads * D]
             if small:
                 x = k.gemv(attn, layer.w_o, layer.b_o, residual=x, chained=True)
                 gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps,
@@ -810,6 +816,22 @@ class LlamaRunner(CausalRunner):
             if li in self.tap_layers:  # EAGLE-3 reads these layers' outputs (see _tapped_step)
                 self._tapped.append(x)
         return x
+
+    def takes_tree_levels(self, rows: int, nodes: int) -> bool:
+        """Whether step_tree_level runs a level of `rows` nodes after earlier ones, `nodes` in all."""
+        return self._decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
+
+    def step_tree_level(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, earlier: int,
+                        visible: torch.Tensor) -> torch.Tensor:
+        """One level of a draft tree grown in this runner's cache, on the decode kernels: x [n, H] (positions
+        [n]) are the level's nodes, written at cache rows start + earlier.. after the `earlier` nodes of the
+        levels before (start [1] on the device). Each node sees the cache rows before start and its ancestors
+        among the nodes (visible [earlier + n, earlier + n], ancestor-or-self). Returns features [n, H]
+        (pre-norm), as step_embeds with the mask of those rows does, in a few kernels per layer and without
+        attending over the whole cache."""
+        cache_index = start + earlier + self._arange[:x.shape[0]]  # [n]
+        self._tapped = []
+        return self._decode_layers(x, positions, cache_index, start, visible.contiguous(), earlier)
 
     # -- the step --------------------------------------------------------------------------------------------
 

@@ -411,6 +411,50 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
             assert fast_error <= 2 * slow_error + 0.02, (block.numel(), fast_error, slow_error)
 
 
+def test_tree_level_step_matches_the_masked_step(tmp_path):
+    """LlamaRunner.step_tree_level (a draft tree's level on the decode kernels, after its earlier nodes) is as
+    close to the fp32 masked step (step_embeds over the whole cache) as the bf16 masked step is: 20 committed
+    rows, 3 earlier nodes, a level of 4 whose parents are among them."""
+    from tiny_models import make_tiny_llama
+
+    from engine.models import load_runner
+
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=4)
+    g = torch.Generator().manual_seed(0)
+    earlier_x, level_x = torch.randn(3, 64, generator=g), torch.randn(4, 64, generator=g)
+    ancestors = torch.eye(7, dtype=torch.bool)
+    for child, parent in ((3, 0), (4, 0), (5, 1), (6, 2)):
+        ancestors[child, parent] = True
+    ancestors = ancestors.cuda()
+
+    def level_features(dtype, tree_level: bool):
+        runner = load_runner(str(path), "cuda", dtype)
+        with torch.inference_mode():
+            runner.forward(torch.arange(5, 25, device="cuda"))
+            start = torch.tensor([runner.length], device="cuda")
+            column = torch.arange(runner.max_length, device="cuda") - start  # [kv]: the node a column holds
+
+            def masked(x, depth, first, rows):
+                seen = ancestors[rows][:, column.clamp(0, 6)] & (column >= 0) & (column < 7) | (column < 0)
+                mask = torch.full(seen.shape, float("-inf"), dtype=dtype, device="cuda")
+                rows_n = torch.arange(x.shape[0], device="cuda")
+                positions, cache_index = start + depth + 0 * rows_n, start + first + rows_n
+                mask.masked_fill_(seen, 0.0)
+                return runner.step_embeds(x.to("cuda", dtype), positions, cache_index, mask)
+
+            masked(earlier_x, 0, 0, slice(0, 3))
+            if not tree_level:
+                return masked(level_x, 1, 3, slice(3, 7)).float()
+            assert runner.takes_tree_levels(4, 7)
+            positions = start + 1 + torch.zeros(4, dtype=torch.long, device="cuda")
+            return runner.step_tree_level(level_x.to("cuda", dtype), positions, start, 3, ancestors).float()
+
+    exact = level_features(torch.float32, False)
+    fast, slow = level_features(torch.bfloat16, True), level_features(torch.bfloat16, False)
+    fast_error, slow_error = (fast - exact).abs().max(), (slow - exact).abs().max()
+    assert fast_error <= 2 * slow_error + 0.02, (fast_error, slow_error)
+
+
 def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
     """The decode path with programmatic dependent launch (kernels.pdl, SPECPLAY_PDL=1) and with CuPy's plain
     launches gives the same logits bit for bit, for a captured prefill bucket (cuBLAS products before the

@@ -323,12 +323,16 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
         ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
         ancestors[rows, rows].diagonal().fill_(True)
         if level < depth - 1:
-            visible = (ancestors[rows][:, col_node] & in_tree) | true_col  # [W, kv]: true rows and ancestors
-            mask = torch.full((width, kv), float("-inf"), dtype=runner.dtype, device=device)
-            mask.masked_fill_(visible, 0.0)
             positions = true_length + node_depth[rows]  # [W]
             inputs = head.fuse(feats[local_parent], tokens)  # [W, H]
-            feats = runner.step_embeds(inputs, positions, node_rows[rows], mask)
+            if runner.takes_tree_levels(width, count + width):  # the level after its earlier nodes
+                seen = ancestors[:count + width, :count + width]  # [count + W, count + W]
+                feats = runner.step_tree_level(inputs, positions, true_length, count, seen)
+            else:
+                visible = (ancestors[rows][:, col_node] & in_tree) | true_col  # [W, kv]: true rows, ancestors
+                mask = torch.full((width, kv), float("-inf"), dtype=runner.dtype, device=device)
+                mask.masked_fill_(visible, 0.0)
+                feats = runner.step_embeds(inputs, positions, node_rows[rows], mask)
             frontier, frontier_scores = torch.arange(count, count + width, device=device), best.values
         count += width
     tokens, parents, scores = (torch.cat(parts) for parts in zip(*levels))
