@@ -62,8 +62,13 @@ GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run ea
 # for a block of K + 1 rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not. With whole
 # rounds replayed, 8 rows were 2-6% faster on the shipped pair and no slower on the 1B and 7B shapes
 # (docs/measurements/bench_gpu_gemv_rows_*_replays.txt). sp_gemv sums each row in the same order whatever
-# the block's rows, so a bf16 block of up to 8 rows gets the products of one-token steps.
-DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "8"))
+# the block's rows, so a bf16 block of up to 16 rows (a tree of 8 and Medusa's tree of 8 nodes among them)
+# gets the products of one-token steps. A block takes sp_gemv only where every weight fits its staging
+# (rows * K <= GEMV_STAGE: on a 1B shape, blocks of up to 3 rows).
+DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "16"))
+# a draft tree's levels on the decode kernels (LlamaRunner.step_tree_level); SPECPLAY_TREE_LEVELS=0 steps
+# them with a mask over the whole cache (step_embeds), for comparisons
+TREE_LEVELS = os.environ.get("SPECPLAY_TREE_LEVELS", "1") != "0"
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
 # prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
 DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
@@ -819,7 +824,7 @@ class LlamaRunner(CausalRunner):
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         """Whether step_tree_level runs a level of `rows` nodes after earlier ones, `nodes` in all."""
-        return self._decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
+        return TREE_LEVELS and self._decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
 
     def step_tree_level(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, earlier: int,
                         visible: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 // A decode step reads every weight once for a handful of rows (one token, or a verification block of K + 1).
 // cuBLAS reaches about 57% of the memory bandwidth on a 1B-shape layer at such sizes, and each small kernel
 // between the matrix products costs a few microseconds; these kernels fuse the small work into the products:
-//   sp_gemv       out = in @ W^T (+ bias) (+ residual) for up to 8 rows, `in` being x, RMSNorm(x) * w or
+//   sp_gemv       out = in @ W^T (+ bias) (+ residual) for up to 16 rows, `in` being x, RMSNorm(x) * w or
 //                 SiLU(gate) * up, staged in shared memory by the block that reads the weights
 //   sp_attention  softmax(q k^T / sqrt(D)) v of a block of queries over the cache and the block's own rows
 //                 (a chain's causal rows or a tree's ancestors), written in the layout o_proj reads
@@ -18,7 +18,7 @@
 #define SP_FULL_MASK 0xffffffffu
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
 #define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
-#define SP_GEMV_MAX_ROWS 8
+#define SP_GEMV_MAX_ROWS 16
 #ifndef SP_GEMV_BLOCKS
 #define SP_GEMV_BLOCKS 2  // resident blocks per SM sp_gemv is built for (kernels/step.py passes its own)
 #endif

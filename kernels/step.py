@@ -1,7 +1,7 @@
 """Fused kernels of the decoder step (kernels/step_kernels.cu, decode_kernels.cu) and their torch twins.
 
 `rope_qkv` replaces the step's rotary embedding (3 kernels), the k/v cache writes (2) and q's copy into the
-grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). For blocks of up to 8
+grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). For blocks of up to 16
 rows in bf16/fp16, `gemv` does a matrix product with the RMSNorm before it, the SiLU * up before it or the
 residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. The
 twins are the eager step's own operations (attention's is an fp64 softmax), and the fuzz tests
@@ -31,7 +31,7 @@ _HERE = pathlib.Path(__file__).parent
 SOURCE = _HERE / "step_kernels.cu"
 SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu")  # compiled as one module, in order
 THREADS = 256
-GEMV_MAX_ROWS = 8  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..8 rows
+GEMV_MAX_ROWS = 16  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..16 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
@@ -307,7 +307,7 @@ class StepKernels:
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
              silu: bool = False, out_f32: bool = False, chained: bool = False) -> torch.Tensor:
-        """As gemv_reference, for M <= 8 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
+        """As gemv_reference, for M <= 16 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
         when)."""
         rows, (n_out, k) = x.shape[0], weight.shape
         if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != (2 * k if silu else k):
