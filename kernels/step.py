@@ -151,8 +151,9 @@ def topk_reference(x: torch.Tensor, k: int) -> tuple:
 
 def topk(x: torch.Tensor, k: int) -> tuple:
     """The k largest along the last dimension, as (values, indices), for the short rankings of drafting:
-    sp_topk on CUDA (topk_reference's order, values float32) where it applies, else torch.topk."""
-    kernels = StepKernels.load(x.device) if x.is_cuda and TOPK_KERNEL and 1 <= k <= TOPK_MAX else None
+    sp_topk on CUDA (topk_reference's order, values float32) where it applies and a runner has loaded the
+    kernels, else torch.topk."""
+    kernels = StepKernels.loaded(x.device) if x.is_cuda and TOPK_KERNEL and 1 <= k <= TOPK_MAX else None
     if kernels is None or x.dtype not in _DTYPES or x.numel() == 0 or k > x.shape[-1]:
         return TopK(*torch.topk(x, k, dim=-1))
     return kernels.topk(x, k)
@@ -226,6 +227,13 @@ class StepKernels:
             if index not in cls._loaded:
                 cls._loaded[index] = cls._compile(torch.device("cuda", index))
             return cls._loaded[index]
+
+    @classmethod
+    def loaded(cls, device) -> Optional["StepKernels"]:
+        """The kernels of a CUDA device if a runner loaded them already, else None (never compiles: a
+        ranking inside a graph capture must not start a compilation)."""
+        device = torch.device(device)
+        return cls._loaded.get(device.index if device.index is not None else torch.cuda.current_device())
 
     @classmethod
     def _compile(cls, device) -> Optional["StepKernels"]:
