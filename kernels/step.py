@@ -3,8 +3,10 @@
 `rope_qkv` replaces the step's rotary embedding (3 kernels), the k/v cache writes (2) and q's copy into the
 grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). For blocks of up to 16
 rows in bf16/fp16, `gemv` does a matrix product with the RMSNorm before it, the SiLU * up before it or the
-residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. The
-twins are the eager step's own operations (attention's is an fp64 softmax), and the fuzz tests
+residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. For
+drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block per row and `ngram_lookup` is
+n-gram's lookup over the committed tokens. The twins are the eager step's own operations (attention's is an
+fp64 softmax; topk's a stable sort; the lookup's engine.round_graph.NgramLookup), and the fuzz tests
 (tests/test_step_kernels_gpu.py) hold the kernels to them.
 
 Launches go through CuPy on torch's current stream, so a step that uses them is captured in the CUDA graph
@@ -52,11 +54,11 @@ ATTENTION_SPLIT_PAIRS = 128
 ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
 ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
+ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
 # SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
 TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
-ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
 _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}

@@ -12,6 +12,8 @@ from kernels.step import (
     rope_qkv_reference,
     silu_mul_reference,
     source_specs,
+    topk,
+    topk_reference,
 )
 
 
@@ -184,3 +186,16 @@ def test_programmatic_launch_passes_grid_stream_and_arguments():
     assert not launcher.launch(1234, (5,), 256, 0xabc, "Qif", [1, 2, 3.0])
     assert not launcher.enabled and "error 1" in launcher.failure
     assert not launcher.launch(1234, (5,), 256, 0xabc, "Qif", [1, 2, 3.0])
+
+
+def test_topk_off_cuda_is_torch_topk_and_the_twin_breaks_ties_to_the_lower_index():
+    """kernels.step.topk on the CPU is torch.topk (as TopK, which drafting reads by name); the twin ranks
+    values descending, a tie to the lower index, NaN first, +0 and -0 as equals."""
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    ranked = topk(x, 4)
+    assert torch.equal(ranked.values, torch.topk(x, 4).values)
+    assert torch.equal(ranked.indices, torch.topk(x, 4).indices)
+    row = torch.tensor([1.0, 3.0, float("nan"), 3.0, -0.0, 0.0, float("inf")])
+    values, indices = topk_reference(row, 7)
+    assert indices.tolist() == [2, 6, 1, 3, 0, 4, 5]
+    assert values[1:].tolist() == [float("inf"), 3.0, 3.0, 1.0, 0.0, 0.0]
