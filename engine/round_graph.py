@@ -630,14 +630,19 @@ def eagle_tree_round_graph(target, head, depth: int, nodes: int, backend, vocab:
         key, lambda: EagleTreeRoundGraph(target, head, depth, nodes, backend, vocab, width, grow, candidates))
 
 
+def _model_round_applies(runner, target, k: int, backend, runner_rows: int, sampling) -> bool:
+    """Whether a chain round at K drafted by a model runner (stepping runner_rows rows first) is captured:
+    graphs and compiled kernels, the decode path for both blocks, and free cache rows for the capture."""
+    rows = k + 1
+    return (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and runner._decode_path(runner_rows) and ChainGraphs.available(runner, 2)
+            and (sampling is None or SAMPLED_CHAINS) and target.length + 1 + k + rows <= target.max_length)
+
+
 def layer_skip_round_graph(runner, target, k: int, backend, vocab: int, width: int,
                            sampling=None) -> Optional[LayerSkipRoundGraph]:
     """The captured chain round at K for this layer-skip runner, as eagle_round_graph's."""
-    rows = k + 1
-    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
-            and runner._decode_path(1) and ChainGraphs.available(runner, 2)):
-        return None
-    if (sampling is not None and not SAMPLED_CHAINS) or target.length + 1 + k + rows > target.max_length:
+    if not _model_round_applies(runner, target, k, backend, 1, sampling):
         return None
     key = ("layerskip_round", id(runner), k, vocab, width, None if sampling is None else sampling.key)
     return ChainGraphs.of(target).get(
@@ -647,13 +652,9 @@ def layer_skip_round_graph(runner, target, k: int, backend, vocab: int, width: i
 def draft_model_round_graph(runner, target, k: int, backend, vocab: int, width: int,
                             sampling=None) -> Optional[DraftModelRoundGraph]:
     """The captured chain round at K for this draft model, as eagle_round_graph's."""
-    rows = k + 1
-    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
-            and runner._decode_path(2) and ChainGraphs.available(runner, 2)):
+    if not _model_round_applies(runner, target, k, backend, 2, sampling):
         return None
-    if sampling is not None and not SAMPLED_CHAINS:
-        return None
-    if target.length + 1 + k + rows > target.max_length or runner.length + 2 + k > runner.max_length:
+    if runner.length + 2 + k > runner.max_length:  # its own cache: two rows, then the chain
         return None
     key = ("draft_round", id(runner), k, vocab, width, None if sampling is None else sampling.key)
     return ChainGraphs.of(target).get(

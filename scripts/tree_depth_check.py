@@ -1,4 +1,4 @@
-"""Per-depth E against measured tokens per forward on the shipped pair (issue: predictions for trees).
+"""Per-depth E against measured tokens per forward on the shipped pair, for trees and chains.
 
 For each method: generate the held-out prompts, count per-depth acceptance from the rounds (what `predict`
 and the GUI fit), and print E = 1 + sum_d prod_{j<=d} alpha_j beside the measured tokens per forward and the
