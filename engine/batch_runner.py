@@ -23,7 +23,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
-from engine.llama import DECODE_ROWS, GRAPH_MAX_BLOCK, LlamaRunner, _linear_residual, apply_rope, rms_norm
+from engine.llama import (
+    DECODE_ROWS,
+    GRAPH_MAX_BLOCK,
+    LlamaRunner,
+    _add_linear_,
+    _linear_residual,
+    apply_rope,
+    rms_norm,
+)
 from engine.runner import captured, graph_capture, to_device, warm_up_stream
 
 KV_ALIGN = 64  # on GPU the cache length is rounded up to this many rows (an aligned attention mask)
@@ -125,13 +133,18 @@ class BatchRunner:
         bsz, n = x.shape[:2]
         offsets = self._arange[:n]  # [n]
         positions = start[:, None] + offsets[None, :]  # [B, n]
-        if self._decode_path(n):
+        decode = self._decode_path(n)
+        if decode:
             hidden = self._decode_layers(x.reshape(bsz * n, -1), positions, start)  # [B n, H]
         else:
             hidden = self._layers(x.reshape(bsz * n, -1), positions, self._mask(start, offsets, kv))
         if not with_logits:
             return None, hidden.view(bsz, n, -1)
-        logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
+        if decode:
+            r = self.runner
+            logits = r.project(r.decode_kernels.rms_norm(hidden, r.norm_weight, self.spec.rms_norm_eps))
+        else:
+            logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
         return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
 
     def _mask(self, start: torch.Tensor, offsets: torch.Tensor, kv: int) -> torch.Tensor:
@@ -151,7 +164,8 @@ class BatchRunner:
 
     def _decode_layers(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [B n, H] at rows positions [B, n] (start [B] on the
-        device) -> features [B n, H]. The products stay cuBLAS's (B n rows); the norms torch's."""
+        device) -> features [B n, H]. The products stay cuBLAS's (B n rows), each residual added in place by
+        its GEMM; the norms are sp_rms_norm."""
         s, r = self.spec, self.runner
         k, eps = r.decode_kernels, s.rms_norm_eps
         bsz, n = positions.shape
@@ -159,15 +173,16 @@ class BatchRunner:
         cache_index = (self._rows[:bsz, None] * (s.num_kv_heads * self.max_length) + positions).reshape(-1)
         flat_positions = positions.reshape(-1)  # [B n]
         chain = r._chain_block(n)[1]  # [n, n] bool: token i sees block rows 0..i
+        x = x.clone(memory_format=torch.contiguous_format)  # the residual adds write into x
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
-            qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
+            qkv = F.linear(k.rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads+2 kvh) D]
             q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
             attn = k.attention(q, keys, values, start, chain, chained=True)  # [B n, heads D] (after rope)
-            x = _linear_residual(x, attn, layer.w_o, layer.b_o)
-            gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
-            x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
+            x = _add_linear_(x, attn, layer.w_o, layer.b_o)
+            gate_up = F.linear(k.rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+            x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
         return x
 
     def _layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

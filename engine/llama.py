@@ -426,6 +426,15 @@ def _linear_residual(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor
     return x + F.linear(inputs, weight, bias)
 
 
+def _add_linear_(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
+                 bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x += inputs @ weight.T (+ bias), in place: the GEMM adds into x itself, where torch.addmm would first
+    copy x into a new output (a device copy per residual add). The same sums as _linear_residual."""
+    if bias is None:
+        return x.addmm_(inputs, weight.t())
+    return x.add_(F.linear(inputs, weight, bias))
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Runner
 
@@ -779,7 +788,8 @@ class LlamaRunner(CausalRunner):
         self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
         self._tapped = []
         if not self._gemv_rows(n):
-            return hidden, self.logits_from_hidden(hidden)
+            normed = self.decode_kernels.rms_norm(hidden, self.norm_weight, self.spec.rms_norm_eps)
+            return hidden, self.project(normed)
         logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
                                           eps=self.spec.rms_norm_eps, out_f32=True,
                                           chained=not self.tap_layers)  # [n, V] (the taps' cat comes first)
@@ -789,20 +799,22 @@ class LlamaRunner(CausalRunner):
                        earlier: int = 0) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
         fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
-        and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's and the norms
-        torch's. earlier: rows of the attention's block before x's, already in the cache (a tree level's
-        earlier nodes, see step_tree_level): block_visible is [earlier + n, earlier + n], their queries are
-        zeros and their outputs dropped."""
+        and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's (each adding the
+        residual into x in place) and the norms sp_rms_norm. earlier: rows of the attention's block before
+        x's, already in the cache (a tree level's earlier nodes, see step_tree_level): block_visible is
+        [earlier + n, earlier + n], their queries are zeros and their outputs dropped."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
+        if not small:
+            x = x.clone(memory_format=torch.contiguous_format)  # the residual adds below write into x
         # chained=True where the previous kernel is one of the step kernels (see kernels.step._launch_grid)
         for li, layer in enumerate(self.layers):
             keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
             if small:
                 qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps, chained=li > 0)
             else:
-                qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
+                qkv = F.linear(k.rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads, chained=small)  # [heads, n, D]
             if earlier:
@@ -815,11 +827,11 @@ class LlamaRunner(CausalRunner):
                                  chained=True)
                 x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True, chained=True)
             else:
-                x = _linear_residual(x, attn, layer.w_o, layer.b_o)
-                gate_up = F.linear(rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
-                x = _linear_residual(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
+                x = _add_linear_(x, attn, layer.w_o, layer.b_o)
+                gate_up = F.linear(k.rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+                x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
             if li in self.tap_layers:  # EAGLE-3 reads these layers' outputs (see _tapped_step)
-                self._tapped.append(x)
+                self._tapped.append(x if small else x.clone())  # (the cuBLAS branch adds into x in place)
         return x
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:

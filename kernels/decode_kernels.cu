@@ -23,6 +23,9 @@
 #define SP_GEMV_BLOCKS 2  // resident blocks per SM sp_gemv is built for (kernels/step.py passes its own)
 #endif
 #define SP_ATTN_WARPS 8
+#ifndef SP_ATTN_PREFETCH
+#define SP_ATTN_PREFETCH 1  // the attention kernels' L2 requests (kernels/step.py passes its own)
+#endif
 #define SP_ATTN_MAX_D 256
 #define SP_NEG_INF __int_as_float(0xff800000)
 
@@ -152,27 +155,38 @@ __device__ __forceinline__ void dk_gemv_fma(const uint4* w, const uint4* staged,
     }
 }
 
+// A row's epilogue inputs, read one work item before its store so that the store does not wait on memory:
+// lane m < M takes output row m's residual and the row's bias (as floats; 0 where absent).
 template <typename T, int M>
-__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, const T* bias, const T* residual,
-                                              void* out, int N, int out_f32) {
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = dk_warp_sum(acc[m]);
-    if (lane == 0) {
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float v = acc[m];
-            if (bias != nullptr) {
-                v += to_f(bias[row]);
-                if (residual != nullptr) v = to_f(rnd<T>(v));
-            }
-            if (residual != nullptr) v += to_f(residual[(long long)m * N + row]);
-            T r = rnd<T>(v);
-            if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + row] = to_f(r);
-            else reinterpret_cast<T*>(out)[(long long)m * N + row] = r;
-        }
+__device__ __forceinline__ void dk_gemv_preload(const T* bias, const T* residual, int row, int N, int lane,
+                                                float* res, float* bias_f) {
+    if (lane < M) {
+        *bias_f = bias != nullptr ? to_f(bias[row]) : 0.f;
+        *res = residual != nullptr ? to_f(residual[(long long)lane * N + row]) : 0.f;
     }
+}
+
+// The warp's sums (a fixed butterfly: every lane ends with all M), then lane m stores output row m.
+template <typename T, int M>
+__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, bool has_bias, bool has_residual,
+                                              float res, float bias_f, void* out, int N, int out_f32) {
+    float v = 0.f;
 #pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = 0.f;
+    for (int m = 0; m < M; m++) {
+        float t = dk_warp_sum(acc[m]);
+        if (m == lane) v = t;
+        acc[m] = 0.f;
+    }
+    if (lane < M) {
+        if (has_bias) {
+            v += bias_f;
+            if (has_residual) v = to_f(rnd<T>(v));
+        }
+        if (has_residual) v += res;
+        T r = rnd<T>(v);
+        if (out_f32) reinterpret_cast<float*>(out)[(long long)lane * N + row] = to_f(r);
+        else reinterpret_cast<T*>(out)[(long long)lane * N + row] = r;
+    }
 }
 
 template <typename T, int M>
@@ -251,28 +265,66 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     __syncthreads();
     if (row >= end) return;
 
-    // Work items (row, segment) in order; the loads of item t + 1 are in flight while item t is multiplied.
+    // Work items (row, segment) in order; the loads of item t + 1 (and, when it starts a row, that row's
+    // residual and bias) are in flight while item t is multiplied.
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
+    bool has_bias = bias != nullptr, has_residual = residual != nullptr;
+    float res = 0.f, bias_f = 0.f, res_next = 0.f, bias_next = 0.f;
+    dk_gemv_preload<T, M>(bias, residual, row, N, lane, &res, &bias_f);
     int seg = 0;
     while (true) {
         int next_row = seg + 1 < segs ? row : row + stride, next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < end) dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
+        if (next_row < end) {
+            dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
+            if (next_seg == 0) dk_gemv_preload<T, M>(bias, residual, next_row, N, lane, &res_next, &bias_next);
+        }
         dk_gemv_fma<T, M>(wa, staged, K, seg, lane, acc);
-        if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
+        if (seg == segs - 1) {
+            dk_gemv_store<T, M>(acc, row, lane, has_bias, has_residual, res, bias_f, out, N, out_f32);
+            res = res_next;
+            bias_f = bias_next;
+        }
         row = next_row;
         seg = next_seg;
         if (row >= end) break;
         next_row = seg + 1 < segs ? row : row + stride;
         next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < end) dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
+        if (next_row < end) {
+            dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
+            if (next_seg == 0) dk_gemv_preload<T, M>(bias, residual, next_row, N, lane, &res_next, &bias_next);
+        }
         dk_gemv_fma<T, M>(wb, staged, K, seg, lane, acc);
-        if (seg == segs - 1) dk_gemv_store<T, M>(acc, row, lane, bias, residual, out, N, out_f32);
+        if (seg == segs - 1) {
+            dk_gemv_store<T, M>(acc, row, lane, has_bias, has_residual, res, bias_f, out, N, out_f32);
+            res = res_next;
+            bias_f = bias_next;
+        }
         row = next_row;
         seg = next_seg;
         if (row >= end) break;
     }
+}
+
+// A decode block's attention is a few chunks of 32 cache rows, so its time is memory round trips, not bytes:
+// before a warp needs a chunk, it asks L2 for the chunk's key and value rows (lane j: key row j's lines, and
+// two of the chunk's value lines), so that the loops' loads, issued a few at a time, find them there.  The
+// first chunk's request goes out before q is staged.  Prefetching changes where bytes come from, not any sum.
+template <typename T>
+__device__ __forceinline__ void dk_attn_prefetch_chunk(const T* keys, const T* values, int c, long long total,
+                                                       int D, int lane) {
+    if (!SP_ATTN_PREFETCH) return;
+    long long row = (long long)c * 32 + lane;
+    int row_bytes = D * (int)sizeof(T);
+    if (row < total) {
+        const char* k = reinterpret_cast<const char*>(keys + row * D);
+        for (int off = 0; off < row_bytes; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(k + off));
+    }
+    long long rows = min(32LL, total - (long long)c * 32);
+    const char* v = reinterpret_cast<const char*>(values + (long long)c * 32 * D);
+    for (long long off = lane * 128LL; off < rows * row_bytes; off += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v + off));
 }
 
 // Sum over the warps of acc[d] rescaled to the block's max `top`, in warp order (hidden warps skipped).
@@ -332,13 +384,16 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
     // Their state would be (-inf, 0, 0), which the merge skips, so the result is the same bits either way.
     int active = min(splits, (chunks + SP_ATTN_WARPS - 1) / SP_ATTN_WARPS);
     if (split >= active) return;
+    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
+    const T* keys = k_cache + base;
+    const T* values = v_cache + base;
+    int step = SP_ATTN_WARPS * splits;
+    if (split * SP_ATTN_WARPS + warp < chunks)
+        dk_attn_prefetch_chunk<T>(keys, values, split * SP_ATTN_WARPS + warp, total, D, lane);
     const T* q_in = q + ((long long)h * n + i) * D;
     for (int d = tid; d < D; d += blockDim.x) q_row[d] = to_f(q_in[d]);
     __syncthreads();
 
-    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
-    const T* keys = k_cache + base;
-    const T* values = v_cache + base;
     const unsigned char* sees = visible + (long long)t * block_n;
     int vchunks = D / 8;               // lanes per group, each owning 8 output values
     int groups = 32 / vchunks;         // groups per warp (lanes from groups * vchunks on stay idle in p v)
@@ -347,14 +402,15 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
 
-    for (int c = split * SP_ATTN_WARPS + warp; c < chunks; c += SP_ATTN_WARPS * splits) {
+    for (int c = split * SP_ATTN_WARPS + warp; c < chunks; c += step) {
+        if (c + step < chunks) dk_attn_prefetch_chunk<T>(keys, values, c + step, total, D, lane);
         long long r = (long long)c * 32 + lane;
         bool seen = r < total && (r < first || sees[r - first] != 0);
         float s = SP_NEG_INF;
         if (seen) {
             const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
             float dot = 0.f;
-#pragma unroll 4
+#pragma unroll 8
             for (int d8 = 0; d8 < vchunks; d8++) {
                 float f[8];
                 dk_unpack8<T>(krow[d8], f);
@@ -472,15 +528,16 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
     long long first = start[b];
     long long total = first + block_n;
     int chunks = (int)((total + 31) / 32);
+    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
+    const T* keys = k_cache + base;
+    const T* values = v_cache + base;
+    if (warp < chunks) dk_attn_prefetch_chunk<T>(keys, values, warp, total, D, lane);
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         int g = idx / D, d = idx - g * D;
         q_rows[g][d] = to_f(q[((long long)(h0 + g) * n + i) * D + d]);
     }
     __syncthreads();
 
-    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
-    const T* keys = k_cache + base;
-    const T* values = v_cache + base;
     const unsigned char* sees = visible + (long long)t * block_n;
     int vchunks = D / 8;
     int groups = 32 / vchunks;
@@ -495,6 +552,7 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
     }
 
     for (int c = warp; c < chunks; c += SP_ATTN_WARPS) {
+        if (c + SP_ATTN_WARPS < chunks) dk_attn_prefetch_chunk<T>(keys, values, c + SP_ATTN_WARPS, total, D, lane);
         long long r = (long long)c * 32 + lane;
         bool seen = r < total && (r < first || sees[r - first] != 0);
         float s[G];

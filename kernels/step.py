@@ -40,6 +40,13 @@ GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
 # SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
 GEMV_BLOCKS_PER_SM = int(os.environ.get("SPECPLAY_GEMV_BLOCKS", "2"))
+# blocks per SM a launch's grid holds (default: as many as the launch bounds let reside); SPECPLAY_GEMV_GRID=1
+# leaves room on every SM for the next kernel's blocks to start while this one finishes (for comparisons)
+GEMV_GRID_PER_SM = int(os.environ.get("SPECPLAY_GEMV_GRID", str(GEMV_BLOCKS_PER_SM)))
+# the attention kernels ask L2 for a chunk's rows before they read them (SP_ATTN_PREFETCH);
+# SPECPLAY_ATTN_PREFETCH=0 builds them without, for comparisons (the same bits either way)
+ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
+NORM_THREADS = 256  # SP_NORM_THREADS
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
 ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads fills 128 SMs, not 32
@@ -69,7 +76,8 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const T* qkv, const T* cos_table, const T* sin_table, const long long* positions, "
                "const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads, "
                "int kv_heads, int D, int cache_len", templated=True),
-    KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter", templated=True),
+    KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter, int per_thread", templated=True),
+    KernelSpec("sp_rms_norm", "const T* x, const T* weight, T* out, int H, float eps", templated=True),
     KernelSpec("sp_gemv",
                "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
                "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes",
@@ -96,7 +104,8 @@ GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
 
 def instance_names() -> list:
     """Every kernel instance the module is compiled with (NVRTC name expressions)."""
-    names = [f"{name}<{t}>" for name in ("sp_rope_qkv", "sp_silu_mul") for t in _DTYPES.values()]
+    names = [f"{name}<{t}>" for name in ("sp_rope_qkv", "sp_silu_mul", "sp_rms_norm")
+             for t in _DTYPES.values()]
     halves = [_DTYPES[d] for d in HALF_DTYPES]
     names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
@@ -109,7 +118,8 @@ def module_source() -> str:
     return "\n".join(path.read_text() for path in SOURCES)
 
 
-COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}")
+COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
+                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
@@ -212,7 +222,7 @@ class StepKernels:
         self._kernels = {name: module.get_function(name) for name in instance_names()}
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
         properties = torch.cuda.get_device_properties(device)
-        self._gemv_blocks = GEMV_BLOCKS_PER_SM * properties.multi_processor_count  # every block resident
+        self._gemv_blocks = GEMV_GRID_PER_SM * properties.multi_processor_count  # every block resident
         # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
         # sp_attention's merge counters, zero between launches (each launch leaves them zero)
@@ -309,9 +319,23 @@ class StepKernels:
         n, inter = gate_up.shape[0], gate_up.shape[1] // 2
         _check(gate_up)
         out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
-        self._launch("sp_silu_mul", gate_up.dtype, n * inter, chained, gate_up=gate_up.data_ptr(),
-                     out=out.data_ptr(),
-                     n=n, inter=inter)
+        # 8 values a thread where 16-byte loads line up: a 16-bit dtype, I % 8 == 0, an aligned tensor
+        per_thread = 8 if (gate_up.dtype in HALF_DTYPES and inter % 8 == 0 and gate_up.data_ptr() % 16 == 0
+                           and out.data_ptr() % 16 == 0) else 1
+        self._launch("sp_silu_mul", gate_up.dtype, n * inter // per_thread, chained,
+                     gate_up=gate_up.data_ptr(), out=out.data_ptr(), n=n, inter=inter, per_thread=per_thread)
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 chained: bool = False) -> torch.Tensor:
+        """As rms_norm_reference for rows x [n, H] (contiguous; weight [H], same dtype): one block a row."""
+        _check(x, weight)
+        if x.dim() != 2 or tuple(weight.shape) != (x.shape[1],):
+            raise ValueError(f"rms_norm: rows {tuple(x.shape)} with a weight {tuple(weight.shape)}")
+        out = torch.empty_like(x)
+        self._launch_grid("sp_rms_norm", f"sp_rms_norm<{_DTYPES[x.dtype]}>", (x.shape[0],), NORM_THREADS,
+                          chained, x=x.data_ptr(), weight=weight.data_ptr(), out=out.data_ptr(), H=x.shape[1],
+                          eps=eps)
         return out
 
 

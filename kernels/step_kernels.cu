@@ -59,17 +59,83 @@ __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table
 
 // SiLU(gate) * up for gate_up [n, 2 I] (gate | up per row) -> out [n, I].
 //   torch: F.silu(gate) rounded, times up, rounded; silu(x) = x / (1 + exp(-x)) in fp32.
+// Each thread takes `per_thread` consecutive values of a row (1, or 8 when I % 8 == 0 and T is 16-bit: one
+// 16-byte load of gate and of up, one store).
 template <typename T>
-__global__ void sp_silu_mul(const T* gate_up, T* out, int n, int inter) {
+__global__ void sp_silu_mul(const T* gate_up, T* out, int n, int inter, int per_thread) {
     sp_let_next_start();
     sp_wait_for_previous();
     long long total = (long long)n * inter;
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    int j = (int)(idx % inter);
-    long long i = idx / inter;
-    float g = to_f(gate_up[i * 2 * inter + j]);
-    float u = to_f(gate_up[i * 2 * inter + inter + j]);
+    long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * per_thread;
+    if (first >= total) return;
+    int j0 = (int)(first % inter);
+    long long i = first / inter;
+    const T* gate = gate_up + i * 2 * inter + j0;
+    if (per_thread == 8 && sizeof(T) == 2) {
+        uint4 g8 = *reinterpret_cast<const uint4*>(gate), u8 = *reinterpret_cast<const uint4*>(gate + inter);
+        const T* g = reinterpret_cast<const T*>(&g8);
+        const T* u = reinterpret_cast<const T*>(&u8);
+        uint4 o8;
+        T* o = reinterpret_cast<T*>(&o8);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float gv = to_f(g[e]);
+            float silu = to_f(rnd<T>(gv / (1.0f + expf(-gv))));
+            o[e] = rnd<T>(silu * to_f(u[e]));
+        }
+        *reinterpret_cast<uint4*>(out + first) = o8;
+        return;
+    }
+    float g = to_f(gate[0]);
+    float u = to_f(gate[inter]);
     float silu = to_f(rnd<T>(g / (1.0f + expf(-g))));
-    out[idx] = rnd<T>(silu * u);
+    out[first] = rnd<T>(silu * u);
+}
+
+// RMSNorm of rows x [n, H] -> out [n, H] as transformers' LlamaRMSNorm (rms_norm_reference): fp32 statistics,
+// x * rsqrt(mean(x^2) + eps) rounded to T, times the weight, rounded (sp_gemv's mode 1 stages the same
+// values).  One block of 256 threads per row; a row of up to 8,192 values stays in registers between the
+// statistics and the output.
+#define SP_NORM_THREADS 256
+#define SP_NORM_PER_THREAD 32
+template <typename T>
+__global__ void __launch_bounds__(SP_NORM_THREADS) sp_rms_norm(const T* x, const T* weight, T* out, int H,
+                                                               float eps) {
+    __shared__ float partial[SP_NORM_THREADS / 32];
+    __shared__ float scale_s;
+    sp_let_next_start();
+    sp_wait_for_previous();
+    const T* row = x + (long long)blockIdx.x * H;
+    T* out_row = out + (long long)blockIdx.x * H;
+    int tid = threadIdx.x;
+    float v[SP_NORM_PER_THREAD];
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < SP_NORM_PER_THREAD; u++) {
+        int c = tid + u * SP_NORM_THREADS;
+        v[u] = c < H ? to_f(row[c]) : 0.f;
+        ss = fmaf(v[u], v[u], ss);
+    }
+    for (int c = tid + SP_NORM_PER_THREAD * SP_NORM_THREADS; c < H; c += SP_NORM_THREADS) {
+        float f = to_f(row[c]);
+        ss = fmaf(f, f, ss);
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((tid & 31) == 0) partial[tid >> 5] = ss;
+    __syncthreads();
+    if (tid == 0) {
+        float t = 0.f;
+        for (int w = 0; w < SP_NORM_THREADS / 32; w++) t += partial[w];
+        scale_s = rsqrtf(t / (float)H + eps);
+    }
+    __syncthreads();
+    float scale = scale_s;
+#pragma unroll
+    for (int u = 0; u < SP_NORM_PER_THREAD; u++) {
+        int c = tid + u * SP_NORM_THREADS;
+        if (c < H) out_row[c] = rnd<T>(to_f(weight[c]) * to_f(rnd<T>(v[u] * scale)));
+    }
+    for (int c = tid + SP_NORM_PER_THREAD * SP_NORM_THREADS; c < H; c += SP_NORM_THREADS) {
+        out_row[c] = rnd<T>(to_f(weight[c]) * to_f(rnd<T>(to_f(row[c]) * scale)));
+    }
 }

@@ -13,6 +13,7 @@
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
 #   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
+#   profile7b scripts/profile_e2e.py on the 7B shape with programmatic launch off (each kernel's own time)
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 #   kernels   the step kernels' GPU tests (KERNEL_FUZZ cases, default 2,000)
 #   gemv      scripts/gemv_probe.py: sp_gemv against cuBLAS per matrix shape, once per setting of GEMV_ENV
@@ -35,7 +36,7 @@ ENGINE_TESTS="tests/test_engine_gpu.py tests/test_drafters_gpu.py tests/test_bat
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
-  SPECPLAY_FUZZ_CASES=10000 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
+  SPECPLAY_FUZZ_CASES=10000 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
 if has tests-pdl; then
@@ -95,6 +96,10 @@ if has pdl-ab; then
     SPECPLAY_PDL=$pdl timeout 40 python3 scripts/profile_e2e.py --synthetic llama-1b --methods none --top 4 2>&1 \
       | grep -v "compiling\|USDT" > "$OUT/e2e_llama-1b_pdl$pdl.txt"; grep "^==\|GPU busy" "$OUT/e2e_llama-1b_pdl$pdl.txt"
   done
+fi
+if has profile7b; then
+  SPECPLAY_PDL=0 timeout 90 python3 scripts/profile_e2e.py --synthetic llama-7b --no-prefill --methods ${PROFILE_METHODS:-none} \
+    --tokens 32 --top 16 2>&1 | grep -v "compiling\|USDT" > "$OUT/e2e_llama-7b_pdl0.txt"; grep "^==\|GPU busy" "$OUT/e2e_llama-7b_pdl0.txt"
 fi
 if has host; then
   timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods ${HOST_METHODS:-none,draft,ngram,eagle3,medusa,eagle3:8} \

@@ -1,4 +1,5 @@
-# Shared by scripts/train_family_gpu.sh and scripts/train_medusa_gpu.sh (sourced; they set PY, RUN and OUT).
+# Shared by scripts/train_family_gpu.sh, scripts/train_medusa_gpu.sh and scripts/train_eagle3_gpu.sh
+# (sourced; they set PY, RUN and OUT).
 mkdir -p "$OUT"
 LOG="$OUT/train_log.txt"
 START=$(date +%s)

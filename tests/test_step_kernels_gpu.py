@@ -75,12 +75,32 @@ def test_silu_mul_fuzz(kernels):
     rng = random.Random(1)
     for case in range(CASES):
         dtype = DTYPES[case % 3]
-        n, inter = rng.randint(1, 65), rng.choice([16, 96, 1000, 5632])
+        # I % 8 == 0 takes 8 values a thread in bf16/fp16; 37 (and fp32) one
+        n, inter = rng.randint(1, 65), rng.choice([16, 37, 96, 1000, 5632])
         g = torch.Generator(device="cuda").manual_seed(case)
         scale = rng.choice([0.5, 3.0, 20.0])
         gate_up = (torch.randn(n, 2 * inter, generator=g, device="cuda") * scale).to(dtype)
         out, ref = kernels.silu_mul(gate_up), silu_mul_reference(gate_up)
         assert _ulps_apart(out, ref) <= 1.0, f"case {case}: {dtype}, n={n}, I={inter}"
+
+
+def test_rms_norm_fuzz(kernels):
+    """sp_rms_norm against transformers' RMSNorm (its twin): rows short and long (past the 8,192 values a
+    block keeps in registers), every dtype. Its mean sums in another order, so a value may move by the
+    rounding of x * scale: two units in the last place; four in fp32, where rsqrtf's own error (up to two
+    units) is not hidden by a coarser rounding."""
+    rng = random.Random(7)
+    for case in range(CASES):
+        dtype = DTYPES[case % 3]
+        n, h = rng.randint(1, 70), rng.choice([8, 64, 320, 2048, 4096, 8200, 12288])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        x = (torch.randn(n, h, generator=g, device="cuda") * rng.choice([0.01, 1.0, 30.0])).to(dtype)
+        weight = (torch.randn(h, generator=g, device="cuda") * 0.3 + 1.0).to(dtype)
+        eps = rng.choice([1e-6, 1e-5])
+        out, ref = kernels.rms_norm(x, weight, eps), rms_norm_reference(x, weight, eps)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        limit = 4.0 if dtype == torch.float32 else 2.0
+        assert _ulps_apart(out, ref) <= limit, f"case {case}: {dtype}, n={n}, H={h}"
 
 
 HALVES = [torch.bfloat16, torch.float16]

@@ -140,3 +140,54 @@ def test_the_card_reports_heads_retrained_alone(family, medusa_run, tmp_path):
     assert "Retrained alone on this target" in section and "The family run's heads they replace" in section
     head1 = report["stages"]["medusa"]["final"]["head1_top1"]
     assert f"| 1 | t+2 | {export.fmt(head1)} |" in section
+
+
+@pytest.fixture(scope="module")
+def eagle3_run(family, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("eagle3_run")
+    assert train_main(["--tiny", "--from-family", str(family), "--out", str(out), "--device", "cpu",
+                       "--stages", "tokenizer,target,selfgen,eagle3", "--eagle3-steps", "20",
+                       "--eagle3-budget-s", "60", "--export-eagle3", str(out / "head")]) == 0
+    return out
+
+
+def test_only_the_eagle3_stages_run_on_the_command_lines_schedule(eagle3_run):
+    assert all((eagle3_run / s / "done.json").exists() for s in ("data", "target", "selfgen", "eagle3"))
+    assert not any((eagle3_run / s).exists() for s in ("draft", "distill", "medusa", "eagle", "export"))
+    m = metrics(eagle3_run, "eagle3")
+    assert m["steps_done"] == 20 and not m["stopped_by_time"]      # the tiny preset's own cap is 15 steps
+    report = json.loads((eagle3_run / "head" / "eagle3_report.json").read_text())
+    assert report["eagle3_sched"]["steps"] == 20 and report["eagle3_sched"]["time_budget_s"] == 60
+    assert report["stages"]["eagle3"]["final"] == m["final"]
+    assert report["stages"]["selfgen"]["train_sequences"] > 0
+
+
+def test_exported_eagle3_head_drives_the_familys_target_and_its_card(family, eagle3_run, tmp_path):
+    """The head-only export, copied over the family's target/, is what the EAGLE-3 method loads (fp16, the
+    stage's weights); greedy decoding with it equals plain decoding; the card's EAGLE-3 section shows it."""
+    from engine.config import GenerationConfig
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair
+    from engine.train import eagle3, export
+
+    out = eagle3_run / "head"
+    assert sorted(f.name for f in out.iterdir()) == ["eagle3_config.json", "eagle3_head.safetensors",
+                                                      "eagle3_report.json"]
+    state = load_file(str(out / "eagle3_head.safetensors"))
+    assert all(v.dtype == torch.float16 for v in state.values())
+    trained = eagle3.load_eagle3(eagle3_run / "eagle3")
+    assert torch.equal(state["proj.weight"], trained.proj.weight.detach().half())
+    shipped = tmp_path / "family"
+    shutil.copytree(family, shipped)
+    for name in ("eagle3_head.safetensors", "eagle3_config.json"):
+        shutil.copy2(out / name, shipped / "target" / name)
+    decoder = SpeculativeDecoder(load_pair(str(shipped / "target"), None, device="cpu", need_draft=False))
+    prompt = "def f(x):\n    return"
+    plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=24))
+    events = list(decoder.generate(prompt, GenerationConfig(k=3, max_new_tokens=24).with_spec("eagle3")))
+    assert [t for e in events for t in e.emitted_ids] == plain
+    export.merge_retrain(shipped, out / "eagle3_report.json", "eagle3")
+    merged = json.loads((shipped / "train_report.json").read_text())
+    assert merged["eagle3_retrain"]["eagle3_sched"]["steps"] == 20
+    section = (shipped / "README.md").read_text().split("## EAGLE-3 head", 1)[1].split("\n## ", 1)[0]
+    assert "Retrained alone on this target" in section and "The family run's head it replaces" in section

@@ -11,10 +11,17 @@ Retrain only the Medusa heads of an exported family (scripts/train_medusa_gpu.sh
         --medusa-steps 20000 --export-medusa runs/medusa/heads
     cp runs/medusa/heads/medusa_heads.safetensors runs/medusa/heads/medusa_config.json assets/models/target/
 
+or only the EAGLE-3 head (scripts/train_eagle3_gpu.sh):
+
+    python main.py train --from-family assets/models --out runs/eagle3 \\
+        --stages tokenizer,target,selfgen,eagle3 --eagle3-budget-s 200 --eagle3-steps 20000 \\
+        --export-eagle3 runs/eagle3/head
+
 --from-family DIR takes the tokenizer (DIR/target/tokenizer.json; the corpus is built and encoded with it, no
 BPE is trained) and the target (DIR/target, copied, not pre-trained) from DIR, which must match the preset
 (--tiny for a family made with --tiny); its stages default to tokenizer,target,selfgen,medusa. --export-medusa
-OUT writes only the heads (fp16, with their measured path accuracies) and medusa_report.json to OUT.
+OUT writes only the heads (fp16, with their measured path accuracies) and medusa_report.json to OUT;
+--export-eagle3 OUT the EAGLE-3 head (fp16) and eagle3_report.json.
 """
 from __future__ import annotations
 
@@ -66,6 +73,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export-medusa", type=Path, default=None, metavar="DIR",
                    help="after the stages, write only the Medusa heads (medusa_heads.safetensors, "
                         "medusa_config.json) and medusa_report.json here")
+    p.add_argument("--eagle3-budget-s", type=float, default=None, metavar="S",
+                   help="the EAGLE-3 stage's wall-clock cap (default: the preset's)")
+    p.add_argument("--eagle3-steps", type=int, default=None,
+                   help="the EAGLE-3 stage's step cap (default: the preset's; raise it with the budget)")
+    p.add_argument("--export-eagle3", type=Path, default=None, metavar="DIR",
+                   help="after the stages, write only the EAGLE-3 head (eagle3_head.safetensors, "
+                        "eagle3_config.json) and eagle3_report.json here")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
@@ -81,15 +95,16 @@ def parse_stages(text: str | None, from_family: bool = False) -> list[str]:
     return stages
 
 
-def with_medusa_schedule(preset, budget_s: float | None, steps: int | None):
-    """The preset with the Medusa stage's time budget and step cap replaced where given (the reports record
-    the preset, so they show the schedule that ran)."""
+def with_schedule(preset, stage: str, budget_s: float | None, steps: int | None):
+    """The preset with a head stage's (medusa, eagle3) time budget and step cap replaced where given (the
+    reports record the preset, so they show the schedule that ran)."""
     changes = {k: v for k, v in (("time_budget_s", budget_s), ("steps", steps)) if v is not None}
     if any(v <= 0 for v in changes.values()):
-        raise SpecplayError(f"--medusa-budget-s and --medusa-steps must be positive, not {changes}")
+        raise SpecplayError(f"--{stage}-budget-s and --{stage}-steps must be positive, not {changes}")
     if not changes:
         return preset
-    return replace(preset, medusa_sched=replace(preset.medusa_sched, **changes))
+    field = f"{stage}_sched"
+    return replace(preset, **{field: replace(getattr(preset, field), **changes)})
 
 
 def run_train(args) -> int:
@@ -104,8 +119,10 @@ def run_train(args) -> int:
         return run_evaluate(args)
     family = getattr(args, "from_family", None)
     stages = parse_stages(args.stages, family is not None)
-    preset = with_medusa_schedule(PRESETS["tiny" if args.tiny else "full"](),
-                                  getattr(args, "medusa_budget_s", None), getattr(args, "medusa_steps", None))
+    preset = with_schedule(PRESETS["tiny" if args.tiny else "full"](), "medusa",
+                           getattr(args, "medusa_budget_s", None), getattr(args, "medusa_steps", None))
+    preset = with_schedule(preset, "eagle3", getattr(args, "eagle3_budget_s", None),
+                           getattr(args, "eagle3_steps", None))
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
     device = lm.pick_device(args.device)
     threads = getattr(args, "threads", None)
@@ -126,6 +143,10 @@ def run_train(args) -> int:
         from engine.train.export import export_medusa_only
 
         export_medusa_only(ctx, args.export_medusa)
+    if getattr(args, "export_eagle3", None) is not None:
+        from engine.train.export import export_eagle3_only
+
+        export_eagle3_only(ctx, args.export_eagle3)
     print(f"train: finished in {time.time() - t0:.1f} s (preset {preset.name}, out {out})", flush=True)
     return 0
 

@@ -162,22 +162,39 @@ def export_all(ctx, stage_metrics: dict) -> dict:
 def export_medusa_only(ctx, dst: Path) -> dict:
     """Only the Medusa heads (medusa_heads.safetensors, medusa_config.json: to copy over the family's
     target/) and medusa_report.json (the schedule and the metrics of the stages they came from)."""
-    if not (ctx.stage_dir("medusa") / "done.json").exists():
-        raise SpecplayError(f"{ctx.stage_dir('medusa')}: the medusa stage has not finished")
+    return _export_head_only(ctx, dst, "medusa", lambda: export_medusa_heads(ctx, dst),
+                             {"medusa_heads": ctx.preset.medusa_heads},
+                             "medusa_heads.safetensors, medusa_config.json")
+
+
+def export_eagle3_only(ctx, dst: Path) -> dict:
+    """Only the EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json: to copy over the family's
+    target/) and eagle3_report.json, as export_medusa_only does for the Medusa heads."""
+    p = ctx.preset
+    return _export_head_only(ctx, dst, "eagle3", lambda: export_eagle3(ctx, dst),
+                             {"eagle3_steps": p.eagle3_steps, "eagle3_decay": p.eagle3_decay},
+                             "eagle3_head.safetensors, eagle3_config.json")
+
+
+def _export_head_only(ctx, dst: Path, stage: str, write, extra: dict, files: str) -> dict:
+    """A head stage's files (write()) and <stage>_report.json: the stage's schedule and the metrics of the
+    target, selfgen and head stages it came from."""
+    if not (ctx.stage_dir(stage) / "done.json").exists():
+        raise SpecplayError(f"{ctx.stage_dir(stage)}: the {stage} stage has not finished")
     dst.mkdir(parents=True, exist_ok=True)
-    export_medusa_heads(ctx, dst)
+    write()
     stages = {}
-    for name in ("target", "selfgen", "medusa"):
+    for name in ("target", "selfgen", stage):
         if (ctx.stage_dir(name) / "done.json").exists():
             stages[name] = json.loads((ctx.stage_dir(name) / "metrics.json").read_text())
-    stages.get("target", {}).pop("history", None)   # the Medusa learning curve stays: it is small
+    stages.get("target", {}).pop("history", None)   # the head's learning curve stays: it is small
     p = ctx.preset
     report = {"preset": p.name, "from_family": None if ctx.family_dir is None else str(ctx.family_dir),
-              "medusa_sched": asdict(p.medusa_sched), "medusa_heads": p.medusa_heads,
+              f"{stage}_sched": asdict(getattr(p, f"{stage}_sched")), **extra,
               "head_seq_len": ctx.head_len, "gen_fraction": p.gen_fraction, "stages": stages,
               "exported": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (dst / "medusa_report.json").write_text(json.dumps(report, indent=1))
-    ctx.log(f"[export-medusa] medusa_heads.safetensors, medusa_config.json, medusa_report.json -> {dst}")
+    (dst / f"{stage}_report.json").write_text(json.dumps(report, indent=1))
+    ctx.log(f"[export-{stage}] {files}, {stage}_report.json -> {dst}")
     return report
 
 
@@ -446,10 +463,16 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
               "| step | top-1 | chain |", "| --- | --- | --- |"]
         L += [f"| {s} | {fmt(f[f'step{s}_top1'])} | {fmt(f[f'chain{s}_top1'])} |" for s in range(1, 5)]
         L.append("")
+    retrain3 = report.get("eagle3_retrain")
+    if retrain3:
+        family_eg3, eg3 = eg3, retrain3["stages"]["eagle3"]
     if eg3:
         f, g = eg3["final"], eg3.get("final_generated") or {}
         steps = eg3.get("steps", 4)
-        L += ["## EAGLE-3 head (validation, training-time test)",
+        L += ["## EAGLE-3 head (validation, training-time test)"]
+        if retrain3:
+            L += [eagle3_retrain_line(retrain3, family_eg3), ""]
+        L += [
               "Step s: the head's s-th draft of a chain, reading its own outputs from step 2 on; top-1 = its "
               "argmax equals the target's; `chain` = steps 1..s all agree (greedy acceptance of a chain of "
               "s, with the text's tokens fed). On validation windows and on the target's own held-out greedy "
@@ -470,6 +493,21 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
     return "\n".join(L)
 
 
+def eagle3_retrain_line(retrain: dict, family_eagle3: Optional[dict]) -> str:
+    """What the card says of an EAGLE-3 head retrained alone (export_eagle3_only's report)."""
+    sgen, eg3 = retrain["stages"].get("selfgen") or {}, retrain["stages"]["eagle3"]
+    line = ("Retrained alone on this target (`main.py train --from-family`, `scripts/train_eagle3_gpu.sh`; "
+            f"the target and tokenizer as shipped; {sgen.get('train_sequences')} continuations of the "
+            f"target's own text, {sgen.get('greedy_sequences')} of them greedy; "
+            f"{eg3.get('steps_done')} steps in {eg3.get('wall_s')} s on {eg3.get('hardware')}; "
+            f"{sched_line(retrain['eagle3_sched'])}).")
+    if family_eagle3:
+        old_g, steps = family_eagle3.get("final_generated") or {}, family_eagle3.get("steps", 4)
+        chain = fmt(old_g.get(f"chain{steps}_top1"))
+        line += f" The family run's head it replaces: chain of {steps} {chain} on the target's own text."
+    return line
+
+
 def retrain_line(retrain: dict, family_medusa: Optional[dict]) -> str:
     """What the card says of heads retrained alone on the shipped target (export_medusa_only's report)."""
     sgen, med = retrain["stages"].get("selfgen") or {}, retrain["stages"]["medusa"]
@@ -488,9 +526,15 @@ def retrain_line(retrain: dict, family_medusa: Optional[dict]) -> str:
 def merge_medusa_retrain(models_dir: Path, medusa_report: Path, device="cpu") -> dict:
     """Record heads retrained alone (export_medusa_only's medusa_report.json, the heads already copied into
     target/) in train_report.json as medusa_retrain, and refresh the card."""
+    return merge_retrain(models_dir, medusa_report, "medusa", device)
+
+
+def merge_retrain(models_dir: Path, head_report: Path, stage: str, device="cpu") -> dict:
+    """Record a head retrained alone (medusa or eagle3: its <stage>_report.json, the files already copied
+    into target/) in train_report.json as <stage>_retrain, and refresh the card."""
     report_path = models_dir / "train_report.json"
     report = json.loads(report_path.read_text())
-    report["medusa_retrain"] = json.loads(medusa_report.read_text())
+    report[f"{stage}_retrain"] = json.loads(head_report.read_text())
     report_path.write_text(json.dumps(report, indent=1))
     return refresh_card(models_dir, device)
 
@@ -532,9 +576,13 @@ if __name__ == "__main__":
     ap.add_argument("models_dir", type=Path)
     ap.add_argument("--medusa-report", type=Path, default=None,
                     help="medusa_report.json of heads retrained alone (already copied into target/)")
+    ap.add_argument("--eagle3-report", type=Path, default=None,
+                    help="eagle3_report.json of an EAGLE-3 head retrained alone (copied into target/)")
     args = ap.parse_args()
     if args.medusa_report is not None:
         res = merge_medusa_retrain(args.models_dir, args.medusa_report)
-    else:
+    if args.eagle3_report is not None:
+        res = merge_retrain(args.models_dir, args.eagle3_report, "eagle3")
+    if args.medusa_report is None and args.eagle3_report is None:
         res = refresh_card(args.models_dir)
     print(json.dumps(res["heldout_sample_losses"], indent=1))

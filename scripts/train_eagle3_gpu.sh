@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Retrain only the EAGLE-3 head of the shipped family (assets/models) on one CUDA GPU (about 6 minutes on an
+# H200) and bring back the new head, small files only:
+#   OUT=/some/dir bash scripts/train_eagle3_gpu.sh
+# Run from the repository root. Stages (engine/train, preset `full`, --from-family assets/models): corpus +
+# encoding with the shipped tokenizer, the shipped target copied as the target checkpoint, the target's own
+# text (selfgen: the head trains half on it), EAGLE-3 with a longer budget (EAGLE3_BUDGET_S, default 200 s);
+# then the head-only export; then, if time is left, `bench methods none,eagle3,eagle3:8` of the shipped
+# target with the new head (a temporary copy of its directory). No other weights are trained or come back.
+#
+# Writes to $OUT, as it goes (a run stopped at its limit still brings back what finished):
+#   train_log.txt             everything printed (PYTHONUNBUFFERED)
+#   stage_metrics.json        every finished stage's metrics, rewritten after each stage
+#   eagle3_head.safetensors   the new head (fp16)               } to copy over assets/models/target/
+#   eagle3_config.json                                          }
+#   eagle3_report.json        the EAGLE-3 schedule and the target, selfgen and eagle3 stages' metrics
+#   bench.txt                 the bench's table, when it ran
+# Ship with:
+#   cp $OUT/eagle3_head.safetensors $OUT/eagle3_config.json assets/models/target/
+#   python -m engine.train.export assets/models --eagle3-report $OUT/eagle3_report.json   # card, sha256 table
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=true
+OUT=${OUT:-out}
+RUN=${RUN:-/tmp/specplay_eagle3_run}
+FAMILY=${FAMILY:-assets/models}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVICE=cpu, FAMILY=a tiny export)
+EAGLE3_BUDGET_S=${EAGLE3_BUDGET_S:-200}
+EAGLE3_STEPS=${EAGLE3_STEPS:-20000}   # above what the budget allows (~18 steps/s on an H200): time ends it
+BUDGET_S=${BUDGET_S:-420}     # the whole script's wall clock; the bench runs only in what is left of it
+source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+
+trap 'collect; ls -la "$OUT"' EXIT
+trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
+start_watcher
+
+print_versions "specplay EAGLE-3-only training on $FAMILY" || exit 2
+
+# shellcheck disable=SC2086
+$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,selfgen,eagle3 --out "$RUN" \
+  --device "$DEVICE" --eagle3-budget-s "$EAGLE3_BUDGET_S" --eagle3-steps "$EAGLE3_STEPS" \
+  --export-eagle3 "$OUT" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
+rc=${PIPESTATUS[0]}
+kill "$WATCHER" 2>/dev/null
+collect
+echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
+
+if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 60 ]; then
+  left=$(( BUDGET_S - $(elapsed) - 10 ))
+  BENCH=$(mktemp -d)   # the shipped target with the new head; not under $OUT (its weights must not come back)
+  cp -r "$FAMILY/target" "$BENCH/target"
+  cp "$OUT/eagle3_head.safetensors" "$OUT/eagle3_config.json" "$BENCH/target/"
+  echo "== bench methods of the shipped target with the new head (${left} s at most)" | tee -a "$LOG"
+  timeout "$left" $PY main.py bench methods --target "$BENCH/target" --draft "$FAMILY/draft" \
+    --methods none,eagle3,eagle3:8 --k 4 --prompts 8 --max-new-tokens 128 \
+    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
+  rm -rf "$BENCH"
+else
+  echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"
+fi
+echo "== done after $(elapsed) s" | tee -a "$LOG"
+exit "$rc"
