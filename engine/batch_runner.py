@@ -142,7 +142,7 @@ class BatchRunner:
             return None, hidden.view(bsz, n, -1)
         if decode:
             r = self.runner
-            logits = r.project(r.decode_kernels.rms_norm(hidden, r.norm_weight, self.spec.rms_norm_eps))
+            logits = r.project(r.block_norm(hidden, r.norm_weight))
         else:
             logits = self.runner.logits_from_hidden(hidden)  # [B n, V]
         return logits.view(bsz, n, -1), hidden.view(bsz, n, -1)
@@ -165,9 +165,9 @@ class BatchRunner:
     def _decode_layers(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [B n, H] at rows positions [B, n] (start [B] on the
         device) -> features [B n, H]. The products stay cuBLAS's (B n rows), each residual added in place by
-        its GEMM; the norms are sp_rms_norm."""
+        its GEMM; the norms LlamaRunner.block_norm's."""
         s, r = self.spec, self.runner
-        k, eps = r.decode_kernels, s.rms_norm_eps
+        k = r.decode_kernels
         bsz, n = positions.shape
         # token (b, i)'s cache row as the rope kernel addresses B caches [B, kvh, max_length, D]
         cache_index = (self._rows[:bsz, None] * (s.num_kv_heads * self.max_length) + positions).reshape(-1)
@@ -176,12 +176,12 @@ class BatchRunner:
         x = x.clone(memory_format=torch.contiguous_format)  # the residual adds write into x
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
-            qkv = F.linear(k.rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)  # [B n, (heads+2 kvh) D]
+            qkv = F.linear(r.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
             q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
             attn = k.attention(q, keys, values, start, chain, chained=True)  # [B n, heads D] (after rope)
             x = _add_linear_(x, attn, layer.w_o, layer.b_o)
-            gate_up = F.linear(k.rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+            gate_up = F.linear(r.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
             x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
         return x
 

@@ -69,6 +69,9 @@ DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "16"))
 # a draft tree's levels on the decode kernels (LlamaRunner.step_tree_level); SPECPLAY_TREE_LEVELS=0 steps
 # them with a mask over the whole cache (step_embeds), for comparisons
 TREE_LEVELS = os.environ.get("SPECPLAY_TREE_LEVELS", "1") != "0"
+# the cuBLAS paths' RMSNorms on sp_rms_norm; SPECPLAY_NORM_KERNEL=0 takes torch's (for comparisons: at B = 64
+# torch's took 6.0 us a call against sp_rms_norm's 7.7, docs/measurements/e2e_batch_llama-8b_rms_norm.txt)
+NORM_KERNEL = os.environ.get("SPECPLAY_NORM_KERNEL", "1") != "0"
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
 # prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
 DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
@@ -788,8 +791,7 @@ class LlamaRunner(CausalRunner):
         self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
         self._tapped = []
         if not self._gemv_rows(n):
-            normed = self.decode_kernels.rms_norm(hidden, self.norm_weight, self.spec.rms_norm_eps)
-            return hidden, self.project(normed)
+            return hidden, self.project(self.block_norm(hidden, self.norm_weight))
         logits = self.decode_kernels.gemv(hidden, self.lm_head, norm_weight=self.norm_weight,
                                           eps=self.spec.rms_norm_eps, out_f32=True,
                                           chained=not self.tap_layers)  # [n, V] (the taps' cat comes first)
@@ -814,7 +816,7 @@ class LlamaRunner(CausalRunner):
             if small:
                 qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps, chained=li > 0)
             else:
-                qkv = F.linear(k.rms_norm(x, layer.ln1, eps), layer.w_qkv, layer.b_qkv)
+                qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads, chained=small)  # [heads, n, D]
             if earlier:
@@ -828,11 +830,18 @@ class LlamaRunner(CausalRunner):
                 x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True, chained=True)
             else:
                 x = _add_linear_(x, attn, layer.w_o, layer.b_o)
-                gate_up = F.linear(k.rms_norm(x, layer.ln2, eps), layer.w_gate_up, layer.b_gate_up)
+                gate_up = F.linear(self.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
                 x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
             if li in self.tap_layers:  # EAGLE-3 reads these layers' outputs (see _tapped_step)
                 self._tapped.append(x if small else x.clone())  # (the cuBLAS branch adds into x in place)
         return x
+
+    def block_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of rows x [n, H] where cuBLAS multiplies on the decode path (long blocks, batches):
+        sp_rms_norm, or torch's with SPECPLAY_NORM_KERNEL=0."""
+        if NORM_KERNEL:
+            return self.decode_kernels.rms_norm(x, weight, self.spec.rms_norm_eps)
+        return rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         """Whether step_tree_level runs a level of `rows` nodes after earlier ones, `nodes` in all."""

@@ -9,7 +9,8 @@
 #   methods   bench methods on the shipped pair (each method's c, textbook E/(1+cK) and the share reached)
 #   methods-ab  bench methods once per environment setting of AB (AB_METHODS: the methods)
 #   methods-k   bench methods at K = MK (default 5) for K_METHODS
-#   batch     bench batch on the synthetic llama-8b at B = 1 and 64
+#   batch     bench batch on the synthetic llama-8b at B = 1 and 64 (once per setting of BATCH_AB, if set, e.g.
+#             BATCH_AB="SPECPLAY_NORM_KERNEL=0 SPECPLAY_NORM_KERNEL=1")
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
 #   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
 #   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
@@ -74,8 +75,11 @@ if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPL
   done
 fi
 if has batch; then
-  timeout 80 python3 main.py bench batch --device cuda --synthetic llama-8b --batches 1,64 --method draft --k 4 \
-    --ks 4 2>&1 | grep -v "compiling" | tail -12 | tee "$OUT/batch_llama8b.txt"
+  for setting in ${BATCH_AB:-SPECPLAY_PDL=1}; do
+    env $setting timeout 80 python3 main.py bench batch --device cuda --synthetic llama-8b --batches 1,64 \
+      --method draft --k 4 --ks 4 2>&1 | grep -v "compiling" | tail -12 \
+      | tee "$OUT/batch_llama8b${BATCH_AB:+_${setting//[^A-Za-z0-9]/_}}.txt"
+  done
 fi
 if has ksweep; then
   timeout 160 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
