@@ -8,6 +8,22 @@ collect() {   # the finished stages' metrics, one JSON object (cheap; run after 
   $PY scripts/stage_metrics.py "$RUN" "$OUT/stage_metrics.json" 2>/dev/null || true
 }
 
+bench_new_head() {   # $1: the methods; the rest: files in $OUT to copy over the shipped target/ (BUDGET_S's rest)
+  local methods=$1; shift
+  if [ $(( BUDGET_S - $(elapsed) )) -le 60 ]; then
+    echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"; return
+  fi
+  local left=$(( BUDGET_S - $(elapsed) - 10 ))
+  local bench; bench=$(mktemp -d)   # not under $OUT: the target's weights must not come back
+  cp -r "$FAMILY/target" "$bench/target"
+  for name in "$@"; do cp "$OUT/$name" "$bench/target/"; done
+  echo "== bench methods of the shipped target with the new files (${left} s at most)" | tee -a "$LOG"
+  timeout "$left" $PY main.py bench methods --target "$bench/target" --draft "$FAMILY/draft" \
+    --methods "$methods" --k 4 --prompts 8 --max-new-tokens 128 \
+    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
+  rm -rf "$bench"
+}
+
 start_watcher() {   # stage_metrics.json stays current even if the run is killed hard; sets WATCHER
   ( while sleep 15; do collect; done ) &
   WATCHER=$!

@@ -47,18 +47,6 @@ kill "$WATCHER" 2>/dev/null
 collect
 echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
 
-if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 60 ]; then
-  left=$(( BUDGET_S - $(elapsed) - 10 ))
-  BENCH=$(mktemp -d)   # the shipped target with the new head; not under $OUT (its weights must not come back)
-  cp -r "$FAMILY/target" "$BENCH/target"
-  cp "$OUT/eagle3_head.safetensors" "$OUT/eagle3_config.json" "$BENCH/target/"
-  echo "== bench methods of the shipped target with the new head (${left} s at most)" | tee -a "$LOG"
-  timeout "$left" $PY main.py bench methods --target "$BENCH/target" --draft "$FAMILY/draft" \
-    --methods none,eagle3,eagle3:8 --k 4 --prompts 8 --max-new-tokens 128 \
-    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
-  rm -rf "$BENCH"
-else
-  echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"
-fi
+[ "$rc" = 0 ] && bench_new_head none,eagle3,eagle3:8 eagle3_head.safetensors eagle3_config.json
 echo "== done after $(elapsed) s" | tee -a "$LOG"
 exit "$rc"

@@ -58,18 +58,6 @@ kill "$WATCHER" 2>/dev/null
 collect
 echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
 
-if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 60 ]; then
-  left=$(( BUDGET_S - $(elapsed) - 10 ))
-  BENCH=$(mktemp -d)   # the shipped target with the new heads; not under $OUT (its weights must not come back)
-  cp -r "$FAMILY/target" "$BENCH/target"
-  cp "$OUT/medusa_heads.safetensors" "$OUT/medusa_config.json" "$BENCH/target/"
-  echo "== bench methods of the shipped target with the new heads (${left} s at most)" | tee -a "$LOG"
-  timeout "$left" $PY main.py bench methods --target "$BENCH/target" --draft "$FAMILY/draft" \
-    --methods none,medusa --k 4 --prompts 8 --max-new-tokens 128 \
-    --device "$DEVICE" 2>&1 | tee "$OUT/bench.txt" | tee -a "$LOG"
-  rm -rf "$BENCH"
-else
-  echo "== bench skipped ($(elapsed) s used)" | tee -a "$LOG"
-fi
+[ "$rc" = 0 ] && bench_new_head none,medusa medusa_heads.safetensors medusa_config.json
 echo "== done after $(elapsed) s" | tee -a "$LOG"
 exit "$rc"

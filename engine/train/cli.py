@@ -66,23 +66,21 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-family", type=Path, default=None, metavar="DIR",
                    help="take the tokenizer and the target from this exported family (e.g. assets/models) "
                         "instead of training them, to retrain heads on it")
-    p.add_argument("--medusa-budget-s", type=float, default=None, metavar="S",
-                   help="the Medusa stage's wall-clock cap (default: the preset's)")
-    p.add_argument("--medusa-steps", type=int, default=None,
-                   help="the Medusa stage's step cap (default: the preset's; raise it with the budget)")
-    p.add_argument("--export-medusa", type=Path, default=None, metavar="DIR",
-                   help="after the stages, write only the Medusa heads (medusa_heads.safetensors, "
-                        "medusa_config.json) and medusa_report.json here")
-    p.add_argument("--eagle3-budget-s", type=float, default=None, metavar="S",
-                   help="the EAGLE-3 stage's wall-clock cap (default: the preset's)")
-    p.add_argument("--eagle3-steps", type=int, default=None,
-                   help="the EAGLE-3 stage's step cap (default: the preset's; raise it with the budget)")
-    p.add_argument("--export-eagle3", type=Path, default=None, metavar="DIR",
-                   help="after the stages, write only the EAGLE-3 head (eagle3_head.safetensors, "
-                        "eagle3_config.json) and eagle3_report.json here")
+    add_head_arguments(p, "medusa", "Medusa", "Medusa heads (medusa_heads.safetensors, medusa_config.json)")
+    add_head_arguments(p, "eagle3", "EAGLE-3", "EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
+
+
+def add_head_arguments(p: argparse.ArgumentParser, stage: str, title: str, files: str) -> None:
+    """--<stage>-budget-s, --<stage>-steps and --export-<stage> for a head stage retrained alone."""
+    p.add_argument(f"--{stage}-budget-s", type=float, default=None, metavar="S",
+                   help=f"the {title} stage's wall-clock cap (default: the preset's)")
+    p.add_argument(f"--{stage}-steps", type=int, default=None,
+                   help=f"the {title} stage's step cap (default: the preset's; raise it with the budget)")
+    p.add_argument(f"--export-{stage}", type=Path, default=None, metavar="DIR",
+                   help=f"after the stages, write only the {files} and {stage}_report.json here")
 
 
 def parse_stages(text: str | None, from_family: bool = False) -> list[str]:

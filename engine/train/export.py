@@ -493,14 +493,19 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
     return "\n".join(L)
 
 
+def _retrained_alone(retrain: dict, stage: str) -> str:
+    """The card's first sentence on a head stage (medusa, eagle3) retrained alone, from its report."""
+    sgen, head = retrain["stages"].get("selfgen") or {}, retrain["stages"][stage]
+    return ("Retrained alone on this target (`main.py train --from-family`, "
+            f"`scripts/train_{stage}_gpu.sh`; the target and tokenizer as shipped; "
+            f"{sgen.get('train_sequences')} continuations of the target's own text, "
+            f"{sgen.get('greedy_sequences')} of them greedy; {head.get('steps_done')} steps in "
+            f"{head.get('wall_s')} s on {head.get('hardware')}; {sched_line(retrain[f'{stage}_sched'])}).")
+
+
 def eagle3_retrain_line(retrain: dict, family_eagle3: Optional[dict]) -> str:
     """What the card says of an EAGLE-3 head retrained alone (export_eagle3_only's report)."""
-    sgen, eg3 = retrain["stages"].get("selfgen") or {}, retrain["stages"]["eagle3"]
-    line = ("Retrained alone on this target (`main.py train --from-family`, `scripts/train_eagle3_gpu.sh`; "
-            f"the target and tokenizer as shipped; {sgen.get('train_sequences')} continuations of the "
-            f"target's own text, {sgen.get('greedy_sequences')} of them greedy; "
-            f"{eg3.get('steps_done')} steps in {eg3.get('wall_s')} s on {eg3.get('hardware')}; "
-            f"{sched_line(retrain['eagle3_sched'])}).")
+    line = _retrained_alone(retrain, "eagle3")
     if family_eagle3:
         old_g, steps = family_eagle3.get("final_generated") or {}, family_eagle3.get("steps", 4)
         chain = fmt(old_g.get(f"chain{steps}_top1"))
@@ -510,12 +515,7 @@ def eagle3_retrain_line(retrain: dict, family_eagle3: Optional[dict]) -> str:
 
 def retrain_line(retrain: dict, family_medusa: Optional[dict]) -> str:
     """What the card says of heads retrained alone on the shipped target (export_medusa_only's report)."""
-    sgen, med = retrain["stages"].get("selfgen") or {}, retrain["stages"]["medusa"]
-    line = ("Retrained alone on this target (`main.py train --from-family`, `scripts/train_medusa_gpu.sh`; "
-            f"the target and tokenizer as shipped; {sgen.get('train_sequences')} continuations of the "
-            f"target's own text, {sgen.get('greedy_sequences')} of them greedy; "
-            f"{med.get('steps_done')} steps in {med.get('wall_s')} s on {med.get('hardware')}; "
-            f"{sched_line(retrain['medusa_sched'])}).")
+    line = _retrained_alone(retrain, "medusa")
     if family_medusa:
         old_f, old_g = family_medusa["final"], family_medusa.get("final_generated") or {}
         line += (f" The family run's heads they replace: head 1 top-1 {fmt(old_f.get('head1_top1'))} on "
@@ -532,11 +532,16 @@ def merge_medusa_retrain(models_dir: Path, medusa_report: Path, device="cpu") ->
 def merge_retrain(models_dir: Path, head_report: Path, stage: str, device="cpu") -> dict:
     """Record a head retrained alone (medusa or eagle3: its <stage>_report.json, the files already copied
     into target/) in train_report.json as <stage>_retrain, and refresh the card."""
+    record_retrain(models_dir, head_report, stage)
+    return refresh_card(models_dir, device)
+
+
+def record_retrain(models_dir: Path, head_report: Path, stage: str) -> None:
+    """train_report.json's <stage>_retrain = the retrained head's report (the card is not rewritten)."""
     report_path = models_dir / "train_report.json"
     report = json.loads(report_path.read_text())
     report[f"{stage}_retrain"] = json.loads(head_report.read_text())
     report_path.write_text(json.dumps(report, indent=1))
-    return refresh_card(models_dir, device)
 
 
 # ----------------------------------------------------------------------------- refresh
@@ -579,10 +584,8 @@ if __name__ == "__main__":
     ap.add_argument("--eagle3-report", type=Path, default=None,
                     help="eagle3_report.json of an EAGLE-3 head retrained alone (copied into target/)")
     args = ap.parse_args()
-    if args.medusa_report is not None:
-        res = merge_medusa_retrain(args.models_dir, args.medusa_report)
-    if args.eagle3_report is not None:
-        res = merge_retrain(args.models_dir, args.eagle3_report, "eagle3")
-    if args.medusa_report is None and args.eagle3_report is None:
-        res = refresh_card(args.models_dir)
+    for stage, head_report in (("medusa", args.medusa_report), ("eagle3", args.eagle3_report)):
+        if head_report is not None:
+            record_retrain(args.models_dir, head_report, stage)
+    res = refresh_card(args.models_dir)
     print(json.dumps(res["heldout_sample_losses"], indent=1))
