@@ -241,11 +241,16 @@ def _draft_round_graph(runner, n: int, k: int, vocab: int, sampling: Optional[Ch
 
 
 def eagle_chain_steps(head, feature: torch.Tensor, start: torch.Tensor, k: int, kv: int, vocab: int,
-                 sampling: Optional[ChainSampling], u: torch.Tensor):
+                      sampling: Optional[ChainSampling], u: torch.Tensor,
+                      logits: Optional[torch.Tensor] = None):
     """k tokens of an EAGLE chain from the predicted feature [1, H] after the root: token i is drawn from the
     target's head on feature i; feature i+1 comes from one head step on (feature i, token i) at cache row
-    start + i (start: [1] on the device). Returns (tokens [k], q [k, V] or None)."""
-    token, q = _draw(head.logits(feature), vocab, sampling, u, 0)  # logits [1, V]
+    start + i (start: [1] on the device). logits: feature 0's [1, V] where the head's step gave them already
+    (its runner shares the target's final norm and LM head); None computes them. Returns (tokens [k], q [k, V]
+    or None)."""
+    if logits is None:
+        logits = head.logits(feature)  # [1, V]
+    token, q = _draw(logits, vocab, sampling, u, 0)
     tokens, probs = [token], [q]
     for i in range(1, k):
         feature, logits = _one_step(head.runner, head.fuse(feature, token), start + i - 1, kv)
@@ -291,17 +296,20 @@ def eagle_round_body(head, features: torch.Tensor, tokens: torch.Tensor, start: 
     target's features there [n, F], as the verification gave them, and each one's next token [n]), at cache
     rows start..start+n-1, then the k-token chain from the last predicted feature. kv: the attention width
     (0 on the decode path, which reads start on the device). Returns (tokens [k], q [k, V] or None)."""
-    predicted = head_step(head, features, tokens, start, kv)  # [n, H]
-    return eagle_chain_steps(head, predicted[-1:], start + tokens.shape[0], k, kv, vocab, sampling, u)
+    predicted, logits = head_step(head, features, tokens, start, kv, with_logits=True)  # [n, H], [n, V]
+    return eagle_chain_steps(head, predicted[-1:], start + tokens.shape[0], k, kv, vocab, sampling, u,
+                             logits[-1:])
 
 
 def head_step(head, features: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor,
-              kv: int) -> torch.Tensor:
+              kv: int, with_logits: bool = False):
     """The EAGLE head's step over n committed positions (the target's features [n, F], next tokens [n]) at
-    cache rows start..start+n-1, inside a round's graph; returns the predicted features [n, H]."""
+    cache rows start..start+n-1, inside a round's graph; returns the predicted features [n, H] (with_logits:
+    and the next tokens' logits [n, V] from them, which the step computes anyway)."""
     depth, block_visible = head.runner._chain_block(tokens.shape[0])
     x = head.fuse(head.true_features(features), tokens)  # [n, H]
-    return head.runner._block_step(x, start, depth, block_visible, kv)[0]
+    predicted, logits = head.runner._block_step(x, start, depth, block_visible, kv)
+    return (predicted, logits) if with_logits else predicted
 
 
 def eagle_round(head, features: torch.Tensor, tokens: torch.Tensor, k: int, vocab: int,

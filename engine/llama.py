@@ -72,6 +72,9 @@ TREE_LEVELS = os.environ.get("SPECPLAY_TREE_LEVELS", "1") != "0"
 # the cuBLAS paths' RMSNorms on sp_rms_norm; SPECPLAY_NORM_KERNEL=0 takes torch's (for comparisons: at B = 64
 # torch's took 6.0 us a call against sp_rms_norm's 7.7, docs/measurements/e2e_batch_llama-8b_rms_norm.txt)
 NORM_KERNEL = os.environ.get("SPECPLAY_NORM_KERNEL", "1") != "0"
+# the decode path's rope kernel adds the block's start to its depths and rows itself (two kernels fewer a
+# step); SPECPLAY_ROPE_START=0 adds them in torch first, for comparisons (the same bits)
+ROPE_START = os.environ.get("SPECPLAY_ROPE_START", "1") != "0"
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
 # prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
 DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
@@ -784,8 +787,11 @@ class LlamaRunner(CausalRunner):
         device) -> (features [n, H], logits [n, V] float32). Blocks of up to DECODE_GEMV_ROWS rows run every
         product in sp_gemv; longer ones keep cuBLAS for the products."""
         n = x.shape[0]
-        positions = start + depth  # [n]
-        cache_index = start + self._arange[:n]  # [n]
+        if ROPE_START:  # the rope kernel reads start itself: positions start + depth, rows start + i
+            positions, cache_index = depth.long().contiguous(), None
+        else:
+            positions = start + depth  # [n]
+            cache_index = start + self._arange[:n]  # [n]
         self._tapped = []
         hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous())
         self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
@@ -804,7 +810,8 @@ class LlamaRunner(CausalRunner):
         and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's (each adding the
         residual into x in place) and the norms sp_rms_norm. earlier: rows of the attention's block before
         x's, already in the cache (a tree level's earlier nodes, see step_tree_level): block_visible is
-        [earlier + n, earlier + n], their queries are zeros and their outputs dropped."""
+        [earlier + n, earlier + n], their queries are zeros and their outputs dropped. cache_index None:
+        positions are depths after start and the rows start + i (the rope kernel adds start)."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
@@ -818,7 +825,8 @@ class LlamaRunner(CausalRunner):
             else:
                 qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
-                           s.num_heads, s.num_kv_heads, chained=small)  # [heads, n, D]
+                           s.num_heads, s.num_kv_heads, chained=small,
+                           start=start if cache_index is None else None)  # [heads, n, D]
             if earlier:
                 q = torch.cat((q.new_zeros(q.shape[0], earlier, q.shape[2]), q), 1)  # [heads, earlier + n, D]
             attn = k.attention(q, keys, values, start, block_visible, chained=not earlier)  # [., heads * D]

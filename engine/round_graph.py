@@ -42,7 +42,13 @@ from engine.chain_graph import (
     model_chain_steps,
 )
 from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
-from kernels.step import NGRAM_MAX_N, THREADS
+from kernels.step import (
+    NGRAM_MAX_N,
+    THREADS,
+    chain_block_reference,
+    chain_commit_reference,
+    chain_limit_reference,
+)
 
 # Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
 # sampled K sweep had stopped on an illegal address on an H200 while kernel scratch was made inside
@@ -52,6 +58,19 @@ SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
 # n-gram's lookup in one kernel (kernels.step sp_ngram_lookup) where the target has the decode kernels, else
 # NgramLookup's torch operations; SPECPLAY_NGRAM_KERNEL=0 keeps the torch ones, for comparisons
 NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
+# a chain round's bookkeeping (its block's tokens, start and embeddings; the outcome copied into the next
+# replay's inputs; n-gram's cut at its count and its history's append) in one kernel each
+# (kernels/round_kernels.cu) where the target has the decode kernels and the verification is the CUDA
+# backend's; SPECPLAY_ROUND_KERNELS=0 keeps the torch operations (their twins), for comparisons
+ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
+
+
+def round_kernels(target, backend):
+    """The target's step kernels where a round's bookkeeping runs on them (see ROUND_KERNELS), else None."""
+    kernels = getattr(target, "decode_kernels", None)
+    if ROUND_KERNELS and kernels is not None and getattr(backend, "compiles_kernels", False):
+        return kernels
+    return None
 
 
 class RoundGraph:
@@ -201,6 +220,9 @@ class ChainRoundGraph(RoundGraph):
         k = self.nodes
         depth, visible = target._chain_block(k + 1)
         kv = _kv(target, k + 1)
+        kernels = self.kernels = round_kernels(target, backend)
+        block = chain_block_reference if kernels is None else kernels.chain_block
+        commit = chain_commit_reference if kernels is None else kernels.chain_commit
 
         def draft_():
             self.drafted = self._draft()  # [K], [K, V] or None
@@ -210,9 +232,8 @@ class ChainRoundGraph(RoundGraph):
 
         def round_():
             chain, q = self.drafted
-            tokens = torch.cat((self.next_token, chain))  # [K+1]: the block after the accepted prefix
-            start = self.start + 1 + self.accepted  # [1]
-            x = F.embedding(tokens, target.embed_weight)  # [K+1, H]
+            # the block after the accepted prefix: [next token] + chain [K+1], its start [1], x [K+1, H]
+            tokens, start, x = block(self.next_token, chain, self.start, self.accepted, target.embed_weight)
             hidden, logits = target._block_step(x, start, depth, visible, kv)  # [K+1, H], [K+1, V]
             features = target.last_taps if target.tap_layers else hidden
             if sampling is None:
@@ -222,12 +243,13 @@ class ChainRoundGraph(RoundGraph):
                 result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
                                                          *sampling.key)
             temperature = 1.0 if sampling is None else sampling.key[0]
-            values = self._with_count(backend.readout(logits, result, chain, temperature, width))
+            values = backend.readout(logits, result, chain, temperature, width)
             self._advance(features)
-            self.accepted.copy_(result.accepted[:1])
-            self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
-            self.draft.copy_(chain)
-            self.start.copy_(start)
+            count = getattr(self, "count", None)  # n-gram's real drafts, the readout's last value
+            commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
+                   self.draft, self.start, count, None if count is None else self.count_value)
+            if count is not None:
+                values = torch.cat((values, self.count_value))
             return tokens, features, logits, result, values
 
         self._capture(target, round_, draft_ if k else None)
@@ -238,9 +260,6 @@ class ChainRoundGraph(RoundGraph):
     def _limit(self, result, chain: torch.Tensor):
         """A greedy verification's result, for a chain whose tail may not be real drafts (n-gram)."""
         return result
-
-    def _with_count(self, values: torch.Tensor) -> torch.Tensor:
-        return values
 
     def _seed_chain(self, launched) -> None:
         self._seed_outcome(launched)
@@ -306,8 +325,29 @@ def _ngram_lookup(target, m: int, max_n: int, k: int):
     else NgramLookup."""
     kernels = getattr(target, "decode_kernels", None)
     if NGRAM_KERNEL and kernels is not None and max_n <= NGRAM_MAX_N and k <= THREADS:
-        return lambda history, length: kernels.ngram_lookup(history, length, max_n, k)
+        return _KernelLookup(kernels, max_n, k)
     return NgramLookup(m, max_n, k, target.device)
+
+
+class _KernelLookup:
+    """sp_ngram_lookup as NgramLookup's drop-in: (history, length) -> (tokens [k], count [1])."""
+
+    def __init__(self, kernels, max_n: int, k: int):
+        self.kernels, self.max_n, self.k = kernels, max_n, k
+
+    def __call__(self, history: torch.Tensor, length: torch.Tensor):
+        return self.kernels.ngram_lookup(history, length, self.max_n, self.k)
+
+
+def append_emitted(history: torch.Tensor, length: torch.Tensor, chain: torch.Tensor, next_token: torch.Tensor,
+                   accepted: torch.Tensor) -> None:
+    """A round's emitted tokens (its chain's accepted prefix, then its next token) appended to history [M] at
+    length [1], which moves past them, in place; the rows after them get stray tokens (written over later).
+    sp_ngram_lookup's append (its `emitted`) is the kernel twin."""
+    k = chain.numel()
+    emitted = torch.cat((chain, next_token)).scatter(0, accepted, next_token)  # [K+1]
+    history.index_copy_(0, length + torch.arange(k + 1, device=history.device), emitted)
+    length.add_(accepted + 1)
 
 
 def ngram_lookup(history: torch.Tensor, length: torch.Tensor, max_n: int, k: int):
@@ -328,15 +368,16 @@ class NgramRoundGraph(ChainRoundGraph):
         self.history = torch.zeros(target.max_length + k + 2, dtype=torch.long, device=device)  # [M]
         self.length = torch.zeros(1, dtype=torch.long, device=device)  # committed tokens in history
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
-        rows = torch.arange(k + 1, device=device)  # [K+1]
-        self.chain_rows = rows[None, :k]  # [1, K], for _limit
+        self.count_value = torch.zeros(1, dtype=torch.float32, device=device)  # the same, for the readout
         lookup = _ngram_lookup(target, self.history.numel(), max_n, k)
+        fused = round_kernels(target, backend) if isinstance(lookup, _KernelLookup) else None
 
         def draft():
-            # the last round's emitted tokens: its chain's accepted prefix, then its next token [K+1]
-            emitted = torch.cat((self.draft, self.next_token)).scatter(0, self.accepted, self.next_token)
-            self.history.index_copy_(0, self.length + rows, emitted)  # the rows past them are stray
-            self.length.add_(self.accepted + 1)
+            last = (self.draft, self.next_token, self.accepted)  # the last round's emitted tokens
+            if fused is not None:  # the append and the lookup in one launch
+                return fused.ngram_lookup(self.history, self.length, max_n, k, emitted=last,
+                                          count=self.count)[0], None
+            append_emitted(self.history, self.length, *last)
             tokens, count = lookup(self.history, self.length)
             self.count.copy_(count)
             return tokens, None
@@ -345,18 +386,10 @@ class NgramRoundGraph(ChainRoundGraph):
         self._capture_chain(target, backend, width, None)
 
     def _limit(self, result, chain: torch.Tensor):
-        """Accepted no further than the lookup's count; cut there, the next token is the target's argmax at
-        that row, which the chain's token there matched."""
-        k, rows = chain.numel(), self.chain_rows  # [1, K]
-        accepted = torch.minimum(result.accepted, self.count)  # [1]
-        cut = (result.accepted > self.count) & (result.next_token >= 0)  # -1 (NaN) stays
-        next_token = torch.where(cut, chain.index_select(0, self.count.clamp(max=k - 1)), result.next_token)
-        return result._replace(accepted=accepted, next_token=next_token,
-                               path=torch.where(rows < accepted[:, None], result.path, -1),
-                               tested=result.tested & (rows < self.count[:, None]))
-
-    def _with_count(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.cat((values, self.count.float()))
+        """Accepted no further than the lookup's count (chain_limit_reference, or its kernel in place)."""
+        if self.kernels is not None:
+            return self.kernels.chain_limit(result, chain, self.count)
+        return chain_limit_reference(result, chain, self.count)
 
     def seed(self, launched, drafter) -> None:
         """Take a round launched without the graph: the committed tokens before it (the drafter's view of
@@ -386,10 +419,11 @@ class EagleRoundGraph(ChainRoundGraph):
             accepted = self.accepted
             # row i's next token: the chain's token i while accepted, the next token at the last accepted row
             feed = torch.cat((self.draft, self.next_token)).scatter(0, accepted, self.next_token)  # [K+1]
-            predicted = head_step(head, self.block_features, feed, self.head_start, head_kv)  # [K+1, H]
+            predicted, logits = head_step(head, self.block_features, feed, self.head_start, head_kv,
+                                          with_logits=True)  # [K+1, H], [K+1, V]
             root = predicted.index_select(0, accepted)  # [1, H]: the last accepted row's prediction
             return eagle_chain_steps(head, root, self.head_start + 1 + accepted, k, head_kv, vocab, sampling,
-                                     self.draft_u)
+                                     self.draft_u, logits.index_select(0, accepted))
 
         self._draft = draft
         self._capture_chain(target, backend, width, sampling)

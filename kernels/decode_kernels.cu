@@ -92,6 +92,8 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 //   mode 0: in = x                                          x [M, x_stride], the first K columns
 //   mode 1: in = rnd(norm_weight * rnd(x * rsqrt(mean(x^2) + eps)))   (RMSNorm as transformers computes it)
 //   mode 2: in = rnd(rnd(silu(gate)) * up), gate | up = x   x [M, x_stride], x_stride >= 2 K
+//   mode 3: in = [x | embed[tokens]]: row m's first K/2 columns from x [M, x_stride], the rest from row
+//           tokens[m] of embed [V, K/2] (EAGLE's fusion of a feature with the next token's embedding; K % 16 == 0)
 // prefetch_bytes: see dk_gemv_prefetch.
 // Epilogue: bias (if not NULL) is added and rounded like F.linear's; residual [M, N] (if not NULL) is added like
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
@@ -193,7 +195,7 @@ template <typename T, int M>
 __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
                                                   int x_stride, int mode, float eps, int out_f32,
-                                                  int prefetch_bytes) {
+                                                  int prefetch_bytes, const T* embed, const long long* tokens) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
@@ -239,8 +241,14 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
         __syncthreads();
     }
     const uint4* norm_v = reinterpret_cast<const uint4*>(norm_weight);
+    const uint4* embed_v = reinterpret_cast<const uint4*>(embed);
     for (int idx = tid; idx < M * chunks; idx += blockDim.x) {
         int m = idx / chunks, c = idx - m * chunks;
+        if (mode == 3) {  // a feature's chunks, then its next token's embedding's
+            int half = chunks / 2;
+            staged[idx] = c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
+            continue;
+        }
         uint4 raw = xv[m * vec_stride + c];
         if (mode == 0) {
             staged[idx] = raw;
@@ -655,10 +663,14 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
 // tokens_out[j] = history[t + 1 + j] for j < k (clamped into [0, M)) and *count_out = min(L - t - 1, k), or 0
 // with tokens from row 0 when no suffix occurs earlier. Thread x tries the occurrences ending at x, x + blockDim,
 // ...; each keeps, per n, the latest end that matched, by an atomicMax in shared memory.
+// Where draft is not NULL the last round's emitted tokens are appended first (engine.round_graph.append_emitted,
+// the twin): history[L + j] = draft[j] for j < k, except history[L + accepted] = *next_token, and
+// history[L + k] = *next_token (rows past L + accepted are stray); *length becomes L + accepted + 1.
 #define SP_NGRAM_MAX_N 64
 
 extern "C" __global__ void __launch_bounds__(256)
-sp_ngram_lookup(const long long* history, const long long* length, int M, int max_n, int k, long long* tokens_out,
+sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, const long long* draft,
+                const long long* next_token, const long long* accepted, long long* tokens_out,
                 long long* count_out) {
     __shared__ long long suffix[SP_NGRAM_MAX_N];  // the last tokens, last first
     __shared__ int latest_end[SP_NGRAM_MAX_N];    // per n - 1: the latest end t that matched, -1 none
@@ -666,7 +678,17 @@ sp_ngram_lookup(const long long* history, const long long* length, int M, int ma
     sp_let_next_start();
     sp_wait_for_previous();  // history and length come from the kernels before this one
     int tid = threadIdx.x;
-    int L = (int)min((long long)M, max(0LL, *length));
+    long long committed = *length;
+    if (draft != nullptr) {
+        long long took = *accepted, next = *next_token;
+        for (int j = tid; j <= k; j += blockDim.x) {
+            if (committed + j < M) history[committed + j] = (j == took || j == k) ? next : draft[j];
+        }
+        committed += took + 1;
+        __syncthreads();  // every thread has read *length and written its rows
+        if (tid == 0) *length = committed;
+    }
+    int L = (int)min((long long)M, max(0LL, committed));
     for (int i = tid; i < max_n; i += blockDim.x) {
         suffix[i] = history[max(L - 1 - i, 0)];
         latest_end[i] = -1;

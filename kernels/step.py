@@ -31,7 +31,8 @@ from kernels.pdl import PdlLauncher
 
 _HERE = pathlib.Path(__file__).parent
 SOURCE = _HERE / "step_kernels.cu"
-SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu")  # compiled as one module, in order
+# compiled as one module, in order
+SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu", _HERE / "round_kernels.cu")
 THREADS = 256
 GEMV_MAX_ROWS = 16  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..16 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
@@ -74,14 +75,14 @@ _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}
 SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_rope_qkv",
                "const T* qkv, const T* cos_table, const T* sin_table, const long long* positions, "
-               "const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads, "
-               "int kv_heads, int D, int cache_len", templated=True),
+               "const long long* cache_index, const long long* start, T* k_cache, T* v_cache, T* q_out, "
+               "int n, int heads, int kv_heads, int D, int cache_len", templated=True),
     KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter, int per_thread", templated=True),
     KernelSpec("sp_rms_norm", "const T* x, const T* weight, T* out, int H, float eps", templated=True),
     KernelSpec("sp_gemv",
                "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
-               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes",
-               templated=True),
+               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes, "
+               "const T* embed, const long long* tokens", templated=True),
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
@@ -96,10 +97,22 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const T* x, int R, int C, int stride, int k, float* values_out, long long* indices_out",
                templated=True),
     KernelSpec("sp_ngram_lookup",
-               "const long long* history, const long long* length, int M, int max_n, int k, "
-               "long long* tokens_out, long long* count_out"),
+               "long long* history, long long* length, int M, int max_n, int k, const long long* draft, "
+               "const long long* next_token, const long long* accepted, long long* tokens_out, "
+               "long long* count_out"),
+    KernelSpec("sp_chain_block",
+               "const long long* next_token, const long long* chain, int K, const long long* start, "
+               "const long long* accepted, const T* embed, int H, long long* tokens_out, "
+               "long long* start_out, T* x_out", templated=True),
+    KernelSpec("sp_chain_commit",
+               "const long long* accepted_in, const long long* next_in, const long long* chain, int K, "
+               "const long long* start_in, const long long* count, long long* accepted, "
+               "long long* next_token, long long* draft, long long* start, float* count_out"),
+    KernelSpec("sp_chain_limit",
+               "long long* accepted, long long* next_token, long long* path, unsigned char* tested, "
+               "const long long* chain, int K, const long long* count"),
 )}
-GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2}
+GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2, "embed_cat": 3}
 
 
 def instance_names() -> list:
@@ -111,7 +124,8 @@ def instance_names() -> list:
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
-    return names + ["sp_ngram_lookup"]
+    names += [f"sp_chain_block<{t}>" for t in _DTYPES.values()]
+    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit"]
 
 
 def module_source() -> str:
@@ -161,6 +175,38 @@ def topk_reference(x: torch.Tensor, k: int) -> tuple:
     return values[..., :k], indices[..., :k]
 
 
+def chain_block_reference(next_token, chain, start, accepted, embed) -> tuple:
+    """sp_chain_block's twin, a chain round's block as the round graph built it: (tokens [K+1] = [next
+    token, chain], the block's start [1] = start + 1 + accepted, its embeddings [K+1, H])."""
+    tokens = torch.cat((next_token, chain))
+    return tokens, start + 1 + accepted, F.embedding(tokens, embed)
+
+
+def chain_commit_reference(accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
+                           count=None, count_out=None) -> None:
+    """sp_chain_commit's twin: the round's outcome copied into the next replay's inputs (in place)."""
+    accepted.copy_(accepted_in[:1])
+    next_token.copy_(next_in[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+    draft.copy_(chain)
+    start.copy_(start_in)
+    if count is not None:
+        count_out.copy_(count.float())
+
+
+def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
+    """sp_chain_limit's twin: a greedy chain verification's result (batch 1) accepted no further than the
+    chain's `count` real drafts; cut there, the next token is the target's argmax at that row, which the
+    chain's token there matched. Returns a new result."""
+    k = chain.numel()
+    rows = torch.arange(k, device=chain.device)[None]  # [1, K]
+    accepted = torch.minimum(result.accepted, count)  # [1]
+    cut = (result.accepted > count) & (result.next_token >= 0)  # -1 (NaN) stays
+    next_token = torch.where(cut, chain.index_select(0, count.clamp(max=k - 1)), result.next_token)
+    return result._replace(accepted=accepted, next_token=next_token,
+                           path=torch.where(rows < accepted[:, None], result.path, -1),
+                           tested=result.tested & (rows < count[:, None]))
+
+
 def topk(x: torch.Tensor, k: int) -> tuple:
     """The k largest along the last dimension, as (values, indices), for the short rankings of drafting:
     sp_topk on CUDA (topk_reference's order, values float32) where it applies and a runner has loaded the
@@ -172,11 +218,15 @@ def topk(x: torch.Tensor, k: int) -> tuple:
 
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
-                   silu: bool = False, out_f32: bool = False, chained: bool = False) -> torch.Tensor:
-    """The eager ops sp_gemv fuses: in = x, RMSNorm(x) * norm_weight, or SiLU(gate) * up (x = gate | up);
-    out = in @ weight.T (+ bias), + residual as torch.addmm adds it. x [M, K] ([M, 2K] with silu),
-    weight [N, K] -> [M, N] in x's dtype (float32 with out_f32)."""
-    if silu:
+                   silu: bool = False, out_f32: bool = False, chained: bool = False, embed=None,
+                   tokens=None) -> torch.Tensor:
+    """The eager ops sp_gemv fuses: in = x, RMSNorm(x) * norm_weight, SiLU(gate) * up (x = gate | up), or
+    [x | embed[tokens]] (EAGLE's fusion: x [M, K/2], embed [V, K/2], tokens [M]); out = in @ weight.T
+    (+ bias), + residual as torch.addmm adds it. x [M, K] ([M, 2K] with silu), weight [N, K] -> [M, N] in
+    x's dtype (float32 with out_f32)."""
+    if embed is not None:
+        inputs = torch.cat((x, F.embedding(tokens, embed)), -1)
+    elif silu:
         inputs = silu_mul_reference(x)
     elif norm_weight is not None:
         inputs = rms_norm_reference(x, norm_weight, eps)
@@ -298,19 +348,24 @@ class StepKernels:
         return ATTENTION_GROUPED and heads // kv_heads in ATTENTION_GROUPS and d <= ATTENTION_GROUP_D
 
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
-                 kv_heads: int, chained: bool = False) -> torch.Tensor:
+                 kv_heads: int, chained: bool = False, start: Optional[torch.Tensor] = None) -> torch.Tensor:
         """As rope_qkv_reference; returns q [heads, n, D]. Every tensor contiguous, one dtype, one device.
         B sequences' caches [B, kv_heads, max_len, D] work too: token i's rows are written at (b, h,
-        r) when cache_index[i] = b * kv_heads * max_len + r (the kernel adds h * max_len itself)."""
+        r) when cache_index[i] = b * kv_heads * max_len + r (the kernel adds h * max_len itself).
+        start [1] int64 on the device: a block at cache rows start.. of one sequence, positions the tokens'
+        depths (positions start + depth, rows start + i, both added in the kernel); cache_index is then
+        unused (None)."""
         n, d = qkv.shape[0], k_cache.shape[-1]
         _check(qkv, cos_table, sin_table, k_cache, v_cache)
-        for index in (positions, cache_index):
-            if index.dtype != torch.long or not index.is_contiguous() or index.numel() != n:
-                raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries")
+        for index in (positions, cache_index if start is None else start):
+            if index.dtype != torch.long or not index.is_contiguous() or index.numel() != (
+                    n if index is not start else 1):
+                raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries "
+                                 "(start: one entry)")
         q_out = torch.empty(heads, n, d, dtype=qkv.dtype, device=qkv.device)
         self._launch("sp_rope_qkv", qkv.dtype, n * (heads + 2 * kv_heads) * d, chained, qkv=qkv.data_ptr(),
                      cos_table=cos_table.data_ptr(), sin_table=sin_table.data_ptr(),
-                     positions=positions.data_ptr(), cache_index=cache_index.data_ptr(),
+                     positions=positions.data_ptr(), cache_index=_pointer(cache_index), start=_pointer(start),
                      k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), q_out=q_out.data_ptr(), n=n,
                      heads=heads, kv_heads=kv_heads, D=d, cache_len=k_cache.shape[-2])
         return q_out
@@ -340,17 +395,25 @@ class StepKernels:
 
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
-             silu: bool = False, out_f32: bool = False, chained: bool = False) -> torch.Tensor:
+             silu: bool = False, out_f32: bool = False, chained: bool = False, embed=None,
+             tokens=None) -> torch.Tensor:
         """As gemv_reference, for M <= 16 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
-        when)."""
+        when); with embed and tokens (int64 [M] on the device) K % 16 == 0."""
         rows, (n_out, k) = x.shape[0], weight.shape
-        if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != (2 * k if silu else k):
+        width = 2 * k if silu else k // 2 if embed is not None else k
+        if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != width:
             raise ValueError(f"gemv: {rows} rows of {x.shape[1]} for a weight {tuple(weight.shape)}")
-        _check_aligned(x, weight, *(t for t in (norm_weight,) if t is not None))
+        _check_aligned(x, weight, *(t for t in (norm_weight, embed) if t is not None))
         _check(*(t for t in (x, bias, residual) if t is not None))
         if residual is not None and tuple(residual.shape) != (rows, n_out):
             raise ValueError(f"gemv: residual {tuple(residual.shape)} for an output of ({rows}, {n_out})")
-        mode = GEMV_MODES["silu_mul" if silu else "rms_norm" if norm_weight is not None else "plain"]
+        if embed is not None:
+            _check_longs(tokens)
+            if k % 16 or embed.shape[1] != k // 2 or tokens.numel() != rows:
+                raise ValueError(f"gemv: embeddings {tuple(embed.shape)} of {tokens.numel()} tokens for a "
+                                 f"weight {tuple(weight.shape)}")
+        mode = GEMV_MODES["embed_cat" if embed is not None else "silu_mul" if silu
+                          else "rms_norm" if norm_weight is not None else "plain"]
         out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
         grid = (min((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK, self._gemv_blocks),)
         self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, chained,
@@ -358,7 +421,8 @@ class StepKernels:
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
                           mode=mode, eps=eps, out_f32=int(out_f32),
-                          prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0)
+                          prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0,
+                          embed=_pointer(embed), tokens=_pointer(tokens))
         return out
 
     def topk(self, x: torch.Tensor, k: int, chained: bool = False) -> tuple:
@@ -380,20 +444,77 @@ class StepKernels:
         return TopK(values.reshape(*lead, k), indices.reshape(*lead, k))
 
     def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
-                     chained: bool = False) -> tuple:
+                     chained: bool = False, emitted: Optional[tuple] = None,
+                     count: Optional[torch.Tensor] = None) -> tuple:
         """As engine.round_graph.NgramLookup: history [M] int64, length [1] int64 (both on the device) ->
-        (tokens [k] int64, count [1] int64), in one launch that reads nothing on the host."""
-        for t in (history, length):
+        (tokens [k] int64, count [1] int64), in one launch that reads nothing on the host. emitted: the last
+        round's (chain [k], next token [1], accepted [1]), appended to history first and length moved on, in
+        place (engine.round_graph.append_emitted's twin). count: the [1] int64 tensor the count goes to."""
+        extra = () if emitted is None else tuple(emitted)
+        for t in (history, length) + extra + (() if count is None else (count,)):
             if t.dtype != torch.long or not t.is_contiguous() or t.device != self.device:
-                raise ValueError("ngram_lookup: history and length must be contiguous int64 on the device")
+                raise ValueError("ngram_lookup: history, length, emitted and count must be contiguous int64 "
+                                 "on the device")
         if not (1 <= max_n <= NGRAM_MAX_N and 1 <= k <= THREADS and length.numel() == 1):
             raise ValueError(f"ngram_lookup: n = {max_n} (1..{NGRAM_MAX_N}), k = {k} (1..{THREADS})")
+        if emitted is not None and [t.numel() for t in emitted] != [k, 1, 1]:
+            raise ValueError(f"ngram_lookup: emitted must be a chain of {k}, a next token and a count")
         tokens = torch.empty(k, dtype=torch.long, device=self.device)
-        count = torch.empty(1, dtype=torch.long, device=self.device)
+        if count is None:
+            count = torch.empty(1, dtype=torch.long, device=self.device)
+        draft, next_token, accepted = (None, None, None) if emitted is None else emitted
         self._launch_grid("sp_ngram_lookup", "sp_ngram_lookup", (1,), THREADS, chained,
                           history=history.data_ptr(), length=length.data_ptr(), M=history.numel(),
-                          max_n=max_n, k=k, tokens_out=tokens.data_ptr(), count_out=count.data_ptr())
+                          max_n=max_n, k=k, draft=_pointer(draft), next_token=_pointer(next_token),
+                          accepted=_pointer(accepted), tokens_out=tokens.data_ptr(),
+                          count_out=count.data_ptr())
         return tokens, count
+
+    def chain_block(self, next_token, chain, start, accepted, embed, chained: bool = False) -> tuple:
+        """As chain_block_reference: next_token, start, accepted [1] and chain [K] int64, embed [V, H] ->
+        (tokens [K+1], start [1], x [K+1, H]) in one launch."""
+        _check_longs(next_token, chain, start, accepted)
+        _check(embed)
+        k, h = chain.numel(), embed.shape[1]
+        tokens = torch.empty(k + 1, dtype=torch.long, device=self.device)
+        block_start = torch.empty(1, dtype=torch.long, device=self.device)
+        x = torch.empty(k + 1, h, dtype=embed.dtype, device=self.device)
+        self._launch("sp_chain_block", embed.dtype, (k + 1) * h, chained, next_token=next_token.data_ptr(),
+                     chain=_pointer(chain), K=k, start=start.data_ptr(), accepted=accepted.data_ptr(),
+                     embed=embed.data_ptr(), H=h, tokens_out=tokens.data_ptr(),
+                     start_out=block_start.data_ptr(), x_out=x.data_ptr())
+        return tokens, block_start, x
+
+    def chain_commit(self, accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
+                     count=None, count_out=None, chained: bool = False) -> None:
+        """As chain_commit_reference, in one launch (count_out: a float32 [1], with count)."""
+        _check_longs(chain, start_in, accepted, next_token, draft, start,
+                     *(() if count is None else (count,)))
+        for t in (accepted_in, next_in):
+            if t.dtype != torch.long or t.device != self.device:
+                raise ValueError("chain_commit: the result's accepted and next token must be int64")
+        if count is not None and (count_out is None or count_out.dtype != torch.float32):
+            raise ValueError("chain_commit: a count goes to a float32 count_out")
+        self._launch_grid("sp_chain_commit", "sp_chain_commit", (1,), 32, chained,
+                          accepted_in=accepted_in.data_ptr(), next_in=next_in.data_ptr(),
+                          chain=_pointer(chain), K=chain.numel(), start_in=start_in.data_ptr(),
+                          count=_pointer(count), accepted=accepted.data_ptr(),
+                          next_token=next_token.data_ptr(), draft=_pointer(draft), start=start.data_ptr(),
+                          count_out=_pointer(count_out))
+
+    def chain_limit(self, result, chain: torch.Tensor, count: torch.Tensor, chained: bool = False):
+        """As chain_limit_reference for a greedy chain result of batch 1, in place; returns the result."""
+        _check_longs(chain, count)
+        k = chain.numel()
+        if (tuple(result.path.shape) != (1, k) or result.path.stride(-1) != 1
+                or result.tested.dtype != torch.bool or not result.tested.is_contiguous()
+                or result.accepted.dtype != torch.long):
+            raise ValueError("chain_limit: a batch-1 chain result with rows of its K slots")
+        self._launch_grid("sp_chain_limit", "sp_chain_limit", (1,), 32, chained,
+                          accepted=result.accepted.data_ptr(), next_token=result.next_token.data_ptr(),
+                          path=result.path.data_ptr(), tested=result.tested.data_ptr(),
+                          chain=chain.data_ptr(), K=k, count=count.data_ptr())
+        return result
 
     def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,
                   splits: Optional[int] = None) -> torch.Tensor:
@@ -470,6 +591,12 @@ def _check_aligned(*tensors: torch.Tensor) -> None:
                 or t.shape[-1] % 8):
             raise ValueError(f"decode kernels need contiguous, 16-byte aligned {dtype} tensors whose rows "
                              f"are a multiple of 8 (got {t.dtype} {tuple(t.shape)})")
+
+
+def _check_longs(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.long or not t.is_contiguous() or (t.numel() and not t.is_cuda):
+            raise ValueError(f"round kernels need contiguous int64 tensors on the device (got {t.dtype})")
 
 
 def _check(*tensors: torch.Tensor) -> None:

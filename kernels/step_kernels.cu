@@ -18,11 +18,14 @@
 //   rope(x)[d] = x[d] * cos[d] + x[d ^ half] * sin_signed[d]   (the halves swapped; sin_signed = [-sin, sin])
 //   k_cache/v_cache [kv_heads, cache_len, D]: row cache_index[i] of head h gets token i's k (roped) and v
 //   q_out [heads, n, D] (head hq = h * group + g: the rows SDPA reads as [kv_heads, group * n, D])
+//   start [1] (NULL: unused): a block at cache rows start..start+n-1 on the device; positions then holds each
+//   token's depth in the block (its position is start + depth) and cache_index is not read (token i's row is
+//   start + i), which saves the step the two kernels that would add start to both
 // One thread per (token, head slot, d) with head slots 0..heads-1 for q, then kv heads for k and v.
 template <typename T>
 __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table, const long long* positions,
-                            const long long* cache_index, T* k_cache, T* v_cache, T* q_out, int n, int heads,
-                            int kv_heads, int D, int cache_len) {
+                            const long long* cache_index, const long long* start, T* k_cache, T* v_cache,
+                            T* q_out, int n, int heads, int kv_heads, int D, int cache_len) {
     sp_let_next_start();
     sp_wait_for_previous();
     int slots = heads + 2 * kv_heads;
@@ -34,14 +37,16 @@ __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table
     int i = (int)(idx / ((long long)D * slots));
     int width = slots * D;
     const T* row = qkv + (long long)i * width;
+    long long first = start != nullptr ? start[0] : 0;
+    long long cache_row = start != nullptr ? first + i : cache_index[i];
     if (slot >= heads + kv_heads) {  // v: copied into the cache as is
         int h = slot - heads - kv_heads;
-        v_cache[((long long)h * cache_len + cache_index[i]) * D + d] = row[slot * D + d];
+        v_cache[((long long)h * cache_len + cache_row) * D + d] = row[slot * D + d];
         return;
     }
     int half = D / 2;
     int partner = d < half ? d + half : d - half;
-    long long pos = positions[i];
+    long long pos = first + positions[i];
     float c = to_f(cos_table[pos * D + d]);
     float s = to_f(sin_table[pos * D + d]);
     float x = to_f(row[slot * D + d]);
@@ -53,7 +58,7 @@ __global__ void sp_rope_qkv(const T* qkv, const T* cos_table, const T* sin_table
         q_out[((long long)slot * n + i) * D + d] = out;
     } else {
         int h = slot - heads;
-        k_cache[((long long)h * cache_len + cache_index[i]) * D + d] = out;
+        k_cache[((long long)h * cache_len + cache_row) * D + d] = out;
     }
 }
 

@@ -51,7 +51,7 @@ fi
 if has runtimes; then  # RUNTIME_ENV: one run per setting (default: the defaults)
   for setting in ${RUNTIME_ENV:-SPECPLAY_PDL=1}; do
     for shape in ${RUNTIME_SHAPES:-llama-1b llama-7b}; do
-      env $setting timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft \
+      env ${setting//,/ } timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft \
         --k 4 --prompts 4 --max-new-tokens 128 --hf ${RUNTIME_HF:-hf-eager,hf-assisted} 2>&1 \
         | grep -v "compiling\|generation_config" | tee -a "$OUT/runtimes_synthetic${RUNTIME_ENV:+_${setting//[^A-Za-z0-9]/_}}.txt" \
         | tail -7
@@ -68,15 +68,16 @@ fi
 if has methods-k; then  # bench methods at another K (MK, default 5) for K_METHODS
   bench_methods "bench_gpu_k${MK:-5}.txt" "${K_METHODS:-none,eagle3,eagle3:8}" "${MK:-5}" 5
 fi
-if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPLAY_GEMV_ROWS=1 SPECPLAY_GEMV_ROWS=8")
+if has methods-ab; then  # bench methods once per setting of AB (e.g. AB="SPECPLAY_GEMV_ROWS=1 SPECPLAY_GEMV_ROWS=8";
+  # a setting of several variables joins them with commas: SPECPLAY_A=0,SPECPLAY_B=0)
   for setting in ${AB:-SPECPLAY_PDL=1}; do
-    ( export "$setting"; bench_methods "bench_gpu_${setting//[^A-Za-z0-9]/_}.txt" \
-      "${AB_METHODS:-none,draft,eagle3,medusa}" 4 6 )
+    ( export ${setting//,/ }; bench_methods "bench_gpu_${setting//[^A-Za-z0-9]/_}.txt" \
+      "${AB_METHODS:-none,draft,eagle3,medusa}" 4 "${AB_LINES:-6}" )
   done
 fi
 if has batch; then
   for setting in ${BATCH_AB:-SPECPLAY_PDL=1}; do
-    env $setting timeout 80 python3 main.py bench batch --device cuda --synthetic llama-8b --batches 1,64 \
+    env ${setting//,/ } timeout 80 python3 main.py bench batch --device cuda --synthetic llama-8b --batches 1,64 \
       --method draft --k 4 --ks 4 2>&1 | grep -v "compiling" | tail -12 \
       | tee "$OUT/batch_llama8b${BATCH_AB:+_${setting//[^A-Za-z0-9]/_}}.txt"
   done
@@ -110,7 +111,7 @@ if has host; then
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi
 if has kernels; then
-  SPECPLAY_FUZZ_CASES=${KERNEL_FUZZ:-2000} timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
+  SPECPLAY_FUZZ_CASES=${KERNEL_FUZZ:-2000} timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
 fi
 if has gemv; then  # once per setting of GEMV_ENV (e.g. GEMV_ENV="SPECPLAY_GEMV_AHEAD=0 SPECPLAY_GEMV_AHEAD=2")

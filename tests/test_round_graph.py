@@ -262,9 +262,8 @@ def test_a_chain_past_the_lookup_count_is_cut_there():
     """Accepted past the lookup's count (the chain's stray tail matched the target), the round stops at the
     count: the next token is the target's argmax there, which the chain's token at that row matched. Within
     the count, and for the NaN flag, the verification's result is kept."""
-    from types import SimpleNamespace
-
     from kernels.reference import VerifyResult
+    from kernels.step import chain_limit_reference
 
     def result(accepted, next_token):
         path = [i if i < accepted else -1 for i in range(4)]
@@ -272,15 +271,14 @@ def test_a_chain_past_the_lookup_count_is_cut_there():
                             torch.zeros(1, 4), torch.ones(1, 4), torch.zeros(1, 4),
                             torch.tensor([[i <= accepted for i in range(4)]]))
 
-    chain = torch.tensor([5, 6, 7, 8])
-    graph = SimpleNamespace(count=torch.tensor([2]), chain_rows=torch.arange(4)[None])
-    cut = NgramRoundGraph._limit(graph, result(4, 9), chain)
+    chain, count = torch.tensor([5, 6, 7, 8]), torch.tensor([2])
+    cut = chain_limit_reference(result(4, 9), chain, count)
     assert cut.accepted.tolist() == [2] and cut.next_token.tolist() == [7]
     assert cut.path.tolist() == [[0, 1, -1, -1]] and cut.tested.tolist() == [[True, True, False, False]]
-    kept = NgramRoundGraph._limit(graph, result(1, 3), chain)
+    kept = chain_limit_reference(result(1, 3), chain, count)
     assert kept.accepted.tolist() == [1] and kept.next_token.tolist() == [3]
     assert kept.path.tolist()[0][:2] == [0, -1]
-    assert NgramRoundGraph._limit(graph, result(3, -1), chain).next_token.tolist() == [-1]
+    assert chain_limit_reference(result(3, -1), chain, count).next_token.tolist() == [-1]
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])

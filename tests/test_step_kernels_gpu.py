@@ -66,6 +66,11 @@ def test_rope_qkv_fuzz(kernels):
         q_ref = rope_qkv_reference(qkv, cos, sin, positions, cache_index, k_ref, v_ref, heads, kv_heads)
         q_out = kernels.rope_qkv(qkv, cos, sin, positions, cache_index, k_out, v_out, heads, kv_heads)
         assert torch.equal(v_out, v_ref), f"case {case}: v cache"
+        # the same block with its start on the device: positions as depths after it, rows start + i
+        k_at, v_at = caches[0].clone(), caches[1].clone()
+        q_at = kernels.rope_qkv(qkv, cos, sin, positions - start, None, k_at, v_at, heads, kv_heads,
+                                start=torch.tensor([start], device="cuda"))
+        assert torch.equal(q_at, q_out) and torch.equal(k_at, k_out) and torch.equal(v_at, v_out), case
         size = float(qkv.float().abs().max())
         worst = max(worst, _ulps_apart(q_out, q_ref, size), _ulps_apart(k_out, k_ref, size))
         assert worst <= 1.0, f"case {case}: {worst} ulps ({dtype}, n={n}, heads={heads}/{kv_heads}, D={d})"
@@ -104,25 +109,32 @@ def test_rms_norm_fuzz(kernels):
 
 
 HALVES = [torch.bfloat16, torch.float16]
-GEMV_MODES = ["plain", "rms_norm", "silu_mul"]
+GEMV_MODES = ["plain", "rms_norm", "silu_mul", "embed_cat"]
 
 
 def _gemv_case(rng, case):
     """Random operands of one sp_gemv launch: (x, weight, kwargs) on CUDA."""
     dtype = HALVES[case % 2]
-    mode = GEMV_MODES[(case // 2) % 3]
+    mode = GEMV_MODES[(case // 2) % 4]
     k = rng.choice([8, 64, 320, 576, 2048, 2056, 4104, 5632, 14336])
+    if mode == "embed_cat":  # a feature and an embedding of K / 2 each
+        k = rng.choice([16, 64, 320, 640, 2048, 4096, 8192])
     rows = rng.randint(1, min(GEMV_MAX_ROWS, GEMV_STAGE // k))
     n_out = rng.choice([1, 7, 8, 40, 320, 1000, 2560, 5000, 11264])
     g = torch.Generator(device="cuda").manual_seed(case)
     scale = rng.choice([0.05, 1.0, 4.0])
-    x = (torch.randn(rows, 2 * k if mode == "silu_mul" else k, generator=g, device="cuda") * scale).to(dtype)
+    width = 2 * k if mode == "silu_mul" else k // 2 if mode == "embed_cat" else k
+    x = (torch.randn(rows, width, generator=g, device="cuda") * scale).to(dtype)
     weight = (torch.randn(n_out, k, generator=g, device="cuda") / k ** 0.5).to(dtype)
     kwargs = {}
     if mode == "rms_norm":
         kwargs.update(norm_weight=(1 + 0.3 * torch.randn(k, generator=g, device="cuda")).to(dtype), eps=1e-5)
     if mode == "silu_mul":
         kwargs["silu"] = True
+    if mode == "embed_cat":
+        vocab = rng.choice([1, 50, 8192])
+        kwargs["embed"] = (torch.randn(vocab, k // 2, generator=g, device="cuda") * scale).to(dtype)
+        kwargs["tokens"] = torch.randint(0, vocab, (rows,), generator=g, device="cuda")
     if rng.random() < 0.3:
         kwargs["bias"] = torch.randn(n_out, generator=g, device="cuda").to(dtype)
     if rng.random() < 0.5:
@@ -173,7 +185,10 @@ def test_gemv_fuzz(kernels, fp32_reductions):
 
 
 def _staged_inputs(x, kwargs):
-    """What sp_gemv multiplies: x, RMSNorm(x) * w or SiLU(gate) * up (the twin's own staging)."""
+    """What sp_gemv multiplies: x, RMSNorm(x) * w, SiLU(gate) * up or [x | embed[tokens]] (the twin's own
+    staging)."""
+    if kwargs.get("embed") is not None:
+        return torch.cat((x, kwargs["embed"][kwargs["tokens"]]), -1)
     if kwargs.get("silu"):
         return silu_mul_reference(x)
     if kwargs.get("norm_weight") is not None:
@@ -189,7 +204,7 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
         x, weight, kwargs = _gemv_case(rng, case)
         together = kernels.gemv(x, weight, **kwargs)
         for m in range(x.shape[0]):
-            alone = {k: (v[m:m + 1] if k == "residual" else v) for k, v in kwargs.items()}
+            alone = {k: (v[m:m + 1] if k in ("residual", "tokens") else v) for k, v in kwargs.items()}
             assert torch.equal(kernels.gemv(x[m:m + 1], weight, **alone)[0], together[m]), f"case {case}"
 
 
@@ -405,6 +420,80 @@ def test_ngram_lookup_fuzz(kernels):
         if case % 8 == 0:  # the host lookup is a Python loop: on every eighth case
             expected = lookup_continuation(history[:length].tolist(), max_n, k)
             assert int(count) == len(expected) and tokens[:len(expected)].tolist() == expected, case
+
+
+def test_ngram_lookup_with_the_append_fuzz(kernels):
+    """sp_ngram_lookup with the last round's emitted tokens appended first gives append_emitted's history and
+    length, then the lookup's tokens and count."""
+    from engine.round_graph import append_emitted, ngram_lookup
+
+    rng = random.Random(12)
+    for case in range(CASES):
+        k, max_n = rng.randint(1, 16), rng.randint(1, 6)
+        m = rng.choice([8, 64, 300]) + k + 2
+        length, accepted = rng.randint(0, m - k - 2), rng.randint(0, k)
+        history = torch.randint(0, rng.randint(2, 6), (m,), device="cuda")
+        draft = torch.randint(0, 6, (k,), device="cuda")
+        next_token = torch.randint(0, 6, (1,), device="cuda")
+        accepted_t = torch.tensor([accepted], device="cuda")
+        twin_history, twin_length = history.clone(), torch.tensor([length], device="cuda")
+        append_emitted(twin_history, twin_length, draft, next_token, accepted_t)
+        twin_tokens, twin_count = ngram_lookup(twin_history, twin_length, max_n, k)
+        length_t, count = torch.tensor([length], device="cuda"), torch.full((1,), -7, device="cuda")
+        tokens, out = kernels.ngram_lookup(history, length_t, max_n, k,
+                                           emitted=(draft, next_token, accepted_t), count=count)
+        assert out is count and torch.equal(history, twin_history), case
+        assert torch.equal(length_t, twin_length), case
+        assert torch.equal(tokens, twin_tokens) and torch.equal(count, twin_count), (case, k, accepted)
+
+
+def test_chain_round_kernels_fuzz(kernels):
+    """sp_chain_block, sp_chain_commit and sp_chain_limit give their twins' values, every dtype, chains of
+    0..16 (the limit on results laid out as the CUDA verification leaves them)."""
+    from kernels.reference import VerifyResult
+    from kernels.step import chain_block_reference, chain_commit_reference, chain_limit_reference
+
+    rng = random.Random(13)
+    for case in range(CASES):
+        dtype, k = DTYPES[case % 3], rng.randint(0, 16)
+        vocab, h = rng.randint(1, 300), rng.choice([8, 40, 320, 2048])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        embed = torch.randn(vocab, h, generator=g, device="cuda").to(dtype)
+
+        def ints(n, hi, g=g):
+            return torch.randint(0, hi, (n,), generator=g, device="cuda")
+
+        next_token, chain, start, accepted = ints(1, vocab), ints(k, vocab), ints(1, 900), ints(1, k + 1)
+        got = kernels.chain_block(next_token, chain, start, accepted, embed)
+        for a, b in zip(got, chain_block_reference(next_token, chain, start, accepted, embed)):
+            assert torch.equal(a, b), (case, k, h, dtype)
+
+        next_in = torch.tensor([rng.choice([-1, rng.randint(0, vocab - 1)])], device="cuda")
+        count = ints(1, k + 1) if rng.random() < 0.5 else None
+        outs = [torch.full((n,), -5, device="cuda") for n in (1, 1, k, 1)]
+        twins = [t.clone() for t in outs]
+        value, twin_value = (None, None) if count is None else (torch.zeros(1, device="cuda"),
+                                                                   torch.zeros(1, device="cuda"))
+        kernels.chain_commit(accepted, next_in, chain, start, *outs, count, value)
+        chain_commit_reference(accepted, next_in, chain, start, *twins, count, twin_value)
+        assert all(torch.equal(a, b) for a, b in zip(outs, twins)) and (
+            count is None or torch.equal(value, twin_value)), case
+
+        if k == 0:
+            continue
+        was = rng.randint(0, k)
+        block = torch.cat((torch.tensor([was, next_in.item()]), torch.tensor(
+            [i if i < was else -1 for i in range(k)])))[None].cuda()  # [1, 2 + K] as sp_verify writes it
+        tested = torch.rand(1, k, generator=g, device="cuda") < 0.7
+        result = VerifyResult(block[:, 0], block[:, 1], block[:, 2:], *torch.zeros(3, 1, k, device="cuda"),
+                              tested)
+        real = ints(1, k + 1)
+        copied = result._replace(accepted=block[:, 0].clone(), next_token=block[:, 1].clone(),
+                                 path=block[:, 2:].clone(), tested=tested.clone())
+        twin = chain_limit_reference(copied, chain, real)
+        kernels.chain_limit(result, chain, real)
+        for name in ("accepted", "next_token", "path", "tested"):
+            assert torch.equal(getattr(result, name), getattr(twin, name)), (case, name, was, int(real))
 
 
 def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):

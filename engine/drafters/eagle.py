@@ -41,7 +41,7 @@ from engine.drafters.base import (
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.runner import to_device
-from kernels.step import topk
+from kernels.step import gemv_fits, topk
 
 HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -60,6 +60,10 @@ ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
 # (engine.round_graph.EagleTreeRoundGraph); SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=0 launches it once the last
 # is read
 TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "1") != "0"
+# the head's fusion (fc over [feature | the next token's embedding]) as one sp_gemv that gathers the
+# embeddings itself, where the head runs the decode kernels (one launch for an embedding, a cat and a cuBLAS
+# product); SPECPLAY_HEAD_GEMV=0 keeps the torch operations, for comparisons
+HEAD_GEMV = os.environ.get("SPECPLAY_HEAD_GEMV", "1") != "0"
 
 
 @dataclass
@@ -107,9 +111,24 @@ class EagleHead:
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """[n, H] features and [n] next tokens -> [n, H] head inputs."""
+        kernels = self.gemv_kernels(self.fc, features)
+        embed = self.target.embed_weight
+        if (kernels is not None and self.fc.shape[1] % 16 == 0 and embed.dtype == self.fc.dtype
+                and next_tokens.dtype == torch.long and next_tokens.device == features.device):
+            return kernels.gemv(features, self.fc, embed=embed, tokens=next_tokens.contiguous())
         pair = torch.cat([features.to(self.fc.dtype), self.target.embed(next_tokens).to(self.fc.dtype)],
                          dim=-1)
         return F.linear(pair, self.fc)
+
+    def gemv_kernels(self, weight: torch.Tensor, features: torch.Tensor):
+        """The head runner's decode kernels where sp_gemv multiplies these features [n, F] by this weight
+        (HEAD_GEMV), else None."""
+        kernels = getattr(self.runner, "decode_kernels", None)
+        if (not HEAD_GEMV or kernels is None or features.dtype != weight.dtype or not features.is_cuda
+                or not features.is_contiguous() or features.data_ptr() % 16
+                or not gemv_fits(weight, features.shape[0])):
+            return None
+        return kernels
 
     def step(self, features, next_tokens, parents=None) -> torch.Tensor:
         """Append n positions to the head's cache; returns predicted next features [n, H]."""

@@ -45,7 +45,11 @@ class Eagle3Head(EagleHead):
 
     def true_features(self, features: torch.Tensor) -> torch.Tensor:
         """The tap layers' outputs [n, taps * H] -> the head's feature [n, H]."""
-        return F.linear(features.to(self.proj.dtype), self.proj)
+        features = features.to(self.proj.dtype)
+        kernels = self.gemv_kernels(self.proj, features)
+        if kernels is not None:
+            return kernels.gemv(features, self.proj)
+        return F.linear(features, self.proj)
 
 
 class Eagle3Drafter(EagleDrafter):
