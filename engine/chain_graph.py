@@ -260,32 +260,32 @@ def eagle_chain_steps(head, feature: torch.Tensor, start: torch.Tensor, k: int, 
     return _stack(tokens, probs)
 
 
-def eagle_chain(head, feature: torch.Tensor, k: int, vocab: int, sampling: Optional[ChainSampling] = None,
-                uniforms: Optional[torch.Tensor] = None):
-    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root (eagle_chain_steps) as one
-    graph. The head's runner shares the target's final norm and LM head, so its step's logits are the next
-    token's logits (no second LM-head product). Appends k-1 rows to the head's cache; returns (tokens [k],
-    q [k, V] or None) or None."""
+def eagle_chain(head, feature: torch.Tensor, logits: torch.Tensor, k: int, vocab: int,
+                sampling: Optional[ChainSampling] = None, uniforms: Optional[torch.Tensor] = None):
+    """An EAGLE chain of k tokens from the predicted feature [1, H] after the root and its logits [1, V]
+    (eagle_chain_steps) as one graph. The head's runner shares the target's final norm and LM head, so its
+    step's logits are the next token's logits (no second LM-head product). Appends k-1 rows to the head's
+    cache; returns (tokens [k], q [k, V] or None) or None."""
     runner = head.runner
     start_row = runner.length
     kv = runner._kv_width(start_row + k)
     device = runner.device
 
     def build() -> CapturedChain:
-        feature_in = torch.zeros_like(feature)  # [1, H]
+        feature_in, logits_in = torch.zeros_like(feature), torch.zeros_like(logits)  # [1, H], [1, V]
         start = torch.full((1,), start_row, dtype=torch.long, device=device)
         u_in = torch.zeros(k, dtype=torch.float32, device=device)  # [k]
 
-        def chain(feature, start, u):
-            return eagle_chain_steps(head, feature, start, k, kv, vocab, sampling, u)
+        def chain(feature, logits, start, u):
+            return eagle_chain_steps(head, feature, start, k, kv, vocab, sampling, u, logits)
 
-        return CapturedChain(chain, (feature_in, start, u_in), device, graph_pool(runner))
+        return CapturedChain(chain, (feature_in, logits_in, start, u_in), device, graph_pool(runner))
 
     key = ("eagle", k, kv, vocab, None if sampling is None else sampling.key)
     graph = ChainGraphs.of(runner).get(key, build)
     if graph is None:
         return None
-    drafted = graph.run(feature, start_row, uniforms)
+    drafted = graph.run(feature, logits, start_row, uniforms)
     runner._length = start_row + k - 1
     return drafted
 

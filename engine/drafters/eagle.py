@@ -216,7 +216,8 @@ class EagleDrafter(Drafter):
             if drafted is not None:
                 self.true_length = self.head.runner.length - (k - 1)
                 return Draft(tokens=drafted[0], probs=drafted[1])
-        return self._chain(state, self._step(pending.committed_features(), tokens), k, sampling, uniforms)
+        feature, logits = self._step(pending.committed_features(), tokens)
+        return self._chain(state, feature, logits, k, sampling, uniforms)
 
     @property
     def replays_rounds(self) -> bool:
@@ -247,20 +248,22 @@ class EagleDrafter(Drafter):
         return eagle_tree_round_graph(self.target, self.head, config.k, self.tree_nodes, state.backend,
                                       state.vocab_size, width, _grow_tree, _tree_size(config.k))
 
-    def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple:
         """Feed the head the committed positions (raw features [n, F], next tokens [n]); returns the
-        predicted feature [1, H] of the position after the root."""
-        last = self.head.step(self.head.true_features(features), tokens)[-1:]
+        predicted feature [1, H] of the position after the root and its logits [1, V] (the head's runner
+        shares the target's final norm and LM head), as the fused round (engine.chain_graph) takes them."""
+        x = self.head.fuse(self.head.true_features(features), tokens)
+        out = self.head.runner.forward_embeds(x)
         self.true_length = self.head.runner.length
-        return last
+        return out.hidden[-1:], out.logits[-1:]
 
-    def _chain(self, state: DecodeState, feature: torch.Tensor, k: int, sampling, uniforms) -> Draft:
+    def _chain(self, state: DecodeState, feature: torch.Tensor, logits: torch.Tensor, k: int, sampling,
+               uniforms) -> Draft:
         if ChainGraphs.available(self.head.runner, k, sampling):
-            drafted = eagle_chain(self.head, feature, k, state.vocab_size, sampling, uniforms)
+            drafted = eagle_chain(self.head, feature, logits, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
                 return Draft(tokens=drafted[0], probs=drafted[1])
         tokens, probs = [], []
-        logits = self.head.logits(feature)  # [1, V]
         for i in range(k):
             # [1], [1, V] or None
             uniform = None if uniforms is None else uniforms[i:i + 1]
@@ -284,7 +287,7 @@ class EagleDrafter(Drafter):
         device; another one gets the parents on the host (one copy)."""
         grown = tree_round(self.head, features, next_tokens, depth, state.vocab_size, self.tree_nodes)
         if grown is None:  # no graph: the head's step, then the growth (itself a graph where it can be)
-            grown = grow_tree(self.head, self._step(features, next_tokens), depth, state.vocab_size,
+            grown = grow_tree(self.head, self._step(features, next_tokens)[0], depth, state.vocab_size,
                               self.true_length, self.tree_nodes)
         else:
             self.true_length = self.head.runner.length
