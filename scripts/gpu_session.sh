@@ -26,6 +26,8 @@
 #             7B shape on); TTFT_SHAPES / TTFT_PDL pick others
 #   round-graphs  the engine's GPU tests with EAGLE's and the draft model's round graphs on, then bench methods
 #             (none,draft,eagle,eagle3,medusa) with them off and on
+#   round-replay  scripts/round_replay_probe.py: each method's round graph replayed back to back on the GPU,
+#             this build's round kernels off and on, interleaved (REPLAY_METHODS picks the methods)
 #   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
 #             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
 #             EAGLE trees' round graphs off and on
@@ -142,6 +144,10 @@ if has ttft; then
         > "$OUT/ttft_${shape}_pdl$pdl.txt"; head -5 "$OUT/ttft_${shape}_pdl$pdl.txt"
     done
   done
+fi
+if has round-replay; then
+  timeout 200 python3 scripts/round_replay_probe.py --methods "${REPLAY_METHODS:-none,ngram,draft,eagle,eagle3,eagle3:8}" \
+    2>&1 | grep -v "compiling" | tee "$OUT/round_replay.txt" | tail -30
 fi
 if has replays; then
   SPECPLAY_SAMPLED_ROUND_GRAPHS=1 SPECPLAY_GEMV_ROWS=8 timeout 120 python3 main.py bench k-sweep --device cuda \
