@@ -28,6 +28,7 @@
 #             (none,draft,eagle,eagle3,medusa) with them off and on
 #   round-replay  scripts/round_replay_probe.py: each method's round graph replayed back to back on the GPU,
 #             this build's round kernels off and on, interleaved (REPLAY_METHODS picks the methods)
+#   host-cost scripts/host_cost_probe.py: each host step of a round, timed apart (HOST_COST_METHODS)
 #   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
 #             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
 #             EAGLE trees' round graphs off and on
@@ -148,6 +149,10 @@ fi
 if has round-replay; then
   timeout 200 python3 scripts/round_replay_probe.py --methods "${REPLAY_METHODS:-none,ngram,draft,eagle,eagle3,eagle3:8}" \
     2>&1 | grep -v "compiling" | tee "$OUT/round_replay.txt" | tail -30
+fi
+if has host-cost; then
+  timeout 150 python3 scripts/host_cost_probe.py --methods "${HOST_COST_METHODS:-none,ngram,draft,eagle3,medusa}" \
+    2>&1 | grep -v "compiling" | tee "$OUT/host_cost.txt" | tail -8
 fi
 if has replays; then
   SPECPLAY_SAMPLED_ROUND_GRAPHS=1 SPECPLAY_GEMV_ROWS=8 timeout 120 python3 main.py bench k-sweep --device cuda \

@@ -8,13 +8,15 @@ in `bench methods`; this shows what a change of the round's kernels does on the 
 builds its own decoder on the shipped pair (bf16), runs one greedy generation on a held-out prompt (which
 captures the round graph and seeds it), then replays the graph: the drafting's graph and the round's,
 REPLAYS times, continuing that generation's decoding on the device. Printed: microseconds per round
-(drafting + the rest), and per plain step for `none`.
+(drafting + the rest), and per plain step for `none`, beside the host's microseconds to queue a round's
+replays (host_queue_us: where it is as long as the round, the launches set the pace, not the GPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,19 +61,23 @@ def captured_graph(decoder, method: str, prompt: str, k: int):
     return seen[-1] if seen else None
 
 
-def replay_us(graph, replays: int, draft: bool = True, rest: bool = True) -> float:
+def replay_us(graph, replays: int, draft: bool = True, rest: bool = True) -> tuple:
+    """(GPU microseconds per round, the host's microseconds to queue one): where the two are close, the
+    host's launches, not the GPU, set the pace."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    began = time.perf_counter()
     for _ in range(replays):
         if draft:
             graph.replay_draft()
         if rest:
             graph.replay()
+    queued = time.perf_counter() - began
     end.record()
     torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / replays
+    return 1e3 * start.elapsed_time(end) / replays, 1e6 * queued / replays
 
 
 def probe(method: str, setting: str, prompt: str, k: int) -> dict:
@@ -89,7 +95,7 @@ def probe(method: str, setting: str, prompt: str, k: int) -> dict:
         return {"method": method, "setting": setting, "error": "no round graph replayed"}
     snapshot = {name: t.clone() for name, t in vars(graph).items() if isinstance(t, torch.Tensor)}
 
-    def timed(**parts) -> float:
+    def timed(**parts) -> tuple:
         for name, t in snapshot.items():  # every timing starts where the generation left the graph
             getattr(graph, name).copy_(t)
         replay_us(graph, 3, **parts)  # warm
@@ -97,8 +103,10 @@ def probe(method: str, setting: str, prompt: str, k: int) -> dict:
             getattr(graph, name).copy_(t)
         return replay_us(graph, REPLAYS, **parts)
 
-    return {"method": method, "setting": setting, "round_us": round(timed(), 2),
-            "draft_us": round(timed(rest=False), 2), "rest_us": round(timed(draft=False), 2)}
+    (whole, host), (draft, _), (rest, rest_host) = timed(), timed(rest=False), timed(draft=False)
+    return {"method": method, "setting": setting, "round_us": round(whole, 2), "draft_us": round(draft, 2),
+            "rest_us": round(rest, 2), "host_queue_us": round(host, 2),
+            "rest_host_queue_us": round(rest_host, 2)}
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.models import shipped_pair
-from engine.text import IncrementalText
+from engine.text import IncrementalText, fast_decoder_of
 
 
 def full_decode(tokenizer, ids):
@@ -56,3 +56,25 @@ def test_an_incomplete_character_is_held_back(shipped_tokenizer):
     text = IncrementalText(shipped_tokenizer)
     assert text.add(ids[:1]) == ""
     assert text.add(ids[1:], final=True) == "🐍"
+
+
+def test_the_fast_decoder_is_the_tokenizers_decode(shipped_tokenizer):
+    """The Rust tokenizer's decode (what IncrementalText uses) gives transformers' text on random id lists,
+    special tokens among them; a tokenizer without one, or whose text differs, keeps transformers' decode."""
+    decode = fast_decoder_of(shipped_tokenizer)
+    assert decode.__name__ == "fast"
+    rng = random.Random(7)
+    specials = list(shipped_tokenizer.all_special_ids)
+    for _ in range(400):
+        ids = [rng.choice(specials) if rng.random() < 0.1 else rng.randrange(shipped_tokenizer.vocab_size)
+               for _ in range(rng.randint(0, 20))]
+        assert decode(ids) == full_decode(shipped_tokenizer, ids)
+
+    class Wrapped:  # a tokenizer whose decode differs from its backend's: the probe lists catch it
+        backend_tokenizer = shipped_tokenizer.backend_tokenizer
+        vocab_size = shipped_tokenizer.vocab_size
+
+        def decode(self, ids, **_):
+            return "|".join(str(i) for i in ids)
+
+    assert fast_decoder_of(Wrapped()).__name__ == "slow"

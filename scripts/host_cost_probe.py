@@ -1,0 +1,90 @@
+"""Where a round's host time goes: each host step of the decoder's round loop timed by perf_counter (no
+profiler), per method, on the shipped pair.
+
+    python scripts/host_cost_probe.py [--methods none,ngram,eagle3] [--device cuda] [--tokens 128]
+
+Prints microseconds per round for each step (the read includes the wait for the GPU) and the round's wall
+time. Where the steps other than the read add up to more than the GPU's round, the host is the bottleneck.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STEPS = ("_read_round", "_accept", "_commit", "_launch_after", "_launch_round", "_event")
+
+
+def timed_steps(costs: dict):
+    """Wrap the decoder's round steps (and the text's add) with timers adding into costs[name]."""
+    from engine import decoder as decoder_module
+    from engine import text as text_module
+
+    originals = []
+
+    def wrap(owner, name):
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                costs[name].append(time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+
+    for name in STEPS:
+        wrap(decoder_module.SpeculativeDecoder, name)
+    wrap(text_module.IncrementalText, "add")
+    return originals
+
+
+def main() -> int:
+    from engine.bench import heldout_prompts
+    from engine.config import GenerationConfig
+    from engine.decoder import SpeculativeDecoder
+    from engine.models import load_pair
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="none,ngram,eagle3")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=4)
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+    pair = load_pair(None, None, device=args.device, need_draft="draft" in methods)
+    decoder = SpeculativeDecoder(pair)
+    decoder.warm_up()
+    prompts = heldout_prompts(args.prompts)
+    costs: dict = collections.defaultdict(list)
+    originals = timed_steps(costs)
+    try:
+        for method in methods:
+            config = GenerationConfig(k=4, max_new_tokens=args.tokens, stop_at_eos=False).with_spec(method)
+            for prompt in prompts[:1]:  # captures and warm-up
+                for _ in decoder.generate(prompt, config):
+                    pass
+            costs.clear()
+            rounds, start = 0, time.perf_counter()
+            for prompt in prompts:
+                for _ in decoder.generate(prompt, config):
+                    rounds += 1
+            wall = time.perf_counter() - start
+            row = {"method": method, "rounds": rounds, "wall_us_per_round": round(1e6 * wall / rounds, 1)}
+            row.update({name: round(1e6 * sum(v) / rounds, 1) for name, v in costs.items()})
+            print(json.dumps(row), flush=True)
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
