@@ -31,15 +31,20 @@ class RoundClock:
     until the host queued it when the GPU was idle sooner. Read `phases_ms` after a host sync that follows the
     last mark, when every event has completed. On CPU, work is synchronous and the marks are host times."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, stream=None):
+        """stream: the stream the round's work goes to (None: the current one). Naming it saves the
+        lookup of the current stream that each event's record() would make: on an H200's host a made and
+        recorded event took 14 us that way, a third of a plain round's host time
+        (docs/measurements/host_cost_gpu.txt)."""
         self.cuda = torch.device(device).type == "cuda"
+        self.stream = stream
         self.start = time.perf_counter()
         self.end = None  # host time the round ended (stop), None: still running
         self.marks: list = [self._event()] if self.cuda else [self.start]
 
     def _event(self):
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self.stream)
         return event
 
     def mark(self) -> None:

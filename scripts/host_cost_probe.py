@@ -3,8 +3,9 @@ profiler), per method, on the shipped pair.
 
     python scripts/host_cost_probe.py [--methods none,ngram,eagle3] [--device cuda] [--tokens 128]
 
-Prints microseconds per round for each step (the read includes the wait for the GPU) and the round's wall
-time. Where the steps other than the read add up to more than the GPU's round, the host is the bottleneck.
+Prints microseconds per round for each step (the read includes the wait for the GPU; the replay, the
+readout's copy, the graph lookup and the clock's marks are inside the launch) and the round's wall time.
+Where the steps other than the read add up to more than the GPU's round, the host is the bottleneck.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STEPS = ("_read_round", "_accept", "_commit", "_launch_after", "_launch_round", "_event")
+INNER_STEPS = ("_replay_round", "_copy_readout", "_round_graph")  # inside _launch_after
 
 
 def timed_steps(costs: dict):
@@ -40,10 +42,39 @@ def timed_steps(costs: dict):
 
         setattr(owner, name, timed)
 
-    for name in STEPS:
+    from engine import round_graph, timing
+
+    for name in STEPS + INNER_STEPS:
         wrap(decoder_module.SpeculativeDecoder, name)
     wrap(text_module.IncrementalText, "add")
+    wrap(round_graph.RoundGraph, "replay")
+    wrap(round_graph.RoundGraph, "replay_draft")
+    wrap(timing.RoundClock, "mark")
     return originals
+
+
+def primitives_us(device: str) -> dict:
+    """The host's cost of a few primitives a round uses, 200 times each: a pinned host buffer (the
+    readout's), a timing event made and recorded, an empty graph-free device op."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    out = {}
+
+    def each(name, fn, n=200):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = round(1e6 * (time.perf_counter() - start) / n, 2)
+
+    values = torch.zeros(300, device=device)
+    each("pinned_empty", lambda: torch.empty(300, pin_memory=True))
+    each("pinned_copy", lambda: torch.empty(300, pin_memory=True).copy_(values, non_blocking=True))
+    each("event_record", lambda: torch.cuda.Event(enable_timing=True).record())
+    torch.cuda.synchronize()
+    return out
 
 
 def main() -> int:
@@ -63,6 +94,7 @@ def main() -> int:
     decoder = SpeculativeDecoder(pair)
     decoder.warm_up()
     prompts = heldout_prompts(args.prompts)
+    print(json.dumps({"primitives_us": primitives_us(args.device)}), flush=True)
     costs: dict = collections.defaultdict(list)
     originals = timed_steps(costs)
     try:

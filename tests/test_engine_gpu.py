@@ -44,6 +44,17 @@ def test_engine_uses_the_cuda_kernels(decoder):
     assert decoder.backend.name != "torch-reference"
 
 
+def test_readout_buffers_are_pinned_and_taken_in_turn():
+    """The readouts' host buffers (engine.decoder.PinnedRing): pinned, one ring per shape, each buffer back
+    only after the ring's other buffers."""
+    from engine.decoder import PinnedRing
+
+    ring = PinnedRing()
+    first = [ring.take((7,), torch.float32) for _ in range(PinnedRing.RING)]
+    assert all(b.is_pinned() for b in first) and len({b.data_ptr() for b in first}) == PinnedRing.RING
+    assert ring.take((7,), torch.float32) is first[0] and ring.take((9,), torch.float32) is not first[1]
+
+
 @pytest.mark.parametrize("method,nodes", METHODS)
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
