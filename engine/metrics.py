@@ -88,7 +88,9 @@ class MetricsAccumulator(Totals):
             if accepted >= depth:  # every earlier position was accepted, so this one was tested
                 self.position_reached[depth] += 1
                 self.position_accepted[depth] += int(accepted > depth)
-        self._count_lengths([0] * accepted + [1])
+        while len(self.length_histogram) <= accepted:
+            self.length_histogram.append(0)
+        self.length_histogram[accepted] += 1
         return self.snapshot()
 
     def _grow(self, depth: int) -> None:
@@ -101,6 +103,7 @@ class MetricsAccumulator(Totals):
         return [a / r if r else 0.0 for a, r in zip(self.position_accepted, self.position_reached)]
 
     def snapshot(self) -> RoundMetrics:
+        per_position = self.per_position_acceptance
         return RoundMetrics(
             rounds=self.rounds,
             drafted=self.drafted,
@@ -112,8 +115,8 @@ class MetricsAccumulator(Totals):
             tpot_ms=self.tpot_ms,
             tokens_per_s=self.tokens_per_s,
             analytic_tokens_per_forward=self.analytic_tokens_per_forward,
-            per_position_tokens_per_forward=analytic.expected_tokens_per_position(self.per_position_acceptance),
-            per_position_acceptance=self.per_position_acceptance,
+            per_position_tokens_per_forward=analytic.expected_tokens_per_position(per_position),
+            per_position_acceptance=per_position,
             accepted_length_histogram=list(self.length_histogram),
             draft_ms=self.draft_ms, verify_ms=self.verify_ms, overhead_ms=self.overhead_ms,
         )

@@ -205,6 +205,8 @@ class ChainRoundGraph(RoundGraph):
     outcome, and _advance(), which moves their buffers on; the target's block, its verification and the
     readout are here."""
 
+    count: Optional[torch.Tensor] = None  # [1]: how many of the chain's K tokens are real drafts (n-gram)
+
     def _chain_buffers(self, target, k: int) -> None:
         device = target.device
         self.target, self.depth, self.nodes = target, k, k
@@ -245,7 +247,7 @@ class ChainRoundGraph(RoundGraph):
             temperature = 1.0 if sampling is None else sampling.key[0]
             values = backend.readout(logits, result, chain, temperature, width)
             self._advance(features)
-            count = getattr(self, "count", None)  # n-gram's real drafts, the readout's last value
+            count = self.count  # n-gram's real drafts (the readout's last value), else None
             commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
                    self.draft, self.start, count, None if count is None else self.count_value)
             if count is not None:
