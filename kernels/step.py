@@ -1,13 +1,17 @@
-"""Fused kernels of the decoder step (kernels/step_kernels.cu, decode_kernels.cu) and their torch twins.
+"""Fused kernels of the decoder step (kernels/step_kernels.cu, decode_kernels.cu, round_kernels.cu) and their
+torch twins.
 
 `rope_qkv` replaces the step's rotary embedding (3 kernels), the k/v cache writes (2) and q's copy into the
 grouped layout SDPA reads (1); `silu_mul` replaces SiLU and the product with up (2). For blocks of up to 16
 rows in bf16/fp16, `gemv` does a matrix product with the RMSNorm before it, the SiLU * up before it or the
 residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. For
-drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block per row and `ngram_lookup` is
-n-gram's lookup over the committed tokens. The twins are the eager step's own operations (attention's is an
-fp64 softmax; topk's a stable sort; the lookup's engine.round_graph.NgramLookup), and the fuzz tests
-(tests/test_step_kernels_gpu.py) hold the kernels to them.
+drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block per row, `ngram_lookup` is
+n-gram's lookup over the committed tokens and `gemv` also fuses an EAGLE head's feature with the next token's
+embedding. A replayed chain round's bookkeeping is `chain_block` (its block), `chain_commit` (the next
+replay's inputs) and `chain_limit` (n-gram's cut). The twins are the eager step's own operations (attention's
+is an fp64 softmax; topk's a stable sort; the lookup's engine.round_graph.NgramLookup; the round's the torch
+operations the round graph ran before), and the fuzz tests (tests/test_step_kernels_gpu.py) hold the kernels
+to them.
 
 Launches go through CuPy on torch's current stream, so a step that uses them is captured in the CUDA graph
 like any torch operation; their Python cost is paid once, at capture. `StepKernels.load(device)` returns None
