@@ -342,13 +342,15 @@ class _KernelLookup:
 
 
 def append_emitted(history: torch.Tensor, length: torch.Tensor, chain: torch.Tensor, next_token: torch.Tensor,
-                   accepted: torch.Tensor) -> None:
+                   accepted: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
     """A round's emitted tokens (its chain's accepted prefix, then its next token) appended to history [M] at
     length [1], which moves past them, in place; the rows after them get stray tokens (written over later).
-    sp_ngram_lookup's append (its `emitted`) is the kernel twin."""
-    k = chain.numel()
+    rows: arange(K + 1) on the device, made once by a caller that appends every round. sp_ngram_lookup's
+    append (its `emitted`) is the kernel twin."""
+    if rows is None:
+        rows = torch.arange(chain.numel() + 1, device=history.device)
     emitted = torch.cat((chain, next_token)).scatter(0, accepted, next_token)  # [K+1]
-    history.index_copy_(0, length + torch.arange(k + 1, device=history.device), emitted)
+    history.index_copy_(0, length + rows, emitted)
     length.add_(accepted + 1)
 
 
@@ -373,13 +375,14 @@ class NgramRoundGraph(ChainRoundGraph):
         self.count_value = torch.zeros(1, dtype=torch.float32, device=device)  # the same, for the readout
         lookup = _ngram_lookup(target, self.history.numel(), max_n, k)
         fused = round_kernels(target, backend) if isinstance(lookup, _KernelLookup) else None
+        rows = torch.arange(k + 1, device=device)  # [K+1], for the torch append
 
         def draft():
             last = (self.draft, self.next_token, self.accepted)  # the last round's emitted tokens
             if fused is not None:  # the append and the lookup in one launch
                 return fused.ngram_lookup(self.history, self.length, max_n, k, emitted=last,
                                           count=self.count)[0], None
-            append_emitted(self.history, self.length, *last)
+            append_emitted(self.history, self.length, *last, rows)
             tokens, count = lookup(self.history, self.length)
             self.count.copy_(count)
             return tokens, None

@@ -361,11 +361,10 @@ class StepKernels:
         unused (None)."""
         n, d = qkv.shape[0], k_cache.shape[-1]
         _check(qkv, cos_table, sin_table, k_cache, v_cache)
-        for index in (positions, cache_index if start is None else start):
-            if index.dtype != torch.long or not index.is_contiguous() or index.numel() != (
-                    n if index is not start else 1):
-                raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries "
-                                 "(start: one entry)")
+        indexes = ((positions, n), (cache_index, n) if start is None else (start, 1))
+        if any(t.dtype != torch.long or not t.is_contiguous() or t.numel() != size for t, size in indexes):
+            raise ValueError("positions and cache_index must be contiguous int64 tensors of n entries "
+                             "(start: one entry)")
         q_out = torch.empty(heads, n, d, dtype=qkv.dtype, device=qkv.device)
         self._launch("sp_rope_qkv", qkv.dtype, n * (heads + 2 * kv_heads) * d, chained, qkv=qkv.data_ptr(),
                      cos_table=cos_table.data_ptr(), sin_table=sin_table.data_ptr(),
