@@ -15,6 +15,7 @@ import torch
 from engine import methods
 from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig
+from engine.cuda_calls import stream_calls
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
@@ -162,7 +163,7 @@ class SpeculativeDecoder:
         self._eagle = None
         self._eagle3 = None
         self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
-        self._stream = None  # the generation's CUDA stream, looked up once (see RoundClock)
+        self._calls = None  # the generation's stream's CUDA calls (engine.cuda_calls), looked up once
         self._pinned = PinnedRing()  # the readouts' host buffers
         self.cuda_graphs = self.device.type == "cuda"
         self.pipelined = self.device.type == "cuda"  # see _rounds
@@ -256,7 +257,8 @@ class SpeculativeDecoder:
                             vocab_size=self.vocab_size, device=self.device)
         drafter = methods.get(config.method).build(self, config)
         with torch.inference_mode():
-            self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            if self.device.type == "cuda":
+                self._calls = stream_calls(self._calls, torch.cuda.current_stream(self.device))
             self._prefill(state, drafter)
             yield from self._rounds(state, drafter, config, should_stop)
 
@@ -407,7 +409,7 @@ class SpeculativeDecoder:
                       first_token: Optional[torch.Tensor] = None) -> "_Launched":
         """Queue a round's drafting and verification; nothing here waits for the device. first_token: the
         block's first token [1] on the device when the host does not know it yet (plain decoding ahead)."""
-        clock = RoundClock(self.device, self._stream)
+        clock = RoundClock(self.device, self._calls)
         draft = drafter.propose(state, config.k)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
@@ -457,19 +459,19 @@ class SpeculativeDecoder:
         latest = previous.block_start + 1 + (graph.depth if fed or unread_tree else _depth(previous.draft))
         if latest + graph.rows > self.target.max_length:
             return None
-        clock = RoundClock(self.device, self._stream)
+        clock = RoundClock(self.device, self._calls)
         if not fed:
             graph.seed(previous, drafter)
         uniforms = None if state.config.sampling.greedy else graph.draw_uniforms(state)  # [N+1] host
-        graph.replay_draft()
+        graph.replay_draft(self._calls)
         clock.mark()
         self.target.rollback(latest)
-        graph.replay()
+        graph.replay(self._calls)
         self.target.occupy(latest, graph.rows)
         drafter.replayed(graph)
         draft = Draft(tokens=graph.tokens[1:], parents=graph.parents)
         readout = self._copy_readout(graph.values, width, draft)
-        clock.mark()
+        clock.mark(readout.copied)  # the copy's event, recorded last, ends the verification phase
         launched = _Launched(clock, draft, latest, graph.logits, graph.features, graph.result, uniforms,
                              readout, counted=graph.counts_drafts)
         previous.successor = graph.fed_by = launched
@@ -501,7 +503,7 @@ class SpeculativeDecoder:
         # the readout's copy waited for the events
         draft_ms, verify_ms, overhead_ms = launched.clock.phases_ms()
         round_metrics = metrics.add_round(draft.size, outcome.accepted, len(outcome.emitted),
-                                          1 + max((t.depth for t in details["drafted"]), default=-1),
+                                          details["positions"],
                                           draft_ms, verify_ms, overhead_ms)
         return RoundEvent(
             round=index, method=config.method, k=config.k, drafted=details["drafted"],
@@ -588,13 +590,11 @@ class SpeculativeDecoder:
             return _QueuedReadout(values, width, None, None)
         parents = None
         if draft.is_tree and draft.parents.device.type != "cpu":
-            parents = torch.empty(draft.parents.shape, dtype=torch.long, pin_memory=True)
-            parents.copy_(draft.parents, non_blocking=True)
+            parents = self._pinned.take(draft.parents.shape, torch.long)
+            self._calls.copy_to_host(parents, draft.parents)
         host = self._pinned.take(values.shape, values.dtype)
-        host.copy_(values, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(self._stream)
-        return _QueuedReadout(host, width, parents, copied)
+        self._calls.copy_to_host(host, values)
+        return _QueuedReadout(host, width, parents, self._calls.event())
 
     def _read_round(self, launched: _Launched) -> "_RoundReadout":
         """Wait for the round's readout (the round's one wait for the GPU) and unpack it."""
@@ -609,27 +609,34 @@ class SpeculativeDecoder:
         return round_
 
     def _details(self, draft: Draft, round_: "_RoundReadout", uniforms, outcome) -> dict:
-        """The event's DraftedTokens and the next token's figures, from the round's readout."""
+        """The event's DraftedTokens, the next token's figures and the draft's depth (positions), from the
+        round's readout. A block row's top alternatives are listed once, for every token drafted from it."""
         n = draft.size
-        parents = draft.parents.tolist() if draft.is_tree else list(range(-1, n - 1))
-        next_row = outcome.path[-1] + 1 if outcome.path else 0
+        parents = draft.parents.tolist() if draft.is_tree else range(-1, n - 1)
         on_path = set(outcome.path)
-        drafted, depths = [], []
-        for i, token in enumerate(round_.draft_tokens):
-            depth = 0 if parents[i] < 0 else depths[parents[i]] + 1
-            depths.append(depth)
-            tested = bool(round_.tested[i])
-            drafted.append(DraftedToken(
-                token_id=token, text=self._token_text(token), parent=parents[i], depth=depth, p=round_.p[i],
-                q=round_.q[i], accept_prob=round_.accept_prob[i],
-                u=None if uniforms is None or not tested else float(uniforms[i]),
-                accepted=i in on_path, tested=tested,
-                top=self._top_list(round_.top_p[parents[i] + 1], round_.top_i[parents[i] + 1])))
-        return {"drafted": drafted, "next_p": round_.next_p,
-                "next_top": self._top_list(round_.top_p[next_row], round_.top_i[next_row])}
+        text = self._token_text
+        listed: dict = {}  # block row -> [(text, p)]
 
-    def _top_list(self, probs: list, ids: list) -> list:
-        return [(self._token_text(i), p) for p, i in zip(probs, ids)]
+        def top(row: int) -> list:
+            alternatives = listed.get(row)
+            if alternatives is None:
+                pairs = zip(round_.top_p[row], round_.top_i[row])
+                alternatives = listed[row] = [(text(i), p) for p, i in pairs]
+            return alternatives
+
+        drafted, depths = [], []
+        p, q, accept_prob, tested = round_.p, round_.q, round_.accept_prob, round_.tested
+        for i, (token, parent) in enumerate(zip(round_.draft_tokens, parents)):
+            depth = 0 if parent < 0 else depths[parent] + 1
+            depths.append(depth)
+            was_tested = bool(tested[i])
+            drafted.append(DraftedToken(
+                token, text(token), parent, depth, p[i], q[i], accept_prob[i],
+                None if uniforms is None or not was_tested else float(uniforms[i]), i in on_path, was_tested,
+                top(parent + 1)))
+        next_row = outcome.path[-1] + 1 if outcome.path else 0
+        return {"drafted": drafted, "next_p": round_.next_p, "next_top": top(next_row),
+                "positions": 1 + max(depths, default=-1)}
 
     def _token_text(self, token: int) -> str:
         text = self._token_texts.get(token)

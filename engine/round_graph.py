@@ -63,6 +63,10 @@ NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
 # (kernels/round_kernels.cu) where the target has the decode kernels and the verification is the CUDA
 # backend's; SPECPLAY_ROUND_KERNELS=0 keeps the torch operations (their twins), for comparisons
 ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
+# Medusa's replayed round drafts the next tree from its block's accepted row only, picked on the device (one
+# row through the heads and the LM head); SPECPLAY_MEDUSA_ROW_HEADS=0 drafts from every row of the block and
+# picks the accepted row's tree at the next replay's start, for comparisons
+ROW_HEADS = os.environ.get("SPECPLAY_MEDUSA_ROW_HEADS", "1") != "0"
 
 
 def round_kernels(target, backend):
@@ -110,20 +114,22 @@ class RoundGraph:
         with graph_capture(self.graph, graph_pool(target), device):
             self.tokens, self.features, self.logits, self.result, self.values = round_()
 
-    def replay_draft(self) -> None:
-        """The round's drafting, when it is a graph of its own (chains); then replay() the rest."""
+    def replay_draft(self, calls=None) -> None:
+        """The round's drafting, when it is a graph of its own (chains); then replay() the rest. calls: the
+        generation's engine.cuda_calls.StreamCalls, which launches the graph on its stream (None: torch's
+        replay on the current stream)."""
         if self._draft_round is None:
             return
         if self.draft_graph is None:
             self._draft_round()
         else:
-            self.draft_graph.replay()
+            _launch(self.draft_graph, calls)
 
-    def replay(self) -> None:
+    def replay(self, calls=None) -> None:
         if self.graph is None:
             self.tokens, self.features, self.logits, self.result, self.values = self._round()
         else:
-            self.graph.replay()
+            _launch(self.graph, calls)
 
     def _seed_outcome(self, launched) -> None:
         self.accepted.copy_(launched.result.accepted[:1])
@@ -153,7 +159,10 @@ class MedusaRoundGraph(RoundGraph):
         self.accepted = torch.zeros(1, dtype=torch.long, device=device)
         self.path = torch.full((n,), -1, dtype=torch.long, device=device)
         self.next_token = torch.zeros(1, dtype=torch.long, device=device)
-        self.early = torch.zeros(n + 1, n, dtype=torch.long, device=device)  # [N+1, N]
+        # the next round's drafts: from the last block's accepted row only ([1, N], ROW_HEADS), or from every
+        # row of it ([N+1, N]) with the accepted row picked at the next round's start
+        self.row_heads = ROW_HEADS
+        self.early = torch.zeros(1 if self.row_heads else n + 1, n, dtype=torch.long, device=device)
         # a start past the cache's end for the warm-up and the capture: they write only free rows
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
         self.verify_u = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
@@ -165,9 +174,8 @@ class MedusaRoundGraph(RoundGraph):
 
         def round_():
             keep_path(target, self.start, self.path[:self.depth], rows)
-            path = torch.cat((minus_one, self.path))  # [N+1]: row 0 when nothing was accepted
-            row = path.index_select(0, self.accepted) + 1  # [1]
-            tokens = torch.cat((self.next_token, self.early.index_select(0, row)[0]))  # [N+1]
+            drafts = self.early[0] if self.row_heads else self.early.index_select(0, self._accepted_row())[0]
+            tokens = torch.cat((self.next_token, drafts))  # [N+1]
             start = self.start + 1 + self.accepted  # [1]
             hidden, logits = target._block_step(F.embedding(tokens, target.embed_weight), start, block_depth,
                                                 block_visible, kv)  # [N+1, H], [N+1, V]
@@ -177,25 +185,37 @@ class MedusaRoundGraph(RoundGraph):
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
                                                         self.verify_u, *warp)
             values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
-            early = medusa_rows(target, heads, hidden, tree, flat_index, vocab)  # [N+1, N]
-            self.accepted.copy_(result.accepted[:1])
+            self.accepted.copy_(result.accepted[:1].clamp_min(0))  # -1 flags NaN: the readout raises
             self.path.copy_(result.path[0])
+            drafted_from = hidden.index_select(0, self._accepted_row()) if self.row_heads else hidden
+            early = medusa_rows(target, heads, drafted_from, tree, flat_index, vocab)  # [1 or N+1, N]
             self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
             self.early.copy_(early)
             self.start.copy_(start)
             return tokens, hidden, logits, result, values
 
+        self._minus_one = minus_one
         self._capture(target, round_)
+
+    def _accepted_row(self) -> torch.Tensor:
+        """[1] the last block's row whose distribution gave its next token: its accepted path's last node's
+        row, 0 when nothing was accepted (read from the outcome buffers, on the device)."""
+        path = torch.cat((self._minus_one, self.path))  # [N+1]
+        return path.index_select(0, self.accepted) + 1
 
     def seed(self, launched, drafter) -> None:
         """Take a round launched without the graph as the next replay's last round: its outcome (device),
         the drafts from its rows (the Medusa drafter's early [rows, N]) and its block's start."""
         self._seed_outcome(launched)
+        self.accepted.clamp_(min=0)
         if launched.result.path.shape[-1] == self.nodes:
             self.path.copy_(launched.result.path[0])
         else:  # an empty draft: nothing to keep
             self.path.fill_(-1)
-        self.early[:drafter.early.shape[0]].copy_(drafter.early)
+        if self.row_heads:
+            self.early.copy_(drafter.early.index_select(0, self._accepted_row()))
+        else:
+            self.early[:drafter.early.shape[0]].copy_(drafter.early)
 
 
 class ChainRoundGraph(RoundGraph):
@@ -579,6 +599,13 @@ class LayerSkipRoundGraph(ChainRoundGraph):
         """Take a round launched without the graph: its outcome, chain and block start (the cache is the
         target's, so there is nothing of the drafter's own to take)."""
         self._seed_chain(launched)
+
+
+def _launch(graph, calls) -> None:
+    if calls is None:
+        graph.replay()
+    else:
+        calls.launch(graph)
 
 
 def _kv(runner, rows: int) -> int:

@@ -31,24 +31,32 @@ class RoundClock:
     until the host queued it when the GPU was idle sooner. Read `phases_ms` after a host sync that follows the
     last mark, when every event has completed. On CPU, work is synchronous and the marks are host times."""
 
-    def __init__(self, device: torch.device, stream=None):
-        """stream: the stream the round's work goes to (None: the current one). Naming it saves the
-        lookup of the current stream that each event's record() would make: on an H200's host a made and
-        recorded event took 14 us that way, and a plain round's marks 27 of its 214 us of host time
+    def __init__(self, device: torch.device, calls=None):
+        """calls: the generation's engine.cuda_calls.StreamCalls, which records the events on its stream
+        (None: torch's events on the current stream). Naming the stream saves the lookup of the current
+        stream that each event's record() would make: on an H200's host a made and recorded event took 14 us
+        that way, and a plain round's marks 27 of its 214 us of host time
         (docs/measurements/host_cost_gpu.txt)."""
         self.cuda = torch.device(device).type == "cuda"
-        self.stream = stream
+        self.calls = calls
         self.start = time.perf_counter()
         self.end = None  # host time the round ended (stop), None: still running
         self.marks: list = [self._event()] if self.cuda else [self.start]
 
     def _event(self):
+        if self.calls is not None:
+            return self.calls.event()
         event = torch.cuda.Event(enable_timing=True)
-        event.record(self.stream)
+        event.record()
         return event
 
-    def mark(self) -> None:
-        self.marks.append(self._event() if self.cuda else time.perf_counter())
+    def mark(self, event=None) -> None:
+        """event: one just recorded on the round's stream (timing on) to serve as this mark, instead of a new
+        one (the readout's copy's, recorded right before)."""
+        if not self.cuda:
+            self.marks.append(time.perf_counter())
+        else:
+            self.marks.append(event if event is not None else self._event())
 
     def stop(self, since: Optional[float] = None) -> float:
         """The round's host work is over (what the host does next is the next round's); returns the time.

@@ -27,7 +27,7 @@
 #   round-graphs  the engine's GPU tests with EAGLE's and the draft model's round graphs on, then bench methods
 #             (none,draft,eagle,eagle3,medusa) with them off and on
 #   round-replay  scripts/round_replay_probe.py: each method's round graph replayed back to back on the GPU,
-#             this build's round kernels off and on, interleaved (REPLAY_METHODS picks the methods)
+#             this build's round changes off and on, interleaved (REPLAY_METHODS picks the methods)
 #   host-cost scripts/host_cost_probe.py: each host step of a round, timed apart (HOST_COST_METHODS)
 #   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
 #             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
@@ -36,7 +36,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-tests tests-pdl runtimes methods batch ksweep pdl-ab host}
-ENGINE_TESTS="tests/test_engine_gpu.py tests/test_drafters_gpu.py tests/test_batch_gpu.py"
+ENGINE_TESTS="tests/test_engine_gpu.py tests/test_drafters_gpu.py tests/test_batch_gpu.py tests/test_cuda_calls_gpu.py"
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
@@ -151,7 +151,7 @@ if has round-replay; then
     2>&1 | grep -v "compiling" | tee "$OUT/round_replay.txt" | tail -30
 fi
 if has host-cost; then
-  timeout 150 python3 scripts/host_cost_probe.py --methods "${HOST_COST_METHODS:-none,ngram,draft,eagle3,medusa}" \
+  timeout 200 python3 scripts/host_cost_probe.py --methods "${HOST_COST_METHODS:-none,ngram,draft,eagle3,medusa}" ${HOST_COST_ARGS:-} \
     2>&1 | grep -v "compiling" | tee "$OUT/host_cost.txt" | tail -8
 fi
 if has replays; then

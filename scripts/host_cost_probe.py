@@ -69,15 +69,48 @@ def primitives_us(device: str) -> dict:
             fn()
         out[name] = round(1e6 * (time.perf_counter() - start) / n, 2)
 
+    from engine.cuda_calls import StreamCalls
+
     values = torch.zeros(300, device=device)
+    host = torch.empty(300, pin_memory=True)
+    stream = torch.cuda.current_stream()
+    calls = StreamCalls(stream)
     each("pinned_empty", lambda: torch.empty(300, pin_memory=True))
     each("pinned_copy", lambda: torch.empty(300, pin_memory=True).copy_(values, non_blocking=True))
+    each("torch_copy", lambda: host.copy_(values, non_blocking=True))
     each("event_record", lambda: torch.cuda.Event(enable_timing=True).record())
+    each("event_record_on_stream", lambda: torch.cuda.Event(enable_timing=True).record(stream))
+    if calls.raw:
+        each("raw_copy", lambda: calls.copy_to_host(host, values))
+        each("raw_event", calls.event)
+        a, b = calls.event(), calls.event()
+        torch.cuda.synchronize()
+        each("raw_elapsed", lambda: a.elapsed_time(b))
+        each("raw_synchronize", a.synchronize)
+    ta, tb = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ta.record(stream)
+    tb.record(stream)
+    torch.cuda.synchronize()
+    each("torch_elapsed", lambda: ta.elapsed_time(tb))
+    each("torch_synchronize", ta.synchronize)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        values.add_(1)
+    stream.wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(8):
+            values.add_(1)
+    each("torch_replay_8_nodes", graph.replay)
+    if calls.raw:
+        each("raw_launch_8_nodes", lambda: calls.launch(graph))
     torch.cuda.synchronize()
     return out
 
 
 def main() -> int:
+    from engine import cuda_calls
     from engine.bench import heldout_prompts
     from engine.config import GenerationConfig
     from engine.decoder import SpeculativeDecoder
@@ -88,6 +121,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--raw-ab", action="store_true",
+                        help="each method with torch's CUDA calls, then the raw ones (engine.cuda_calls)")
     args = parser.parse_args()
     methods = args.methods.split(",")
     pair = load_pair(None, None, device=args.device, need_draft="draft" in methods)
@@ -98,7 +133,9 @@ def main() -> int:
     costs: dict = collections.defaultdict(list)
     originals = timed_steps(costs)
     try:
-        for method in methods:
+        settings = (False, True) if args.raw_ab else (cuda_calls.RAW_CALLS,)
+        for method, raw in ((m, r) for m in methods for r in settings):
+            cuda_calls.RAW_CALLS, decoder._calls = raw, None
             config = GenerationConfig(k=4, max_new_tokens=args.tokens, stop_at_eos=False).with_spec(method)
             for prompt in prompts[:1]:  # captures and warm-up
                 for _ in decoder.generate(prompt, config):
@@ -109,7 +146,8 @@ def main() -> int:
                 for _ in decoder.generate(prompt, config):
                     rounds += 1
             wall = time.perf_counter() - start
-            row = {"method": method, "rounds": rounds, "wall_us_per_round": round(1e6 * wall / rounds, 1)}
+            row = {"method": method, "raw_calls": raw, "rounds": rounds,
+                   "wall_us_per_round": round(1e6 * wall / rounds, 1)}
             row.update({name: round(1e6 * sum(v) / rounds, 1) for name, v in costs.items()})
             print(json.dumps(row), flush=True)
     finally:

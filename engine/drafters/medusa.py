@@ -175,6 +175,7 @@ class MedusaDrafter(Drafter):
         # the row whose draft the next round takes once the outcome is known
         self.early = None
         self.early_row = None
+        self.early_is_row = False  # early is [1, N], the accepted row's already (a round graph's replay)
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
         self.last_feature = self.early = self.early_row = None
@@ -185,11 +186,15 @@ class MedusaDrafter(Drafter):
         if not EARLY_HEADS:
             return
         tree, flat_index, _ = self._tree(*self._shape(state.config.k), state.device)
+        self.early_is_row = False
         self.early = medusa_draft_rows(self.target, self.heads, features, tree, flat_index, state.vocab_size)
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.last_feature = commit.last_feature
-        self.early_row = commit.accepted_rows[-1] if self.early is not None else None
+        if self.early is None:
+            self.early_row = None
+        else:
+            self.early_row = 0 if self.early_is_row else commit.accepted_rows[-1]
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = self.last_feature
@@ -221,7 +226,8 @@ class MedusaDrafter(Drafter):
                                   width, warp)
 
     def replayed(self, graph) -> None:
-        self.early = graph.early  # the drafts from the replayed block's rows, for a round launched apart
+        # the drafts from the replayed block's accepted row (or from all its rows), for a round launched apart
+        self.early, self.early_is_row = graph.early, graph.row_heads
 
     def _shape(self, k: int) -> tuple:
         """(nodes, heads) of the tree for K = k."""
