@@ -70,13 +70,13 @@ def report(label: str, table: dict, methods: list) -> None:
     for raw in (False, True):
         plain = table[("none", raw)] if ("none", raw) in table else None
         for method in methods:
-            totals, tokens, wall = table[(method, raw)]
-            row = {"pass": label, "method": method, "raw_calls": raw, "tokens_per_s": round(totals.tokens_per_s, 1),
-                   "wall_tokens_per_s": round(tokens / wall, 1),
+            totals, tokens, seconds = table[(method, raw)]
+            row = {"pass": label, "method": method, "raw_calls": raw,
+                   "tokens_per_s": round(totals.tokens_per_s, 1), "wall_tokens_per_s": round(tokens / seconds, 1),
                    "tokens_per_forward": round(totals.tokens_per_forward, 3)}
             if plain is not None:
                 row["speedup"] = round(totals.tokens_per_s / plain[0].tokens_per_s, 3)
-                row["wall_speedup"] = round((tokens / wall) / (plain[1] / plain[2]), 3)
+                row["wall_speedup"] = round((tokens / seconds) / (plain[1] / plain[2]), 3)
             print(json.dumps(row), flush=True)
 
 
