@@ -72,7 +72,8 @@ def report(label: str, table: dict, methods: list) -> None:
         for method in methods:
             totals, tokens, seconds = table[(method, raw)]
             row = {"pass": label, "method": method, "raw_calls": raw,
-                   "tokens_per_s": round(totals.tokens_per_s, 1), "wall_tokens_per_s": round(tokens / seconds, 1),
+                   "tokens_per_s": round(totals.tokens_per_s, 1),
+                   "wall_tokens_per_s": round(tokens / seconds, 1),
                    "tokens_per_forward": round(totals.tokens_per_forward, 3)}
             if plain is not None:
                 row["speedup"] = round(totals.tokens_per_s / plain[0].tokens_per_s, 3)
