@@ -37,6 +37,7 @@ import torch
 from kernels.backend import ModuleBackend
 from kernels.launch_spec import (
     BLOCK,
+    LOADS_AHEAD,
     MAX_N,
     MAX_V,
     NULL,
@@ -64,7 +65,7 @@ if not _available:
 log = logging.getLogger(__name__)
 
 EAGER_NAN_CHECK = False
-_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_BLOCK={BLOCK}")
+_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_BLOCK={BLOCK}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}")
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 _TEMPLATES = [f"{spec.name}<{t}>" for spec in SPECS.values() if spec.templated for t in _DTYPES.values()]
 _NAMES = _TEMPLATES + [spec.name for spec in SPECS.values() if not spec.templated]

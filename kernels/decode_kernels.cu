@@ -746,15 +746,26 @@ __global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int str
     const T* row = x + (long long)blockIdx.x * stride;
     unsigned long long best[SP_TOPK_MAX];  // this thread's best keys, descending
     int have = 0;
-    for (int c = tid; c < C; c += blockDim.x) {
-        unsigned long long key = sp_topk_key(to_f(row[c]), c);
-        if (have == k && key <= best[k - 1]) continue;
-        int pos = have < k ? have++ : k - 1;
-        while (pos > 0 && best[pos - 1] < key) {
-            best[pos] = best[pos - 1];
-            pos--;
+    for (int base = tid; base < C; base += SP_LOADS_AHEAD * blockDim.x) {
+        float ahead[SP_LOADS_AHEAD];
+#pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; u++) {
+            int c = base + u * blockDim.x;
+            ahead[u] = c < C ? to_f(row[c]) : 0.f;
         }
-        best[pos] = key;
+#pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; u++) {
+            int c = base + u * blockDim.x;
+            if (c >= C) break;
+            unsigned long long key = sp_topk_key(ahead[u], c);
+            if (have == k && key <= best[k - 1]) continue;
+            int pos = have < k ? have++ : k - 1;
+            while (pos > 0 && best[pos - 1] < key) {
+                best[pos] = best[pos - 1];
+                pos--;
+            }
+            best[pos] = key;
+        }
     }
     int head = 0;  // this thread's next key
     for (int r = 0; r < k; r++) {

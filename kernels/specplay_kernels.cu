@@ -1118,15 +1118,24 @@ sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const
     int bi[SP_READ_MAX_W];
     #pragma unroll
     for (int h = 0; h < SP_READ_MAX_W; ++h) { bv[h] = neg_inf(); bi[h] = SP_INT_MAX; }
-    for (int j = tid; j < V; j += SP_BLOCK) {  // ids rise: a tie keeps the earlier id in front
-        float v = to_f(row[j]) * inv_t;
-        if (v > bv[SP_READ_MAX_W - 1]) {
-            int i = j;
-            #pragma unroll
-            for (int h = 0; h < SP_READ_MAX_W; ++h) {
-                if (v > bv[h]) {
-                    const float tv = bv[h]; const int ti = bi[h];
-                    bv[h] = v; bi[h] = i; v = tv; i = ti;
+    for (int base = tid; base < V; base += SP_LOADS_AHEAD * SP_BLOCK) {  // ids rise: a tie keeps the earlier
+        float ahead[SP_LOADS_AHEAD];                                      // id in front
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
+            const int j = base + u * SP_BLOCK;
+            ahead[u] = j < V ? to_f(row[j]) * inv_t : neg_inf();  // -inf never enters
+        }
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
+            float v = ahead[u];
+            if (v > bv[SP_READ_MAX_W - 1]) {
+                int i = base + u * SP_BLOCK;
+                #pragma unroll
+                for (int h = 0; h < SP_READ_MAX_W; ++h) {
+                    if (v > bv[h]) {
+                        const float tv = bv[h]; const int ti = bi[h];
+                        bv[h] = v; bi[h] = i; v = tv; i = ti;
+                    }
                 }
             }
         }

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.launch_spec import KernelSpec, parse_kernels
+from kernels.launch_spec import LOADS_AHEAD, KernelSpec, parse_kernels
 from kernels.pdl import PdlLauncher
 
 _HERE = pathlib.Path(__file__).parent
@@ -137,7 +137,7 @@ def module_source() -> str:
 
 
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
-                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}")
+                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
