@@ -40,7 +40,7 @@ ENGINE_TESTS="tests/test_engine_gpu.py tests/test_drafters_gpu.py tests/test_bat
 has() { [[ " $PART " == *" $1 "* ]]; }
 nvidia-smi -L
 if has tests; then
-  SPECPLAY_FUZZ_CASES=10000 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
+  SPECPLAY_FUZZ_CASES=10000 timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
 if has tests-pdl; then
