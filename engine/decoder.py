@@ -33,6 +33,9 @@ QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
 # SPECPLAY_PLAIN_ROUND_GRAPHS=0 queues plain decoding's rounds as launched rounds, not replays of its step
 PLAIN_ROUND_GRAPHS = os.environ.get("SPECPLAY_PLAIN_ROUND_GRAPHS", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
+# the target's decode steps captured at warm-up: blocks of 1..17 rows (a round of K <= 16, a tree of 16);
+# SPECPLAY_WARM_STEPS=0 leaves them to the rounds that first meet them, for comparisons
+WARM_STEP_ROWS = 17 if os.environ.get("SPECPLAY_WARM_STEPS", "1") != "0" else 0
 
 
 @dataclass
@@ -181,7 +184,8 @@ class SpeculativeDecoder:
         """The one-off work, before the first prompt: the backend's kernels, and on CUDA a prefill of each
         bucket (LlamaRunner.warm_up_buckets) on the target and the draft model, so that a first prefill finds
         its captured step and cuBLAS's choices made (a first prefill of 27 tokens: 20 ms unpadded and cold,
-        1.6 ms padded and warmed, 1B shape, bf16, H200). A no-op on the CPU."""
+        1.6 ms padded and warmed, 1B shape, bf16, H200), and the target's decode steps of every block size a
+        round of K <= 16 may verify (LlamaRunner.warm_up_steps). A no-op on the CPU."""
         self.backend.warm_up()
         if self.device.type != "cuda":
             return
@@ -191,6 +195,8 @@ class SpeculativeDecoder:
             for runner in (self.target, self.pair.draft):
                 if isinstance(runner, LlamaRunner):
                     runner.warm_up_buckets()
+            if isinstance(self.target, LlamaRunner) and WARM_STEP_ROWS:
+                self.target.warm_up_steps(WARM_STEP_ROWS)
 
     def set_cuda_graphs(self, enabled: bool) -> None:
         """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU), or run eagerly."""

@@ -559,6 +559,19 @@ class LlamaRunner(CausalRunner):
             self.forward(torch.zeros(rows, dtype=torch.long, device=self.device))  # [rows] token 0
         self.reset()
 
+    def warm_up_steps(self, max_rows: int) -> None:
+        """The captured decode steps of 1..max_rows rows, captured before the first prompt: a round's block
+        is the last token and its draft, so n-gram's first rounds (a draft of 0..K tokens) and the trees
+        meet sizes the warm-up generation of a method may not have, and each new size would be captured
+        inside a measured round. The cache is left reset. Does nothing without graphs or decode kernels."""
+        if not (self.use_graphs and self._decode_path(1)):
+            return
+        self.reset()
+        self.forward(torch.zeros(1, dtype=torch.long, device=self.device))  # a committed row: start 1
+        for rows in range(1, min(max_rows, DECODE_ROWS, GRAPH_MAX_BLOCK, self.max_length - 1) + 1):
+            self._captured_step(rows, self._length)
+        self.reset()
+
     # a drafter may hand forward a tree block built on the device (Draft.tree_block)
     takes_device_trees = True
 

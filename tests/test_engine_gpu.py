@@ -391,3 +391,18 @@ def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypat
                                   sampling=SamplingParams(temperature, 0, 1.0))
         decoder.generate_ids(PROMPT, config)
     assert made_while_capturing and not any(made_while_capturing)
+
+
+def test_warm_up_captures_every_round_block_size(tmp_path):
+    """The target's decode steps of 1..17 rows are captured at warm-up, so that no round of n-gram (a draft
+    of any length up to K) captures one inside a generation."""
+    target = make_tiny_llama(tmp_path / "target", vocab=96, hidden=64, layers=2, seed=0, std=0.15)
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cuda", need_draft=False,
+                                           dtype=torch.bfloat16))
+    decoder.warm_up()
+    steps = decoder.target._graphs
+    assert set(range(1, 18)) <= {key[0] for key in steps if key[1] == 0}
+    captured = len(steps)
+    for _ in decoder.generate(PROMPT, GenerationConfig(method="ngram", k=8, max_new_tokens=40)):
+        pass
+    assert len(steps) == captured
