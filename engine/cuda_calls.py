@@ -54,7 +54,10 @@ class StreamCalls:
     def __init__(self, stream: torch.cuda.Stream):
         self.stream = stream
         self.handle = stream.cuda_stream
-        self.runtime = _runtime() if RAW_CALLS else None
+        # the runtime's calls go to the thread's current device: a stream of another one keeps torch's calls,
+        # which set the device first
+        same_device = stream.device.index == torch.cuda.current_device()
+        self.runtime = _runtime() if RAW_CALLS and same_device else None
         self._events: list = []
         self._next = 0
         if self.runtime is not None:  # the events go with the calls

@@ -28,7 +28,8 @@
 #             (none,draft,eagle,eagle3,medusa) with them off and on
 #   round-replay  scripts/round_replay_probe.py: each method's round graph replayed back to back on the GPU,
 #             this build's round changes off and on, interleaved (REPLAY_METHODS picks the methods)
-#   host-cost scripts/host_cost_probe.py: each host step of a round, timed apart (HOST_COST_METHODS)
+#   host-cost scripts/host_cost_probe.py: each host step of a round, timed apart (HOST_COST_METHODS;
+#             HOST_COST_ARGS=--raw-ab: torch's CUDA calls, then the raw ones, per method)
 #   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
 #             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
 #             EAGLE trees' round graphs off and on
