@@ -62,7 +62,9 @@ class StreamCalls:
         self._next = 0
         if self.runtime is not None:  # the events go with the calls
             weakref.finalize(self, _destroy_events, self.runtime, self._events)
-        self._graph_execs: dict = {}  # id(graph) -> (graph, its cudaGraphExec_t), None where torch has none
+        # id(graph) -> (graph, its cudaGraphExec_t or None where torch gives none); the graph is held, so its
+        # id is never another's
+        self._graph_execs: dict = {}
 
     @property
     def raw(self) -> bool:
@@ -95,14 +97,15 @@ class StreamCalls:
         """Replay a captured graph on the stream. The raw launch skips torch's replay prologue, which only
         advances the offsets of torch's device generators: the round's graphs draw no random numbers on
         the device (their uniforms come from the run's CPU generator, copied in)."""
-        execs = self._graph_execs.get(id(graph))
-        if execs is None or execs[0] is not graph:
-            execs = self._graph_execs[id(graph)] = (graph, self._graph_exec(graph))
-        if execs[1] is None:
+        held = self._graph_execs.get(id(graph))
+        if held is None:
+            held = self._graph_execs[id(graph)] = (graph, self._graph_exec(graph))
+        handle = held[1]
+        if handle is None:
             with torch.cuda.stream(self.stream):
                 graph.replay()
             return
-        self.runtime.graphLaunch(execs[1], self.handle)
+        self.runtime.graphLaunch(handle, self.handle)
 
     def _graph_exec(self, graph: torch.cuda.CUDAGraph) -> Optional[int]:
         if self.runtime is None or not hasattr(graph, "raw_cuda_graph_exec"):
