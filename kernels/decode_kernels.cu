@@ -108,6 +108,10 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // whatever the grid, and the warp's reduction is a fixed butterfly: row m's result depends on row m alone.
 // K % 8 == 0, weight rows and x rows 16-byte aligned.
 #define SP_GEMV_STAGE 20480  // values of T staged per block: 40 KB
+#ifndef SP_GEMV_SCATTER
+#define SP_GEMV_SCATTER 1  // blocks of rows reduce their sums together (dk_reduce_rows; kernels/step.py passes its own)
+#endif
+
 
 template <typename T>
 __device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, int row, int seg, int lane) {
@@ -157,37 +161,142 @@ __device__ __forceinline__ void dk_gemv_fma(const uint4* w, const uint4* staged,
     }
 }
 
+// Rows of a verification block reduce their sums together (SP_GEMV_SCATTER): the M sums (padded to P, a
+// power of two) halve at each of the butterfly's first log2(P) steps, each lane keeping half and sending
+// its partner the other half, so a warp shuffles P - 1 + 5 - log2(P) times, not 5 M. Every sum still adds
+// the same pairs in the same order as dk_warp_sum's butterfly (lane L: its own partial + lane L ^ o's), so
+// each row's bits are those of the one-row kernel. Row m ends on lanes m << SHIFT .. (m << SHIFT) + 2^SHIFT - 1.
+template <int M>
+struct dk_rows {
+    static constexpr int P = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
+    static constexpr int SHIFT = P == 1 ? 0 : P == 2 ? 4 : P == 4 ? 3 : P == 8 ? 2 : 1;
+};
+
+template <int M>
+__device__ __forceinline__ float dk_reduce_rows(const float* acc, int lane) {
+    constexpr int P = dk_rows<M>::P;
+    float v[P];  // the padding's zeros are constants, not registers
+#pragma unroll
+    for (int m = 0; m < P; m++) v[m] = m < M ? acc[m] : 0.f;
+    int count = P;  // sums left on this lane
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (count > 1) {
+            int half = count >> 1;
+            bool upper = (lane & o) != 0;  // keeps the upper half of the sums it holds
+#pragma unroll
+            for (int j = 0; j < P / 2; j++) {
+                if (j < half) {
+                    float send = upper ? v[j] : v[half + j];
+                    float keep = upper ? v[half + j] : v[j];
+                    v[j] = keep + __shfl_xor_sync(SP_FULL_MASK, send, o);
+                }
+            }
+            count = half;
+        } else {
+            v[0] += __shfl_xor_sync(SP_FULL_MASK, v[0], o);
+        }
+    }
+    return v[0];
+}
+
 // A row's epilogue inputs, read one work item before its store so that the store does not wait on memory:
-// lane m < M takes output row m's residual and the row's bias (as floats; 0 where absent).
-template <typename T, int M>
-__device__ __forceinline__ void dk_gemv_preload(const T* bias, const T* residual, int row, int N, int lane,
-                                                float* res, float* bias_f) {
-    if (lane < M) {
+// the lane that stores output row m (see dk_gemv_store) takes its residual and the row's bias (as floats; 0
+// where absent).
+template <typename T>
+__device__ __forceinline__ void dk_gemv_preload(const T* bias, const T* residual, int row, int N, int m,
+                                                bool storer, float* res, float* bias_f) {
+    if (storer) {
         *bias_f = bias != nullptr ? to_f(bias[row]) : 0.f;
-        *res = residual != nullptr ? to_f(residual[(long long)lane * N + row]) : 0.f;
+        *res = residual != nullptr ? to_f(residual[(long long)m * N + row]) : 0.f;
     }
 }
 
-// The warp's sums (a fixed butterfly: every lane ends with all M), then lane m stores output row m.
+// The warp's sums: a fixed butterfly per row (every lane ends with all M, lane m stores output row m), or
+// dk_reduce_rows's (scatter: output row m = lane >> shift). The same bits either way.
 template <typename T, int M>
-__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, bool has_bias, bool has_residual,
-                                              float res, float bias_f, void* out, int N, int out_f32) {
+__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, int m_out, bool storer,
+                                              bool scatter, bool has_bias, bool has_residual, float res,
+                                              float bias_f, void* out, int N, int out_f32) {
     float v = 0.f;
+    if (scatter) {
+        v = dk_reduce_rows<M>(acc, lane);
+    } else {
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        float t = dk_warp_sum(acc[m]);
-        if (m == lane) v = t;
-        acc[m] = 0.f;
+        for (int m = 0; m < M; m++) {
+            float t = dk_warp_sum(acc[m]);
+            if (m == lane) v = t;
+        }
     }
-    if (lane < M) {
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+    if (storer) {
         if (has_bias) {
             v += bias_f;
             if (has_residual) v = to_f(rnd<T>(v));
         }
         if (has_residual) v += res;
         T r = rnd<T>(v);
-        if (out_f32) reinterpret_cast<float*>(out)[(long long)lane * N + row] = to_f(r);
-        else reinterpret_cast<T*>(out)[(long long)lane * N + row] = r;
+        if (out_f32) reinterpret_cast<float*>(out)[(long long)m_out * N + row] = to_f(r);
+        else reinterpret_cast<T*>(out)[(long long)m_out * N + row] = r;
+    }
+}
+
+// The warp's state between work items (row, segment): the accumulators, and the epilogue inputs of the row
+// being multiplied and of the next one.
+template <int M>
+struct dk_gemv_walk {
+    float acc[M];
+    float res, bias_f, res_next, bias_next;
+    int row, seg, m_out;
+    bool storer;
+};
+
+// One work item: the next item's loads (and, when it starts a row, that row's residual and bias) go into
+// `next` while the item in `now` is multiplied; a row's last segment stores it. Returns false past the
+// warp's last row. (Called with the two buffers in turn, so that each call's registers are fixed.)
+template <typename T, int M>
+__device__ __forceinline__ bool dk_gemv_item(dk_gemv_walk<M>& s, const uint4* now, uint4* next,
+                                             const uint4* staged, const T* weight, const T* bias,
+                                             const T* residual, void* out, int K, int N, int segs, int stride,
+                                             int lane, bool scatter, int out_f32) {
+    int next_row = s.seg + 1 < segs ? s.row : s.row + stride, next_seg = s.seg + 1 < segs ? s.seg + 1 : 0;
+    if (next_row < N) {
+        dk_gemv_load<T>(next, weight, K, next_row, next_seg, lane);
+        if (next_seg == 0) dk_gemv_preload<T>(bias, residual, next_row, N, s.m_out, s.storer, &s.res_next,
+                                              &s.bias_next);
+    }
+    dk_gemv_fma<T, M>(now, staged, K, s.seg, lane, s.acc);
+    if (s.seg == segs - 1) {
+        dk_gemv_store<T, M>(s.acc, s.row, lane, s.m_out, s.storer, scatter, bias != nullptr, residual != nullptr,
+                            s.res, s.bias_f, out, N, out_f32);
+        s.res = s.res_next;
+        s.bias_f = s.bias_next;
+    }
+    s.row = next_row;
+    s.seg = next_seg;
+    return s.row < N;
+}
+
+// The warp's work items in order, from its first row (whose first segment's loads are in wa).
+template <typename T, int M>
+__device__ __forceinline__ void dk_gemv_rows(const uint4* staged, uint4* wa, uint4* wb, const T* weight,
+                                             const T* bias, const T* residual, void* out, int K, int N,
+                                             int row, int stride, int lane, bool scatter, int out_f32) {
+    int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
+    dk_gemv_walk<M> s;
+#pragma unroll
+    for (int m = 0; m < M; m++) s.acc[m] = 0.f;
+    s.res = s.bias_f = s.res_next = s.bias_next = 0.f;
+    s.row = row;
+    s.seg = 0;
+    s.m_out = scatter ? lane >> dk_rows<M>::SHIFT : lane;  // the output row this lane stores
+    s.storer = s.m_out < M && (!scatter || (lane & ((1 << dk_rows<M>::SHIFT) - 1)) == 0);
+    dk_gemv_preload<T>(bias, residual, row, N, s.m_out, s.storer, &s.res, &s.bias_f);
+    while (dk_gemv_item<T, M>(s, wa, wb, staged, weight, bias, residual, out, K, N, segs, stride, lane,
+                                   scatter, out_f32) &&
+           dk_gemv_item<T, M>(s, wb, wa, staged, weight, bias, residual, out, K, N, segs, stride, lane,
+                                   scatter, out_f32)) {
     }
 }
 
@@ -200,15 +309,14 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
     int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
     int row = blockIdx.x * SP_GEMV_WARPS + warp;
-    int end = N;  // the warp's rows stop here
+    bool scatter = M > 1 && SP_GEMV_SCATTER;
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
     sp_let_next_start();
-    if (row < end) {
+    if (row < N) {
         dk_gemv_load<T>(wa, weight, K, row, 0, lane);
-        dk_gemv_prefetch<T>(weight, K, end, row, stride, lane, prefetch_bytes);
+        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
     }
     sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
 
@@ -244,75 +352,32 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     const uint4* embed_v = reinterpret_cast<const uint4*>(embed);
     for (int idx = tid; idx < M * chunks; idx += blockDim.x) {
         int m = idx / chunks, c = idx - m * chunks;
-        if (mode == 3) {  // a feature's chunks, then its next token's embedding's
+        float f[8], g[8];
+        if (mode == 0 || mode == 3) {  // mode 3: a feature's chunks, then its next token's embedding's
             int half = chunks / 2;
-            staged[idx] = c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
-            continue;
-        }
-        uint4 raw = xv[m * vec_stride + c];
-        if (mode == 0) {
+            uint4 raw = mode == 0 || c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
             staged[idx] = raw;
             continue;
-        }
-        float f[8], g[8];
-        dk_unpack8<T>(raw, f);
-        if (mode == 1) {
-            dk_unpack8<T>(norm_v[c], g);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
         } else {
-            dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
+            dk_unpack8<T>(xv[m * vec_stride + c], f);
+            if (mode == 1) {
+                dk_unpack8<T>(norm_v[c], g);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
-                f[j] = to_f(rnd<T>(silu * g[j]));
+                for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
+            } else {
+                dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
+                    f[j] = to_f(rnd<T>(silu * g[j]));
+                }
             }
         }
         staged[idx] = dk_pack8<T>(f);
     }
     __syncthreads();
-    if (row >= end) return;
-
-    // Work items (row, segment) in order; the loads of item t + 1 (and, when it starts a row, that row's
-    // residual and bias) are in flight while item t is multiplied.
-    float acc[M];
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = 0.f;
-    bool has_bias = bias != nullptr, has_residual = residual != nullptr;
-    float res = 0.f, bias_f = 0.f, res_next = 0.f, bias_next = 0.f;
-    dk_gemv_preload<T, M>(bias, residual, row, N, lane, &res, &bias_f);
-    int seg = 0;
-    while (true) {
-        int next_row = seg + 1 < segs ? row : row + stride, next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < end) {
-            dk_gemv_load<T>(wb, weight, K, next_row, next_seg, lane);
-            if (next_seg == 0) dk_gemv_preload<T, M>(bias, residual, next_row, N, lane, &res_next, &bias_next);
-        }
-        dk_gemv_fma<T, M>(wa, staged, K, seg, lane, acc);
-        if (seg == segs - 1) {
-            dk_gemv_store<T, M>(acc, row, lane, has_bias, has_residual, res, bias_f, out, N, out_f32);
-            res = res_next;
-            bias_f = bias_next;
-        }
-        row = next_row;
-        seg = next_seg;
-        if (row >= end) break;
-        next_row = seg + 1 < segs ? row : row + stride;
-        next_seg = seg + 1 < segs ? seg + 1 : 0;
-        if (next_row < end) {
-            dk_gemv_load<T>(wa, weight, K, next_row, next_seg, lane);
-            if (next_seg == 0) dk_gemv_preload<T, M>(bias, residual, next_row, N, lane, &res_next, &bias_next);
-        }
-        dk_gemv_fma<T, M>(wb, staged, K, seg, lane, acc);
-        if (seg == segs - 1) {
-            dk_gemv_store<T, M>(acc, row, lane, has_bias, has_residual, res, bias_f, out, N, out_f32);
-            res = res_next;
-            bias_f = bias_next;
-        }
-        row = next_row;
-        seg = next_seg;
-        if (row >= end) break;
-    }
+    if (row >= N) return;
+    dk_gemv_rows<T, M>(staged, wa, wb, weight, bias, residual, out, K, N, row, stride, lane, scatter, out_f32);
 }
 
 // A decode block's attention is a few chunks of 32 cache rows, so its time is memory round trips, not bytes:

@@ -48,6 +48,9 @@ GEMV_BLOCKS_PER_SM = int(os.environ.get("SPECPLAY_GEMV_BLOCKS", "2"))
 # blocks per SM a launch's grid holds (default: as many as the launch bounds let reside); SPECPLAY_GEMV_GRID=1
 # leaves room on every SM for the next kernel's blocks to start while this one finishes (for comparisons)
 GEMV_GRID_PER_SM = int(os.environ.get("SPECPLAY_GEMV_GRID", str(GEMV_BLOCKS_PER_SM)))
+# a block of 2 rows or more reduces its rows' sums together in sp_gemv (SP_GEMV_SCATTER: dk_reduce_rows, the
+# same bits as one row's); SPECPLAY_GEMV_SCATTER=0 builds it reducing each row alone, for comparisons
+GEMV_SCATTER = os.environ.get("SPECPLAY_GEMV_SCATTER", "1") != "0"
 # the attention kernels ask L2 for a chunk's rows before they read them (SP_ATTN_PREFETCH);
 # SPECPLAY_ATTN_PREFETCH=0 builds them without, for comparisons (the same bits either way)
 ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
@@ -137,7 +140,8 @@ def module_source() -> str:
 
 
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
-                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}")
+                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}",
+                   f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
