@@ -112,7 +112,6 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 #define SP_GEMV_SCATTER 1  // blocks of rows reduce their sums together (dk_reduce_rows; kernels/step.py passes its own)
 #endif
 
-
 template <typename T>
 __device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, int row, int seg, int lane) {
     const uint4* p = reinterpret_cast<const uint4*>(weight + (long long)row * K) + seg * (SP_GEMV_TILE / 8);
@@ -352,25 +351,28 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     const uint4* embed_v = reinterpret_cast<const uint4*>(embed);
     for (int idx = tid; idx < M * chunks; idx += blockDim.x) {
         int m = idx / chunks, c = idx - m * chunks;
-        float f[8], g[8];
-        if (mode == 0 || mode == 3) {  // mode 3: a feature's chunks, then its next token's embedding's
+        if (mode == 3) {  // a feature's chunks, then its next token's embedding's
             int half = chunks / 2;
-            uint4 raw = mode == 0 || c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
+            staged[idx] = c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
+            continue;
+        }
+        uint4 raw = xv[m * vec_stride + c];
+        if (mode == 0) {
             staged[idx] = raw;
             continue;
+        }
+        float f[8], g[8];
+        dk_unpack8<T>(raw, f);
+        if (mode == 1) {
+            dk_unpack8<T>(norm_v[c], g);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
         } else {
-            dk_unpack8<T>(xv[m * vec_stride + c], f);
-            if (mode == 1) {
-                dk_unpack8<T>(norm_v[c], g);
+            dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
 #pragma unroll
-                for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
-            } else {
-                dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
-                    f[j] = to_f(rnd<T>(silu * g[j]));
-                }
+            for (int j = 0; j < 8; j++) {
+                float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
+                f[j] = to_f(rnd<T>(silu * g[j]));
             }
         }
         staged[idx] = dk_pack8<T>(f);
