@@ -299,26 +299,173 @@ __device__ __forceinline__ void dk_gemv_rows(const uint4* staged, uint4* wa, uin
     }
 }
 
-template <typename T, int M>
-__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
-                                                  const T* bias, const T* residual, void* out, int K, int N,
-                                                  int x_stride, int mode, float eps, int out_f32,
-                                                  int prefetch_bytes, const T* embed, const long long* tokens) {
-    __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
-    __shared__ float partial[SP_GEMV_WARPS][M];
-    __shared__ float row_scale[M];
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
-    int row = blockIdx.x * SP_GEMV_WARPS + warp;
-    bool scatter = M > 1 && SP_GEMV_SCATTER;
-    uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
-    sp_let_next_start();
-    if (row < N) {
-        dk_gemv_load<T>(wa, weight, K, row, 0, lane);
-        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
-    }
-    sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
+// ---- sp_gemv_tc: sp_gemv on the tensor cores (sm_80 on) ----
+// The block's M rows are the 16 rows of an m16n8k16 product's A (rows from M on are zeros), and 8 weight rows
+// (a "unit", rows 8u .. 8u + 7) its 8 columns, so every M up to 16 costs one product per 16 k. Lane (g, t)
+// (g = lane / 4, t = lane % 4) loads 16 bytes of weight row 8u + g at k = 32 kb + 8 t .. + 7 and the same
+// columns of staged rows g and g + 8; a dot product may take its k in any order as long as both operands take
+// the same, so those 8 values fill the fragment slots of t (k 2t, 2t + 1, 2t + 8, 2t + 9) of two products.
+// The 8 warps of a block split a unit's k-blocks (warp w takes kb = w, w + 8, ...) and their sums are added in
+// warp order through shared memory. Which rows a block holds changes no product's output for another row (the
+// tensor cores reduce each output on its own) and nothing in the k order or the warp split depends on M, so
+// row m's result depends on row m alone, as in the scalar kernel: one-token steps and verification blocks
+// give the same bits. Weights are loaded 8 k-blocks a batch, the next batch (or the next unit's first)
+// issued before the current one is multiplied.
+__device__ __forceinline__ void dk_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, bf16_t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void dk_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, f16_t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
 
+// Batches of 8 k-blocks a warp walks in each unit (at least 1: a warp without k-blocks still meets the
+// block's reduction).
+__device__ __forceinline__ int dk_tc_batches(int K, int warp) {
+    int kbs = (K + 31) / 32;
+    int mine = warp < kbs ? (kbs - warp + SP_GEMV_WARPS - 1) / SP_GEMV_WARPS : 0;
+    return max(1, (mine + 7) / 8);
+}
+
+template <typename T>
+__device__ __forceinline__ void dk_tc_load(uint4* w, const T* weight, int K, int N, int unit, int batch,
+                                           int warp, int lane) {
+    int row = unit * 8 + (lane >> 2), t = lane & 3, chunks = K / 8;
+    const uint4* p = reinterpret_cast<const uint4*>(weight + (long long)row * K);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int c = (warp + SP_GEMV_WARPS * (8 * batch + j)) * 4 + t;
+        w[j] = row < N && c < chunks ? dk_load_stream(p + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void dk_tc_fma(const uint4* w, const uint4* staged, int K, int batch, int warp,
+                                          int lane, float* d) {
+    int g = lane >> 2, t = lane & 3, chunks = K / 8, kbs = (K + 31) / 32;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int kb = warp + SP_GEMV_WARPS * (8 * batch + j);
+        if (kb >= kbs) break;  // the same for the whole warp
+        int c = kb * 4 + t;
+        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;  // staged rows g and g + 8
+        if (c < chunks) {
+            if (g < M) lo = staged[g * chunks + c];
+            if (M > 8 && g + 8 < M) hi = staged[(g + 8) * chunks + c];
+        }
+        dk_mma(d, lo.x, hi.x, lo.y, hi.y, w[j].x, w[j].y, T());
+        dk_mma(d, lo.z, hi.z, lo.w, hi.w, w[j].z, w[j].w, T());
+    }
+}
+
+// Fragment values a lane reduces through shared memory (rows g + 8 exist only past 8 rows), and how many
+// reduction buffers fit beside the staging (48 KB of static shared memory: two buffers, one barrier a unit, up
+// to 8 rows; one buffer and a second barrier past them).
+template <int M>
+struct dk_tc_red {
+    static constexpr int V = M <= 8 ? 2 : 4;
+    static constexpr int BUFS = M <= 8 ? 2 : 1;
+};
+
+// The unit's sums, warp by warp in order, and its outputs: thread e < 32 V takes the fragment value e % V of
+// lane e / V, i.e. output row m = g + 8 (e % V / 2) and weight row 8 unit + 2 t + e % 2. The epilogue is the
+// scalar kernel's (dk_gemv_store): bias rounded like F.linear's, the residual added like addmm.
+template <typename T, int M>
+__device__ __forceinline__ void dk_tc_store(float* d, float (*red)[32 * dk_tc_red<M>::V], int unit,
+                                            const T* bias, const T* residual, void* out, int N, int warp,
+                                            int lane, int out_f32) {
+    constexpr int V = dk_tc_red<M>::V;
+    int e = threadIdx.x, el = e / V, i = e % V;
+    int m = (el >> 2) + 8 * (i >> 1), n = unit * 8 + 2 * (el & 3) + (i & 1);
+    bool storer = e < 32 * V && m < M && n < N;
+    float res = 0.f, bias_f = 0.f;
+    if (storer) {
+        if (bias != nullptr) bias_f = to_f(bias[n]);
+        if (residual != nullptr) res = to_f(residual[(long long)m * N + n]);
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) red[warp][lane * V + k] = d[k];
+    __syncthreads();
+    if (storer) {
+        float v = red[0][e];
+#pragma unroll
+        for (int w = 1; w < SP_GEMV_WARPS; w++) v += red[w][e];
+        if (bias != nullptr) {
+            v += bias_f;
+            if (residual != nullptr) v = to_f(rnd<T>(v));
+        }
+        if (residual != nullptr) v += res;
+        T r = rnd<T>(v);
+        if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + n] = to_f(r);
+        else reinterpret_cast<T*>(out)[(long long)m * N + n] = r;
+    }
+    if (dk_tc_red<M>::BUFS == 1) __syncthreads();  // the buffer is written again for the next unit
+#pragma unroll
+    for (int k = 0; k < 4; k++) d[k] = 0.f;
+}
+
+struct dk_tc_walk {
+    float d[4];
+    int unit, batch, parity;
+};
+
+// One batch: the next batch's loads into `next`, this one's products; a unit's last batch reduces and stores
+// it (through red's buffers in turn). Returns false past the last unit.
+template <typename T, int M>
+__device__ __forceinline__ bool dk_tc_item(dk_tc_walk& s, const uint4* now, uint4* next, const uint4* staged,
+                                           float (*red)[SP_GEMV_WARPS][32 * dk_tc_red<M>::V], const T* weight,
+                                           const T* bias,
+                                           const T* residual, void* out, int K, int N, int batches, int warp,
+                                           int lane, int out_f32) {
+    int units = (N + 7) / 8;
+    bool last = s.batch == batches - 1;
+    int next_unit = last ? s.unit + gridDim.x : s.unit, next_batch = last ? 0 : s.batch + 1;
+    if (next_unit < units) dk_tc_load<T>(next, weight, K, N, next_unit, next_batch, warp, lane);
+    dk_tc_fma<T, M>(now, staged, K, s.batch, warp, lane, s.d);
+    if (last) {
+        dk_tc_store<T, M>(s.d, red[s.parity], s.unit, bias, residual, out, N, warp, lane, out_f32);
+        s.parity = (s.parity + 1) % dk_tc_red<M>::BUFS;
+    }
+    s.unit = next_unit;
+    s.batch = next_batch;
+    return s.unit < units;
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void dk_tc_units(const uint4* staged, float (*red)[SP_GEMV_WARPS][32 * dk_tc_red<M>::V],
+                                            uint4* wa,
+                                            uint4* wb, const T* weight, const T* bias, const T* residual,
+                                            void* out, int K, int N, int warp, int lane, int out_f32) {
+    if (blockIdx.x >= (N + 7) / 8) return;  // (the whole block: the grid has at most one block a unit)
+    int batches = dk_tc_batches(K, warp);
+    dk_tc_walk s;
+#pragma unroll
+    for (int k = 0; k < 4; k++) s.d[k] = 0.f;
+    s.unit = blockIdx.x;
+    s.batch = 0;
+    s.parity = 0;
+    while (dk_tc_item<T, M>(s, wa, wb, staged, red, weight, bias, residual, out, K, N, batches, warp, lane,
+                            out_f32) &&
+           dk_tc_item<T, M>(s, wb, wa, staged, red, weight, bias, residual, out, K, N, batches, warp, lane,
+                            out_f32)) {
+    }
+}
+
+// Stages `in` [M, K] (see sp_gemv's modes) in shared memory, every thread of the block taking part.
+template <typename T, int M>
+__device__ __forceinline__ void dk_gemv_stage(uint4* staged, float (*partial)[M], float* row_scale, const T* x,
+                                              const T* norm_weight, int K, int x_stride, int mode, float eps,
+                                              const T* embed, const long long* tokens) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int chunks = K / 8, vec_stride = x_stride / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     if (mode == 1) {  // RMSNorm statistics over the whole row, in fp32
@@ -378,8 +525,50 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
         staged[idx] = dk_pack8<T>(f);
     }
     __syncthreads();
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
+                                                  const T* bias, const T* residual, void* out, int K, int N,
+                                                  int x_stride, int mode, float eps, int out_f32,
+                                                  int prefetch_bytes, const T* embed, const long long* tokens) {
+    __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
+    __shared__ float partial[SP_GEMV_WARPS][M];
+    __shared__ float row_scale[M];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
+    int row = blockIdx.x * SP_GEMV_WARPS + warp;
+    bool scatter = M > 1 && SP_GEMV_SCATTER;
+    uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
+    sp_let_next_start();
+    if (row < N) {
+        dk_gemv_load<T>(wa, weight, K, row, 0, lane);
+        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
+    }
+    sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
+    dk_gemv_stage<T, M>(staged, partial, row_scale, x, norm_weight, K, x_stride, mode, eps, embed, tokens);
     if (row >= N) return;
     dk_gemv_rows<T, M>(staged, wa, wb, weight, bias, residual, out, K, N, row, stride, lane, scatter, out_f32);
+}
+
+// sp_gemv's products on the tensor cores (the parameters and the staging are sp_gemv's; prefetch_bytes is
+// unused: the first batch's loads go out before the wait). The grid has at most one block a unit of 8 rows.
+template <typename T, int M>
+__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv_tc(const T* x, const T* norm_weight, const T* weight,
+                                                     const T* bias, const T* residual, void* out, int K, int N,
+                                                     int x_stride, int mode, float eps, int out_f32,
+                                                     int prefetch_bytes, const T* embed, const long long* tokens) {
+    __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
+    __shared__ float partial[SP_GEMV_WARPS][M];
+    __shared__ float row_scale[M];
+    __shared__ float red[dk_tc_red<M>::BUFS][SP_GEMV_WARPS][32 * dk_tc_red<M>::V];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint4 wa[8], wb[8];
+    sp_let_next_start();
+    if (blockIdx.x < (N + 7) / 8) dk_tc_load<T>(wa, weight, K, N, blockIdx.x, 0, warp, lane);
+    sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
+    dk_gemv_stage<T, M>(staged, partial, row_scale, x, norm_weight, K, x_stride, mode, eps, embed, tokens);
+    dk_tc_units<T, M>(staged, red, wa, wb, weight, bias, residual, out, K, N, warp, lane, out_f32);
 }
 
 // A decode block's attention is a few chunks of 32 cache rows, so its time is memory round trips, not bytes:

@@ -51,6 +51,15 @@ GEMV_GRID_PER_SM = int(os.environ.get("SPECPLAY_GEMV_GRID", str(GEMV_BLOCKS_PER_
 # a block of 2 rows or more reduces its rows' sums together in sp_gemv (SP_GEMV_SCATTER: dk_reduce_rows, the
 # same bits as one row's); SPECPLAY_GEMV_SCATTER=0 builds it reducing each row alone, for comparisons
 GEMV_SCATTER = os.environ.get("SPECPLAY_GEMV_SCATTER", "1") != "0"
+# Weights with rows shorter than this multiply on the tensor cores (sp_gemv_tc, sm_80 on: a block's rows are
+# the rows of m16n8k16 products, so 16 rows cost what one does, and the 8 warps of a block split each row):
+# sp_gemv's warp a row leaves most lanes idle on a row shorter than its 2048-column segment, and each further
+# row of a verification block adds its share of that work. Longer rows stream from memory faster in sp_gemv
+# (the 7B shape: 4.31 ms a token against 4.52 on the tensor cores, docs/measurements/
+# runtimes_synthetic_SPECPLAY_GEMV_TC_*.txt). The choice depends on the weight alone, never on the rows, so a
+# verification block's rows keep the bits of one-token steps. SPECPLAY_GEMV_TC_K=0 keeps every product on
+# sp_gemv (for comparisons).
+GEMV_TC_K = max(0, int(os.environ.get("SPECPLAY_GEMV_TC_K", "2048")))
 # the attention kernels ask L2 for a chunk's rows before they read them (SP_ATTN_PREFETCH);
 # SPECPLAY_ATTN_PREFETCH=0 builds them without, for comparisons (the same bits either way)
 ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
@@ -86,10 +95,11 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "int n, int heads, int kv_heads, int D, int cache_len", templated=True),
     KernelSpec("sp_silu_mul", "const T* gate_up, T* out, int n, int inter, int per_thread", templated=True),
     KernelSpec("sp_rms_norm", "const T* x, const T* weight, T* out, int H, float eps", templated=True),
-    KernelSpec("sp_gemv",
-               "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
-               "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, int prefetch_bytes, "
-               "const T* embed, const long long* tokens", templated=True),
+    *(KernelSpec(name,
+                 "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
+                 "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, "
+                 "int prefetch_bytes, const T* embed, const long long* tokens", templated=True)
+      for name in ("sp_gemv", "sp_gemv_tc")),
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
@@ -127,7 +137,8 @@ def instance_names() -> list:
     names = [f"{name}<{t}>" for name in ("sp_rope_qkv", "sp_silu_mul", "sp_rms_norm")
              for t in _DTYPES.values()]
     halves = [_DTYPES[d] for d in HALF_DTYPES]
-    names += [f"sp_gemv<{t}, {m}>" for t in halves for m in range(1, GEMV_MAX_ROWS + 1)]
+    names += [f"{kernel}<{t}, {m}>" for kernel in ("sp_gemv", "sp_gemv_tc") for t in halves
+              for m in range(1, GEMV_MAX_ROWS + 1)]
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
@@ -281,6 +292,7 @@ class StepKernels:
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
         properties = torch.cuda.get_device_properties(device)
         self._gemv_blocks = GEMV_GRID_PER_SM * properties.multi_processor_count  # every block resident
+        self.tensor_cores = properties.major >= 8  # sp_gemv_tc's m16n8k16 products
         # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
         # sp_attention's merge counters, zero between launches (each launch leaves them zero)
@@ -403,9 +415,10 @@ class StepKernels:
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
              silu: bool = False, out_f32: bool = False, chained: bool = False, embed=None,
-             tokens=None) -> torch.Tensor:
+             tokens=None, tensor_cores: Optional[bool] = None) -> torch.Tensor:
         """As gemv_reference, for M <= 16 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
-        when); with embed and tokens (int64 [M] on the device) K % 16 == 0."""
+        when); with embed and tokens (int64 [M] on the device) K % 16 == 0. tensor_cores: sp_gemv_tc or
+        sp_gemv (default: by the weight's row length, see GEMV_TC_K; tests force each)."""
         rows, (n_out, k) = x.shape[0], weight.shape
         width = 2 * k if silu else k // 2 if embed is not None else k
         if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != width:
@@ -423,7 +436,12 @@ class StepKernels:
                           else "rms_norm" if norm_weight is not None else "plain"]
         out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
         grid = (min((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK, self._gemv_blocks),)
-        self._launch_grid("sp_gemv", f"sp_gemv<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, chained,
+        if tensor_cores is None:
+            tensor_cores = k < GEMV_TC_K and self.tensor_cores
+        if tensor_cores and not self.tensor_cores:
+            raise ValueError("gemv: tensor-core products need sm_80 or later")
+        name = "sp_gemv_tc" if tensor_cores else "sp_gemv"
+        self._launch_grid(name, f"{name}<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, chained,
                           x=x.data_ptr(),
                           norm_weight=_pointer(norm_weight), weight=weight.data_ptr(), bias=_pointer(bias),
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],

@@ -22,20 +22,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPLAYS = 60  # rounds per timing (each appends up to K+1 rows to the caches: well inside the shipped 1024)
-# (module, constant, value) per setting: this build's round changes on, and off (Medusa's heads on the
-# accepted row only; the round kernels, the rope's start and the heads' fused product were measured off and
-# on before: docs/measurements/round_replay_gpu.txt)
+# (module, constant, value) per setting: this build's round change on (the defaults), and off: no weight
+# multiplied on the tensor cores (sp_gemv_tc). Medusa's heads on the accepted row only, the round kernels,
+# the rope's start, the heads' fused product and sp_gemv's rows reduced together were measured off and on
+# before (docs/measurements/round_replay_gpu*.txt, round_replay_scatter_*.txt).
 SETTINGS = {
     "on": (),
-    "off": (("engine.round_graph", "ROW_HEADS", False),),
+    "off": (("kernels.step", "GEMV_TC_K", 0),),
 }
+_DEFAULTS: dict = {}  # (module, constant) -> its value as imported
 
 
 def apply(setting: str) -> None:
     import importlib
 
     for module, name, _ in SETTINGS["off"]:
-        setattr(importlib.import_module(module), name, True)
+        loaded = importlib.import_module(module)
+        setattr(loaded, name, _DEFAULTS.setdefault((module, name), getattr(loaded, name)))
     for module, name, value in SETTINGS[setting]:
         setattr(importlib.import_module(module), name, value)
 

@@ -169,11 +169,12 @@ def fp32_reductions(monkeypatch):
     monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", False)
 
 
-def test_gemv_fuzz(kernels, fp32_reductions):
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["sp_gemv", "sp_gemv_tc"])
+def test_gemv_fuzz(kernels, fp32_reductions, tensor_cores):
     rng = random.Random(2)
     for case in range(CASES):
         x, weight, kwargs = _gemv_case(rng, case)
-        out = kernels.gemv(x, weight, **kwargs)
+        out = kernels.gemv(x, weight, tensor_cores=tensor_cores, **kwargs)
         ref = gemv_reference(x, weight, **kwargs)
         assert out.dtype == ref.dtype and out.shape == ref.shape
         inputs = _staged_inputs(x, kwargs)
@@ -182,6 +183,26 @@ def test_gemv_fuzz(kernels, fp32_reductions):
         worst = float((err / tol).max())
         assert bool((err <= tol).all()), (f"case {case}: {x.dtype} rows={x.shape[0]} K={weight.shape[1]} "
                                           f"N={weight.shape[0]} {sorted(kwargs)}: worst {worst}")
+
+
+def test_gemv_takes_the_tensor_cores_for_short_rows(kernels, monkeypatch):
+    """By default a weight whose rows are shorter than GEMV_TC_K multiplies on sp_gemv_tc, a longer one on
+    sp_gemv, whatever the block's rows; tensor_cores= forces either."""
+    from kernels.step import GEMV_TC_K
+
+    launched = []
+    launch = kernels._launch_grid
+    monkeypatch.setattr(kernels, "_launch_grid", lambda name, *a, **kw: (launched.append(name),
+                                                                         launch(name, *a, **kw)))
+    for k in (320, GEMV_TC_K - 8, GEMV_TC_K, 4096):
+        weight = torch.randn(40, k, device="cuda").to(torch.bfloat16)
+        for rows in (1, 5):
+            x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+            kernels.gemv(x, weight)
+            assert launched.pop() == ("sp_gemv_tc" if k < GEMV_TC_K else "sp_gemv"), (k, rows)
+            for forced in (False, True):
+                kernels.gemv(x, weight, tensor_cores=forced)
+                assert launched.pop() == ("sp_gemv_tc" if forced else "sp_gemv")
 
 
 def _staged_inputs(x, kwargs):
@@ -202,10 +223,12 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
     rng = random.Random(3)
     for case in range(max(CASES // 10, 50)):
         x, weight, kwargs = _gemv_case(rng, case)
-        together = kernels.gemv(x, weight, **kwargs)
-        for m in range(x.shape[0]):
-            alone = {k: (v[m:m + 1] if k in ("residual", "tokens") else v) for k, v in kwargs.items()}
-            assert torch.equal(kernels.gemv(x[m:m + 1], weight, **alone)[0], together[m]), f"case {case}"
+        for tensor_cores in (False, True):
+            together = kernels.gemv(x, weight, tensor_cores=tensor_cores, **kwargs)
+            for m in range(x.shape[0]):
+                alone = {k: (v[m:m + 1] if k in ("residual", "tokens") else v) for k, v in kwargs.items()}
+                row = kernels.gemv(x[m:m + 1], weight, tensor_cores=tensor_cores, **alone)[0]
+                assert torch.equal(row, together[m]), f"case {case} (tensor cores: {tensor_cores})"
 
 
 def _attention_case(rng, case):
