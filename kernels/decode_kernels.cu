@@ -5,6 +5,7 @@
 // between the matrix products costs a few microseconds; these kernels fuse the small work into the products:
 //   sp_gemv       out = in @ W^T (+ bias) (+ residual) for up to 16 rows, `in` being x, RMSNorm(x) * w or
 //                 SiLU(gate) * up, staged in shared memory by the block that reads the weights
+//   sp_gemv_tc    the same on the tensor cores, for weights with short rows (kernels/step.py picks by K)
 //   sp_attention  softmax(q k^T / sqrt(D)) v of a block of queries over the cache and the block's own rows
 //                 (a chain's causal rows or a tree's ancestors), written in the layout o_proj reads
 //   sp_ngram_lookup  n-gram prompt lookup over the committed tokens on the device (n-gram's round graph)
