@@ -424,9 +424,8 @@ struct dk_tc_walk {
 template <typename T, int M>
 __device__ __forceinline__ bool dk_tc_item(dk_tc_walk& s, const uint4* now, uint4* next, const uint4* staged,
                                            float (*red)[SP_GEMV_WARPS][32 * dk_tc_red<M>::V], const T* weight,
-                                           const T* bias,
-                                           const T* residual, void* out, int K, int N, int batches, int warp,
-                                           int lane, int out_f32) {
+                                           const T* bias, const T* residual, void* out, int K, int N,
+                                           int batches, int warp, int lane, int out_f32) {
     int units = (N + 7) / 8;
     bool last = s.batch == batches - 1;
     int next_unit = last ? s.unit + gridDim.x : s.unit, next_batch = last ? 0 : s.batch + 1;
@@ -442,8 +441,8 @@ __device__ __forceinline__ bool dk_tc_item(dk_tc_walk& s, const uint4* now, uint
 }
 
 template <typename T, int M>
-__device__ __forceinline__ void dk_tc_units(const uint4* staged, float (*red)[SP_GEMV_WARPS][32 * dk_tc_red<M>::V],
-                                            uint4* wa,
+__device__ __forceinline__ void dk_tc_units(const uint4* staged,
+                                            float (*red)[SP_GEMV_WARPS][32 * dk_tc_red<M>::V], uint4* wa,
                                             uint4* wb, const T* weight, const T* bias, const T* residual,
                                             void* out, int K, int N, int warp, int lane, int out_f32) {
     if (blockIdx.x >= (N + 7) / 8) return;  // (the whole block: the grid has at most one block a unit)
@@ -555,10 +554,11 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
 // sp_gemv's products on the tensor cores (the parameters and the staging are sp_gemv's; prefetch_bytes is
 // unused: the first batch's loads go out before the wait). The grid has at most one block a unit of 8 rows.
 template <typename T, int M>
-__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv_tc(const T* x, const T* norm_weight, const T* weight,
-                                                     const T* bias, const T* residual, void* out, int K, int N,
-                                                     int x_stride, int mode, float eps, int out_f32,
-                                                     int prefetch_bytes, const T* embed, const long long* tokens) {
+__global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv_tc(const T* x, const T* norm_weight,
+                                                     const T* weight, const T* bias, const T* residual,
+                                                     void* out, int K, int N, int x_stride, int mode, float eps,
+                                                     int out_f32, int prefetch_bytes, const T* embed,
+                                                     const long long* tokens) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];

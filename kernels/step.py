@@ -292,7 +292,7 @@ class StepKernels:
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
         properties = torch.cuda.get_device_properties(device)
         self._gemv_blocks = GEMV_GRID_PER_SM * properties.multi_processor_count  # every block resident
-        self.tensor_cores = properties.major >= 8  # sp_gemv_tc's m16n8k16 products
+        self.has_tensor_cores = properties.major >= 8  # sp_gemv_tc's m16n8k16 products
         # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
         # sp_attention's merge counters, zero between launches (each launch leaves them zero)
@@ -435,10 +435,11 @@ class StepKernels:
         mode = GEMV_MODES["embed_cat" if embed is not None else "silu_mul" if silu
                           else "rms_norm" if norm_weight is not None else "plain"]
         out = torch.empty(rows, n_out, dtype=torch.float32 if out_f32 else x.dtype, device=x.device)
+        # a block of either kernel takes 8 output rows at a time (sp_gemv one a warp, sp_gemv_tc one unit)
         grid = (min((n_out + GEMV_ROWS_PER_BLOCK - 1) // GEMV_ROWS_PER_BLOCK, self._gemv_blocks),)
         if tensor_cores is None:
-            tensor_cores = k < GEMV_TC_K and self.tensor_cores
-        if tensor_cores and not self.tensor_cores:
+            tensor_cores = k < GEMV_TC_K and self.has_tensor_cores
+        if tensor_cores and not self.has_tensor_cores:
             raise ValueError("gemv: tensor-core products need sm_80 or later")
         name = "sp_gemv_tc" if tensor_cores else "sp_gemv"
         self._launch_grid(name, f"{name}<{_DTYPES[x.dtype]}, {rows}>", grid, THREADS, chained,
