@@ -312,21 +312,21 @@ __device__ __forceinline__ void dk_gemv_rows(const uint4* staged, uint4* wa, uin
 // row m's result depends on row m alone, as in the scalar kernel: one-token steps and verification blocks
 // give the same bits. Weights are loaded 8 k-blocks a batch, the next batch (or the next unit's first)
 // issued before the current one is multiplied.
-__device__ __forceinline__ void dk_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, bf16_t) {
+// d += a b for one m16n8k16 product of T (bf16 or f16) with fp32 sums; the two differ in the type's name only.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#define DK_MMA(type)                                                                                          \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "   \
+        "{%8, %9}, {%0, %1, %2, %3};"                                                                         \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                      \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+#else
+#define DK_MMA(type)
 #endif
+__device__ __forceinline__ void dk_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, bf16_t) {
+    DK_MMA("bf16");
 }
 __device__ __forceinline__ void dk_mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, f16_t) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
+    DK_MMA("f16");
 }
 
 // Batches of 8 k-blocks a warp walks in each unit (at least 1: a warp without k-blocks still meets the
