@@ -93,6 +93,15 @@ class StreamCalls:
         self.runtime.memcpyAsync(host.data_ptr(), device.data_ptr(), device.numel() * device.element_size(),
                                  self.runtime.memcpyDeviceToHost, self.handle)
 
+    def copy_to_device(self, device: torch.Tensor, host: torch.Tensor) -> None:
+        """Queue the pinned host tensor's bytes into the device tensor of the same shape and dtype (contiguous
+        both). The host buffer must stay untouched until the copy ran (callers hand out buffers in turn)."""
+        if self.runtime is None or not (host.is_contiguous() and device.is_contiguous()):
+            device.copy_(host, non_blocking=True)
+            return
+        self.runtime.memcpyAsync(device.data_ptr(), host.data_ptr(), host.numel() * host.element_size(),
+                                 self.runtime.memcpyHostToDevice, self.handle)
+
     def launch(self, graph: torch.cuda.CUDAGraph) -> None:
         """Replay a captured graph on the stream. The raw launch skips torch's replay prologue, which only
         advances the offsets of torch's device generators: the round's graphs draw no random numbers on

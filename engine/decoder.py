@@ -20,7 +20,7 @@ from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDraf
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
 from engine.metrics import MetricsAccumulator
-from engine.round_graph import plain_round_graph
+from engine.round_graph import host_tree_round_graph, plain_round_graph
 from engine.runner import to_device
 from engine.text import IncrementalText
 from engine.timing import RoundClock, Stopwatch
@@ -32,6 +32,9 @@ TOP_ALTERNATIVES = 5
 QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
 # SPECPLAY_PLAIN_ROUND_GRAPHS=0 queues plain decoding's rounds as launched rounds, not replays of its step
 PLAIN_ROUND_GRAPHS = os.environ.get("SPECPLAY_PLAIN_ROUND_GRAPHS", "1") != "0"
+# a tree drafted on the host (suffix decoding, lookahead) is verified by one replay after one upload
+# (engine.round_graph.HostTreeRoundGraph) where it applies; SPECPLAY_HOST_TREE_GRAPHS=0 queues it op by op
+HOST_TREE_GRAPHS = os.environ.get("SPECPLAY_HOST_TREE_GRAPHS", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
 # the target's decode steps captured at warm-up: blocks of 1..17 rows (a round of K <= 16, a tree of 16);
 # SPECPLAY_WARM_STEPS=0 leaves them to the rounds that first meet them, for comparisons
@@ -419,12 +422,45 @@ class SpeculativeDecoder:
         draft = drafter.propose(state, config.k)
         clock.mark()  # drafting queued
         block_start = self.target.length  # the cache row of the last committed token, fed first
-        logits, features, result, uniforms = self._verify(state, draft, config, first_token)
-        readout = self._queue_readout(draft, result, logits, config)
+        graph = self._host_tree_graph(state, drafter, draft, config, first_token)
+        if graph is not None:
+            logits, features, result, uniforms, readout = self._host_tree_round(state, draft, graph,
+                                                                                 block_start)
+        else:
+            draft = _tokens_on(draft, self.device)
+            logits, features, result, uniforms = self._verify(state, draft, config, first_token)
+            readout = self._queue_readout(draft, result, logits, config)
         if self.pipelined:
             drafter.verified(state, features)
         clock.mark()  # verification queued
         return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
+
+    def _host_tree_graph(self, state, drafter: Drafter, draft: Draft, config, first_token):
+        """The captured verification for a tree drafted on the host (HostTreeRoundGraph), or None where the
+        round is queued op by op: no such tree, a drafter that reads the block's features or logits (the
+        graph's outputs are overwritten by its next replay), or no graph for this target and block."""
+        needs = drafter.needs
+        if not (HOST_TREE_GRAPHS and self.pipelined and first_token is None and draft.is_tree
+                and draft.parents.device.type == "cpu" and draft.tree_block is None and draft.probs is None
+                and not (needs.block_features or needs.block_logits)):
+            return None
+        sampling = config.sampling
+        warp = None if sampling.greedy else (sampling.temperature, sampling.top_k, sampling.top_p)
+        return host_tree_round_graph(self.target, draft.size, state.backend,
+                                     min(TOP_ALTERNATIVES, self.vocab_size), warp)
+
+    def _host_tree_round(self, state, draft: Draft, graph, block_start: int):
+        """A host tree's verification as one upload and one replay; returns what _verify and _queue_readout
+        do. The uniforms are drawn where _verify draws them, so a seeded run's output is the same."""
+        uniforms = None
+        if not state.config.sampling.greedy:
+            uniforms = torch.rand(draft.size + 1, generator=state.generator)  # the event's copy
+        graph.upload(self._calls, block_start, state.tokens[-1], draft.tokens.tolist(),
+                     draft.parents.tolist(), uniforms)
+        graph.replay(self._calls)
+        self.target.occupy(block_start, graph.rows)
+        readout = self._copy_readout(graph.values, min(TOP_ALTERNATIVES, self.vocab_size), draft)
+        return graph.logits, graph.features, graph.result, uniforms, readout
 
     def _queues_after(self, drafter: Drafter) -> bool:
         """Whether a round of this drafter (plain decoding's step included) may be a round graph's replay."""
@@ -674,6 +710,13 @@ class PinnedRing:
         buffers, index = ring
         ring[1] = (index + 1) % self.RING
         return buffers[index]
+
+
+def _tokens_on(draft: Draft, device: torch.device) -> Draft:
+    """The draft with its tokens on the device (a host drafter may leave them on the host, see Draft)."""
+    if draft.tokens.device.type != "cpu" or torch.device(device).type == "cpu":
+        return draft
+    return replace(draft, tokens=to_device(draft.tokens, device))
 
 
 def _depth(draft: Draft) -> int:

@@ -27,9 +27,11 @@ round differently there; the verification keeps the output lossless either way.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -601,6 +603,107 @@ class LayerSkipRoundGraph(ChainRoundGraph):
         self._seed_chain(launched)
 
 
+class HostTreeRoundGraph(RoundGraph):
+    """The verification of a tree drafted on the host (suffix decoding, lookahead) with a fixed node count, as
+    one replay. The host knows the whole block once it has drafted: the block's start, its tokens (the last
+    committed one, then the tree's), the tree's parents, depths and ancestor mask, and a sampled round's
+    uniforms go to the device in one copy (upload); the target's step, the tree verification and the readout
+    run captured. Launched op by op, this round's host work was several times the GPU's (some forty torch
+    calls, each tree shape's masks built and copied, a pageable copy of the parents). The outputs are static:
+    the next replay overwrites them, so a host tree is one round in flight (its next draft needs this
+    outcome anyway)."""
+
+    RING = 4  # pinned upload buffers, handed out in turn (a buffer comes back after its round was read)
+
+    def __init__(self, target, nodes: int, backend, width: int, warp: Optional[tuple] = None):
+        """warp: (temperature, top_k, top_p) for sampled rounds (one-hot q: the host's drafts are
+        deterministic), None for greedy ones."""
+        device, n, rows = target.device, nodes, nodes + 1
+        self.target, self.nodes, self.depth = target, n, n  # depth: the longest path a round can accept
+        self._ints = 3 * n + 3  # [start, tokens (N+1), parents (N), depths (N+1)] int64
+        ints_bytes, floats_bytes = 8 * self._ints, 4 * rows
+        size = -(-(ints_bytes + floats_bytes + rows * rows) // 8) * 8
+        self.upload_bytes = torch.zeros(size, dtype=torch.uint8, device=device)
+        ints = self.upload_bytes[:ints_bytes].view(torch.int64)
+        start, tokens = ints[:1], ints[1:1 + rows]  # [1], [N+1]
+        parents, block_depth = ints[1 + rows:1 + rows + n], ints[1 + rows + n:]  # [N], [N+1]
+        floats = self.upload_bytes[ints_bytes:ints_bytes + floats_bytes]
+        uniforms = floats.view(torch.float32)[None]  # [1, N+1]
+        mask_at = ints_bytes + floats_bytes
+        visible = self.upload_bytes[mask_at:mask_at + rows * rows].view(torch.bool).view(rows, rows)
+        # the warm-up and the capture run a chain at the cache's end: only free rows are written
+        start.fill_(target.length)
+        block_depth.copy_(target._arange[:rows])
+        parents.copy_(target._arange[:n] - 1)
+        visible.copy_(torch.ones(rows, rows, dtype=torch.bool, device=device).tril())
+        self._host = [torch.zeros(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+                      for _ in range(self.RING)]
+        self._views = [_upload_views(buffer, self._ints, rows) for buffer in self._host]
+        self._turn = 0
+        kv = _kv(target, rows)
+
+        def round_():
+            x = F.embedding(fill_unknown(tokens, target.vocab_size, target.input_fill), target.embed_weight)
+            hidden, logits = target._block_step(x, start, block_depth, visible, kv)  # [N+1, H], [N+1, V]
+            if warp is None:
+                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], parents)
+            else:
+                result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], parents, None,
+                                                        uniforms, *warp)
+            values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
+            return tokens, hidden, logits, result, values
+
+        self._capture(target, round_)
+
+    def upload(self, calls, start: int, last_token: int, tokens: list, parents: list, uniforms=None) -> None:
+        """Queue the round's inputs: the block at cache row start, [last_token] + tokens, the tree's parents
+        (-1 = the last committed token, topological order) and a sampled round's uniforms [N+1]."""
+        n = self.nodes
+        if len(tokens) != n or len(parents) != n:
+            raise ValueError(f"a tree of {n} nodes needs {n} tokens and parents, got {len(tokens)}, "
+                             f"{len(parents)}")
+        block_depth, visible = _tree_shape(tuple(parents))
+        host = self._host[self._turn]
+        ints, floats, mask = self._views[self._turn]
+        self._turn = (self._turn + 1) % self.RING
+        ints[0], ints[1] = start, last_token
+        ints[2:2 + n] = tokens
+        ints[2 + n:2 + 2 * n] = parents
+        ints[2 + 2 * n:] = block_depth
+        mask[:] = visible
+        if uniforms is not None:
+            floats[:] = uniforms.numpy()
+        if calls is None:
+            self.upload_bytes.copy_(host, non_blocking=True)
+        else:
+            calls.copy_to_device(self.upload_bytes, host)
+
+
+def _upload_views(buffer: torch.Tensor, ints: int, rows: int) -> tuple:
+    """numpy views of a pinned upload buffer: (int64 [ints], float32 [rows], uint8 [rows * rows])."""
+    array = buffer.numpy()
+    floats_at, mask_at = 8 * ints, 8 * ints + 4 * rows
+    return (array[:floats_at].view("int64"), array[floats_at:mask_at].view("float32"),
+            array[mask_at:mask_at + rows * rows])
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree_shape(parents: tuple) -> tuple:
+    """A host tree's verification block (row 0 the last committed token, row i + 1 node i): (depths
+    [N+1], ancestor-or-self mask [(N+1) * (N+1)] as 0/1 bytes, row-major). Tree shapes repeat: each is built
+    once."""
+    rows = len(parents) + 1
+    depths, seen = [0], [{0}]
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"tree parents must be topologically ordered (-1 <= parents[i] < i); "
+                             f"parents[{i}] = {parent}")
+        depths.append(depths[parent + 1] + 1)
+        seen.append(seen[parent + 1] | {i + 1})
+    mask = np.array([j in row for row in seen for j in range(rows)], dtype=np.uint8)
+    return np.array(depths, dtype=np.int64), mask
+
+
 def _launch(graph, calls) -> None:
     if calls is None:
         graph.replay()
@@ -726,3 +829,18 @@ def draft_model_round_graph(runner, target, k: int, backend, vocab: int, width: 
     return ChainGraphs.of(target).get(
         key, lambda: DraftModelRoundGraph(runner, target, k, backend, vocab, width, sampling))
 
+
+
+def host_tree_round_graph(target, nodes: int, backend, width: int, warp: Optional[tuple] = None
+                          ) -> Optional[HostTreeRoundGraph]:
+    """The captured verification of a host-drafted tree of `nodes` nodes, built on first use and kept with
+    the target's graphs; None where it does not apply (as for Medusa's, a tapped target too: its features
+    would be the taps), and where the block does not fit after the cache's end."""
+    rows = nodes + 1
+    if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(rows)
+            and getattr(target, "takes_device_starts", False)) or getattr(target, "tap_layers", ()):
+        return None
+    if target.length + rows > target.max_length:
+        return None
+    key = ("host_tree_round", nodes, width, warp)
+    return ChainGraphs.of(target).get(key, lambda: HostTreeRoundGraph(target, nodes, backend, width, warp))

@@ -20,6 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 STEPS = ("_read_round", "_accept", "_commit", "_launch_after", "_launch_round", "_event")
 INNER_STEPS = ("_replay_round", "_copy_readout", "_round_graph")  # inside _launch_after
+# inside _launch_round (_verify, _queue_readout), _commit (_roll_back) and _event (_details)
+PARTS = ("_verify", "_queue_readout", "_roll_back", "_details")
+# (module, class, method): the host drafters' own work and the target's forward, inside the steps above
+INNER_CALLS = (("engine.llama", "LlamaRunner", "forward"),
+               ("engine.drafters.suffix", "SuffixDrafter", "propose"),
+               ("engine.drafters.suffix", "SuffixDrafter", "commit"),
+               ("engine.drafters.lookahead", "LookaheadDrafter", "propose"),
+               ("engine.drafters.lookahead", "LookaheadDrafter", "commit"))
 
 
 def timed_steps(costs: dict):
@@ -42,10 +50,15 @@ def timed_steps(costs: dict):
 
         setattr(owner, name, timed)
 
+    import importlib
+
     from engine import round_graph, timing
 
-    for name in STEPS + INNER_STEPS:
+    for name in STEPS + INNER_STEPS + PARTS:
         wrap(decoder_module.SpeculativeDecoder, name)
+    for module, owner, name in INNER_CALLS:
+        cls = getattr(importlib.import_module(module), owner)
+        wrap(cls, name)
     wrap(text_module.IncrementalText, "add")
     wrap(round_graph.RoundGraph, "replay")
     wrap(round_graph.RoundGraph, "replay_draft")

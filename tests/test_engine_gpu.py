@@ -65,10 +65,11 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
 
 
 @pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
-                                          ("medusa", 0), ("layerskip", 0)])
+                                          ("medusa", 0), ("layerskip", 0), ("suffix", 0), ("lookahead", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
     """bf16 on the decode kernels, chi-squared of the first two tokens. The chains' (Medusa's) second round
-    is often a replay of their round graph (engine.round_graph), queued behind the first."""
+    is often a replay of their round graph (engine.round_graph), queued behind the first; suffix decoding's
+    and lookahead's trees are verified by one upload and one replay (HostTreeRoundGraph)."""
     import engine.drafters.draft_model as draft_model
     import engine.drafters.eagle as eagle
     import engine.drafters.layerskip as layerskip
@@ -81,11 +82,14 @@ def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes)
         monkeypatch.setattr(module, "ROUND_GRAPHS", True)
     monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # sampled chains replayed
     replays = _count_calls(monkeypatch, "_replay_round")
+    host_trees = _count_calls(monkeypatch, "_host_tree_round")  # suffix's and lookahead's: one replay each
     config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
                               seed=1000)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=1000)
     assert report.passed, report
-    assert (len(replays) > 0) == (nodes == 0)
+    drafted_on_host = method in ("suffix", "lookahead")
+    assert (len(replays) > 0) == (nodes == 0 and not drafted_on_host)
+    assert (len(host_trees) > 0) == drafted_on_host
 
 
 def _count_calls(monkeypatch, name: str) -> list:
@@ -406,3 +410,43 @@ def test_warm_up_captures_every_round_block_size(tmp_path):
     for _ in decoder.generate(PROMPT, GenerationConfig(method="ngram", k=8, max_new_tokens=40)):
         pass
     assert len(steps) == captured
+
+
+@pytest.mark.parametrize("method", ["suffix", "lookahead"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_host_trees_are_one_upload_and_one_replay_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
+    """bf16 on the decode kernels: a tree drafted on the host (engine.round_graph.HostTreeRoundGraph), one
+    upload and one replay, gives the rounds queued op by op (tokens, verdicts, uniforms), every drafted
+    round goes that way, and greedy output is plain decoding's."""
+    from engine import decoder as decoder_module
+    from engine.round_graph import HostTreeRoundGraph
+
+    decoder = build(tmp_path_factory.mktemp(f"gpu_host_tree_{method}"), 96, 64, 2, 0, 0.15,
+                    dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=4, max_new_tokens=48, seed=7, stop_at_eos=False,
+                              sampling=SamplingParams(temperature, 0, 0.9))
+
+    def rounds():
+        decoder.suffix_memory().clear()  # each run drafts from its own tokens alone
+        return [(e.accepted_count, e.emitted_ids, [t.u for t in e.drafted])
+                for e in decoder.generate(PROMPT, config)]
+
+    uploads = []
+    original = HostTreeRoundGraph.upload
+
+    def counted(self, *args):
+        uploads.append(self.nodes)
+        return original(self, *args)
+
+    monkeypatch.setattr(HostTreeRoundGraph, "upload", counted)
+    monkeypatch.setattr(decoder_module, "HOST_TREE_GRAPHS", False)
+    apart = rounds()
+    assert not uploads
+    monkeypatch.setattr(decoder_module, "HOST_TREE_GRAPHS", True)
+    assert rounds() == apart
+    drafted = sum(1 for _, _, us in apart if us)
+    assert drafted >= 3 and len(uploads) == drafted
+    if temperature == 0.0:
+        plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48,
+                                                              stop_at_eos=False))
+        assert [t for _, ids, _ in apart for t in ids] == plain

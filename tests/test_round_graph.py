@@ -3,6 +3,7 @@ rounds queued behind unread ones (the seeding, the self-fed buffers, the cache's
 host views, the fall back to rounds launched apart) run here as they do on the GPU, against the synchronous
 loop and plain decoding."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,15 @@ from engine.round_graph import (
     DraftModelRoundGraph,
     EagleRoundGraph,
     EagleTreeRoundGraph,
+    HostTreeRoundGraph,
     LayerSkipRoundGraph,
     MedusaRoundGraph,
     NgramRoundGraph,
     PlainRoundGraph,
+    _tree_shape,
     ngram_lookup,
 )
+from engine.runner import tree_ancestor_mask, tree_depths
 
 
 def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
@@ -407,3 +411,59 @@ def test_replayed_sampling_is_lossless(tmp_path_factory, queued, method):
     assert report.bins >= 8 and report.passed, report
     assert sum(queued) > 100
 
+
+
+@pytest.fixture
+def host_trees(monkeypatch):
+    """Host-drafted trees verified by HostTreeRoundGraph here (its replay runs eagerly on the CPU), one graph
+    per shape; returns the list that counts the uploads."""
+    graphs, uploads = {}, []
+
+    def graph(target, nodes, backend, width, warp=None):
+        key = (id(target), nodes, width, warp)
+        if key not in graphs:
+            graphs[key] = HostTreeRoundGraph(target, nodes, backend, width, warp)
+        return graphs[key]
+
+    original = HostTreeRoundGraph.upload
+
+    def counted(self, *args):
+        uploads.append(self.nodes)
+        return original(self, *args)
+
+    monkeypatch.setattr(engine.decoder, "host_tree_round_graph", graph)
+    monkeypatch.setattr(HostTreeRoundGraph, "upload", counted)
+    return uploads
+
+
+@pytest.mark.parametrize("method", ["suffix", "lookahead"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("k", [1, 4])
+def test_host_tree_replays_give_the_rounds_launched_op_by_op(decoder, host_trees, method, temperature, k):
+    """A host tree verified by one upload and one replay gives the rounds queued op by op: tokens, verdicts,
+    uniforms; and the graph path was the one taken."""
+    sampling = SamplingParams(temperature, 0, 0.9)
+    config = GenerationConfig(method=method, k=k, max_new_tokens=40, sampling=sampling, seed=7)
+    decoder.suffix_memory().clear()  # each run drafts from its own tokens alone
+    launched_apart = _rounds(decoder, config, pipelined=False)
+    decoder.suffix_memory().clear()
+    replayed = _rounds(decoder, config, pipelined=True)
+    assert replayed == launched_apart
+    assert len(host_trees) >= 3 and max(host_trees) > 1
+    if temperature == 0:
+        plain = decoder.generate_ids(PROMPT, replace(config, method="none"))
+        assert [t for e in replayed for t in e[0]] == plain
+
+
+def test_host_tree_shape_is_the_runner_tree_block():
+    """_tree_shape's depths and mask are the runner's tree block (tree_depths, tree_ancestor_mask) of the
+    block [last committed token] + tree, for random trees; bad parents are refused."""
+    generator = torch.Generator().manual_seed(3)
+    for n in range(1, 17):
+        parents = [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(n)]
+        block = torch.tensor([-1] + [p + 1 for p in parents])
+        depths, mask = _tree_shape(tuple(parents))
+        assert depths.tolist() == tree_depths(block).tolist()
+        assert mask.reshape(n + 1, n + 1).astype(bool).tolist() == tree_ancestor_mask(block).tolist()
+    with pytest.raises(ValueError, match="topologically"):
+        _tree_shape((-1, 1))

@@ -15,7 +15,9 @@ if TYPE_CHECKING:  # a type only: engine.config -> engine.methods -> the drafter
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [N] int64 on the target's device
+    # [N] int64 on the target's device; a tree drafted on the host may leave them there with its parents (the
+    # decoder uploads them with the round's other inputs)
+    tokens: torch.Tensor
     # [N] int64, topological order, -1 = last committed token; None = chain. On the host, where the tree's
     # shape drives host-side work (masks, the event), unless tree_block is given: then on the device, and the
     # decoder copies it back with the round's readout (reading it mid-round would stall the GPU).

@@ -41,7 +41,7 @@ class LookaheadDrafter(Drafter):
         paths = [c[:k] for c in candidates] + [self.window[:max(k, 1)]]
         tokens, parents = build_trie(paths)
         self._window_nodes = self._path_nodes(tokens, parents, paths[-1])
-        tok, par = as_tensors(tokens, parents, state.device)
+        tok, par = as_tensors(tokens, parents)
         return Draft(tokens=tok, parents=par)
 
     @staticmethod

@@ -262,7 +262,7 @@ class SuffixDrafter(Drafter):
         tokens, parents, _ = best
         if not tokens:
             return Draft(tokens=to_device([], state.device))
-        tokens, parents = as_tensors(tokens, parents, state.device)
+        tokens, parents = as_tensors(tokens, parents)
         return Draft(tokens=tokens, parents=parents)
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.runner import to_device
-
 
 def build_trie(paths: list) -> tuple[list, list]:
     """Merge token sequences into a tree. Returns (tokens, parents), parents[i] < i, -1 = root.
@@ -28,6 +26,7 @@ def build_trie(paths: list) -> tuple[list, list]:
     return tokens, parents
 
 
-def as_tensors(tokens: list, parents: list, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft tensors: tokens [N] on the device, parents [N] on the host (see Draft.parents)."""
-    return to_device(tokens, device), torch.tensor(parents, dtype=torch.long)
+def as_tensors(tokens: list, parents: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host-drafted tree's tensors: tokens [N] and parents [N], both on the host (see Draft): the decoder
+    uploads them with the rest of the round's inputs in one copy."""
+    return torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)
