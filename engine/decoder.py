@@ -187,8 +187,9 @@ class SpeculativeDecoder:
         """The one-off work, before the first prompt: the backend's kernels, and on CUDA a prefill of each
         bucket (LlamaRunner.warm_up_buckets) on the target and the draft model, so that a first prefill finds
         its captured step and cuBLAS's choices made (a first prefill of 27 tokens: 20 ms unpadded and cold,
-        1.6 ms padded and warmed, 1B shape, bf16, H200), and the target's decode steps of every block size a
-        round of K <= 16 may verify (LlamaRunner.warm_up_steps). A no-op on the CPU."""
+        1.6 ms padded and warmed, 1B shape, bf16, H200), the target's decode steps of every block size a
+        round of K <= 16 may verify (LlamaRunner.warm_up_steps) and the verification of host-drafted trees of
+        up to 16 nodes. A no-op on the CPU."""
         self.backend.warm_up()
         if self.device.type != "cuda":
             return
@@ -200,6 +201,18 @@ class SpeculativeDecoder:
                     runner.warm_up_buckets()
             if isinstance(self.target, LlamaRunner) and WARM_STEP_ROWS:
                 self.target.warm_up_steps(WARM_STEP_ROWS)
+                self._warm_up_host_trees()
+
+    def _warm_up_host_trees(self) -> None:
+        """Capture the greedy verification graphs of host-drafted trees of 1..16 nodes (HostTreeRoundGraph):
+        a suffix tree's size changes from round to round, and a size first met inside a generation would be
+        captured there, a few ms each. Sampled ones are captured when first used (they depend on the
+        settings)."""
+        if not HOST_TREE_GRAPHS:
+            return
+        width = min(TOP_ALTERNATIVES, self.vocab_size)
+        for nodes in range(1, WARM_STEP_ROWS):
+            host_tree_round_graph(self.target, nodes, self.backend, width)
 
     def set_cuda_graphs(self, enabled: bool) -> None:
         """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU), or run eagerly."""
