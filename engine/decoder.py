@@ -90,6 +90,8 @@ class _Launched:
     # a replay whose chain has K slots and a count of real drafts known on the device only (n-gram): its
     # readout ends with the count, its draft is cut to it when read, and its block had K+1 rows whatever it
     counted: bool = False
+    # the round's graph moved the accepted path down in the target's cache itself (a host tree's replay)
+    compacted: bool = False
 
     @property
     def next_token_on_device(self) -> torch.Tensor:
@@ -204,14 +206,14 @@ class SpeculativeDecoder:
                 self._warm_up_host_trees()
 
     def _warm_up_host_trees(self) -> None:
-        """Capture the greedy verification graphs of host-drafted trees of 1..16 nodes (HostTreeRoundGraph):
+        """Capture the greedy verification graphs of host-drafted trees of 0..16 nodes (HostTreeRoundGraph):
         a suffix tree's size changes from round to round, and a size first met inside a generation would be
         captured there, a few ms each. Sampled ones are captured when first used (they depend on the
         settings)."""
         if not HOST_TREE_GRAPHS:
             return
         width = min(TOP_ALTERNATIVES, self.vocab_size)
-        for nodes in range(1, WARM_STEP_ROWS):
+        for nodes in range(WARM_STEP_ROWS):
             host_tree_round_graph(self.target, nodes, self.backend, width)
 
     def set_cuda_graphs(self, enabled: bool) -> None:
@@ -446,15 +448,18 @@ class SpeculativeDecoder:
         if self.pipelined:
             drafter.verified(state, features)
         clock.mark()  # verification queued
-        return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout)
+        return _Launched(clock, draft, block_start, logits, features, result, uniforms, readout,
+                         compacted=graph is not None)
 
     def _host_tree_graph(self, state, drafter: Drafter, draft: Draft, config, first_token):
-        """The captured verification for a tree drafted on the host (HostTreeRoundGraph), or None where the
-        round is queued op by op: no such tree, a drafter that reads the block's features or logits (the
-        graph's outputs are overwritten by its next replay), or no graph for this target and block."""
+        """The captured verification for a tree drafted on the host, or an empty draft of such a drafter
+        (HostTreeRoundGraph), or None where the round is queued op by op: another drafter, one that reads the
+        block's features or logits (the graph's outputs are overwritten by its next replay), or no graph
+        for this target and block."""
         needs = drafter.needs
-        if not (HOST_TREE_GRAPHS and self.pipelined and first_token is None and draft.is_tree
-                and draft.parents.device.type == "cpu" and draft.tree_block is None and draft.probs is None
+        on_host = draft.parents.device.type == "cpu" if draft.is_tree else draft.size == 0
+        if not (HOST_TREE_GRAPHS and self.pipelined and first_token is None and drafter.drafts_on_host
+                and on_host and draft.tree_block is None and draft.probs is None
                 and not (needs.block_features or needs.block_logits)):
             return None
         sampling = config.sampling
@@ -468,8 +473,8 @@ class SpeculativeDecoder:
         uniforms = None
         if not state.config.sampling.greedy:
             uniforms = torch.rand(draft.size + 1, generator=state.generator)  # the event's copy
-        graph.upload(self._calls, block_start, state.tokens[-1], draft.tokens.tolist(),
-                     draft.parents.tolist(), uniforms)
+        parents = draft.parents.tolist() if draft.is_tree else []
+        graph.upload(self._calls, block_start, state.tokens[-1], draft.tokens.tolist(), parents, uniforms)
         graph.replay(self._calls)
         self.target.occupy(block_start, graph.rows)
         readout = self._copy_readout(graph.values, min(TOP_ALTERNATIVES, self.vocab_size), draft)
@@ -535,7 +540,8 @@ class SpeculativeDecoder:
     def _commit(self, state, drafter: Drafter, launched: "_Launched", round_, outcome) -> None:
         """Roll the target's cache back to the accepted path and tell the drafter what it needs."""
         successor = launched.successor
-        if successor is None and launched.counted:  # its block's K+1 rows were written, drafts or not
+        if successor is None and (launched.counted or launched.compacted):
+            # its block's rows were written whole (K+1 of them, drafts or not), or its graph kept the path
             self.target.rollback(launched.block_start + 1 + outcome.accepted)
         elif successor is None:
             self._roll_back(launched.draft, outcome, launched.block_start)

@@ -604,14 +604,15 @@ class LayerSkipRoundGraph(ChainRoundGraph):
 
 
 class HostTreeRoundGraph(RoundGraph):
-    """The verification of a tree drafted on the host (suffix decoding, lookahead) with a fixed node count, as
-    one replay. The host knows the whole block once it has drafted: the block's start, its tokens (the last
-    committed one, then the tree's), the tree's parents, depths and ancestor mask, and a sampled round's
-    uniforms go to the device in one copy (upload); the target's step, the tree verification and the readout
-    run captured. Launched op by op, this round's host work was several times the GPU's (some forty torch
-    calls, each tree shape's masks built and copied, a pageable copy of the parents). The outputs are static:
-    the next replay overwrites them, so a host tree is one round in flight (its next draft needs this
-    outcome anyway)."""
+    """The verification of a tree drafted on the host (suffix decoding, lookahead) with a fixed node count
+    (0: an empty draft), as one replay. The host knows the whole block once it has drafted: the block's
+    start, its tokens (the last committed one, then the tree's), the tree's parents, depths and ancestor
+    mask, and a sampled round's uniforms go to the device in one copy (upload); the target's step, the tree
+    verification, the readout and the cache's compaction to the accepted path (keep_path) run captured.
+    Launched op by op, this round's host work was several times the GPU's (some forty torch calls, each
+    tree shape's masks built and copied, a pageable copy of the parents). The outputs are static: the next
+    replay overwrites them, so a host tree is one round in flight (its next draft needs this outcome
+    anyway)."""
 
     RING = 4  # pinned upload buffers, handed out in turn (a buffer comes back after its round was read)
 
@@ -641,6 +642,7 @@ class HostTreeRoundGraph(RoundGraph):
         self._views = [_upload_views(buffer, self._ints, rows) for buffer in self._host]
         self._turn = 0
         kv = _kv(target, rows)
+        node_rows = target._arange[:n]  # [N]
 
         def round_():
             x = F.embedding(fill_unknown(tokens, target.vocab_size, target.input_fill), target.embed_weight)
@@ -651,6 +653,8 @@ class HostTreeRoundGraph(RoundGraph):
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], parents, None,
                                                         uniforms, *warp)
             values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
+            if n:  # the accepted path moves down behind the last committed token (the decoder rolls back)
+                keep_path(target, start, result.path[0], node_rows)
             return tokens, hidden, logits, result, values
 
         self._capture(target, round_)

@@ -137,6 +137,9 @@ class Drafter(ABC):
 
     # whether round_graph may offer a round to queue behind an unread one (GPU)
     replays_rounds: ClassVar[bool] = False
+    # whether its drafts are made on the host, trees or nothing (suffix decoding, lookahead): on the GPU the
+    # decoder verifies them by one upload and one graph replay (engine.round_graph.HostTreeRoundGraph)
+    drafts_on_host: ClassVar[bool] = False
 
     def round_graph(self, state: DecodeState, config, width: int):
         """A whole round captured as one graph that feeds itself on the device (engine.round_graph), for the

@@ -17,6 +17,7 @@ POOL_PER_KEY = 8  # n-grams kept per first token (most recent first)
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
+    drafts_on_host = True
     needs = DrafterNeeds(block_argmax=True)
 
     def __init__(self, window: int = 4, ngram: int = 4, max_candidates: int = 3):

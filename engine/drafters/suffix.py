@@ -241,6 +241,7 @@ class SuffixMemory:
 
 class SuffixDrafter(Drafter):
     name = "suffix"
+    drafts_on_host = True
 
     def __init__(self, memory: SuffixMemory, tree_nodes: int):
         self.memory = memory
