@@ -92,6 +92,8 @@ class SuffixIndex:
     def _match_length(self, i: int, context: list) -> int:
         seq, n = self.tokens, 0
         limit = min(MAX_MATCH, len(context), i + 1)
+        if seq[i + 1 - limit:i + 1] == context[len(context) - limit:]:  # the whole window (one C compare)
+            return limit
         while n < limit and seq[i - n] == context[-1 - n]:  # a SEPARATOR never matches
             n += 1
         return n
@@ -134,8 +136,11 @@ def best_tree(sequences, budget: int, min_prob: float = MIN_PROB) -> tuple:
     order = itertools.count()
 
     def push(children: dict, parent: int, prob: float) -> None:
-        total = sum(count for count, _ in children.values())
-        for token, (count, grandchildren) in children.items():
+        entries = children.items()
+        total = 0
+        for _, (count, _) in entries:
+            total += count
+        for token, (count, grandchildren) in entries:
             p = prob * count / total
             if p >= min_prob:
                 heapq.heappush(heap, (-p, next(order), token, parent, grandchildren))
@@ -153,9 +158,15 @@ def best_tree(sequences, budget: int, min_prob: float = MIN_PROB) -> tuple:
 def candidate_trees(index: SuffixIndex, context: list, k: int, budget: int, vocab: int):
     """One draft tree per match length tried (the PATTERN_CHOICES longest found), as best_tree gives them."""
     found = index.occurrences(context)
-    for n in sorted({n for _, n in found}, reverse=True)[:PATTERN_CHOICES]:
+    lengths = sorted({n for _, n in found}, reverse=True)[:PATTERN_CHOICES]
+    if not lengths:
+        return
+    # the longest match drafts deepest: every tree's continuations are cuts of those
+    deepest = min(k, max(1, math.ceil(SPEC_FACTOR * lengths[0])))
+    continuations = [(m, index.continuation(i, deepest, vocab)) for i, m in found if m >= lengths[-1]]
+    for n in lengths:
         depth = min(k, max(1, math.ceil(SPEC_FACTOR * n)))
-        yield best_tree([index.continuation(i, depth, vocab) for i, m in found if m >= n], budget)
+        yield best_tree([c if depth == deepest else c[:depth] for m, c in continuations if m >= n], budget)
 
 
 class SuffixMemory:

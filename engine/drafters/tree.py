@@ -1,6 +1,7 @@
 """Token trees for drafting: merge candidate sequences into a trie in topological order."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -28,5 +29,7 @@ def build_trie(paths: list) -> tuple[list, list]:
 
 def as_tensors(tokens: list, parents: list) -> tuple[torch.Tensor, torch.Tensor]:
     """A host-drafted tree's tensors: tokens [N] and parents [N], both on the host (see Draft): the decoder
-    uploads them with the rest of the round's inputs in one copy."""
-    return torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)
+    uploads them with the rest of the round's inputs in one copy. Made through numpy: a third of
+    torch.tensor's host time for lists this short."""
+    return (torch.from_numpy(np.array(tokens, dtype=np.int64)),
+            torch.from_numpy(np.array(parents, dtype=np.int64)))
