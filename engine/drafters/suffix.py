@@ -22,10 +22,11 @@ import math
 from collections import deque
 from pathlib import Path
 
+import torch
+
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit
 from engine.drafters.tree import as_tensors
 from engine.errors import SpecplayError
-from engine.runner import to_device
 
 SEPARATOR = -1  # between documents of an index (never a token id)
 MAX_MATCH = 32  # the longest suffix compared
@@ -273,7 +274,7 @@ class SuffixDrafter(Drafter):
                     best = tree
         tokens, parents, _ = best
         if not tokens:
-            return Draft(tokens=to_device([], state.device))
+            return Draft(tokens=torch.empty(0, dtype=torch.long))  # on the host, as a tree's (see Draft)
         tokens, parents = as_tensors(tokens, parents)
         return Draft(tokens=tokens, parents=parents)
 
