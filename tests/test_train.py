@@ -187,7 +187,7 @@ def test_medusa_self_distillation_step(tiny_run):
     w = torch.randint(4, target.config.vocab_size, (4, 33), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(mh.parameters(), lr=1e-2)
     first = heads.medusa_distill_loss(mh, target, w)
-    for _ in range(20):
+    for _ in range(80):  # 20 steps left the KL part at 0.61 of its start with transformers 5.24's tiny target
         loss = heads.medusa_distill_loss(mh, target, w)
         loss.backward()
         opt.step()
