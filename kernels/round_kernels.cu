@@ -64,3 +64,111 @@ extern "C" __global__ void sp_chain_limit(long long* accepted, long long* next_t
         if (was > real && next >= 0) next_token[0] = chain[min(real, (long long)K - 1)];
     }
 }
+
+// EAGLE's tree growth (engine/drafters/eagle.py _grow_tree): one level's choice of nodes and the round's final
+// choice, one block each.  Written op by op they were some fifteen small torch kernels a level and a dozen
+// for the choice, each a few microseconds in a replayed graph on a small model.  Twins: kernels/step.py
+// (tree_level_reference, tree_choose_reference); fuzz tests in tests/test_step_kernels_gpu.py.
+#define SP_TREE_MAX 64  // the most candidates a level ranks, and the most nodes a growth has
+
+// sp_topk's order: a (index ia) comes before b (index ib): values descending, a tie to the lower index, NaN
+// above everything.
+__device__ __forceinline__ bool sp_ranks_before(float a, int ia, float b, int ib) {
+    bool a_nan = isnan(a), b_nan = isnan(b);
+    if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
+// One level: candidate c = f * B + b (F frontier nodes, their B best children) scores frontier_scores[f] +
+// top_values[c]; the W best in sp_topk's order become nodes count..count+W-1 of the growth's T: their tokens
+// (top_indices[c]), parents (frontier[f]) and scores, their ancestor-or-self rows of ancestors [T, T] (0/1, in
+// place: the parent's row and the node itself), and for the next level local_parent [W] (f), positions [W]
+// (true_length + the node's depth), frontier_out [W] (the nodes) and frontier_scores_out [W].  One block.
+extern "C" __global__ void sp_tree_level(const float* top_values, const long long* top_indices,
+                                         const float* frontier_scores, const long long* frontier, int F, int B,
+                                         int W, int count, int T, unsigned char* ancestors,
+                                         const long long* node_depth, const long long* true_length,
+                                         long long* tokens_all, long long* parents_all, float* scores_all,
+                                         long long* local_parent, long long* positions,
+                                         long long* frontier_out, float* frontier_scores_out) {
+    sp_let_next_start();
+    sp_wait_for_previous();
+    __shared__ float score[SP_TREE_MAX];
+    __shared__ int pick[SP_TREE_MAX];  // rank -> candidate
+    const int C = F * B;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        score[c] = __fadd_rn(frontier_scores[c / B], top_values[c]);
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int rank = 0;
+        for (int j = 0; j < C; ++j) rank += sp_ranks_before(score[j], j, score[c], c);
+        if (rank < W) pick[rank] = c;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < W; r += blockDim.x) {
+        int c = pick[r], f = c / B, node = count + r;
+        tokens_all[node] = top_indices[c];
+        parents_all[node] = frontier[f];
+        scores_all[node] = score[c];
+        local_parent[r] = f;
+        positions[r] = true_length[0] + node_depth[node];
+        frontier_out[r] = node;
+        frontier_scores_out[r] = score[c];
+    }
+    // rows count.. are written, rows of earlier nodes (the parents) read: never the same row
+    for (int idx = threadIdx.x; idx < W * T; idx += blockDim.x) {
+        int r = idx / T, j = idx - r * T, node = count + r;
+        long long parent = frontier[pick[r] / B];
+        ancestors[(long long)node * T + j] = (j == node) || (parent >= 0 && ancestors[parent * T + j]);
+    }
+}
+
+// The round's tree: the N best of the T candidates by key = scores_all - tie_break * node_depth (sp_topk's
+// order), in candidate order: tokens_out [N], parents_out [N] (a node of the tree; -1 the last committed
+// token, and -1 for a parent left out, which the tie break rules out), and the verification block's depth_out
+// [N+1] (0, then depth + 1) and visible_out [N+1, N+1] (column 0 set; row 0 only there; the nodes' ancestors
+// among the chosen).  One block.
+extern "C" __global__ void sp_tree_choose(const long long* tokens_all, const long long* parents_all,
+                                          const float* scores_all, const long long* node_depth,
+                                          const unsigned char* ancestors, int T, int N, float tie_break,
+                                          long long* tokens_out, long long* parents_out, long long* depth_out,
+                                          unsigned char* visible_out) {
+    sp_let_next_start();
+    sp_wait_for_previous();
+    __shared__ float key[SP_TREE_MAX];
+    __shared__ int chosen[SP_TREE_MAX];  // candidate -> 1 when among the N best
+    __shared__ int slot[SP_TREE_MAX];    // candidate -> its node, -1 when left out
+    __shared__ int pick[SP_TREE_MAX];    // node -> candidate
+    for (int i = threadIdx.x; i < T; i += blockDim.x)
+        key[i] = __fsub_rn(scores_all[i], __fmul_rn(tie_break, (float)node_depth[i]));
+    __syncthreads();
+    for (int i = threadIdx.x; i < T; i += blockDim.x) {
+        int rank = 0;
+        for (int j = 0; j < T; ++j) rank += sp_ranks_before(key[j], j, key[i], i);
+        chosen[i] = rank < N;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < T; i += blockDim.x) {
+        int place = -1;
+        if (chosen[i]) {
+            place = 0;
+            for (int j = 0; j < i; ++j) place += chosen[j];
+            pick[place] = i;
+        }
+        slot[i] = place;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < N; p += blockDim.x) {
+        int c = pick[p];
+        long long parent = parents_all[c];
+        tokens_out[p] = tokens_all[c];
+        parents_out[p] = parent >= 0 ? (long long)slot[parent] : parent;
+        depth_out[p + 1] = node_depth[c] + 1;
+    }
+    if (threadIdx.x == 0) depth_out[0] = 0;
+    const int R = N + 1;
+    for (int idx = threadIdx.x; idx < R * R; idx += blockDim.x) {
+        int a = idx / R, b = idx - a * R;
+        visible_out[idx] = b == 0 ? 1 : (a == 0 ? 0 : ancestors[(long long)pick[a - 1] * T + pick[b - 1]]);
+    }
+}

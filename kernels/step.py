@@ -83,6 +83,10 @@ NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
 # SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
 TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
+TREE_MAX = 64  # SP_TREE_MAX: the most candidates sp_tree_level ranks, and of nodes a growth has
+# EAGLE's tree levels and final choice in one kernel each (sp_tree_level, sp_tree_choose) where the kernels
+# are loaded; SPECPLAY_TREE_KERNELS=0 keeps their torch twins, for comparisons
+TREE_KERNELS = os.environ.get("SPECPLAY_TREE_KERNELS", "1") != "0"
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
 _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}
@@ -128,6 +132,17 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_chain_limit",
                "long long* accepted, long long* next_token, long long* path, unsigned char* tested, "
                "const long long* chain, int K, const long long* count"),
+    KernelSpec("sp_tree_level",
+               "const float* top_values, const long long* top_indices, const float* frontier_scores, "
+               "const long long* frontier, int F, int B, int W, int count, int T, unsigned char* ancestors, "
+               "const long long* node_depth, const long long* true_length, long long* tokens_all, "
+               "long long* parents_all, float* scores_all, long long* local_parent, long long* positions, "
+               "long long* frontier_out, float* frontier_scores_out"),
+    KernelSpec("sp_tree_choose",
+               "const long long* tokens_all, const long long* parents_all, const float* scores_all, "
+               "const long long* node_depth, const unsigned char* ancestors, int T, int N, float tie_break, "
+               "long long* tokens_out, long long* parents_out, long long* depth_out, "
+               "unsigned char* visible_out"),
 )}
 GEMV_MODES = {"plain": 0, "rms_norm": 1, "silu_mul": 2, "embed_cat": 3}
 
@@ -143,7 +158,7 @@ def instance_names() -> list:
     names += [f"sp_attention<{t}>" for t in halves]
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
     names += [f"sp_chain_block<{t}>" for t in _DTYPES.values()]
-    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit"]
+    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit", "sp_tree_level", "sp_tree_choose"]
 
 
 def module_source() -> str:
@@ -234,6 +249,55 @@ def topk(x: torch.Tensor, k: int) -> tuple:
     if kernels is None or x.dtype not in _DTYPES or x.numel() == 0 or k > x.shape[-1]:
         return TopK(*torch.topk(x, k, dim=-1))
     return kernels.topk(x, k)
+
+
+def tree_level_reference(top_values, top_indices, frontier_scores, frontier, width: int, count: int,
+                         ancestors, node_depth, true_length, tokens_all, parents_all, scores_all) -> tuple:
+    """sp_tree_level's twin, one level of EAGLE's tree: the frontier's F nodes with their B best children
+    (top_values [F, B] log-probabilities, top_indices [F, B] tokens), each child scored by its parent's
+    score (frontier_scores [F]) plus its own; the `width` best in topk_reference's order become nodes
+    count..count+width-1: written into tokens_all, parents_all (frontier ids, -1 = the root), scores_all [T]
+    and their ancestor-or-self rows of ancestors [T, T] bool, in place. Returns (local_parent [W], the
+    frontier index of each node's parent; positions [W] = true_length + its depth; the next frontier [W] and
+    its scores [W])."""
+    branch = top_values.shape[-1]
+    candidates = (frontier_scores[:, None] + top_values).flatten()  # [F * B]
+    values, indices = topk_reference(candidates, width)  # [W] each, best first
+    local_parent = indices // branch
+    parents = frontier[local_parent]  # [W]
+    rows = slice(count, count + width)
+    tokens_all[rows], parents_all[rows], scores_all[rows] = top_indices.flatten()[indices], parents, values
+    ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
+    ancestors[rows, rows].diagonal().fill_(True)
+    positions = true_length + node_depth[rows]  # [W]
+    frontier_out = torch.arange(count, count + width, device=top_values.device)
+    return local_parent, positions, frontier_out, values
+
+
+def tree_choose_reference(tokens_all, parents_all, scores_all, node_depth, ancestors, nodes: int,
+                          tie_break: float) -> tuple:
+    """sp_tree_choose's twin: the `nodes` best of the growth's T candidates by scores_all - tie_break *
+    node_depth (topk_reference's order) as a draft tree in candidate order: (tokens [N], parents [N] in the
+    tree, -1 = the last committed token; the verification block's depth [N+1] and visibility [N+1, N+1], row 0
+    the last committed token)."""
+    device = tokens_all.device
+    keys = scores_all - tie_break * node_depth  # [T]
+    chosen = topk_reference(keys, nodes)[1].sort().values  # [N] in candidate order
+    slot = torch.full((tokens_all.numel(),), -1, dtype=torch.long, device=device)
+    slot[chosen] = torch.arange(nodes, device=device)
+    chosen_parents = parents_all[chosen]  # [N] candidate ids
+    tree_parents = torch.where(chosen_parents >= 0, slot[chosen_parents.clamp_min(0)], chosen_parents)
+    block_visible = torch.zeros(nodes + 1, nodes + 1, dtype=torch.bool, device=device)
+    block_visible[:, 0] = True  # every row sees the last committed token
+    block_visible[1:, 1:] = ancestors[chosen][:, chosen]
+    block_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), node_depth[chosen] + 1])
+    return tokens_all[chosen], tree_parents, block_depth, block_visible
+
+
+def tree_kernels(device) -> Optional["StepKernels"]:
+    """The loaded step kernels where EAGLE's tree levels run in them (TREE_KERNELS), else None (the twins)."""
+    device = torch.device(device)
+    return StepKernels.loaded(device) if TREE_KERNELS and device.type == "cuda" else None
 
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
@@ -542,6 +606,55 @@ class StepKernels:
                           chain=chain.data_ptr(), K=k, count=count.data_ptr())
         return result
 
+    def tree_level(self, top_values, top_indices, frontier_scores, frontier, width: int, count: int,
+                   ancestors, node_depth, true_length, tokens_all, parents_all, scores_all,
+                   chained: bool = False) -> tuple:
+        """As tree_level_reference (top_values float32, ancestors bool, the rest int64 or float32 as there,
+        contiguous, on this device; at most TREE_MAX candidates and nodes)."""
+        rows, branch = top_values.shape
+        total = ancestors.shape[0]
+        if (rows * branch > TREE_MAX or total > TREE_MAX or not 1 <= width <= rows * branch
+                or count + width > total or tuple(ancestors.shape) != (total, total)):
+            raise ValueError(f"tree_level: {rows} x {branch} candidates, {width} kept at {count} of {total}")
+        _check_longs(top_indices, frontier, node_depth, true_length, tokens_all, parents_all)
+        _check_floats(top_values, frontier_scores, scores_all)
+        if ancestors.dtype != torch.bool or not ancestors.is_contiguous():
+            raise ValueError("tree_level: ancestors must be a contiguous bool tensor")
+        local_parent, positions, frontier_out = (torch.empty(width, dtype=torch.long, device=self.device)
+                                                 for _ in range(3))
+        frontier_scores_out = torch.empty(width, dtype=torch.float32, device=self.device)
+        self._launch_grid("sp_tree_level", "sp_tree_level", (1,), 64, chained,
+                          top_values=top_values.data_ptr(), top_indices=top_indices.data_ptr(),
+                          frontier_scores=frontier_scores.data_ptr(), frontier=frontier.data_ptr(), F=rows,
+                          B=branch, W=width, count=count, T=total, ancestors=ancestors.data_ptr(),
+                          node_depth=node_depth.data_ptr(), true_length=true_length.data_ptr(),
+                          tokens_all=tokens_all.data_ptr(), parents_all=parents_all.data_ptr(),
+                          scores_all=scores_all.data_ptr(), local_parent=local_parent.data_ptr(),
+                          positions=positions.data_ptr(), frontier_out=frontier_out.data_ptr(),
+                          frontier_scores_out=frontier_scores_out.data_ptr())
+        return local_parent, positions, frontier_out, frontier_scores_out
+
+    def tree_choose(self, tokens_all, parents_all, scores_all, node_depth, ancestors, nodes: int,
+                    tie_break: float, chained: bool = False) -> tuple:
+        """As tree_choose_reference (at most TREE_MAX candidates)."""
+        total = tokens_all.numel()
+        if total > TREE_MAX or not 1 <= nodes <= total or tuple(ancestors.shape) != (total, total):
+            raise ValueError(f"tree_choose: {nodes} of {total} candidates")
+        _check_longs(tokens_all, parents_all, node_depth)
+        _check_floats(scores_all)
+        if ancestors.dtype != torch.bool or not ancestors.is_contiguous():
+            raise ValueError("tree_choose: ancestors must be a contiguous bool tensor")
+        tokens, parents = (torch.empty(nodes, dtype=torch.long, device=self.device) for _ in range(2))
+        depth = torch.empty(nodes + 1, dtype=torch.long, device=self.device)
+        visible = torch.empty(nodes + 1, nodes + 1, dtype=torch.bool, device=self.device)
+        self._launch_grid("sp_tree_choose", "sp_tree_choose", (1,), 64, chained,
+                          tokens_all=tokens_all.data_ptr(), parents_all=parents_all.data_ptr(),
+                          scores_all=scores_all.data_ptr(), node_depth=node_depth.data_ptr(),
+                          ancestors=ancestors.data_ptr(), T=total, N=nodes, tie_break=tie_break,
+                          tokens_out=tokens.data_ptr(), parents_out=parents.data_ptr(),
+                          depth_out=depth.data_ptr(), visible_out=visible.data_ptr())
+        return tokens, parents, depth, visible
+
     def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,
                   splits: Optional[int] = None) -> torch.Tensor:
         """As attention_reference with start a device tensor int64: [1] for one sequence's caches
@@ -623,6 +736,12 @@ def _check_longs(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.dtype != torch.long or not t.is_contiguous() or (t.numel() and not t.is_cuda):
             raise ValueError(f"round kernels need contiguous int64 tensors on the device (got {t.dtype})")
+
+
+def _check_floats(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.float32 or not t.is_contiguous() or not t.is_cuda:
+            raise ValueError(f"round kernels need contiguous float32 tensors on the device (got {t.dtype})")
 
 
 def _check(*tensors: torch.Tensor) -> None:

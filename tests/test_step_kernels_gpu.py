@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 from kernels.step import (  # noqa: E402
     GEMV_MAX_ROWS,
     GEMV_STAGE,
+    TREE_MAX,
     StepKernels,
     attention_reference,
     gemv_reference,
@@ -21,6 +22,8 @@ from kernels.step import (  # noqa: E402
     silu_mul_reference,
     topk,
     topk_reference,
+    tree_choose_reference,
+    tree_level_reference,
 )
 
 CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
@@ -675,3 +678,64 @@ def test_padded_prefill_matches_unpadded_and_replays_one_graph_per_bucket(tmp_pa
     assert new_graphs == [1, 0, 1]
     assert (32, 0, ()) in padded._graphs and (64, 0, ()) in padded._graphs
     assert not any(key[0] in (19, 27, 38) for key in plain._graphs)  # unpadded prefills stay eager
+
+
+def _level_widths(branch: int, frontier: int, depth: int) -> list:
+    """Nodes per level of a growth: min(frontier, nodes of the level above * branch), the root alone above."""
+    widths, above = [], 1
+    for _ in range(depth):
+        above = min(frontier, above * branch)
+        widths.append(above)
+    return widths
+
+
+def _growth_state(total: int) -> dict:
+    """A growth's buffers before its first level: T candidates, the frontier the root alone."""
+    return {"ancestors": torch.zeros(total, total, dtype=torch.bool, device="cuda"),
+            "tokens": torch.zeros(total, dtype=torch.long, device="cuda"),
+            "parents": torch.zeros(total, dtype=torch.long, device="cuda"),
+            "scores": torch.zeros(total, dtype=torch.float32, device="cuda"),
+            "frontier": torch.full((1,), -1, dtype=torch.long, device="cuda"),
+            "frontier_scores": torch.zeros(1, dtype=torch.float32, device="cuda")}
+
+
+def test_tree_level_and_choose_fuzz(kernels):
+    """sp_tree_level and sp_tree_choose give their twins' outputs bit for bit over whole random growths, level
+    after level on the outputs of the last: random scores or a few symbols (ties, -inf, NaN), branch 1..4,
+    frontier 1..6, depth 1..8, every tree size 1..T."""
+    rng = random.Random(13)
+    symbols = torch.tensor([0.0, -0.5, -1.0, -1.0, float("-inf"), -2.0, float("nan"), -0.25], device="cuda")
+    for case in range(CASES):
+        branch, frontier_max, depth = rng.randint(1, 4), rng.randint(1, 6), rng.randint(1, 8)
+        widths = _level_widths(branch, frontier_max, depth)
+        total = sum(widths)
+        assert total <= TREE_MAX
+        node_depth = torch.repeat_interleave(torch.arange(depth), torch.tensor(widths)).cuda()
+        true_length = torch.tensor([rng.randint(0, 500)], device="cuda")
+        twin, kernel = (_growth_state(total) for _ in range(2))
+        count, rows = 0, 1
+        for width in widths:
+            if case % 4 == 0:
+                top_values = symbols[torch.randint(0, len(symbols), (rows, branch), device="cuda")]
+            else:
+                top_values = -torch.rand(rows, branch, device="cuda") * rng.choice([1e-3, 1.0, 20.0])
+            top_indices = torch.randint(0, 8192, (rows, branch), device="cuda")
+            outs = []
+            for run, level in ((twin, tree_level_reference), (kernel, kernels.tree_level)):
+                outs.append(level(top_values, top_indices, run["frontier_scores"], run["frontier"], width,
+                                  count, run["ancestors"], node_depth, true_length, run["tokens"],
+                                  run["parents"], run["scores"]))
+                run["frontier"], run["frontier_scores"] = outs[-1][2], outs[-1][3]
+            for expected, got in zip(*outs):
+                assert torch.allclose(got, expected, rtol=0, atol=0, equal_nan=True), (case, count, width)
+            for name in ("ancestors", "tokens", "parents", "scores"):
+                assert torch.allclose(kernel[name].float(), twin[name].float(), rtol=0, atol=0,
+                                      equal_nan=True), (case, name)
+            count, rows = count + width, width
+        nodes = rng.randint(1, total)
+        expected = tree_choose_reference(twin["tokens"], twin["parents"], twin["scores"], node_depth,
+                                         twin["ancestors"], nodes, 1e-4)
+        got = kernels.tree_choose(kernel["tokens"], kernel["parents"], kernel["scores"], node_depth,
+                                  kernel["ancestors"], nodes, 1e-4)
+        for e, g in zip(expected, got):
+            assert torch.equal(g, e), (case, nodes, total)

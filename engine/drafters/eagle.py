@@ -41,7 +41,14 @@ from engine.drafters.base import (
 from engine.errors import SpecplayError
 from engine.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.runner import to_device
-from kernels.step import gemv_fits, topk
+from kernels.step import (
+    TREE_MAX,
+    gemv_fits,
+    topk,
+    tree_choose_reference,
+    tree_kernels,
+    tree_level_reference,
+)
 
 HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -331,22 +338,22 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
     col_node, true_col = node_of_col.clamp(0, total - 1), node_of_col < 0  # [kv] each
     feats, frontier = root_feature, torch.full((1,), -1, dtype=torch.long, device=device)
     frontier_scores = torch.zeros(1, dtype=torch.float32, device=device)
-    levels, count = [], 0
+    # every candidate's token, parent (a candidate id, -1 = the root) and cumulative log-probability [T]
+    tokens_all, parents_all = (torch.zeros(total, dtype=torch.long, device=device) for _ in range(2))
+    scores_all = torch.zeros(total, dtype=torch.float32, device=device)
+    kernels = tree_kernels(device) if total <= TREE_MAX else None  # else the levels' torch twin
+    count = 0
     for level in range(depth):
         logp = torch.log_softmax(head.logits(feats)[:, :vocab], dim=-1)  # [F, V]
         top = topk(logp, TREE_BRANCH)  # [F, B]
-        candidates = (frontier_scores[:, None] + top.values).flatten()  # [F * B]
-        best = topk(candidates, min(TREE_FRONTIER, candidates.numel()))  # [W], best first
-        width = best.indices.numel()
-        local_parent = best.indices // TREE_BRANCH  # [W] index into the frontier
-        tokens, parents = top.indices.flatten()[best.indices], frontier[local_parent]  # [W] each
-        levels.append((tokens, parents, best.values))
+        width = min(TREE_FRONTIER, top.values.numel())
+        level_args = (top.values.float().contiguous(), top.indices.contiguous(), frontier_scores, frontier,
+                      width, count, ancestors, node_depth, true_length, tokens_all, parents_all, scores_all)
+        local_parent, positions, next_frontier, next_scores = (
+            tree_level_reference(*level_args) if kernels is None else kernels.tree_level(*level_args))
         rows = slice(count, count + width)  # the level's node ids
-        ancestors[rows] = ancestors[parents.clamp_min(0)] & (parents >= 0)[:, None]
-        ancestors[rows, rows].diagonal().fill_(True)
         if level < depth - 1:
-            positions = true_length + node_depth[rows]  # [W]
-            inputs = head.fuse(feats[local_parent], tokens)  # [W, H]
+            inputs = head.fuse(feats[local_parent], tokens_all[rows])  # [W, H]
             if runner.takes_tree_levels(width, count + width):  # the level after its earlier nodes
                 seen = ancestors[:count + width, :count + width]  # [count + W, count + W]
                 feats = runner.step_tree_level(inputs, positions, true_length, count, seen)
@@ -355,10 +362,10 @@ def _grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_le
                 mask = torch.full((width, kv), float("-inf"), dtype=runner.dtype, device=device)
                 mask.masked_fill_(visible, 0.0)
                 feats = runner.step_embeds(inputs, positions, node_rows[rows], mask)
-            frontier, frontier_scores = torch.arange(count, count + width, device=device), best.values
+            frontier, frontier_scores = next_frontier, next_scores
         count += width
-    tokens, parents, scores = (torch.cat(parts) for parts in zip(*levels))
-    return choose_nodes(tokens, parents, scores, node_depth, ancestors, min(nodes, total))
+    nodes = min(nodes, total)
+    return choose_nodes(tokens_all, parents_all, scores_all, node_depth, ancestors, nodes)
 
 
 def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> tuple:
@@ -368,18 +375,12 @@ def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> 
     ancestor-or-self). A node never scores above its parent; TIE_BREAK per depth makes it strictly below, so
     the best `nodes` hold every chosen node's ancestors and the tree has exactly `nodes` nodes (a fixed
     shape: no host decision). Returns tokens [N], parents [N] (in the tree, level order), and the
-    verification block's depth [N+1] and visibility [N+1, N+1] (row 0: the last committed token)."""
-    device = tokens.device
-    chosen = topk(scores - TIE_BREAK * node_depth, nodes).indices.sort().values  # [N] level order
-    slot = torch.full((tokens.numel(),), -1, dtype=torch.long, device=device)
-    slot[chosen] = torch.arange(nodes, device=device)
-    chosen_parents = parents[chosen]  # [N] candidate ids
-    tree_parents = torch.where(chosen_parents >= 0, slot[chosen_parents.clamp_min(0)], chosen_parents)
-    block_visible = torch.zeros(nodes + 1, nodes + 1, dtype=torch.bool, device=device)
-    block_visible[:, 0] = True  # every row sees the last committed token
-    block_visible[1:, 1:] = ancestors[chosen][:, chosen]
-    block_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), node_depth[chosen] + 1])
-    return tokens[chosen], tree_parents, block_depth, block_visible
+    verification block's depth [N+1] and visibility [N+1, N+1] (row 0: the last committed token):
+    sp_tree_choose where the kernels are loaded, else its twin (kernels.step.tree_choose_reference)."""
+    kernels = tree_kernels(tokens.device) if tokens.numel() <= TREE_MAX else None
+    if kernels is None:
+        return tree_choose_reference(tokens, parents, scores, node_depth, ancestors, nodes, TIE_BREAK)
+    return kernels.tree_choose(tokens, parents, scores, node_depth, ancestors, nodes, TIE_BREAK)
 
 
 def _tree_size(depth: int) -> int:
