@@ -609,7 +609,7 @@ class HostTreeRoundGraph(RoundGraph):
     start, its tokens (the last committed one, then the tree's), the tree's parents, depths and ancestor
     mask, and a sampled round's uniforms go to the device in one copy (upload); the target's step, the tree
     verification, the readout and the cache's compaction to the accepted path (keep_path) run captured.
-    Launched op by op, this round's host work was several times the GPU's (some forty torch calls, each
+    Queued op by op, this round's host work is several times the GPU's (some forty torch calls, each
     tree shape's masks built and copied, a pageable copy of the parents). The outputs are static: the next
     replay overwrites them, so a host tree is one round in flight (its next draft needs this outcome
     anyway)."""
