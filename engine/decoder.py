@@ -477,7 +477,7 @@ class SpeculativeDecoder:
         graph.upload(self._calls, block_start, state.tokens[-1], draft.tokens.tolist(), parents, uniforms)
         graph.replay(self._calls)
         self.target.occupy(block_start, graph.rows)
-        readout = self._copy_readout(graph.values, min(TOP_ALTERNATIVES, self.vocab_size), draft)
+        readout = self._copy_readout(graph.values, graph.width, draft)
         return graph.logits, graph.features, graph.result, uniforms, readout
 
     def _queues_after(self, drafter: Drafter) -> bool:

@@ -621,6 +621,7 @@ class HostTreeRoundGraph(RoundGraph):
         deterministic), None for greedy ones."""
         device, n, rows = target.device, nodes, nodes + 1
         self.target, self.nodes, self.depth = target, n, n  # depth: the longest path a round can accept
+        self.width = width  # the readout's top alternatives per row
         self._ints = 3 * n + 3  # [start, tokens (N+1), parents (N), depths (N+1)] int64
         ints_bytes, floats_bytes = 8 * self._ints, 4 * rows
         size = -(-(ints_bytes + floats_bytes + rows * rows) // 8) * 8
