@@ -12,13 +12,14 @@ reads from a device buffer, so one graph serves every cache length up to kv - K.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
 
 from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
-from kernels.step import topk
+from kernels.step import GEMV_MAX_ROWS, HALF_DTYPES, MEDUSA_MAX_H, gemv_fits, medusa_heads_reference, topk
 
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
@@ -359,7 +360,7 @@ def _eagle_round_graph(head, n: int, k: int, width: int, vocab: int, sampling: O
     return ChainGraphs.of(runner).get(key, build)
 
 
-def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+def medusa_draft(target, heads, hidden: torch.Tensor, tree, vocab: int):
     """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's
     tokens) as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it
     eagerly)."""
@@ -368,8 +369,7 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
 
     def build() -> CapturedChain:
         def propose(feature):
-            logits = heads.logits(target, feature)[:tree.depth, :vocab]  # [depth, V]
-            return topk(logits, tree.width).indices.flatten()[flat_index]  # [N]
+            return medusa_rows(target, heads, feature[None], tree, vocab)[0]  # [N]
 
         return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, graph_pool(target))
 
@@ -377,21 +377,71 @@ def medusa_draft(target, heads, hidden: torch.Tensor, tree, flat_index: torch.Te
     return None if graph is None else graph.run(hidden)
 
 
-def medusa_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
-    """features [M, H] (pre-norm) -> tokens [M, N]: row i the tree's tokens drafted from row i's feature."""
-    logits = heads.row_logits(target, features, tree.depth)[:, :, :vocab]  # [depth, M, V]
-    ranked = topk(logits, tree.width).indices  # [depth, M, width]
-    return ranked.permute(1, 0, 2).reshape(features.shape[0], -1)[:, flat_index]  # [M, N]
+# Medusa's heads in sp_medusa_heads (the row's pick, the final norm, the heads' product, SiLU and the residual
+# in one launch), the LM head in sp_gemv, on the target's decode kernels; SPECPLAY_MEDUSA_KERNEL=0 keeps the
+# torch operations (medusa_heads_reference, the LM head's F.linear), for comparisons
+MEDUSA_KERNEL = os.environ.get("SPECPLAY_MEDUSA_KERNEL", "1") != "0"
 
 
-def medusa_draft_rows(target, heads, features: torch.Tensor, tree, flat_index: torch.Tensor, vocab: int):
+def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
+                accepted: Optional[torch.Tensor] = None, path: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """features [M, H] (pre-norm) -> tokens [M, N]: row i the tree's tokens drafted from row i's feature.
+    accepted, path (device [1] and [N], a verification's): the one row that gave its next token instead
+    (0 when nothing was accepted, else path[accepted - 1] + 1) -> [1, N], picked on the device."""
+    depth, width = tree.depth, tree.width
+    kernels = _medusa_kernels(target, features)
+    weight, bias = heads.stacked(depth)  # [depth * H, H], [depth * H]
+    eps = target.spec.rms_norm_eps
+    if kernels is None:
+        outs = medusa_heads_reference(features, target.norm_weight, eps, weight, bias, depth,
+                                      None if accepted is None else accepted.clamp_min(0), path)
+        rows = outs.shape[1]
+        logits = target.project(outs.reshape(depth * rows, -1))  # [depth * M, V]
+    else:
+        outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path)
+        rows = outs.shape[1]
+        flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
+        logits = torch.cat([kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True,
+                                         chained=True)
+                            for i in range(0, flat.shape[0], GEMV_MAX_ROWS)])  # [depth * M, V]
+    ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
+    return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
+
+
+def _medusa_kernels(target, features: torch.Tensor):
+    """The target's decode kernels where Medusa's heads run in them (see MEDUSA_KERNEL), else None."""
+    kernels = getattr(target, "decode_kernels", None)
+    hidden = features.shape[-1]
+    if not (MEDUSA_KERNEL and kernels is not None and features.is_cuda and features.dtype in HALF_DTYPES
+            and hidden % 8 == 0 and hidden <= MEDUSA_MAX_H and gemv_fits(target.lm_head, GEMV_MAX_ROWS)):
+        return None
+    return kernels
+
+
+_MEDUSA_INDEX: dict = {}
+
+
+def _medusa_index(tree, rows: int, device) -> torch.Tensor:
+    """[M, N]: where row m's node j sits among the ranks [depth * M, width] (head-major), for the tree's
+    flat_index (d * width + r per node); made once per tree, row count and device."""
+    key = (tree, rows, str(device))
+    index = _MEDUSA_INDEX.get(key)
+    if index is None:
+        width = tree.width
+        places = [[(f // width) * rows * width + m * width + f % width for f in tree.flat_index]
+                  for m in range(rows)]
+        index = _MEDUSA_INDEX[key] = torch.tensor(places, dtype=torch.long).to(device)
+    return index
+
+
+def medusa_draft_rows(target, heads, features: torch.Tensor, tree, vocab: int):
     """Medusa's proposal from every row of a verified block at once: features [M, H] (pre-norm) -> tokens
     [M, N], row i the tree's tokens drafted from row i's feature. Queued behind the verification, before the
     accepted row is known; one graph replay per M where graphs apply, else eager."""
     rows = features.shape[0]
 
     def propose(block):
-        return medusa_rows(target, heads, block, tree, flat_index, vocab)
+        return medusa_rows(target, heads, block, tree, vocab)
 
     if not ChainGraphs.available(target, 2):
         return propose(features)

@@ -644,12 +644,13 @@ class LlamaRunner(CausalRunner):
         self._start.fill_(start)
         return self._block_step(x, self._start, depth, block_visible, self._kv_width(start + rows))
 
-    def _block_step(self, x, start, depth, block_visible, kv: int):
+    def _block_step(self, x, start, depth, block_visible, kv: int, after_step_kernel: bool = False):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
         Only device tensors go in, so the CUDA graph captures exactly this (the tap layers' outputs too, left
-        in last_taps)."""
+        in last_taps). after_step_kernel: the caller's last kernel (which made x) is a step kernel, so the
+        first product may start early behind it (kernels.step._launch_grid's chained)."""
         if self._decode_path(x.shape[0]):
-            return self._decode_block(x, start, depth, block_visible)
+            return self._decode_block(x, start, depth, block_visible, after_step_kernel)
         positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
         hidden = self._tapped_step(x, positions, cache_index, mask, window_mask)
         return hidden, self.logits_from_hidden(hidden)
@@ -795,7 +796,7 @@ class LlamaRunner(CausalRunner):
     def _decode_path(self, n: int) -> bool:
         return self.decode_kernels is not None and n <= DECODE_ROWS
 
-    def _decode_block(self, x, start, depth, block_visible):
+    def _decode_block(self, x, start, depth, block_visible, after_step_kernel: bool = False):
         """The step on the decode kernels: x [n, H] (n <= 64) at cache rows start.. (start [1] on the
         device) -> (features [n, H], logits [n, V] float32). Blocks of up to DECODE_GEMV_ROWS rows run every
         product in sp_gemv; longer ones keep cuBLAS for the products."""
@@ -806,7 +807,8 @@ class LlamaRunner(CausalRunner):
             positions = start + depth  # [n]
             cache_index = start + self._arange[:n]  # [n]
         self._tapped = []
-        hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous())
+        hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous(),
+                                     chained=after_step_kernel and ROPE_START)
         self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
         self._tapped = []
         if not self._gemv_rows(n):
@@ -817,14 +819,15 @@ class LlamaRunner(CausalRunner):
         return hidden, logits
 
     def _decode_layers(self, x, positions, cache_index, start, block_visible,
-                       earlier: int = 0) -> torch.Tensor:
+                       earlier: int = 0, chained: bool = False) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
         fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
         and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's (each adding the
         residual into x in place) and the norms sp_rms_norm. earlier: rows of the attention's block before
         x's, already in the cache (a tree level's earlier nodes, see step_tree_level): block_visible is
         [earlier + n, earlier + n], their queries are zeros and their outputs dropped. cache_index None:
-        positions are depths after start and the rows start + i (the rope kernel adds start)."""
+        positions are depths after start and the rows start + i (the rope kernel adds start). chained: the
+        stream's last kernel is a step kernel (the first product may start early behind it)."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
@@ -834,7 +837,8 @@ class LlamaRunner(CausalRunner):
         for li, layer in enumerate(self.layers):
             keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
             if small:
-                qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps, chained=li > 0)
+                qkv = k.gemv(x, layer.w_qkv, layer.b_qkv, norm_weight=layer.ln1, eps=eps,
+                              chained=li > 0 or chained)
             else:
                 qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,

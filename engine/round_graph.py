@@ -50,6 +50,7 @@ from kernels.step import (
     chain_block_reference,
     chain_commit_reference,
     chain_limit_reference,
+    keep_path_reference,
 )
 
 # Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
@@ -60,10 +61,11 @@ SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
 # n-gram's lookup in one kernel (kernels.step sp_ngram_lookup) where the target has the decode kernels, else
 # NgramLookup's torch operations; SPECPLAY_NGRAM_KERNEL=0 keeps the torch ones, for comparisons
 NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
-# a chain round's bookkeeping (its block's tokens, start and embeddings; the outcome copied into the next
-# replay's inputs; n-gram's cut at its count and its history's append) in one kernel each
-# (kernels/round_kernels.cu) where the target has the decode kernels and the verification is the CUDA
-# backend's; SPECPLAY_ROUND_KERNELS=0 keeps the torch operations (their twins), for comparisons
+# a round's bookkeeping (a chain's or Medusa's block: its tokens, start and embeddings; the outcome copied
+# into the next replay's inputs; n-gram's cut at its count and its history's append; a tree's accepted path
+# kept in the cache) in one kernel each (kernels/round_kernels.cu) where the target has the decode kernels
+# and the verification is the CUDA backend's; SPECPLAY_ROUND_KERNELS=0 keeps the torch operations (their
+# twins), for comparisons
 ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
 # Medusa's replayed round drafts the next tree from its block's accepted row only, picked on the device (one
 # row through the heads and the LM head); SPECPLAY_MEDUSA_ROW_HEADS=0 drafts from every row of the block and
@@ -149,8 +151,7 @@ class RoundGraph:
 class MedusaRoundGraph(RoundGraph):
     """One Medusa round at a fixed tree (greedy or sampled)."""
 
-    def __init__(self, target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,
-                 warp: Optional[tuple] = None):
+    def __init__(self, target, heads, tree, backend, vocab: int, width: int, warp: Optional[tuple] = None):
         """warp: (temperature, top_k, top_p) for sampled rounds (recursive rejection sampling with the
         uniforms copied into `verify_u` before each replay), None for greedy ones."""
         device, n = target.device, len(tree.parents)
@@ -173,27 +174,32 @@ class MedusaRoundGraph(RoundGraph):
         tree_parents = self.parents.to(device)  # [N]
         minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
         rows = target._arange[:self.depth]  # [D]
+        # the block from the last outcome, and the new outcome into the next replay's inputs, as a chain's
+        kernels = round_kernels(target, backend)
+        block = chain_block_reference if kernels is None else kernels.chain_block
+        commit = chain_commit_reference if kernels is None else kernels.chain_commit
 
         def round_():
             keep_path(target, self.start, self.path[:self.depth], rows)
             drafts = self.early[0] if self.row_heads else self.early.index_select(0, self._accepted_row())[0]
-            tokens = torch.cat((self.next_token, drafts))  # [N+1]
-            start = self.start + 1 + self.accepted  # [1]
-            hidden, logits = target._block_step(F.embedding(tokens, target.embed_weight), start, block_depth,
-                                                block_visible, kv)  # [N+1, H], [N+1, V]
+            # tokens [N+1] = [next token, drafts], start [1] = the last start + 1 + accepted, x [N+1, H]
+            tokens, start, x = block(self.next_token, drafts, self.start, self.accepted, target.embed_weight)
+            hidden, logits = target._block_step(x, start, block_depth, block_visible, kv,
+                                                after_step_kernel=kernels is not None)  # [N+1, H], [N+1, V]
             if warp is None:
                 result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
             else:  # one-hot q: Medusa's tokens are its heads' top ranks
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
                                                         self.verify_u, *warp)
             values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
-            self.accepted.copy_(result.accepted[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+            if self.row_heads:  # the heads on the row that gave the next token, picked on the device
+                early = medusa_rows(target, heads, hidden, tree, vocab, result.accepted[:1], result.path[0])
+            else:
+                early = medusa_rows(target, heads, hidden, tree, vocab)  # [N+1, N]
             self.path.copy_(result.path[0])
-            drafted_from = hidden.index_select(0, self._accepted_row()) if self.row_heads else hidden
-            early = medusa_rows(target, heads, drafted_from, tree, flat_index, vocab)  # [1 or N+1, N]
-            self.next_token.copy_(result.next_token[:1].clamp_min(0))  # -1 flags NaN: the readout raises
-            self.early.copy_(early)
-            self.start.copy_(start)
+            # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts and start
+            commit(result.accepted, result.next_token, early.view(-1), start, self.accepted, self.next_token,
+                   self.early.view(-1), self.start)
             return tokens, hidden, logits, result, values
 
         self._minus_one = minus_one
@@ -258,7 +264,8 @@ class ChainRoundGraph(RoundGraph):
             chain, q = self.drafted
             # the block after the accepted prefix: [next token] + chain [K+1], its start [1], x [K+1, H]
             tokens, start, x = block(self.next_token, chain, self.start, self.accepted, target.embed_weight)
-            hidden, logits = target._block_step(x, start, depth, visible, kv)  # [K+1, H], [K+1, V]
+            hidden, logits = target._block_step(x, start, depth, visible, kv,
+                                                after_step_kernel=kernels is not None)  # [K+1, H], [K+1, V]
             features = target.last_taps if target.tap_layers else hidden
             if sampling is None:
                 result = self._limit(backend.verify_chain_greedy(logits[None], chain[None]), chain)
@@ -267,13 +274,11 @@ class ChainRoundGraph(RoundGraph):
                 result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
                                                          *sampling.key)
             temperature = 1.0 if sampling is None else sampling.key[0]
-            values = backend.readout(logits, result, chain, temperature, width)
+            count = self.count  # n-gram's real drafts (the readout's last value, the commit's), or None
+            values = backend.readout(logits, result, chain, temperature, width, extra=int(count is not None))
             self._advance(features)
-            count = self.count  # n-gram's real drafts (the readout's last value), else None
             commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
-                   self.draft, self.start, count, None if count is None else self.count_value)
-            if count is not None:
-                values = torch.cat((values, self.count_value))
+                   self.draft, self.start, count, None if count is None else values[-1:])
             return tokens, features, logits, result, values
 
         self._capture(target, round_, draft_ if k else None)
@@ -394,7 +399,6 @@ class NgramRoundGraph(ChainRoundGraph):
         self.history = torch.zeros(target.max_length + k + 2, dtype=torch.long, device=device)  # [M]
         self.length = torch.zeros(1, dtype=torch.long, device=device)  # committed tokens in history
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # real tokens of the chain
-        self.count_value = torch.zeros(1, dtype=torch.float32, device=device)  # the same, for the readout
         lookup = _ngram_lookup(target, self.history.numel(), max_n, k)
         fused = round_kernels(target, backend) if isinstance(lookup, _KernelLookup) else None
         rows = torch.arange(k + 1, device=device)  # [K+1], for the torch append
@@ -724,10 +728,13 @@ def _kv(runner, rows: int) -> int:
 
 def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tensor) -> None:
     """The tree block at cache row start (device [1]; its row 0 the last committed token) keeps its accepted
-    path: rows start+1+i take rows start+1+path[i] (path [D], -1 past the accepted count: those rows copy
-    themselves). The gather comes first, so rows moving down over each other are safe."""
-    source = start + 1 + torch.where(path >= 0, path, rows)  # [D]
-    target.kv.index_copy_(3, start + 1 + rows, target.kv.index_select(3, source))
+    path: rows start+1+i take rows start+1+path[i] (path [D], -1 past the accepted count; rows = arange(D)).
+    sp_keep_path where the target has the decode kernels (see ROUND_KERNELS), else keep_path_reference."""
+    kernels = getattr(target, "decode_kernels", None)
+    if ROUND_KERNELS and kernels is not None and kernels.takes_path(target.kv, path):
+        kernels.keep_path(target.kv, start, path)
+    else:
+        keep_path_reference(target.kv, start, path, rows)
 
 
 def plain_round_graph(target, backend, width: int, sampling=None) -> Optional[PlainRoundGraph]:
@@ -754,7 +761,7 @@ def ngram_round_graph(target, k: int, max_n: int, backend, width: int) -> Option
     return ChainGraphs.of(target).get(key, lambda: NgramRoundGraph(target, k, max_n, backend, width))
 
 
-def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, vocab: int, width: int,
+def medusa_round_graph(target, heads, tree, backend, vocab: int, width: int,
                        warp: Optional[tuple] = None) -> Optional[MedusaRoundGraph]:
     """The captured round for this tree, built on first use and kept with the target's graphs; None where it
     does not apply: no graphs, no decode path for the block, no compiled kernels, or too little free cache
@@ -766,7 +773,7 @@ def medusa_round_graph(target, heads, tree, flat_index: torch.Tensor, backend, v
         return None
     key = ("medusa_round", id(heads), tree, vocab, width, warp)
     return ChainGraphs.of(target).get(
-        key, lambda: MedusaRoundGraph(target, heads, tree, flat_index, backend, vocab, width, warp))
+        key, lambda: MedusaRoundGraph(target, heads, tree, backend, vocab, width, warp))
 
 
 def eagle_round_graph(target, head, k: int, backend, vocab: int, width: int,

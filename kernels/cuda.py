@@ -531,9 +531,10 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
 
 # ----------------------------------------------------------------------------------------------- readout
 def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor, temperature: float,
-            width: int) -> torch.Tensor:
+            width: int, extra: int = 0) -> torch.Tensor:
     """A round's one host copy, by sp_readout in one launch (see reference.readout): it replaces a softmax,
-    a top-k, a gather and a cat of eleven pieces, each a few microseconds of host time a round."""
+    a top-k, a gather and a cat of eleven pieces, each a few microseconds of host time a round. extra: slots
+    after the values, left unwritten for the caller's kernels to fill."""
     logits = _check_logits(logits, "logits")
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N+1, V], got {tuple(logits.shape)}")
@@ -552,7 +553,7 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
                     ((result.p_draft[0], "p_draft"), (result.q_draft[0], "q_draft"),
                      (result.accept_prob[0], "accept_prob")))
     tested = _readout_piece(result.tested[0], n, torch.bool, di, "tested")
-    out = torch.empty(2 + 6 * n + rows + 2 * rows * width, dtype=torch.float32, device=logits.device)
+    out = torch.empty(2 + 6 * n + rows + 2 * rows * width + extra, dtype=torch.float32, device=logits.device)
 
     def ptr(t: torch.Tensor) -> int:
         return t.data_ptr() if t.numel() else NULL

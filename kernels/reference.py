@@ -203,13 +203,13 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
 
 # ----------------------------------------------------------------------------------------------- readout
 def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor, temperature: float,
-            width: int) -> torch.Tensor:
+            width: int, extra: int = 0) -> torch.Tensor:
     """Everything the host reads of a one-sequence round, as one float32 vector (ids exact below 2**24):
     [accepted, next_token, path[N], draft[N], p[N], q[N], accept_prob[N], tested[N], next_p[R], top_p[R, W],
     top_i[R, W]] for logits [R = N + 1, V], result of that round's verification (batch 1) and draft_tokens
     [N]. Under p = softmax(logits / temperature): next_p[r] is row r's p of the next token, top_* its W most
     probable tokens, most probable first (tied tokens in either order; the CUDA kernel puts the smaller id
-    first)."""
+    first). extra: float32 slots after them (zeros) for the caller to fill (n-gram's count of real drafts)."""
     rows, vocab = logits.shape
     if not 1 <= width <= vocab:
         raise ValueError(f"width must be in 1..{vocab}, got {width}")
@@ -221,4 +221,4 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
     # one cat, its dtype promotion turning ids and flags into float32
     return torch.cat([result.accepted[:1], next_token, result.path[0], draft_tokens, result.p_draft[0],
                       result.q_draft[0], result.accept_prob[0], result.tested[0], next_p, top_p.flatten(),
-                      top_i.flatten()]).float()
+                      top_i.flatten(), torch.zeros(extra, device=logits.device)]).float()

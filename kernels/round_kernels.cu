@@ -24,8 +24,8 @@ __global__ void sp_chain_block(const long long* next_token, const long long* cha
     if (idx == 0) start_out[0] = start[0] + 1 + accepted[0];
 }
 
-// After the verification and the readout: the next replay's inputs.  accepted = accepted_in, next_token =
-// max(next_in, 0) (-1 flags NaN, which the readout reports), draft [K] = chain, start = start_in, and where
+// After the verification and the readout: the next replay's inputs.  accepted = max(accepted_in, 0) and
+// next_token = max(next_in, 0) (-1 flags NaN, which the readout reports), draft [K] = chain, start = start_in, and where
 // count is not NULL, count_out[0] = count[0] as a float (n-gram's count of real drafts, the readout's last
 // value).  One block.
 extern "C" __global__ void sp_chain_commit(const long long* accepted_in, const long long* next_in,
@@ -36,7 +36,7 @@ extern "C" __global__ void sp_chain_commit(const long long* accepted_in, const l
     sp_wait_for_previous();
     for (int j = threadIdx.x; j < K; j += blockDim.x) draft[j] = chain[j];
     if (threadIdx.x == 0) {
-        accepted[0] = accepted_in[0];
+        accepted[0] = max(accepted_in[0], 0LL);
         next_token[0] = max(next_in[0], 0LL);
         start[0] = start_in[0];
         if (count != nullptr) count_out[0] = (float)count[0];
@@ -170,5 +170,98 @@ extern "C" __global__ void sp_tree_choose(const long long* tokens_all, const lon
     for (int idx = threadIdx.x; idx < R * R; idx += blockDim.x) {
         int a = idx / R, b = idx - a * R;
         visible_out[idx] = b == 0 ? 1 : (a == 0 ? 0 : ancestors[(long long)pick[a - 1] * T + pick[b - 1]]);
+    }
+}
+
+// Medusa's heads (engine/drafters/medusa.py) on rows of a verified block's features x [rows, H] (pre-norm), in
+// one launch where torch took a dozen kernels (the row's pick, the final norm, the heads' product, SiLU, the
+// residual, the layout for the LM head):
+//   out[d, m, j] = rnd(xn[j] + rnd(silu(rnd(W[d H + j] . xn + b[d H + j])))),   d < D, j < H,
+// xn = the row's RMSNorm times norm_weight as transformers rounds it (rms_norm_reference).  Output m reads row
+// m, or where accepted is not NULL (M = 1) the row that gave the last round's next token: 0 when nothing was
+// accepted, else path[accepted - 1] + 1.  Twin: kernels/step.py medusa_heads_reference.  Grid
+// (ceil(D H / 8), M), 256 threads: a warp per output value.  H % 8 == 0, H <= SP_MEDUSA_MAX_H.
+#define SP_MEDUSA_MAX_H 8192
+template <typename T>
+__global__ void __launch_bounds__(256) sp_medusa_heads(const T* x, int H, const long long* accepted,
+                                                       const long long* path, const T* norm_weight, float eps,
+                                                       const T* weight, const T* bias, int D, int M, T* out) {
+    __shared__ float xn[SP_MEDUSA_MAX_H];
+    __shared__ float partial[8];
+    sp_let_next_start();
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int o = blockIdx.x * 8 + warp, m = blockIdx.y;  // this warp's output value d * H + j, and output row
+    int chunks = H / 8;
+    sp_wait_for_previous();
+    long long row = m;
+    if (accepted != nullptr) {
+        long long a = accepted[0];
+        row = a > 0 ? path[a - 1] + 1 : 0;
+    }
+    const uint4* xv = reinterpret_cast<const uint4*>(x + row * H);
+    float ss = 0.f;
+    for (int c = tid; c < chunks; c += blockDim.x) {
+        float f[8];
+        dk_unpack8<T>(xv[c], f);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss = fmaf(f[j], f[j], ss);
+    }
+    ss = dk_warp_sum(ss);
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < 8; w++) total += partial[w];
+    float scale = rsqrtf(total / (float)H + eps);
+    const uint4* nv = reinterpret_cast<const uint4*>(norm_weight);
+    for (int c = tid; c < chunks; c += blockDim.x) {
+        float f[8], g[8];
+        dk_unpack8<T>(xv[c], f);
+        dk_unpack8<T>(nv[c], g);
+#pragma unroll
+        for (int j = 0; j < 8; j++) xn[c * 8 + j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * scale))));
+    }
+    __syncthreads();
+    if (o >= D * H) return;
+    const uint4* wv = reinterpret_cast<const uint4*>(weight + (long long)o * H);
+    float acc = 0.f;
+    for (int c = lane; c < chunks; c += 32) {
+        float w8[8];
+        dk_unpack8<T>(wv[c], w8);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc = fmaf(w8[j], xn[c * 8 + j], acc);
+    }
+    acc = dk_warp_sum(acc);
+    if (lane == 0) {
+        int d = o / H, j = o - d * H;
+        float v = to_f(rnd<T>(acc + (bias != nullptr ? to_f(bias[o]) : 0.f)));
+        float s = to_f(rnd<T>(v / (1.0f + expf(-v))));
+        out[((long long)d * M + m) * H + j] = rnd<T>(xn[j] + s);
+    }
+}
+
+// A tree block's accepted path kept in the target's cache (engine/round_graph.py keep_path): the block's row 0 at
+// cache row start[0] is the last committed token, and rows start + 1 + i take rows start + 1 + path[i] for
+// i < P where path[i] >= 0 (-1 past the accepted count: those rows stay).  kv holds `planes` planes (layers,
+// K and V, kv heads) of max_len rows of `chunks` 16-byte chunks each; any dtype.  A thread owns one chunk column
+// of one plane and reads every source before it writes, so rows moving down over each other are safe.  Where
+// torch gathered and scattered in some six kernels, this is one.  Twin: kernels/step.py keep_path_reference.
+#define SP_KEEP_MAX 16
+extern "C" __global__ void sp_keep_path(uint4* kv, int planes, int max_len, int chunks,
+                                        const long long* start, const long long* path, int P) {
+    sp_let_next_start();
+    sp_wait_for_previous();
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)planes * chunks) return;
+    long long plane = idx / chunks;
+    uint4* column = kv + plane * max_len * chunks + (idx - plane * chunks);  // row r at column[r * chunks]
+    long long base = start[0] + 1;
+    uint4 moved[SP_KEEP_MAX];
+#pragma unroll
+    for (int i = 0; i < SP_KEEP_MAX; i++) {
+        if (i < P && path[i] >= 0 && path[i] != i) moved[i] = column[(base + path[i]) * chunks];
+    }
+#pragma unroll
+    for (int i = 0; i < SP_KEEP_MAX; i++) {
+        if (i < P && path[i] >= 0 && path[i] != i) column[(base + i) * chunks] = moved[i];
     }
 }

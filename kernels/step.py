@@ -83,6 +83,8 @@ NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
 # SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
 TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
+KEEP_MAX = 16  # SP_KEEP_MAX: the longest path sp_keep_path moves
+MEDUSA_MAX_H = 8192  # SP_MEDUSA_MAX_H: the widest feature sp_medusa_heads takes
 TREE_MAX = 64  # SP_TREE_MAX: the most candidates sp_tree_level ranks, and of nodes a growth has
 # EAGLE's tree levels and final choice in one kernel each (sp_tree_level, sp_tree_choose) where the kernels
 # are loaded (their fuzz test passed at 10,000 cases on an H200: docs/measurements/
@@ -139,6 +141,12 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const long long* node_depth, const long long* true_length, long long* tokens_all, "
                "long long* parents_all, float* scores_all, long long* local_parent, long long* positions, "
                "long long* frontier_out, float* frontier_scores_out"),
+    KernelSpec("sp_medusa_heads",
+               "const T* x, int H, const long long* accepted, const long long* path, const T* norm_weight, "
+               "float eps, const T* weight, const T* bias, int D, int M, T* out", templated=True),
+    KernelSpec("sp_keep_path",
+               "uint4* kv, int planes, int max_len, int chunks, const long long* start, "
+               "const long long* path, int P"),
     KernelSpec("sp_tree_choose",
                "const long long* tokens_all, const long long* parents_all, const float* scores_all, "
                "const long long* node_depth, const unsigned char* ancestors, int T, int N, float tie_break, "
@@ -159,7 +167,9 @@ def instance_names() -> list:
     names += [f"sp_attention<{t}>" for t in halves]
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
     names += [f"sp_chain_block<{t}>" for t in _DTYPES.values()]
-    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit", "sp_tree_level", "sp_tree_choose"]
+    names += [f"sp_medusa_heads<{t}>" for t in halves]
+    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit", "sp_tree_level", "sp_tree_choose",
+                    "sp_keep_path"]
 
 
 def module_source() -> str:
@@ -217,11 +227,36 @@ def chain_block_reference(next_token, chain, start, accepted, embed) -> tuple:
     return tokens, start + 1 + accepted, F.embedding(tokens, embed)
 
 
+def medusa_heads_reference(x, norm_weight, eps: float, weight, bias, depth: int, accepted=None,
+                           path=None) -> torch.Tensor:
+    """sp_medusa_heads' twin: Medusa's first `depth` heads on features x [M, H] (pre-norm), their weights
+    stacked (weight [depth * H, H], bias [depth * H] or None) -> [depth, M, H], out[d, m] = xn + SiLU(W_d xn
+    + b_d) with xn the final RMSNorm of row m. With accepted and path (device [1] and [N]): the one row that
+    gave the last round's next token (0 when nothing was accepted, else path[accepted - 1] + 1), M = 1."""
+    if accepted is not None:
+        row = torch.cat((torch.full((1,), -1, dtype=torch.long, device=x.device), path))
+        x = x.index_select(0, row.index_select(0, accepted) + 1)  # [1, H]
+    rows, hidden = x.shape
+    normed = rms_norm_reference(x, norm_weight, eps)  # [M, H]
+    outs = normed[:, None, :] + F.silu(F.linear(normed, weight, bias)).view(rows, depth, hidden)  # [M, D, H]
+    return outs.transpose(0, 1).contiguous()  # [D, M, H]
+
+
+def keep_path_reference(kv: torch.Tensor, start: torch.Tensor, path: torch.Tensor,
+                        rows: torch.Tensor) -> None:
+    """sp_keep_path's twin: a tree block at cache row start (device [1]; its row 0 the last committed token)
+    keeps its accepted path in kv [L, 2, kv_heads, max_len, D], in place: rows start+1+i take rows
+    start+1+path[i] (path [P], -1 past the accepted count: those rows copy themselves; rows = arange(P)). The
+    gather comes first, so rows moving down over each other are safe."""
+    source = start + 1 + torch.where(path >= 0, path, rows)  # [P]
+    kv.index_copy_(3, start + 1 + rows, kv.index_select(3, source))
+
+
 def chain_commit_reference(accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
                            count=None, count_out=None) -> None:
     """sp_chain_commit's twin: the round's outcome copied into the next replay's inputs (in place)."""
-    accepted.copy_(accepted_in[:1])
-    next_token.copy_(next_in[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+    accepted.copy_(accepted_in[:1].clamp_min(0))  # -1 flags NaN: the readout raises
+    next_token.copy_(next_in[:1].clamp_min(0))
     draft.copy_(chain)
     start.copy_(start_in)
     if count is not None:
@@ -575,6 +610,45 @@ class StepKernels:
                      embed=embed.data_ptr(), H=h, tokens_out=tokens.data_ptr(),
                      start_out=block_start.data_ptr(), x_out=x.data_ptr())
         return tokens, block_start, x
+
+    def medusa_heads(self, x, norm_weight, eps: float, weight, bias, depth: int, accepted=None, path=None,
+                     chained: bool = False) -> torch.Tensor:
+        """As medusa_heads_reference, in one launch: x [M, H] bf16/fp16 with H % 8 == 0 and H <=
+        MEDUSA_MAX_H, every tensor contiguous; -> [depth, M, H] (M = 1 with accepted and path)."""
+        rows, hidden = x.shape
+        if hidden % 8 or hidden > MEDUSA_MAX_H or tuple(weight.shape) != (depth * hidden, hidden):
+            raise ValueError(f"medusa_heads: features {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        _check_aligned(x, weight, norm_weight)
+        _check(x, weight, norm_weight, *(() if bias is None else (bias,)))
+        if accepted is not None:
+            _check_longs(accepted, path)
+            rows = 1
+        out = torch.empty(depth, rows, hidden, dtype=x.dtype, device=self.device)
+        self._launch_grid("sp_medusa_heads", f"sp_medusa_heads<{_DTYPES[x.dtype]}>",
+                          ((depth * hidden + 7) // 8, rows), THREADS, chained, x=x.data_ptr(), H=hidden,
+                          accepted=_pointer(accepted), path=_pointer(path),
+                          norm_weight=norm_weight.data_ptr(), eps=eps, weight=weight.data_ptr(),
+                          bias=_pointer(bias), D=depth, M=rows, out=out.data_ptr())
+        return out
+
+    def takes_path(self, kv: torch.Tensor, path: torch.Tensor) -> bool:
+        """Whether sp_keep_path moves this path in this cache: P <= KEEP_MAX, 16-byte rows."""
+        row_bytes = kv.shape[-1] * kv.element_size()
+        return (path.numel() <= KEEP_MAX and kv.is_cuda and kv.is_contiguous() and row_bytes % 16 == 0
+                and kv.data_ptr() % 16 == 0)
+
+    def keep_path(self, kv: torch.Tensor, start: torch.Tensor, path: torch.Tensor,
+                  chained: bool = False) -> None:
+        """As keep_path_reference, in one launch (takes_path says where): kv [..., max_len, D]."""
+        _check_longs(start, path)
+        if not self.takes_path(kv, path):
+            raise ValueError(f"keep_path: a path of {path.numel()} in a cache {tuple(kv.shape)} {kv.dtype}")
+        max_len, chunks = kv.shape[-2], kv.shape[-1] * kv.element_size() // 16
+        planes = kv.numel() // (max_len * kv.shape[-1])
+        grid = ((planes * chunks + THREADS - 1) // THREADS,)
+        self._launch_grid("sp_keep_path", "sp_keep_path", grid, THREADS, chained, kv=kv.data_ptr(),
+                          planes=planes, max_len=max_len, chunks=chunks, start=start.data_ptr(),
+                          path=path.data_ptr(), P=path.numel())
 
     def chain_commit(self, accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
                      count=None, count_out=None, chained: bool = False) -> None:

@@ -74,13 +74,13 @@ def queued(monkeypatch):
     def medusa_graph(self, state, config, width):
         if self.early is None:
             return None
-        tree, flat_index, _ = self._tree(*self._shape(config.k), state.device)
+        tree, _ = self._tree(*self._shape(config.k), state.device)
         s = config.sampling
         warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
         key = ("medusa", id(self.heads), tree, warp)
         if key not in graphs:
-            graphs[key] = MedusaRoundGraph(self.target, self.heads, tree, flat_index, state.backend,
-                                           state.vocab_size, width, warp)
+            graphs[key] = MedusaRoundGraph(self.target, self.heads, tree, state.backend, state.vocab_size,
+                                           width, warp)
         return graphs[key]
 
     def eagle_graph(self, state, config, width):

@@ -17,6 +17,7 @@ from kernels.step import (  # noqa: E402
     StepKernels,
     attention_reference,
     gemv_reference,
+    medusa_heads_reference,
     rms_norm_reference,
     rope_qkv_reference,
     silu_mul_reference,
@@ -500,8 +501,9 @@ def test_chain_round_kernels_fuzz(kernels):
         twins = [t.clone() for t in outs]
         value, twin_value = (None, None) if count is None else (torch.zeros(1, device="cuda"),
                                                                    torch.zeros(1, device="cuda"))
-        kernels.chain_commit(accepted, next_in, chain, start, *outs, count, value)
-        chain_commit_reference(accepted, next_in, chain, start, *twins, count, twin_value)
+        accepted_in = accepted if rng.random() < 0.8 else torch.tensor([-1], device="cuda")  # -1: NaN's flag
+        kernels.chain_commit(accepted_in, next_in, chain, start, *outs, count, value)
+        chain_commit_reference(accepted_in, next_in, chain, start, *twins, count, twin_value)
         assert all(torch.equal(a, b) for a, b in zip(outs, twins)) and (
             count is None or torch.equal(value, twin_value)), case
 
@@ -739,3 +741,59 @@ def test_tree_level_and_choose_fuzz(kernels):
                                   kernel["ancestors"], nodes, 1e-4)
         for e, g in zip(expected, got):
             assert torch.equal(g, e), (case, nodes, total)
+
+
+def test_medusa_heads_fuzz(kernels):
+    """sp_medusa_heads against its twin (the final RMSNorm, the stacked heads' F.linear, SiLU, the residual):
+    features up to the kernel's widest, 1..5 heads, every row of a block or the accepted row picked on the
+    device. The dot products sum in another order than cuBLAS's, so a value may move by a few units in the
+    last place of its terms' sizes (|W| . |xn|), and by the roundings of the norm, SiLU and the sum."""
+    from kernels.step import MEDUSA_MAX_H
+
+    rng = random.Random(17)
+    for case in range(CASES):
+        dtype = HALVES[case % 2]
+        h, depth = rng.choice([8, 64, 320, 1024, 4096, MEDUSA_MAX_H]), rng.randint(1, 5)
+        nodes = rng.randint(1, 16)
+        g = torch.Generator(device="cuda").manual_seed(case)
+        x = (torch.randn(nodes + 1, h, generator=g, device="cuda") * rng.choice([0.01, 1.0, 30.0])).to(dtype)
+        norm_weight = (torch.randn(h, generator=g, device="cuda") * 0.3 + 1.0).to(dtype)
+        weight = (torch.randn(depth * h, h, generator=g, device="cuda") * (2.0 / h ** 0.5)).to(dtype)
+        bias = (torch.randn(depth * h, generator=g, device="cuda") * 0.1).to(dtype) if case % 3 else None
+        eps = rng.choice([1e-6, 1e-5])
+        picked = rng.random() < 0.5
+        accepted = torch.tensor([rng.randint(0, nodes)], device="cuda") if picked else None
+        path = torch.randint(0, nodes, (nodes,), generator=g, device="cuda") if picked else None
+        out = kernels.medusa_heads(x, norm_weight, eps, weight, bias, depth, accepted, path)
+        ref = medusa_heads_reference(x, norm_weight, eps, weight, bias, depth, accepted, path)
+        assert out.shape == ref.shape and out.dtype == ref.dtype, case
+        rows = x if accepted is None else x[[0 if int(accepted) == 0 else int(path[int(accepted) - 1]) + 1]]
+        normed = rms_norm_reference(rows, norm_weight, eps).float()  # [M, H]
+        terms = (weight.float().abs() @ normed.abs().T).view(depth, h, -1).permute(0, 2, 1)  # [D, M, H]
+        bound = torch.finfo(dtype).eps * (4 * (ref.float().abs() + normed.abs()) + 4 * terms)
+        worst = float(((out.float() - ref.float()).abs() - bound).max())
+        assert worst <= 0, f"case {case}: {dtype}, H={h}, D={depth}, picked={picked}: {worst}"
+
+
+def test_keep_path_fuzz(kernels):
+    """sp_keep_path moves the accepted path's rows as its twin does, bit for bit, every dtype: paths of
+    1..KEEP_MAX nodes (increasing node ids, as a tree in topological order gives, then -1), starts anywhere
+    the block fits, caches of several layers and heads."""
+    from kernels.step import KEEP_MAX, keep_path_reference
+
+    rng = random.Random(19)
+    for case in range(CASES):
+        dtype = DTYPES[case % 3]
+        layers, kv_heads, d = rng.randint(1, 4), rng.randint(1, 4), rng.choice([8, 64, 128])
+        depth, nodes = rng.randint(1, KEEP_MAX), rng.randint(1, 40)
+        max_len = rng.randint(depth + nodes + 2, 300)
+        g = torch.Generator(device="cuda").manual_seed(case)
+        kv = torch.randn(layers, 2, kv_heads, max_len, d, generator=g, device="cuda").to(dtype)
+        accepted = rng.randint(0, min(depth, nodes))
+        ids = sorted(rng.sample(range(nodes), accepted))  # node ids along the path, increasing
+        path = torch.tensor(ids + [-1] * (depth - accepted), device="cuda")
+        start = torch.tensor([rng.randint(0, max_len - nodes - 2)], device="cuda")
+        twin = kv.clone()
+        kernels.keep_path(kv, start, path)
+        keep_path_reference(twin, start, path, torch.arange(depth, device="cuda"))
+        assert torch.equal(kv, twin), (case, dtype, ids, int(start))

@@ -318,14 +318,33 @@ def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
 
     heads = decoder.medusa_heads()
     drafter = MedusaDrafter(decoder.target, heads)
-    tree, flat_index, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    tree, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    flat_index = list(tree.flat_index)
     features = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))  # [M, H]
-    rows = medusa_draft_rows(decoder.target, heads, features, tree, flat_index, decoder.vocab_size)
+    rows = medusa_draft_rows(decoder.target, heads, features, tree, decoder.vocab_size)
     assert rows.shape == (5, len(tree.parents))
     for i in range(5):
         logits = heads.logits(decoder.target, features[i])[:tree.depth, :decoder.vocab_size]  # [depth, V]
         alone = torch.topk(logits, tree.width, dim=-1).indices.flatten()[flat_index]
         assert rows[i].tolist() == alone.tolist()
+
+
+def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
+    """With a verification's accepted count and path, medusa_rows drafts from the one row that gave the next
+    token (0 when nothing was accepted, else the path's last node's row): that row of the every-row draft."""
+    from engine.chain_graph import medusa_rows
+    from engine.drafters.medusa import MedusaDrafter
+
+    heads = decoder.medusa_heads()
+    drafter = MedusaDrafter(decoder.target, heads)
+    tree, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    features = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))  # [N+1, H]
+    every = medusa_rows(decoder.target, heads, features, tree, decoder.vocab_size)  # [6, N]
+    path = torch.tensor([2, 4, 0, -1, -1])
+    for accepted, row in ((0, 0), (1, 3), (2, 5), (3, 1)):
+        picked = medusa_rows(decoder.target, heads, features, tree, decoder.vocab_size,
+                             torch.tensor([accepted]), path)
+        assert picked.tolist() == every[row:row + 1].tolist(), accepted
 
 
 def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch):

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from engine.chain_graph import medusa_draft, medusa_draft_rows
+from engine.chain_graph import medusa_draft, medusa_draft_rows, medusa_rows
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
-from engine.runner import to_device
-from kernels.step import topk
+from kernels.step import medusa_heads_reference
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
@@ -69,25 +67,19 @@ class MedusaHeads:
             return assumed_chances(depth)
         return tuple(item for item in self.path_accuracy if len(item[0]) <= depth)
 
-    def row_logits(self, runner, features: torch.Tensor, depth: int) -> torch.Tensor:
-        """features [M, H] (pre-norm) -> [depth, M, V] logits of the first `depth` heads at every row, the
-        heads' products as one (their weights stacked once)."""
-        rows, hidden = features.shape
-        weight, bias = self._stacked(depth)  # [depth * H, H], [depth * H]
-        x = runner.final_norm(features)  # [M, H]
-        outs = x[:, None, :] + F.silu(F.linear(x, weight, bias)).view(rows, depth, hidden)  # [M, depth, H]
-        return runner.project(outs.transpose(0, 1).reshape(depth * rows, hidden)).view(depth, rows, -1)
-
-    def _stacked(self, depth: int) -> tuple:
+    def stacked(self, depth: int) -> tuple:
+        """The first `depth` heads' weights [depth * H, H] and biases [depth * H], stacked once."""
         if depth not in self._stacks:
             self._stacks[depth] = (torch.cat(self.weights[:depth]), torch.cat(self.biases[:depth]))
         return self._stacks[depth]
 
     def logits(self, runner, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head."""
-        x = runner.final_norm(hidden[None])  # [1, H]
-        outs = [x + F.silu(F.linear(x, w, b)) for w, b in zip(self.weights, self.biases)]  # D x [1, H]
-        return runner.project(torch.cat(outs))  # [D, V]
+        """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head, as the torch twin of
+        Medusa's drafting computes them (kernels.step.medusa_heads_reference, then the LM head)."""
+        weight, bias = self.stacked(self.count)
+        eps = runner.spec.rms_norm_eps
+        outs = medusa_heads_reference(hidden[None], runner.norm_weight, eps, weight, bias, self.count)
+        return runner.project(outs[:, 0])  # outs [D, 1, H] -> [D, V]
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,7 +160,7 @@ class MedusaDrafter(Drafter):
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        # (nodes, heads, device) -> (tree, flat_index on the device, parents on the host)
+        # (nodes, heads) -> (tree, parents on the host)
         self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
         # On the GPU: [N+1, N] the tree drafted from every row of the last verified block (see verified), and
@@ -185,9 +177,9 @@ class MedusaDrafter(Drafter):
         reads the outcome, and the next round only picks the accepted row's tree (medusa_draft_rows)."""
         if not EARLY_HEADS:
             return
-        tree, flat_index, _ = self._tree(*self._shape(state.config.k), state.device)
+        tree, _ = self._tree(*self._shape(state.config.k), state.device)
         self.early_is_row = False
-        self.early = medusa_draft_rows(self.target, self.heads, features, tree, flat_index, state.vocab_size)
+        self.early = medusa_draft_rows(self.target, self.heads, features, tree, state.vocab_size)
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.last_feature = commit.last_feature
@@ -200,16 +192,14 @@ class MedusaDrafter(Drafter):
         hidden = self.last_feature
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        tree, flat_index, parents = self._tree(*self._shape(k), state.device)
+        tree, parents = self._tree(*self._shape(k), state.device)
         if self.early is not None and self.early_row is not None:
             tokens, self.early, self.early_row = self.early[self.early_row], None, None
             return Draft(tokens=tokens, parents=parents)  # tokens [N]
-        tokens = medusa_draft(self.target, self.heads, hidden, tree, flat_index, state.vocab_size)
-        if tokens is not None:
-            return Draft(tokens=tokens, parents=parents)
-        head_logits = self.heads.logits(self.target, hidden)[:tree.depth, :state.vocab_size]  # [depth, V]
-        ranked = topk(head_logits, tree.width).indices  # [depth, width], stays on the device
-        return Draft(tokens=ranked.flatten()[flat_index], parents=parents)  # tokens [N]
+        tokens = medusa_draft(self.target, self.heads, hidden, tree, state.vocab_size)
+        if tokens is None:  # no graphs here: the same proposal, eagerly
+            tokens = medusa_rows(self.target, self.heads, hidden[None], tree, state.vocab_size)[0]
+        return Draft(tokens=tokens, parents=parents)  # tokens [N]
 
     replays_rounds = True  # its round after an unread one is a replay of its round graph (round_graph)
 
@@ -219,11 +209,10 @@ class MedusaDrafter(Drafter):
             return None
         from engine.round_graph import medusa_round_graph
 
-        tree, flat_index, _ = self._tree(*self._shape(config.k), state.device)
+        tree, _ = self._tree(*self._shape(config.k), state.device)
         s = config.sampling
         warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
-        return medusa_round_graph(self.target, self.heads, tree, flat_index, state.backend, state.vocab_size,
-                                  width, warp)
+        return medusa_round_graph(self.target, self.heads, tree, state.backend, state.vocab_size, width, warp)
 
     def replayed(self, graph) -> None:
         # the drafts from the replayed block's accepted row (or from all its rows), for a round launched apart
@@ -233,10 +222,10 @@ class MedusaDrafter(Drafter):
         """(nodes, heads) of the tree for K = k."""
         return self.nodes or 2 * k, min(k, self.heads.count)
 
-    def _tree(self, nodes: int, heads: int, device) -> tuple:
-        key = (nodes, heads, str(device))
+    def _tree(self, nodes: int, heads: int, device=None) -> tuple:
+        """(the tree, its parents [N] on the host) for these shapes (device: unused, kept by callers)."""
+        key = (nodes, heads)
         if key not in self._trees:
             tree = medusa_tree(nodes, self.heads.path_chances(heads))
-            self._trees[key] = (tree, to_device(list(tree.flat_index), device),
-                                torch.tensor(tree.parents, dtype=torch.long))
+            self._trees[key] = (tree, torch.tensor(tree.parents, dtype=torch.long))
         return self._trees[key]
