@@ -22,13 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPLAYS = 60  # rounds per timing (each appends up to K+1 rows to the caches: well inside the shipped 1024)
-# (module, constant, value) per setting: this build's round change on (the defaults), and off: no weight
-# multiplied on the tensor cores (sp_gemv_tc). Medusa's heads on the accepted row only, the round kernels,
-# the rope's start, the heads' fused product and sp_gemv's rows reduced together were measured off and on
-# before (docs/measurements/round_replay_gpu*.txt, round_replay_scatter_*.txt).
+# (module, constant, value) per setting: this build's round change on (the defaults), and off: Medusa's heads
+# in torch operations, and the rounds' bookkeeping (Medusa's block and commit, a tree's kept path) in torch's.
+# The tensor cores' short rows, Medusa's heads on the accepted row only, the round kernels, the rope's start,
+# the heads' fused product and sp_gemv's rows reduced together were measured off and on before
+# (docs/measurements/round_replay_gpu*.txt, round_replay_scatter_*.txt, round_replay_tc.txt).
 SETTINGS = {
     "on": (),
-    "off": (("kernels.step", "GEMV_TC_K", 0),),
+    "off": (("engine.chain_graph", "MEDUSA_KERNEL", False), ("engine.round_graph", "ROUND_KERNELS", False)),
 }
 _DEFAULTS: dict = {}  # (module, constant) -> its value as imported
 
@@ -108,9 +109,42 @@ def probe(method: str, setting: str, prompt: str, k: int) -> dict:
         return replay_us(graph, REPLAYS, **parts)
 
     (whole, host), (draft, _), (rest, rest_host) = timed(), timed(rest=False), timed(draft=False)
-    return {"method": method, "setting": setting, "round_us": round(whole, 2), "draft_us": round(draft, 2),
-            "rest_us": round(rest, 2), "host_queue_us": round(host, 2),
-            "rest_host_queue_us": round(rest_host, 2)}
+    row = {"method": method, "setting": setting, "round_us": round(whole, 2), "draft_us": round(draft, 2),
+           "rest_us": round(rest, 2), "host_queue_us": round(host, 2),
+           "rest_host_queue_us": round(rest_host, 2)}
+    one = merged_graph(graph)
+    if one is not None:  # the drafting and the rest captured as one graph: what the split costs
+        for name, t in snapshot.items():
+            getattr(graph, name).copy_(t)
+        row["one_graph_us"] = round(replay_us(_OneGraph(one), REPLAYS, rest=True, draft=False)[0], 2)
+    return row
+
+
+class _OneGraph:
+    def __init__(self, graph):
+        self.graph = graph
+
+    def replay_draft(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def merged_graph(graph):
+    """A chain round's drafting and verification captured together in one CUDA graph (None: no split)."""
+    import torch
+
+    from engine.chain_graph import graph_pool
+    from engine.runner import graph_capture
+
+    if graph.draft_graph is None:
+        return None
+    one = torch.cuda.CUDAGraph()
+    with graph_capture(one, graph_pool(graph.target), graph.target.device):
+        graph._draft_round()
+        graph._round()
+    return one
 
 
 def main() -> int:
