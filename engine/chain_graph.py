@@ -19,7 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
-from kernels.step import GEMV_MAX_ROWS, HALF_DTYPES, MEDUSA_MAX_H, gemv_fits, medusa_heads_reference, topk
+from kernels.step import (
+    GEMV_MAX_ROWS,
+    HALF_DTYPES,
+    MEDUSA_MAX_H,
+    TOPK_MAX,
+    gemv_fits,
+    medusa_heads_reference,
+    topk,
+)
 
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 
@@ -384,10 +392,12 @@ MEDUSA_KERNEL = os.environ.get("SPECPLAY_MEDUSA_KERNEL", "1") != "0"
 
 
 def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
-                accepted: Optional[torch.Tensor] = None, path: Optional[torch.Tensor] = None) -> torch.Tensor:
+                accepted: Optional[torch.Tensor] = None, path: Optional[torch.Tensor] = None,
+                chained: bool = False) -> torch.Tensor:
     """features [M, H] (pre-norm) -> tokens [M, N]: row i the tree's tokens drafted from row i's feature.
     accepted, path (device [1] and [N], a verification's): the one row that gave its next token instead
-    (0 when nothing was accepted, else path[accepted - 1] + 1) -> [1, N], picked on the device."""
+    (0 when nothing was accepted, else path[accepted - 1] + 1) -> [1, N], picked on the device. chained: the
+    stream's last kernel is a kernel (not a copy), so the heads' may start early behind it."""
     depth, width = tree.depth, tree.width
     kernels = _medusa_kernels(target, features)
     weight, bias = heads.stacked(depth)  # [depth * H, H], [depth * H]
@@ -398,12 +408,16 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
         rows = outs.shape[1]
         logits = target.project(outs.reshape(depth * rows, -1))  # [depth * M, V]
     else:
-        outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path)
+        outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
+                                    chained=chained)
         rows = outs.shape[1]
         flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
-        logits = torch.cat([kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True,
-                                         chained=True)
-                            for i in range(0, flat.shape[0], GEMV_MAX_ROWS)])  # [depth * M, V]
+        parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=True)
+                 for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
+        if len(parts) == 1 and width <= TOPK_MAX:  # the ranking chained behind the one product
+            ranked = kernels.topk(parts[0][:, :vocab], width, chained=True).indices
+            return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
+        logits = torch.cat(parts)  # [depth * M, V]
     ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
     return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
 

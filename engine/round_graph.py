@@ -179,11 +179,20 @@ class MedusaRoundGraph(RoundGraph):
         block = chain_block_reference if kernels is None else kernels.chain_block
         commit = chain_commit_reference if kernels is None else kernels.chain_commit
 
+        # the block's kernel starts early behind the kept path's where both are kernels (and no copy between)
+        block_chained = (self.row_heads and kernels is not None
+                         and keeps_path_in_kernel(target, self.path[:self.depth]))
+
         def round_():
             keep_path(target, self.start, self.path[:self.depth], rows)
             drafts = self.early[0] if self.row_heads else self.early.index_select(0, self._accepted_row())[0]
             # tokens [N+1] = [next token, drafts], start [1] = the last start + 1 + accepted, x [N+1, H]
-            tokens, start, x = block(self.next_token, drafts, self.start, self.accepted, target.embed_weight)
+            if block_chained:
+                tokens, start, x = kernels.chain_block(self.next_token, drafts, self.start, self.accepted,
+                                                       target.embed_weight, chained=True)
+            else:
+                tokens, start, x = block(self.next_token, drafts, self.start, self.accepted,
+                                         target.embed_weight)
             hidden, logits = target._block_step(x, start, block_depth, block_visible, kv,
                                                 after_step_kernel=kernels is not None)  # [N+1, H], [N+1, V]
             if warp is None:
@@ -192,14 +201,15 @@ class MedusaRoundGraph(RoundGraph):
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
                                                         self.verify_u, *warp)
             values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
+            # (the readout's is a kernel: the heads' may start behind it)
             if self.row_heads:  # the heads on the row that gave the next token, picked on the device
-                early = medusa_rows(target, heads, hidden, tree, vocab, result.accepted[:1], result.path[0])
+                early = medusa_rows(target, heads, hidden, tree, vocab, result.accepted[:1], result.path[0],
+                                    chained=True)  # [1, N]
             else:
-                early = medusa_rows(target, heads, hidden, tree, vocab)  # [N+1, N]
-            self.path.copy_(result.path[0])
-            # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts and start
+                early = medusa_rows(target, heads, hidden, tree, vocab, chained=True)  # [N+1, N]
+            # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts, start and path
             commit(result.accepted, result.next_token, early.view(-1), start, self.accepted, self.next_token,
-                   self.early.view(-1), self.start)
+                   self.early.view(-1), self.start, path_in=result.path[0], path=self.path)
             return tokens, hidden, logits, result, values
 
         self._minus_one = minus_one
@@ -726,13 +736,18 @@ def _kv(runner, rows: int) -> int:
     return 0 if runner._decode_path(rows) else runner.max_length
 
 
+def keeps_path_in_kernel(target, path: torch.Tensor) -> bool:
+    """Whether keep_path moves this path in sp_keep_path."""
+    kernels = getattr(target, "decode_kernels", None)
+    return ROUND_KERNELS and kernels is not None and kernels.takes_path(target.kv, path)
+
+
 def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tensor) -> None:
     """The tree block at cache row start (device [1]; its row 0 the last committed token) keeps its accepted
     path: rows start+1+i take rows start+1+path[i] (path [D], -1 past the accepted count; rows = arange(D)).
     sp_keep_path where the target has the decode kernels (see ROUND_KERNELS), else keep_path_reference."""
-    kernels = getattr(target, "decode_kernels", None)
-    if ROUND_KERNELS and kernels is not None and kernels.takes_path(target.kv, path):
-        kernels.keep_path(target.kv, start, path)
+    if keeps_path_in_kernel(target, path):
+        target.decode_kernels.keep_path(target.kv, start, path)
     else:
         keep_path_reference(target.kv, start, path, rows)
 

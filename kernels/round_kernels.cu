@@ -27,14 +27,16 @@ __global__ void sp_chain_block(const long long* next_token, const long long* cha
 // After the verification and the readout: the next replay's inputs.  accepted = max(accepted_in, 0) and
 // next_token = max(next_in, 0) (-1 flags NaN, which the readout reports), draft [K] = chain, start = start_in, and where
 // count is not NULL, count_out[0] = count[0] as a float (n-gram's count of real drafts, the readout's last
-// value).  One block.
+// value), and path [P] = path_in (a tree round's accepted path, Medusa's; P = 0 without one).  One block.
 extern "C" __global__ void sp_chain_commit(const long long* accepted_in, const long long* next_in,
                                            const long long* chain, int K, const long long* start_in,
                                            const long long* count, long long* accepted, long long* next_token,
-                                           long long* draft, long long* start, float* count_out) {
+                                           long long* draft, long long* start, float* count_out,
+                                           const long long* path_in, long long* path, int P) {
     sp_let_next_start();
     sp_wait_for_previous();
     for (int j = threadIdx.x; j < K; j += blockDim.x) draft[j] = chain[j];
+    for (int j = threadIdx.x; j < P; j += blockDim.x) path[j] = path_in[j];
     if (threadIdx.x == 0) {
         accepted[0] = max(accepted_in[0], 0LL);
         next_token[0] = max(next_in[0], 0LL);

@@ -131,7 +131,8 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_chain_commit",
                "const long long* accepted_in, const long long* next_in, const long long* chain, int K, "
                "const long long* start_in, const long long* count, long long* accepted, "
-               "long long* next_token, long long* draft, long long* start, float* count_out"),
+               "long long* next_token, long long* draft, long long* start, float* count_out, "
+               "const long long* path_in, long long* path, int P"),
     KernelSpec("sp_chain_limit",
                "long long* accepted, long long* next_token, long long* path, unsigned char* tested, "
                "const long long* chain, int K, const long long* count"),
@@ -253,14 +254,17 @@ def keep_path_reference(kv: torch.Tensor, start: torch.Tensor, path: torch.Tenso
 
 
 def chain_commit_reference(accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
-                           count=None, count_out=None) -> None:
-    """sp_chain_commit's twin: the round's outcome copied into the next replay's inputs (in place)."""
+                           count=None, count_out=None, path_in=None, path=None) -> None:
+    """sp_chain_commit's twin: the round's outcome copied into the next replay's inputs (in place); a tree
+    round's accepted path too (path_in -> path, Medusa's)."""
     accepted.copy_(accepted_in[:1].clamp_min(0))  # -1 flags NaN: the readout raises
     next_token.copy_(next_in[:1].clamp_min(0))
     draft.copy_(chain)
     start.copy_(start_in)
     if count is not None:
         count_out.copy_(count.float())
+    if path_in is not None:
+        path.copy_(path_in)
 
 
 def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
@@ -651,10 +655,12 @@ class StepKernels:
                           path=path.data_ptr(), P=path.numel())
 
     def chain_commit(self, accepted_in, next_in, chain, start_in, accepted, next_token, draft, start,
-                     count=None, count_out=None, chained: bool = False) -> None:
+                     count=None, count_out=None, path_in=None, path=None, chained: bool = False) -> None:
         """As chain_commit_reference, in one launch (count_out: a float32 [1], with count)."""
         _check_longs(chain, start_in, accepted, next_token, draft, start,
-                     *(() if count is None else (count,)))
+                     *(() if count is None else (count,)), *(() if path_in is None else (path_in, path)))
+        if path_in is not None and path_in.numel() != path.numel():
+            raise ValueError(f"chain_commit: a path of {path_in.numel()} into {path.numel()}")
         for t in (accepted_in, next_in):
             if t.dtype != torch.long or t.device != self.device:
                 raise ValueError("chain_commit: the result's accepted and next token must be int64")
@@ -665,7 +671,8 @@ class StepKernels:
                           chain=_pointer(chain), K=chain.numel(), start_in=start_in.data_ptr(),
                           count=_pointer(count), accepted=accepted.data_ptr(),
                           next_token=next_token.data_ptr(), draft=_pointer(draft), start=start.data_ptr(),
-                          count_out=_pointer(count_out))
+                          count_out=_pointer(count_out), path_in=_pointer(path_in),
+                          path=_pointer(path), P=0 if path_in is None else path_in.numel())
 
     def chain_limit(self, result, chain: torch.Tensor, count: torch.Tensor, chained: bool = False):
         """As chain_limit_reference for a greedy chain result of batch 1, in place; returns the result."""

@@ -502,10 +502,15 @@ def test_chain_round_kernels_fuzz(kernels):
         value, twin_value = (None, None) if count is None else (torch.zeros(1, device="cuda"),
                                                                    torch.zeros(1, device="cuda"))
         accepted_in = accepted if rng.random() < 0.8 else torch.tensor([-1], device="cuda")  # -1: NaN's flag
-        kernels.chain_commit(accepted_in, next_in, chain, start, *outs, count, value)
-        chain_commit_reference(accepted_in, next_in, chain, start, *twins, count, twin_value)
+        path_in = ints(rng.randint(1, 16), k + 1) - 1 if rng.random() < 0.5 else None  # a tree's, or none
+        path, twin_path = ((None, None) if path_in is None else
+                           (torch.full_like(path_in, -5), torch.full_like(path_in, -5)))
+        kernels.chain_commit(accepted_in, next_in, chain, start, *outs, count, value, path_in, path)
+        chain_commit_reference(accepted_in, next_in, chain, start, *twins, count, twin_value, path_in,
+                               twin_path)
         assert all(torch.equal(a, b) for a, b in zip(outs, twins)) and (
             count is None or torch.equal(value, twin_value)), case
+        assert path_in is None or torch.equal(path, twin_path), case
 
         if k == 0:
             continue
@@ -786,13 +791,13 @@ def test_keep_path_fuzz(kernels):
         dtype = DTYPES[case % 3]
         layers, kv_heads, d = rng.randint(1, 4), rng.randint(1, 4), rng.choice([8, 64, 128])
         depth, nodes = rng.randint(1, KEEP_MAX), rng.randint(1, 40)
-        max_len = rng.randint(depth + nodes + 2, 300)
+        max_len = rng.randint(depth + nodes + 2, 300)  # the twin copies every row of the path's length
         g = torch.Generator(device="cuda").manual_seed(case)
         kv = torch.randn(layers, 2, kv_heads, max_len, d, generator=g, device="cuda").to(dtype)
         accepted = rng.randint(0, min(depth, nodes))
         ids = sorted(rng.sample(range(nodes), accepted))  # node ids along the path, increasing
         path = torch.tensor(ids + [-1] * (depth - accepted), device="cuda")
-        start = torch.tensor([rng.randint(0, max_len - nodes - 2)], device="cuda")
+        start = torch.tensor([rng.randint(0, max_len - max(nodes, depth) - 2)], device="cuda")
         twin = kv.clone()
         kernels.keep_path(kv, start, path)
         keep_path_reference(twin, start, path, torch.arange(depth, device="cuda"))
