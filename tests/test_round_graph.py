@@ -74,7 +74,7 @@ def queued(monkeypatch):
     def medusa_graph(self, state, config, width):
         if self.early is None:
             return None
-        tree, _ = self._tree(*self._shape(config.k), state.device)
+        tree, _ = self._tree(*self._shape(config.k))
         s = config.sampling
         warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
         key = ("medusa", id(self.heads), tree, warp)

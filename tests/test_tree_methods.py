@@ -318,7 +318,7 @@ def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
 
     heads = decoder.medusa_heads()
     drafter = MedusaDrafter(decoder.target, heads)
-    tree, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    tree, _ = drafter._tree(*drafter._shape(4))
     flat_index = list(tree.flat_index)
     features = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))  # [M, H]
     rows = medusa_draft_rows(decoder.target, heads, features, tree, decoder.vocab_size)
@@ -337,7 +337,7 @@ def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
 
     heads = decoder.medusa_heads()
     drafter = MedusaDrafter(decoder.target, heads)
-    tree, _ = drafter._tree(*drafter._shape(4), decoder.device)
+    tree, _ = drafter._tree(*drafter._shape(4))
     features = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))  # [N+1, H]
     every = medusa_rows(decoder.target, heads, features, tree, decoder.vocab_size)  # [6, N]
     path = torch.tensor([2, 4, 0, -1, -1])

@@ -177,7 +177,7 @@ class MedusaDrafter(Drafter):
         reads the outcome, and the next round only picks the accepted row's tree (medusa_draft_rows)."""
         if not EARLY_HEADS:
             return
-        tree, _ = self._tree(*self._shape(state.config.k), state.device)
+        tree, _ = self._tree(*self._shape(state.config.k))
         self.early_is_row = False
         self.early = medusa_draft_rows(self.target, self.heads, features, tree, state.vocab_size)
 
@@ -192,7 +192,7 @@ class MedusaDrafter(Drafter):
         hidden = self.last_feature
         if hidden is None:  # first round: no verified feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
-        tree, parents = self._tree(*self._shape(k), state.device)
+        tree, parents = self._tree(*self._shape(k))
         if self.early is not None and self.early_row is not None:
             tokens, self.early, self.early_row = self.early[self.early_row], None, None
             return Draft(tokens=tokens, parents=parents)  # tokens [N]
@@ -209,7 +209,7 @@ class MedusaDrafter(Drafter):
             return None
         from engine.round_graph import medusa_round_graph
 
-        tree, _ = self._tree(*self._shape(config.k), state.device)
+        tree, _ = self._tree(*self._shape(config.k))
         s = config.sampling
         warp = None if s.greedy else (s.temperature, s.top_k, s.top_p)
         return medusa_round_graph(self.target, self.heads, tree, state.backend, state.vocab_size, width, warp)
@@ -222,8 +222,8 @@ class MedusaDrafter(Drafter):
         """(nodes, heads) of the tree for K = k."""
         return self.nodes or 2 * k, min(k, self.heads.count)
 
-    def _tree(self, nodes: int, heads: int, device=None) -> tuple:
-        """(the tree, its parents [N] on the host) for these shapes (device: unused, kept by callers)."""
+    def _tree(self, nodes: int, heads: int) -> tuple:
+        """(the tree, its parents [N] on the host) for these shapes."""
         key = (nodes, heads)
         if key not in self._trees:
             tree = medusa_tree(nodes, self.heads.path_chances(heads))
