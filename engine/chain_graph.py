@@ -407,6 +407,7 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
                                       None if accepted is None else accepted.clamp_min(0), path)
         rows = outs.shape[1]
         logits = target.project(outs.reshape(depth * rows, -1))  # [depth * M, V]
+        ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
     else:
         outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
                                     chained=chained)
@@ -416,9 +417,8 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
                  for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
         if len(parts) == 1 and width <= TOPK_MAX:  # the ranking chained behind the one product
             ranked = kernels.topk(parts[0][:, :vocab], width, chained=True).indices
-            return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
-        logits = torch.cat(parts)  # [depth * M, V]
-    ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
+        else:
+            ranked = topk(torch.cat(parts)[:, :vocab], width).indices  # [depth * M, width]
     return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
 
 

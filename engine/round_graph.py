@@ -179,20 +179,15 @@ class MedusaRoundGraph(RoundGraph):
         block = chain_block_reference if kernels is None else kernels.chain_block
         commit = chain_commit_reference if kernels is None else kernels.chain_commit
 
-        # the block's kernel starts early behind the kept path's where both are kernels (and no copy between)
-        block_chained = (self.row_heads and kernels is not None
-                         and keeps_path_in_kernel(target, self.path[:self.depth]))
+        if self.row_heads and kernels is not None and keeps_path_in_kernel(target, self.path[:self.depth]):
+            # the block's kernel starts early behind the kept path's (both kernels, no copy between)
+            block = functools.partial(kernels.chain_block, chained=True)
 
         def round_():
             keep_path(target, self.start, self.path[:self.depth], rows)
             drafts = self.early[0] if self.row_heads else self.early.index_select(0, self._accepted_row())[0]
             # tokens [N+1] = [next token, drafts], start [1] = the last start + 1 + accepted, x [N+1, H]
-            if block_chained:
-                tokens, start, x = kernels.chain_block(self.next_token, drafts, self.start, self.accepted,
-                                                       target.embed_weight, chained=True)
-            else:
-                tokens, start, x = block(self.next_token, drafts, self.start, self.accepted,
-                                         target.embed_weight)
+            tokens, start, x = block(self.next_token, drafts, self.start, self.accepted, target.embed_weight)
             hidden, logits = target._block_step(x, start, block_depth, block_visible, kv,
                                                 after_step_kernel=kernels is not None)  # [N+1, H], [N+1, V]
             if warp is None:
