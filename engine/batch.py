@@ -155,11 +155,11 @@ class _NoDrafts(_BatchDrafter):
 class _NgramDrafts(_BatchDrafter):
     """Prompt lookup on the host, per sequence; proposals are ragged."""
 
-    def __init__(self, max_n: int):
-        self.max_n = max_n
+    def __init__(self, max_n: int, table=None):
+        self.max_n, self.table = max_n, table  # table: the target's CorpusTable, or None
 
     def propose(self, seqs, k, sampler) -> BatchDraft:
-        proposals = [[] if s.done else lookup_continuation(s.tokens, self.max_n, k) for s in seqs]
+        proposals = [[] if s.done else lookup_continuation(s.tokens, self.max_n, k, self.table) for s in seqs]
         width = max(len(p) for p in proposals)
         rows = [p + [0] * (width - len(p)) for p in proposals]
         tokens = to_device(rows, sampler.device).view(len(seqs), width)
@@ -477,6 +477,14 @@ class BatchDecoder:
                                                   clean_up_tokenization_spaces=False)
         return result
 
+    def ngram_table(self):
+        """The target's corpus table for n-gram (engine.drafters.corpus_table), or None; read once."""
+        if not hasattr(self, "_ngram_table"):
+            from engine.drafters import corpus_table
+
+            self._ngram_table = corpus_table.load(self.pair.target_name)
+        return self._ngram_table
+
     def eagle_head(self):
         """The target's EAGLE head (see the class docstring); SpecplayError when the target has none."""
         head = self._eagle_head
@@ -525,7 +533,7 @@ class BatchDecoder:
         if config.method == "none":
             return t, _NoDrafts()
         if config.method == "ngram":
-            return t, _NgramDrafts(config.ngram_n)
+            return t, _NgramDrafts(config.ngram_n, self.ngram_table() if config.ngram_corpus else None)
         if config.method == "eagle":
             drafter = self._drafters.get("eagle")
             if drafter is None:

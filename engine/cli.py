@@ -180,6 +180,10 @@ def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = Tru
                    help="layerskip: how many of the target's first layers draft (default: half of them)")
     p.add_argument("--suffix-corpus", default="",
                    help="suffix: a text file indexed beside the session's earlier prompts and outputs")
+    p.add_argument("--no-ngram-corpus", dest="ngram_corpus", action="store_false",
+                   help="ngram: prompt lookup alone (by default the target's corpus table, where it ships "
+                        "one, "
+                        "fills the slots the lookup leaves)")
     _add_model_args(p)
 
 
@@ -297,7 +301,8 @@ def config_from_args(args) -> GenerationConfig:
     config = GenerationConfig(method=spec.name, k=args.k,
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
                               seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes,
-                              draft_layers=args.draft_layers, suffix_corpus=args.suffix_corpus)
+                              draft_layers=args.draft_layers, suffix_corpus=args.suffix_corpus,
+                              ngram_corpus=getattr(args, "ngram_corpus", True))
     config.validate()
     return config
 
@@ -521,7 +526,7 @@ def cmd_check_lossless(args) -> int:
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
                                       tree_nodes=config.tree_nodes, draft_layers=config.draft_layers,
-                                      suffix_corpus=config.suffix_corpus)
+                                      suffix_corpus=config.suffix_corpus, ngram_corpus=config.ngram_corpus)
     sampled_config.validate()
     prompt = prompt_from_args(args, DEFAULT_CHECK_PROMPT)
     decoder = load_decoder(args, config.method)

@@ -67,6 +67,7 @@ class GenerationConfig:
     seed: int = 0
     max_new_tokens: int = 128
     ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
+    ngram_corpus: bool = True  # n-gram: the target's corpus table (if any) fills what the lookup leaves
     tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
     draft_layers: int = 0  # layerskip: target layers that draft (0 = half of the target's, at least 1)

@@ -171,6 +171,7 @@ class SpeculativeDecoder:
         self._eagle = None
         self._eagle3 = None
         self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
+        self._ngram_table = False  # the target's corpus table for n-gram (False: not looked for yet)
         self._calls = None  # the generation's stream's CUDA calls (engine.cuda_calls), looked up once
         self._pinned = PinnedRing()  # the readouts' host buffers
         self.cuda_graphs = self.device.type == "cuda"
@@ -255,6 +256,16 @@ class SpeculativeDecoder:
             self._eagle3 = Eagle3Head.load(self.pair.target_name, self.target)
             self.set_cuda_graphs(self.cuda_graphs)
         return self._eagle3
+
+    def ngram_table(self):
+        """The target's corpus table on the device (engine.drafters.corpus_table), or None where it ships
+        none; read on first use."""
+        if self._ngram_table is False:
+            from engine.drafters import corpus_table
+
+            table = corpus_table.load(self.pair.target_name)
+            self._ngram_table = None if table is None else table.to(self.device)
+        return self._ngram_table
 
     def suffix_memory(self):
         """The session's suffix-decoding memory (earlier prompts and outputs, a corpus), made on first use."""

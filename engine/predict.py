@@ -108,6 +108,24 @@ class Trace:
         return int((self.header.get("config") or {}).get("ngram_n", 3))
 
     @property
+    def uses_ngram_table(self) -> bool:
+        """Whether the run's n-gram drafter filled its proposals from the target's corpus table (a trace
+        from before the table records no such setting, and had none)."""
+        settings = self.header.get("config") or self.header.get("settings") or {}
+        return bool(settings.get("ngram_corpus", False))
+
+    def ngram_table(self):
+        """The target's corpus table where the run used one (None otherwise, or where it cannot be read
+        here: the shipped target's, or a target directory's)."""
+        if not self.uses_ngram_table:
+            return None
+        from engine.drafters import corpus_table
+        from engine.models import shipped_pair
+
+        target = self.header.get("target") or (self.header.get("models") or {}).get("target") or "shipped"
+        return corpus_table.load(shipped_pair()[0] if target == "shipped" else target)
+
+    @property
     def emitted(self) -> int:
         return sum(len(r.emitted) for r in self.rounds)
 
@@ -291,17 +309,21 @@ class KPrediction:
 def exact_applies(trace: Trace) -> bool:
     if not trace.greedy or trace.is_tree:
         return False
-    return trace.method in EXACT_METHODS or (trace.method == "ngram" and trace.prompt_ids is not None)
+    if trace.method == "ngram":  # replayed: it needs the prompt, and the table where the run used one
+        table_ok = not trace.uses_ngram_table or trace.ngram_table() is not None
+        return trace.prompt_ids is not None and table_ok
+    return trace.method in EXACT_METHODS
 
 
-def ngram_rounds(prompt_ids: list, output: list, k: int, n: int) -> int:
+def ngram_rounds(prompt_ids: list, output: list, k: int, n: int, table=None) -> int:
     """Rounds the n-gram drafter needs for `output` with K: replayed, since its proposal after a context is
-    lookup_continuation(context) and greedy verification accepts its prefix that matches the output."""
+    lookup_continuation(context) and greedy verification accepts its prefix that matches the output.
+    table: the CorpusTable the run's drafter filled its proposals from, or None."""
     from engine.drafters.ngram import lookup_continuation
 
     position, rounds = 0, 0
     while position < len(output):
-        proposal = lookup_continuation(list(prompt_ids) + output[:position], n, k)
+        proposal = lookup_continuation(list(prompt_ids) + output[:position], n, k, table)
         accepted = 0
         while accepted < len(proposal) and position + accepted < len(output) \
                 and proposal[accepted] == output[position + accepted]:
@@ -323,7 +345,7 @@ def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
         return (sum(lengths) / rounds if rounds else 1.0), basis
     if trace.method == "ngram":  # one generation's prompt in the header
         output = [t for r in trace.generations[0] for t in r.emitted]
-        rounds = ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n)
+        rounds = ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n, trace.ngram_table())
         return len(output) / max(1, rounds), "exact (replayed)"
     alphas = acceptance.alphas_for(k)
     rounds, tokens, shares = 0.0, 0, []

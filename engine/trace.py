@@ -176,4 +176,6 @@ def config_from_dict(settings: dict, events: list = ()) -> GenerationConfig:
     sampling = values.pop("sampling", None) or {}
     if not settings and events:
         values = {"method": events[0].method, "k": max(1, events[0].k)}
+    elif "ngram_corpus" not in settings:  # recorded before n-gram had a corpus table: it ran without one
+        values["ngram_corpus"] = False
     return GenerationConfig(**values, sampling=SamplingParams(**_known(SamplingParams, sampling)))

@@ -923,15 +923,28 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
 // Where draft is not NULL the last round's emitted tokens are appended first (engine.round_graph.append_emitted,
 // the twin): history[L + j] = draft[j] for j < k, except history[L + accepted] = *next_token, and
 // history[L + k] = *next_token (rows past L + accepted are stray); *length becomes L + accepted + 1.
+// Where chain is not NULL (a corpus table: chain [V, W], pair_keys [P] ascending, pair_tokens [P, W], int64,
+// -1 past a row's end) the slots from the count on take the table's continuation of the context (history's
+// L tokens, then the count's), as engine.round_graph.corpus_fill (the twin): the pair (prev, last)'s row when
+// pair_keys holds prev * V + last, else last's chain row, up to its first -1; the count grows by what it fills.
 #define SP_NGRAM_MAX_N 64
+
+// the context's token at position: history's below L, the lookup's tokens (from begin) past it
+__device__ __forceinline__ long long sp_context_token(const long long* history, int M, int L, int begin,
+                                                      long long position) {
+    long long at = position < L ? position : (long long)begin + (position - L);
+    return history[min(max(at, 0LL), (long long)M - 1)];
+}
 
 extern "C" __global__ void __launch_bounds__(256)
 sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, const long long* draft,
                 const long long* next_token, const long long* accepted, long long* tokens_out,
-                long long* count_out) {
+                long long* count_out, const long long* chain, const long long* pair_keys,
+                const long long* pair_tokens, int pairs, int width, int vocab) {
     __shared__ long long suffix[SP_NGRAM_MAX_N];  // the last tokens, last first
     __shared__ int latest_end[SP_NGRAM_MAX_N];    // per n - 1: the latest end t that matched, -1 none
-    __shared__ int begin_s, count_s;
+    __shared__ int begin_s, count_s, filled_s;
+    __shared__ const long long* row_s;            // the table's row that fills the slots from count_s
     sp_let_next_start();
     sp_wait_for_previous();  // history and length come from the kernels before this one
     int tid = threadIdx.x;
@@ -967,10 +980,36 @@ sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, 
         }
         begin_s = latest_end[longest] + 1;
         count_s = latest_end[longest] >= 0 ? min(max(L - begin_s, 0), k) : 0;
+        filled_s = 0;
+        row_s = nullptr;
+        long long last_at = (long long)L + count_s - 1;
+        if (chain != nullptr && last_at >= 0) {
+            long long last = sp_context_token(history, M, L, begin_s, last_at);
+            long long prev = last_at >= 1 ? sp_context_token(history, M, L, begin_s, last_at - 1) : -1;
+            if (last >= 0 && last < vocab) {
+                const long long* row = chain + last * width;
+                if (prev >= 0 && prev < vocab && pairs > 0) {
+                    long long key = prev * vocab + last;
+                    int lo = 0, hi = pairs;  // the first key >= key
+                    while (lo < hi) {
+                        int mid = (lo + hi) >> 1;
+                        if (pair_keys[mid] < key) lo = mid + 1; else hi = mid;
+                    }
+                    if (lo < pairs && pair_keys[lo] == key) row = pair_tokens + (long long)lo * width;
+                }
+                int filled = 0;
+                while (filled < width && row[filled] >= 0) filled++;
+                row_s = row;
+                filled_s = filled;
+            }
+        }
     }
     __syncthreads();
-    for (int j = tid; j < k; j += blockDim.x) tokens_out[j] = history[min(max(begin_s + j, 0), M - 1)];
-    if (tid == 0) *count_out = count_s;
+    for (int j = tid; j < k; j += blockDim.x) {
+        int slot = j - count_s;
+        tokens_out[j] = slot >= 0 && slot < filled_s ? row_s[slot] : history[min(max(begin_s + j, 0), M - 1)];
+    }
+    if (tid == 0) *count_out = count_s + min(filled_s, k - count_s);
 }
 
 // sp_topk: the k <= SP_TOPK_MAX largest of each row of x [R, C] (row r at x + r * stride), as

@@ -123,7 +123,8 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("sp_ngram_lookup",
                "long long* history, long long* length, int M, int max_n, int k, const long long* draft, "
                "const long long* next_token, const long long* accepted, long long* tokens_out, "
-               "long long* count_out"),
+               "long long* count_out, const long long* chain, const long long* pair_keys, "
+               "const long long* pair_tokens, int pairs, int width, int vocab"),
     KernelSpec("sp_chain_block",
                "const long long* next_token, const long long* chain, int K, const long long* start, "
                "const long long* accepted, const T* embed, int H, long long* tokens_out, "
@@ -575,12 +576,16 @@ class StepKernels:
 
     def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
                      chained: bool = False, emitted: Optional[tuple] = None,
-                     count: Optional[torch.Tensor] = None) -> tuple:
+                     count: Optional[torch.Tensor] = None, table=None) -> tuple:
         """As engine.round_graph.NgramLookup: history [M] int64, length [1] int64 (both on the device) ->
         (tokens [k] int64, count [1] int64), in one launch that reads nothing on the host. emitted: the last
         round's (chain [k], next token [1], accepted [1]), appended to history first and length moved on, in
-        place (engine.round_graph.append_emitted's twin). count: the [1] int64 tensor the count goes to."""
+        place (engine.round_graph.append_emitted's twin). count: the [1] int64 tensor the count goes to.
+        table: a CorpusTable on the device whose continuation fills the slots past the lookup's count
+        (engine.round_graph.corpus_fill's twin), or None."""
         extra = () if emitted is None else tuple(emitted)
+        if table is not None:
+            extra += (table.chain, table.pair_keys, table.pair_tokens)
         for t in (history, length) + extra + (() if count is None else (count,)):
             if t.dtype != torch.long or not t.is_contiguous() or t.device != self.device:
                 raise ValueError("ngram_lookup: history, length, emitted and count must be contiguous int64 "
@@ -597,7 +602,7 @@ class StepKernels:
                           history=history.data_ptr(), length=length.data_ptr(), M=history.numel(),
                           max_n=max_n, k=k, draft=_pointer(draft), next_token=_pointer(next_token),
                           accepted=_pointer(accepted), tokens_out=tokens.data_ptr(),
-                          count_out=count.data_ptr())
+                          count_out=count.data_ptr(), **_table_arguments(table))
         return tokens, count
 
     def chain_block(self, next_token, chain, start, accepted, embed, chained: bool = False) -> tuple:
@@ -842,3 +847,12 @@ def source_specs() -> dict:
 def _source_names_options():
     """(source, instance names, options) as the module is compiled (for an offline NVRTC check)."""
     return module_source(), instance_names(), COMPILE_OPTIONS
+
+
+def _table_arguments(table) -> dict:
+    """sp_ngram_lookup's corpus-table arguments (NULL pointers: no table)."""
+    if table is None:
+        return dict(chain=0, pair_keys=0, pair_tokens=0, pairs=0, width=0, vocab=0)
+    return dict(chain=table.chain.data_ptr(), pair_keys=table.pair_keys.data_ptr(),
+                pair_tokens=table.pair_tokens.data_ptr(), pairs=table.pair_keys.numel(), width=table.width,
+                vocab=table.vocab)

@@ -30,8 +30,20 @@ def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
     add_random_medusa_heads(target, hidden)
     add_random_eagle_head(target, hidden)
     add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
+    add_random_ngram_table(target, vocab, seed)
     draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=dtype))
+
+
+def add_random_ngram_table(target, vocab: int, seed: int) -> None:
+    """A corpus table for n-gram (engine.drafters.corpus_table) counted over a random token string: every
+    n-gram test on the GPU drafts with its fill."""
+    from engine.drafters import corpus_table
+
+    ids = torch.randint(0, vocab, (4000,), generator=torch.Generator().manual_seed(seed)).tolist()
+    table = corpus_table.build([ids], vocab, pairs=64,
+                               metadata={"tokenizer_sha256": corpus_table.tokenizer_sha256(target)})
+    table.save(target / corpus_table.TABLE_FILE)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +74,15 @@ def test_greedy_equals_plain_on_cuda(decoder, method, nodes, k):
     spec = decoder.generate_ids(PROMPT, GenerationConfig(method=method, k=k, tree_nodes=nodes,
                                                          max_new_tokens=48))
     assert spec == plain
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_ngram_without_its_table_equals_plain_on_cuda(decoder, k):
+    """Prompt lookup alone (the table off) on the GPU, as the greedy test above runs it with the table."""
+    assert decoder.ngram_table() is not None
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    config = GenerationConfig(method="ngram", k=k, max_new_tokens=48, ngram_corpus=False)
+    assert decoder.generate_ids(PROMPT, config) == plain
 
 
 @pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),

@@ -121,9 +121,10 @@ def queued(monkeypatch):
     def ngram_graph(self, state, config, width):
         if not state.config.sampling.greedy:
             return None
-        key = ("ngram", id(self.target), config.k, state.config.ngram_n)
+        key = ("ngram", id(self.target), config.k, state.config.ngram_n, id(self.table))
         if key not in graphs:
-            graphs[key] = NgramRoundGraph(self.target, config.k, state.config.ngram_n, state.backend, width)
+            graphs[key] = NgramRoundGraph(self.target, config.k, state.config.ngram_n, state.backend, width,
+                                          self.table)
         return graphs[key]
 
     def plain_graph(target, backend, width, sampling=None):
@@ -234,11 +235,55 @@ def test_the_device_lookup_is_the_host_lookup():
         assert int(count) == len(expected) and found == expected, (tokens, max_n, k)
 
 
+def random_table(vocab: int, width: int, pairs: int, generator):
+    """A CorpusTable over `vocab` ids with rows cut short at random (-1 past a row's end)."""
+    from engine.drafters.corpus_table import CorpusTable
+
+    def rows(n: int) -> torch.Tensor:
+        out = torch.randint(0, vocab, (n, width), generator=generator)
+        ends = torch.randint(0, width + 1, (n, 1), generator=generator)
+        return torch.where(torch.arange(width) < ends, out, -1)
+
+    keys = torch.randperm(vocab * vocab, generator=generator)[:pairs].sort().values
+    return CorpusTable(rows(vocab), keys, rows(keys.numel()), {})
+
+
+def test_the_device_lookup_with_a_corpus_table_is_the_host_lookup():
+    """With a corpus table, ngram_lookup (corpus_fill after the lookup) proposes what lookup_continuation
+    does: misses, short matches at the context's end and full ones, pairs found and not, rows cut short."""
+    generator = torch.Generator().manual_seed(1)
+    for case in range(600):
+        length = 1 + case % 30
+        max_n, k, vocab = 1 + case % 4, 1 + case % 8, 3 + case % 5
+        table = random_table(vocab, 1 + case % 5, case % 7 * 2, generator)
+        tokens = torch.randint(0, vocab, (length,), generator=generator).tolist()
+        history = torch.randint(0, vocab, (length + 16,), generator=generator)
+        history[:length] = torch.tensor(tokens)
+        proposal, count = ngram_lookup(history, torch.tensor([length]), max_n, k, table)
+        expected = ngram.lookup_continuation(tokens, max_n, k, table)
+        assert int(count) == len(expected) and proposal[:len(expected)].tolist() == expected, (case, tokens)
+
+
+def test_lookup_continuation_fills_from_the_table():
+    from engine.drafters.corpus_table import CorpusTable
+
+    chain = torch.tensor([[1, 2], [2, -1], [0, 0]])  # after 0: 1 2; after 1: 2; after 2: 0 0
+    table = CorpusTable(chain, torch.tensor([1 * 3 + 2]), torch.tensor([[1, 1]]), {})  # after (1, 2): 1 1
+    assert ngram.lookup_continuation([2], 3, 4, table) == [0, 0]  # a miss: the last token's row
+    assert ngram.lookup_continuation([1, 2], 3, 4, table) == [1, 1]  # the pair's row
+    assert ngram.lookup_continuation([0, 1, 0], 3, 3, table) == [1, 0, 1]  # the match ends at the end: filled
+    assert ngram.lookup_continuation([0, 1, 0], 3, 3) == [1, 0]
+    assert ngram.lookup_continuation([1], 3, 4, table) == [2]  # the row ends
+
+
 def test_the_device_lookup_reads_nothing_on_the_host():
     """A CUDA graph's capture fails at the first read of a device value on the host (indexing by a 0-d
     tensor is one). Meta tensors hold no values, so such a read raises here as well."""
     history = torch.zeros(64, dtype=torch.long, device="meta")
     proposal, count = ngram_lookup(history, torch.zeros(1, dtype=torch.long, device="meta"), 3, 4)
+    assert proposal.shape == (4,) and count.shape == (1,)
+    table = random_table(8, 4, 6, torch.Generator().manual_seed(0)).to("meta")
+    proposal, count = ngram_lookup(history, torch.zeros(1, dtype=torch.long, device="meta"), 3, 4, table)
     assert proposal.shape == (4,) and count.shape == (1,)
 
 
@@ -285,15 +330,18 @@ def test_a_chain_past_the_lookup_count_is_cut_there():
     assert chain_limit_reference(result(3, -1), chain, count).next_token.tolist() == [-1]
 
 
+@pytest.mark.parametrize("corpus", [False, True])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_ngram_replays_give_the_synchronous_rounds(shipped, queued, k):
-    """n-gram rounds replayed behind unread ones (the lookup on the device, the chain cut to its count) are
-    the rounds launched apart: drafted tokens, verdicts, misses included; greedy output is plain
-    decoding's."""
+def test_ngram_replays_give_the_synchronous_rounds(shipped, queued, k, corpus):
+    """n-gram rounds replayed behind unread ones (the lookup on the device, the chain cut to its count, with
+    the shipped corpus table's fill or without) are the rounds launched apart: drafted tokens, verdicts,
+    misses included; greedy output is plain decoding's."""
     decoder, prompt = shipped
-    config = GenerationConfig(method="ngram", k=k, max_new_tokens=64)
+    assert decoder.ngram_table() is not None  # the shipped target ships one
+    config = GenerationConfig(method="ngram", k=k, max_new_tokens=64, ngram_corpus=corpus)
     alone = _rounds(decoder, config, False, prompt)
-    assert not queued and any(not drafted for _, _, drafted, _ in alone)  # a miss among them
+    misses = sum(not drafted for _, _, drafted, _ in alone)
+    assert not queued and (misses < len(alone) // 4 if corpus else misses > 0)  # the table fills the misses
     assert _rounds(decoder, config, True, prompt) == alone
     assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone) // 2
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=64))

@@ -449,6 +449,41 @@ def test_ngram_lookup_fuzz(kernels):
             assert int(count) == len(expected) and tokens[:len(expected)].tolist() == expected, case
 
 
+def test_ngram_lookup_with_a_corpus_table_fuzz(kernels):
+    """sp_ngram_lookup with a corpus table gives corpus_fill's tokens (stray ones included) and count, and
+    lookup_continuation's proposal with the table (every eighth case): tables of 2..9 ids (history ids past
+    them too), rows of 1..6 cut short at random, 0..40 pairs; appended or not."""
+    from test_round_graph import random_table
+
+    from engine.drafters.ngram import lookup_continuation
+    from engine.round_graph import append_emitted, ngram_lookup
+
+    rng = random.Random(14)
+    generator = torch.Generator().manual_seed(14)
+    for case in range(CASES):
+        m, max_n, k = rng.choice([8, 64, 300]) + 34, rng.randint(1, 6), rng.randint(1, 32)
+        length = rng.randint(0, m - k - 2)
+        vocab = rng.randint(2, 9)
+        table = random_table(vocab, rng.randint(1, 6), rng.randint(0, 40), generator).to("cuda")
+        history = torch.randint(0, vocab + 1, (m,), device="cuda")
+        emitted = None
+        twin_history, twin_length = history.clone(), torch.tensor([length], device="cuda")
+        if case % 2:
+            emitted = (torch.randint(0, vocab, (k,), device="cuda"),
+                       torch.randint(0, vocab, (1,), device="cuda"),
+                       torch.tensor([rng.randint(0, k)], device="cuda"))
+            append_emitted(twin_history, twin_length, *emitted)
+        twin_tokens, twin_count = ngram_lookup(twin_history, twin_length, max_n, k, table)
+        length_t = torch.tensor([length], device="cuda")
+        tokens, count = kernels.ngram_lookup(history, length_t, max_n, k, emitted=emitted, table=table)
+        assert torch.equal(history, twin_history) and torch.equal(length_t, twin_length), case
+        assert torch.equal(tokens, twin_tokens) and torch.equal(count, twin_count), (case, length, max_n, k)
+        if case % 8 == 0:
+            context = twin_history[:int(twin_length)].tolist()
+            expected = lookup_continuation(context, max_n, k, table.to("cpu"))
+            assert int(count) == len(expected) and tokens[:len(expected)].tolist() == expected, case
+
+
 def test_ngram_lookup_with_the_append_fuzz(kernels):
     """sp_ngram_lookup with the last round's emitted tokens appended first gives append_emitted's history and
     length, then the lookup's tokens and count."""

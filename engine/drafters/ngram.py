@@ -1,4 +1,6 @@
-"""Prompt lookup: match the last n tokens of the context earlier in it and propose what followed."""
+"""Prompt lookup: match the last n tokens of the context earlier in it and propose what followed; where that
+gives fewer than K tokens, the corpus's most frequent continuation fills the rest
+(engine.drafters.corpus_table, where the target ships a table)."""
 from __future__ import annotations
 
 import os
@@ -11,9 +13,18 @@ from engine.runner import to_device
 ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "1") != "0"
 
 
-def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
+def lookup_continuation(tokens: list, max_n: int, k: int, table=None) -> list:
     """The up-to-k tokens that followed the most recent earlier occurrence of the longest suffix (n <= max_n)
-    of `tokens`; [] when no suffix of length >= 1 occurs earlier."""
+    of `tokens` ([] when no suffix of length >= 1 occurs earlier), then, with a CorpusTable, the table's
+    continuation of the context and those tokens for the slots left."""
+    proposal = prompt_lookup(tokens, max_n, k)
+    if table is not None and len(proposal) < k and tokens:
+        proposal = proposal + table.continuation(tokens + proposal, k - len(proposal))
+    return proposal
+
+
+def prompt_lookup(tokens: list, max_n: int, k: int) -> list:
+    """lookup_continuation without a table."""
     length = len(tokens)
     for n in range(min(max_n, length - 1), 0, -1):
         suffix = tokens[length - n:]
@@ -26,14 +37,16 @@ def lookup_continuation(tokens: list, max_n: int, k: int) -> list:
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, target=None):
-        """target: the decoder's target runner, for the round graph (None: rounds are launched apart)."""
+    def __init__(self, target=None, table=None):
+        """target: the decoder's target runner, for the round graph (None: rounds are launched apart).
+        table: the target's CorpusTable (None: prompt lookup alone)."""
         self.target = target
+        self.table = table
         self.committed: list = []  # the run's tokens (state.tokens) as of the last proposal
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         self.committed = state.tokens
-        proposal = lookup_continuation(state.tokens, state.config.ngram_n, k)
+        proposal = lookup_continuation(state.tokens, state.config.ngram_n, k, self.table)
         tokens = to_device(proposal, state.device)
         return Draft(tokens=tokens)
 
@@ -47,4 +60,5 @@ class NgramDrafter(Drafter):
             return None
         from engine.round_graph import ngram_round_graph
 
-        return ngram_round_graph(self.target, config.k, state.config.ngram_n, state.backend, width)
+        return ngram_round_graph(self.target, config.k, state.config.ngram_n, state.backend, width,
+                                 self.table)

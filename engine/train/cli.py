@@ -4,6 +4,7 @@
     python main.py train --out runs/full --export assets/models   # the real recipe (one GPU, < 20 min)
     python main.py train --out runs/full --stages tokenizer       # one stage (finished stages are skipped)
     python main.py train --evaluate assets/models --limit 50      # plausibility + held-out perplexity only
+    python main.py train --ngram-table assets/models/target       # n-gram's corpus table for its tokenizer
 
 Retrain only the Medusa heads of an exported family (scripts/train_medusa_gpu.sh on a GPU):
 
@@ -66,6 +67,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-family", type=Path, default=None, metavar="DIR",
                    help="take the tokenizer and the target from this exported family (e.g. assets/models) "
                         "instead of training them, to retrain heads on it")
+    p.add_argument("--ngram-table", type=Path, default=None, metavar="DIR",
+                   help="only build n-gram's corpus table for the model in DIR (its tokenizer) from the "
+                        "standard library's training files, written to DIR/ngram_table.safetensors")
     add_head_arguments(p, "medusa", "Medusa", "Medusa heads (medusa_heads.safetensors, medusa_config.json)")
     add_head_arguments(p, "eagle3", "EAGLE-3", "EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json)")
     p.add_argument("--threads", type=int, default=None,
@@ -115,6 +119,11 @@ def run_train(args) -> int:
     hf_logging.disable_progress_bar()   # keep the training log readable
     if getattr(args, "evaluate", None):
         return run_evaluate(args)
+    if getattr(args, "ngram_table", None) is not None:
+        from engine.train.ngram_table import build_ngram_table
+
+        build_ngram_table(args.ngram_table)
+        return 0
     family = getattr(args, "from_family", None)
     stages = parse_stages(args.stages, family is not None)
     preset = with_schedule(PRESETS["tiny" if args.tiny else "full"](), "medusa",
