@@ -133,10 +133,11 @@ speedup. It has no K and no α.</li>
 distribution. c is its step cost over the target's.</li>
 <li><b>N-gram prompt lookup</b>: finds the latest occurrence of the text's last few tokens earlier in the
 context and proposes what followed. Where that gives fewer than K tokens (no match, or a match at the end),
-the shipped target's corpus table fills the rest: the most frequent continuation of the last token (or the
-last two) in the standard library's training files. Free to draft (c ≈ 0), deterministic (q = 1); a round
-with no match and no table row drafts nothing and counts as one target step with no drafted tokens (it does
-not enter α). <code>--no-ngram-corpus</code> runs the lookup alone.</li>
+the shipped target's corpus table fills the rest on a GPU: the most frequent continuation of the last token
+(or the last two) in the standard library's training files (there a round costs the same whatever it drafts;
+on the CPU each drafted row costs, and the lookup runs alone; <code>--ngram-corpus on|off</code> decides).
+Free to draft (c ≈ 0), deterministic (q = 1); a round that drafts nothing counts as one target step with no
+drafted tokens (it does not enter α).</li>
 <li><b>Medusa</b>: extra heads on the target predict the tokens 1..K ahead from its last hidden state; their
 top candidates form a tree verified in one forward with a tree attention mask. On a GPU (bf16/fp16) each
 round after the first is queued behind the one before it as a single captured graph (keep the accepted path,

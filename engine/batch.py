@@ -533,7 +533,8 @@ class BatchDecoder:
         if config.method == "none":
             return t, _NoDrafts()
         if config.method == "ngram":
-            return t, _NgramDrafts(config.ngram_n, self.ngram_table() if config.ngram_corpus else None)
+            table = self.ngram_table() if config.uses_ngram_table(self.device) else None
+            return t, _NgramDrafts(config.ngram_n, table)
         if config.method == "eagle":
             drafter = self._drafters.get("eagle")
             if drafter is None:

@@ -180,10 +180,10 @@ def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = Tru
                    help="layerskip: how many of the target's first layers draft (default: half of them)")
     p.add_argument("--suffix-corpus", default="",
                    help="suffix: a text file indexed beside the session's earlier prompts and outputs")
-    p.add_argument("--no-ngram-corpus", dest="ngram_corpus", action="store_false",
-                   help="ngram: prompt lookup alone (by default the target's corpus table, where it ships "
-                        "one, "
-                        "fills the slots the lookup leaves)")
+    p.add_argument("--ngram-corpus", default="auto", choices=("auto", "on", "off"),
+                   help="ngram: whether the target's corpus table, where it ships one, fills the slots "
+                        "prompt lookup leaves (auto: on the GPU, where a round costs the same whatever it "
+                        "drafts; off on the CPU, where each drafted row costs)")
     _add_model_args(p)
 
 
@@ -302,9 +302,13 @@ def config_from_args(args) -> GenerationConfig:
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
                               seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes,
                               draft_layers=args.draft_layers, suffix_corpus=args.suffix_corpus,
-                              ngram_corpus=getattr(args, "ngram_corpus", True))
+                              ngram_corpus=_on_off_auto(getattr(args, "ngram_corpus", "auto")))
     config.validate()
     return config
+
+
+def _on_off_auto(value: str):
+    return {"on": True, "off": False}.get(value)
 
 
 def load_decoder(args, *method_names: str):

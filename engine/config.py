@@ -6,6 +6,7 @@ import numbers
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 from engine import methods
 from engine.errors import SpecplayError
@@ -67,7 +68,9 @@ class GenerationConfig:
     seed: int = 0
     max_new_tokens: int = 128
     ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
-    ngram_corpus: bool = True  # n-gram: the target's corpus table (if any) fills what the lookup leaves
+    # n-gram: the target's corpus table (if any) fills what the lookup leaves; None: on the GPU only, where a
+    # round costs the same whatever it drafts (on the CPU each drafted row costs verification)
+    ngram_corpus: Optional[bool] = None
     tree_nodes: int = 0  # medusa: node budget (0 = 2K); eagle: 0 = a chain of K, N > 0 = a dynamic tree of N
     stop_at_eos: bool = True
     draft_layers: int = 0  # layerskip: target layers that draft (0 = half of the target's, at least 1)
@@ -86,6 +89,8 @@ class GenerationConfig:
         check_int("seed", self.seed, 0, MAX_SEED)
         # 0 = half the target's layers; the upper bound depends on the target: the layerskip drafter checks it
         check_int("draft layers", self.draft_layers, 0, MAX_DRAFT_LAYERS)
+        if self.ngram_corpus not in (None, True, False):
+            raise SpecplayError(f"ngram corpus must be on, off or auto (got {self.ngram_corpus!r})")
         if not isinstance(self.suffix_corpus, str):
             raise SpecplayError(f"suffix corpus must be a file name (got {self.suffix_corpus!r})")
         if self.suffix_corpus:
@@ -93,6 +98,12 @@ class GenerationConfig:
         if not isinstance(self.sampling, SamplingParams):
             raise SpecplayError(f"sampling must be SamplingParams (got {type(self.sampling).__name__})")
         self.sampling.validate()
+
+    def uses_ngram_table(self, device) -> bool:
+        """Whether n-gram fills its proposals from the corpus table on this device (where there is one)."""
+        if self.ngram_corpus is None:
+            return str(getattr(device, "type", device)).startswith("cuda")
+        return self.ngram_corpus
 
     @property
     def drafts(self) -> int:

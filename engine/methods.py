@@ -57,7 +57,8 @@ def _draft(decoder, config):
 def _ngram(decoder, config):
     from engine.drafters.ngram import NgramDrafter
 
-    return NgramDrafter(decoder.target, decoder.ngram_table() if config.ngram_corpus else None)
+    return NgramDrafter(decoder.target,
+                        decoder.ngram_table() if config.uses_ngram_table(decoder.device) else None)
 
 
 def _medusa(decoder, config):

@@ -112,7 +112,10 @@ class Trace:
         """Whether the run's n-gram drafter filled its proposals from the target's corpus table (a trace
         from before the table records no such setting, and had none)."""
         settings = self.header.get("config") or self.header.get("settings") or {}
-        return bool(settings.get("ngram_corpus", False))
+        if "ngram_corpus" not in settings:
+            return False
+        used = settings["ngram_corpus"]  # None: on the GPU only
+        return bool(used) if used is not None else "cpu" not in str(self.header.get("device", "cpu")).lower()
 
     def ngram_table(self):
         """The target's corpus table where the run used one (None otherwise, or where it cannot be read

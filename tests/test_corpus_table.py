@@ -56,3 +56,10 @@ def test_greedy_ngram_with_a_table_equals_plain_greedy(tmp_path):
         assert [t for e in events for t in e.emitted_ids] == plain
         drafted[corpus] = sum(bool(e.drafted) for e in events) / len(events)
     assert decoder.ngram_table() is not None and drafted[True] > drafted[False]
+
+
+def test_the_table_is_on_by_default_on_the_gpu_only():
+    """auto (None): on CUDA, where a round's rows cost the same whatever it drafts; off on the CPU."""
+    auto, on, off = (GenerationConfig(method="ngram", ngram_corpus=v) for v in (None, True, False))
+    assert auto.uses_ngram_table("cuda") and not auto.uses_ngram_table(torch.device("cpu"))
+    assert on.uses_ngram_table("cpu") and not off.uses_ngram_table(torch.device("cuda", 0))
