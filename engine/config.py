@@ -67,7 +67,7 @@ class GenerationConfig:
     sampling: SamplingParams = SamplingParams()
     seed: int = 0
     max_new_tokens: int = 128
-    ngram_n: int = 3  # longest suffix the n-gram drafter tries to match
+    ngram_n: int = 5  # longest suffix the n-gram drafter tries to match (3 before the corpus table)
     # n-gram: the target's corpus table (if any) fills what the lookup leaves; None: on the GPU only, where a
     # round costs the same whatever it drafts (on the CPU each drafted row costs verification)
     ngram_corpus: Optional[bool] = None

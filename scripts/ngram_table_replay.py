@@ -42,7 +42,7 @@ def main() -> int:
     print(f"{len(runs)} held-out prompts, {tokens} tokens of plain greedy decoding ({args.dtype}, CPU)")
     for k in (int(x) for x in args.ks.split(",")):
         for label, used in (("lookup alone", None), ("with the table", table)):
-            rounds = sum(ngram_rounds(ids, out, k, 3, used) for ids, out in runs)
+            rounds = sum(ngram_rounds(ids, out, k, GenerationConfig().ngram_n, used) for ids, out in runs)
             print(f"K = {k}  {label:15s} {tokens / rounds:.3f} tokens per forward ({rounds} rounds)")
     return 0
 
