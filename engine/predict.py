@@ -319,12 +319,17 @@ def exact_applies(trace: Trace) -> bool:
 
 
 def ngram_rounds(prompt_ids: list, output: list, k: int, n: int, table=None) -> int:
-    """Rounds the n-gram drafter needs for `output` with K: replayed, since its proposal after a context is
-    lookup_continuation(context) and greedy verification accepts its prefix that matches the output.
-    table: the CorpusTable the run's drafter filled its proposals from, or None."""
+    """Rounds the n-gram drafter needs for `output` with K (see ngram_replay)."""
+    return len(ngram_replay(prompt_ids, output, k, n, table))
+
+
+def ngram_replay(prompt_ids: list, output: list, k: int, n: int, table=None) -> list:
+    """(proposed, accepted) tokens of each round the n-gram drafter runs for `output` with K: replayed, since
+    its proposal after a context is lookup_continuation(context) and greedy verification accepts its prefix
+    that matches the output. table: the CorpusTable the run's drafter filled its proposals from, or None."""
     from engine.drafters.ngram import lookup_continuation
 
-    position, rounds = 0, 0
+    position, rounds = 0, []
     while position < len(output):
         proposal = lookup_continuation(list(prompt_ids) + output[:position], n, k, table)
         accepted = 0
@@ -332,7 +337,7 @@ def ngram_rounds(prompt_ids: list, output: list, k: int, n: int, table=None) -> 
                 and proposal[accepted] == output[position + accepted]:
             accepted += 1
         position += accepted + 1
-        rounds += 1
+        rounds.append((len(proposal), accepted))
     return rounds
 
 

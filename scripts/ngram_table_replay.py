@@ -21,7 +21,7 @@ def main() -> int:
     from engine.decoder import SpeculativeDecoder
     from engine.drafters import corpus_table
     from engine.models import load_pair, shipped_pair
-    from engine.predict import ngram_rounds
+    from engine.predict import ngram_replay
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
@@ -40,10 +40,13 @@ def main() -> int:
         runs.append((decoder._encode(prompt), decoder.generate_ids(prompt, config)))
     tokens = sum(len(out) for _, out in runs)
     print(f"{len(runs)} held-out prompts, {tokens} tokens of plain greedy decoding ({args.dtype}, CPU)")
+    n = GenerationConfig().ngram_n
     for k in (int(x) for x in args.ks.split(",")):
         for label, used in (("lookup alone", None), ("with the table", table)):
-            rounds = sum(ngram_rounds(ids, out, k, GenerationConfig().ngram_n, used) for ids, out in runs)
-            print(f"K = {k}  {label:15s} {tokens / rounds:.3f} tokens per forward ({rounds} rounds)")
+            replayed = [r for ids, out in runs for r in ngram_replay(ids, out, k, n, used)]
+            rounds, empty = len(replayed), sum(proposed == 0 for proposed, _ in replayed)
+            print(f"K = {k}  {label:15s} {tokens / rounds:.3f} tokens per forward ({rounds} rounds, "
+                  f"{100 * empty / rounds:.1f}% of them drafting nothing)")
     return 0
 
 

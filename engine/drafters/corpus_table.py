@@ -1,7 +1,8 @@
 """The training corpus's most frequent continuations, for n-gram prompt lookup where the context has none.
 
-Prompt lookup proposes nothing when the last token never occurred earlier in the context (about a quarter of
-its rounds on the shipped pair's held-out prompts), and fewer than K tokens when its match sits at the end.
+Prompt lookup proposes nothing when the last token never occurred earlier in the context (28% of
+its rounds on the shipped pair's held-out prompts, K = 4: scripts/ngram_table_replay.py), and fewer
+than K tokens when its match sits at the end.
 This table fills those slots: after a token `last` (preceded by `prev`), the continuation the corpus's
 counts make most likely, one token at a time (each next token the most frequent after the last two, else
 after the last one). It holds, for every token, the continuation after it alone, and, for the pairs
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -32,6 +33,7 @@ class CorpusTable:
     pair_keys: torch.Tensor  # [P] int64, ascending: prev * V + last
     pair_tokens: torch.Tensor  # [P, W] int64: the continuation after (prev, last), -1 past its end
     metadata: dict
+    _rows: Optional[tuple] = field(default=None, repr=False, compare=False)  # _host_rows, made on first use
 
     @property
     def vocab(self) -> int:
@@ -46,8 +48,8 @@ class CorpusTable:
                            self.metadata)
 
     def continuation(self, tokens: list, m: int) -> list:
-        """Up to m tokens after `tokens` (a context of at least one token): the pair's row where
-        (tokens[-2], tokens[-1]) has one, else the last token's, cut at its first -1."""
+        """Up to m tokens after `tokens` (a context of at least one token; only its last two are read): the
+        pair's row where (tokens[-2], tokens[-1]) has one, else the last token's, cut at its first -1."""
         if m <= 0 or not tokens or not 0 <= tokens[-1] < self.vocab:
             return []
         rows = self._host_rows()
@@ -64,12 +66,11 @@ class CorpusTable:
 
     def _host_rows(self) -> tuple:
         """(chain rows as lists, {pair key: row}), made once: the host drafter looks up every round."""
-        cached = getattr(self, "_rows", None)
-        if cached is None:
+        if self._rows is None:
             chain = self.chain.cpu().tolist()
             pairs = dict(zip(self.pair_keys.cpu().tolist(), self.pair_tokens.cpu().tolist(), strict=True))
-            cached = self._rows = (chain, pairs)
-        return cached
+            self._rows = (chain, pairs)
+        return self._rows
 
     def save(self, path: Path) -> None:
         """int16 ids (int32 pair keys) where they fit: the shipped family has a size budget."""

@@ -19,7 +19,8 @@ def lookup_continuation(tokens: list, max_n: int, k: int, table=None) -> list:
     continuation of the context and those tokens for the slots left."""
     proposal = prompt_lookup(tokens, max_n, k)
     if table is not None and len(proposal) < k and tokens:
-        proposal = proposal + table.continuation(tokens + proposal, k - len(proposal))
+        tail = (tokens[-2:] + proposal)[-2:]  # the context's last two tokens, the proposal's included
+        proposal = proposal + table.continuation(tail, k - len(proposal))
     return proposal
 
 
