@@ -415,11 +415,18 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
         flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
         parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=True)
                  for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
-        if len(parts) == 1 and width <= TOPK_MAX:  # the ranking chained behind the one product
-            ranked = kernels.topk(parts[0][:, :vocab], width, chained=True).indices
-        else:
-            ranked = topk(torch.cat(parts)[:, :vocab], width).indices  # [depth * M, width]
+        index = _medusa_index(tree, rows, flat.device)
+        if len(parts) == 1 and width <= TOPK_MAX:  # the ranking and the tree's pick behind the one product
+            return kernels.topk_take(parts[0][:, :vocab], width, index, chained=True)  # [M, N]
+        ranked = topk(torch.cat(parts)[:, :vocab], width).indices  # [depth * M, width]
     return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
+
+
+def medusa_rows_end_in_kernel(target, features: torch.Tensor, tree, rows: int) -> bool:
+    """Whether medusa_rows' last launch for `rows` rows is a kernel of ours (sp_topk picking the tree's
+    tokens), so that the next one may start early behind it."""
+    return (_medusa_kernels(target, features) is not None and tree.depth * rows <= GEMV_MAX_ROWS
+            and tree.width <= TOPK_MAX)
 
 
 def _medusa_kernels(target, features: torch.Tensor):

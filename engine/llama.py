@@ -793,6 +793,11 @@ class LlamaRunner(CausalRunner):
             self._gemv_ok[n] = n <= DECODE_GEMV_ROWS and all(gemv_fits(w, n) for w in weights)
         return self._gemv_ok[n]
 
+    def step_ends_in_kernel(self, n: int) -> bool:
+        """Whether a block step of n rows ends in a step kernel (the LM head in sp_gemv): the round's next
+        kernel may then be a programmatic launch behind it."""
+        return self._decode_path(n) and self._gemv_rows(n)
+
     def _decode_path(self, n: int) -> bool:
         return self.decode_kernels is not None and n <= DECODE_ROWS
 

@@ -41,6 +41,7 @@ from engine.chain_graph import (
     graph_pool,
     head_step,
     medusa_rows,
+    medusa_rows_end_in_kernel,
     model_chain_steps,
 )
 from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
@@ -71,6 +72,24 @@ ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
 # row through the heads and the LM head); SPECPLAY_MEDUSA_ROW_HEADS=0 drafts from every row of the block and
 # picks the accepted row's tree at the next replay's start, for comparisons
 ROW_HEADS = os.environ.get("SPECPLAY_MEDUSA_ROW_HEADS", "1") != "0"
+# a greedy round's verification, readout and commit launched programmatically behind the kernel before them
+# (kernels.pdl: each starts while that one finishes); SPECPLAY_ROUND_PDL=0 launches them the usual way
+ROUND_PDL = os.environ.get("SPECPLAY_ROUND_PDL", "1") != "0"
+# n-gram's lookup kernel also builds the round's block (sp_chain_block's work, one launch less a round);
+# SPECPLAY_NGRAM_BLOCK=0 leaves it to sp_chain_block, for comparisons
+NGRAM_BLOCK = os.environ.get("SPECPLAY_NGRAM_BLOCK", "1") != "0"
+
+
+def ends_in_kernel(target, kernels, rows: int) -> bool:
+    """Whether the target's step of `rows` rows ends in a step kernel (its LM head in sp_gemv) where the
+    round's kernels run (kernels: round_kernels'), so the verification may start early behind it."""
+    return kernels is not None and getattr(target, "step_ends_in_kernel", lambda n: False)(rows)
+
+
+def chained(programmatic: bool) -> dict:
+    """The CUDA backend's launch option, given only where it holds (backends wrapped by the tests take the
+    reference's arguments)."""
+    return {"chained": True} if programmatic and ROUND_PDL else {}
 
 
 def round_kernels(target, backend):
@@ -182,6 +201,7 @@ class MedusaRoundGraph(RoundGraph):
         if self.row_heads and kernels is not None and keeps_path_in_kernel(target, self.path[:self.depth]):
             # the block's kernel starts early behind the kept path's (both kernels, no copy between)
             block = functools.partial(kernels.chain_block, chained=True)
+        pdl = chained(ends_in_kernel(target, kernels, n + 1) and warp is None)  # greedy: verify, readout
 
         def round_():
             keep_path(target, self.start, self.path[:self.depth], rows)
@@ -191,11 +211,12 @@ class MedusaRoundGraph(RoundGraph):
             hidden, logits = target._block_step(x, start, block_depth, block_visible, kv,
                                                 after_step_kernel=kernels is not None)  # [N+1, H], [N+1, V]
             if warp is None:
-                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents)
+                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], tree_parents, **pdl)
             else:  # one-hot q: Medusa's tokens are its heads' top ranks
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], tree_parents, None,
                                                         self.verify_u, *warp)
-            values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
+            temperature = 1.0 if warp is None else warp[0]
+            values = backend.readout(logits, result, tokens[1:], temperature, width, **pdl)
             # (the readout's is a kernel: the heads' may start behind it)
             if self.row_heads:  # the heads on the row that gave the next token, picked on the device
                 early = medusa_rows(target, heads, hidden, tree, vocab, result.accepted[:1], result.path[0],
@@ -203,8 +224,10 @@ class MedusaRoundGraph(RoundGraph):
             else:
                 early = medusa_rows(target, heads, hidden, tree, vocab, chained=True)  # [N+1, N]
             # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts, start and path
+            behind_topk = kernels is not None and medusa_rows_end_in_kernel(target, hidden, tree, len(early))
             commit(result.accepted, result.next_token, early.view(-1), start, self.accepted, self.next_token,
-                   self.early.view(-1), self.start, path_in=result.path[0], path=self.path)
+                   self.early.view(-1), self.start, path_in=result.path[0], path=self.path,
+                   **chained(behind_topk))
             return tokens, hidden, logits, result, values
 
         self._minus_one = minus_one
@@ -239,6 +262,9 @@ class ChainRoundGraph(RoundGraph):
     readout are here."""
 
     count: Optional[torch.Tensor] = None  # [1]: how many of the chain's K tokens are real drafts (n-gram)
+    # the block (tokens [K+1], start [1], x [K+1, H]) the drafting already built (n-gram's lookup kernel), or
+    # None: the round builds it from the chain
+    prepared: Optional[tuple] = None
 
     def _chain_buffers(self, target, k: int) -> None:
         device = target.device
@@ -258,6 +284,11 @@ class ChainRoundGraph(RoundGraph):
         kernels = self.kernels = round_kernels(target, backend)
         block = chain_block_reference if kernels is None else kernels.chain_block
         commit = chain_commit_reference if kernels is None else kernels.chain_commit
+        # programmatic launches behind kernels of ours: the greedy verification behind the step's LM head
+        # (n-gram's cut and the readout behind it); the commit behind the readout where _advance queues
+        # nothing
+        verify_pdl = ends_in_kernel(target, kernels, k + 1) and sampling is None and k > 0
+        commit_pdl = kernels is not None and type(self)._advance is ChainRoundGraph._advance
 
         def draft_():
             self.drafted = self._draft()  # [K], [K, V] or None
@@ -268,22 +299,31 @@ class ChainRoundGraph(RoundGraph):
         def round_():
             chain, q = self.drafted
             # the block after the accepted prefix: [next token] + chain [K+1], its start [1], x [K+1, H]
-            tokens, start, x = block(self.next_token, chain, self.start, self.accepted, target.embed_weight)
+            prepared = self.prepared
+            if prepared is None:
+                embed = target.embed_weight
+                tokens, start, x = block(self.next_token, chain, self.start, self.accepted, embed)
+            else:
+                tokens, start, x = prepared
+            # (the first product starts early behind the block's kernel, where the round has one)
             hidden, logits = target._block_step(x, start, depth, visible, kv,
-                                                after_step_kernel=kernels is not None)  # [K+1, H], [K+1, V]
+                                                after_step_kernel=kernels is not None and prepared is None)
             features = target.last_taps if target.tap_layers else hidden
             if sampling is None:
-                result = self._limit(backend.verify_chain_greedy(logits[None], chain[None]), chain)
+                verified = backend.verify_chain_greedy(logits[None], chain[None], **chained(verify_pdl))
+                result = self._limit(verified, chain)
             else:
                 q = None if q is None else q[None]  # None: plain decoding's empty chain
                 result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
                                                          *sampling.key)
             temperature = 1.0 if sampling is None else sampling.key[0]
             count = self.count  # n-gram's real drafts (the readout's last value, the commit's), or None
-            values = backend.readout(logits, result, chain, temperature, width, extra=int(count is not None))
+            values = backend.readout(logits, result, chain, temperature, width, extra=int(count is not None),
+                                     **chained(verify_pdl))
             self._advance(features)
             commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
-                   self.draft, self.start, count, None if count is None else values[-1:])
+                   self.draft, self.start, count, None if count is None else values[-1:],
+                   **chained(commit_pdl))
             return tokens, features, logits, result, values
 
         self._capture(target, round_, draft_ if k else None)
@@ -445,6 +485,10 @@ class NgramRoundGraph(ChainRoundGraph):
 
         def draft():
             last = (self.draft, self.next_token, self.accepted)  # the last round's emitted tokens
+            if fused is not None and NGRAM_BLOCK:  # the append, the lookup and the round's block: one launch
+                tokens, self.prepared = fused.ngram_block(self.history, self.length, max_n, k, last,
+                                                          self.count, self.start, target.embed_weight, table)
+                return tokens, None
             if fused is not None:  # the append and the lookup in one launch
                 return fused.ngram_lookup(self.history, self.length, max_n, k, emitted=last,
                                           count=self.count, table=table)[0], None
@@ -458,8 +502,8 @@ class NgramRoundGraph(ChainRoundGraph):
 
     def _limit(self, result, chain: torch.Tensor):
         """Accepted no further than the lookup's count (chain_limit_reference, or its kernel in place)."""
-        if self.kernels is not None:
-            return self.kernels.chain_limit(result, chain, self.count)
+        if self.kernels is not None:  # behind the verification's kernel
+            return self.kernels.chain_limit(result, chain, self.count, chained=True)
         return chain_limit_reference(result, chain, self.count)
 
     def seed(self, launched, drafter) -> None:
@@ -688,16 +732,19 @@ class HostTreeRoundGraph(RoundGraph):
         self._turn = 0
         kv = _kv(target, rows)
         node_rows = target._arange[:n]  # [N]
+        # greedy: the verification behind the step's LM head, the readout behind it, programmatic launches
+        pdl = chained(ends_in_kernel(target, round_kernels(target, backend), rows) and warp is None and n > 0)
 
         def round_():
             x = F.embedding(fill_unknown(tokens, target.vocab_size, target.input_fill), target.embed_weight)
             hidden, logits = target._block_step(x, start, block_depth, visible, kv)  # [N+1, H], [N+1, V]
             if warp is None:
-                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], parents)
+                result = backend.verify_tree_greedy(logits[None], tokens[None, 1:], parents, **pdl)
             else:
                 result = backend.verify_tree_stochastic(logits[None], tokens[None, 1:], parents, None,
                                                         uniforms, *warp)
-            values = backend.readout(logits, result, tokens[1:], 1.0 if warp is None else warp[0], width)
+            temperature = 1.0 if warp is None else warp[0]
+            values = backend.readout(logits, result, tokens[1:], temperature, width, **pdl)
             if n:  # the accepted path moves down behind the last committed token (the decoder rolls back)
                 keep_path(target, start, result.path[0], node_rows)
             return tokens, hidden, logits, result, values

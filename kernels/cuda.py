@@ -48,6 +48,7 @@ from kernels.launch_spec import (
     module_source,
     wide_chunks,
 )
+from kernels.pdl import PdlLauncher
 from kernels.reference import VerifyResult
 from kernels.workspaces import Workspaces
 
@@ -106,6 +107,9 @@ class DeviceState:
         self.kernels = _compile(index)  # kernel name ("sp_wide<float>", ...) -> cupy RawKernel
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         self.fast_launch = _self_check(self)  # direct cuLaunchKernel (else CuPy's launch)
+        # programmatic launches (kernels.pdl) for the calls made `chained`, behind a kernel of ours
+        capability = torch.cuda.get_device_capability(index)
+        self.pdl = PdlLauncher.load(capability) if self.fast_launch else None
 
     def launcher(self, name: str) -> _Launcher:
         """This thread's launcher of kernel `name` (each owns its argument block)."""
@@ -181,11 +185,17 @@ class _Launcher:
         self.conv = [_NUMPY_TYPES[ch] for ch in self.spec.layout]
         self.launch_driver = cupy.cuda.driver.launchKernel
 
-    def __call__(self, grid, stream_ptr: int, args: Mapping) -> None:
-        """Launch on `grid` (x, y) blocks with `args` naming every kernel argument."""
+    def __call__(self, grid, stream_ptr: int, args: Mapping, chained: bool = False) -> None:
+        """Launch on `grid` (x, y) blocks with `args` naming every kernel argument. chained: the stream's
+        previous kernel is one of ours (a step kernel or one of these), so this launch may be programmatic
+        (kernels.pdl: it starts while that one finishes, and waits for it before reading anything)."""
         values = self.spec.values(args)
         if self.state.fast_launch:
             self.struct.pack_into(self.buf, 0, *values)
+            pdl = self.state.pdl
+            if chained and pdl is not None and pdl.launch_params(self.fn, grid, BLOCK, stream_ptr,
+                                                                 self.params):
+                return
             try:
                 self.launch_packed(grid, stream_ptr)
                 return
@@ -202,9 +212,10 @@ class _Launcher:
             self.kernel(grid, (BLOCK,), tuple(cv(v) for cv, v in zip(self.conv, values)))
 
 
-def _launch(state: DeviceState, name: str, grid, stream_ptr: int, /, **args) -> None:
-    """Launch kernel `name` with every argument named (checked against its KernelSpec)."""
-    state.launcher(name)(grid, stream_ptr, args)
+def _launch(state: DeviceState, name: str, grid, stream_ptr: int, /, chained: bool = False, **args) -> None:
+    """Launch kernel `name` with every argument named (checked against its KernelSpec); chained: see
+    _Launcher.__call__."""
+    state.launcher(name)(grid, stream_ptr, args, chained)
 
 
 def _self_check(state: DeviceState) -> bool:
@@ -431,7 +442,7 @@ def _chain_parents(state: DeviceState, n: int) -> torch.Tensor:
 
 
 def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, temperature, top_k, top_p,
-            greedy_verify: bool, chain: bool) -> VerifyResult:
+            greedy_verify: bool, chain: bool, chained: bool = False) -> VerifyResult:
     if _nan_view[0]:
         _raise_pending_nan()
     logits = _check_logits(target_logits, "target_logits")
@@ -468,14 +479,15 @@ def _verify(target_logits, draft_tokens, parents, draft_probs, uniforms, tempera
             chunks = wide_chunks(vocab)
             ws = state.wide_workspace(sp, batch, n1, chunks)
             kind = _KIND_VERIFY_GREEDY if greedy_verify else _KIND_VERIFY_STOCHASTIC
-            _launch(state, f"sp_wide<{tname}>", (state.wide_grid(batch * n1 * chunks), 1), sp,
+            grid = (state.wide_grid(batch * n1 * chunks), 1)
+            _launch(state, f"sp_wide<{tname}>", grid, sp, chained=chained,
                     logits=logits.data_ptr(), B=batch, N=n, V=vocab, draft=draft.data_ptr(), q=qp,
                     uniforms=up, inv_t=cfg.inv_t, greedy=cfg.greedy, kind=kind, ws=ws.ws_ptr,
                     sync=ws.sync_ptr, out_i=ints.data_ptr(), out_f=floats.data_ptr(),
                     tested=tested.data_ptr(), tok_out=NULL, prob_out=NULL, nan_flag=_NAN_INT)
         else:
             ws = state.verify_workspace(sp, batch * n1, batch, vocab)
-            _launch(state, f"sp_verify<{tname}>", (n1, batch), sp,
+            _launch(state, f"sp_verify<{tname}>", (n1, batch), sp, chained=chained,
                     logits=logits.data_ptr(), B=batch, N=n, V=vocab, draft=draft.data_ptr(),
                     parents=par.data_ptr(), q=qp, uniforms=up, inv_t=cfg.inv_t, greedy=cfg.greedy,
                     top_k=cfg.top_k, use_topp=cfg.use_topp, tp_fixed=cfg.tp_fixed,
@@ -502,10 +514,11 @@ def _verify_nothing_drafted(logits, greedy_verify, uniforms, temperature, top_k,
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                       parents: torch.Tensor) -> VerifyResult:
-    """Greedy tree verification (see reference.verify_tree_greedy)."""
+                       parents: torch.Tensor, chained: bool = False) -> VerifyResult:
+    """Greedy tree verification (see reference.verify_tree_greedy). chained: the logits' kernel is one of
+    ours (the step's LM head in sp_gemv), so the launch may be programmatic (_Launcher.__call__)."""
     return _verify(target_logits, draft_tokens, parents, None, None, 1.0, 0, 1.0, greedy_verify=True,
-                   chain=False)
+                   chain=False, chained=chained)
 
 
 def verify_tree_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Tensor, parents: torch.Tensor,
@@ -516,9 +529,11 @@ def verify_tree_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Tens
                    greedy_verify=False, chain=False)
 
 
-def verify_chain_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyResult:
-    """Greedy chain verification (see reference.verify_chain_greedy)."""
-    return _verify(target_logits, draft_tokens, None, None, None, 1.0, 0, 1.0, greedy_verify=True, chain=True)
+def verify_chain_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                        chained: bool = False) -> VerifyResult:
+    """Greedy chain verification (see reference.verify_chain_greedy); chained: as verify_tree_greedy's."""
+    return _verify(target_logits, draft_tokens, None, None, None, 1.0, 0, 1.0, greedy_verify=True, chain=True,
+                   chained=chained)
 
 
 def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
@@ -531,10 +546,11 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
 
 # ----------------------------------------------------------------------------------------------- readout
 def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor, temperature: float,
-            width: int, extra: int = 0) -> torch.Tensor:
+            width: int, extra: int = 0, chained: bool = False) -> torch.Tensor:
     """A round's one host copy, by sp_readout in one launch (see reference.readout): it replaces a softmax,
     a top-k, a gather and a cat of eleven pieces, each a few microseconds of host time a round. extra: slots
-    after the values, left unwritten for the caller's kernels to fill."""
+    after the values, left unwritten for the caller's kernels to fill. chained: the stream's last kernel
+    (the verification's) is one of ours, so the launch may be programmatic (_Launcher.__call__)."""
     logits = _check_logits(logits, "logits")
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N+1, V], got {tuple(logits.shape)}")
@@ -558,7 +574,7 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
     def ptr(t: torch.Tensor) -> int:
         return t.data_ptr() if t.numel() else NULL
 
-    _launch(_device(di), f"sp_readout<{_DTYPES[logits.dtype]}>", (rows, 1), _raw_stream(di),
+    _launch(_device(di), f"sp_readout<{_DTYPES[logits.dtype]}>", (rows, 1), _raw_stream(di), chained=chained,
             logits=logits.data_ptr(), R=rows, V=vocab, inv_t=_warp_cfg(temperature, 0, 1.0, vocab).inv_t,
             W=width, accepted=ptr(accepted), next_token=ptr(next_token), path=ptr(path), draft=ptr(draft),
             p_draft=ptr(p), q_draft=ptr(q), accept_prob=ptr(accept), tested=ptr(tested), out=out.data_ptr())

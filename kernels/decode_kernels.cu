@@ -927,7 +927,12 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
 // -1 past a row's end) the slots from the count on take the table's continuation of the context (history's
 // L tokens, then the count's), as engine.round_graph.corpus_fill (the twin): the pair (prev, last)'s row when
 // pair_keys holds prev * V + last, else last's chain row, up to its first -1; the count grows by what it fills.
+// Where embed is not NULL (and draft is: the round's outcome) the launch also builds the block the round
+// verifies, as sp_chain_block does: block_tokens [k+1] = [*next_token, tokens_out], *block_start = *start + 1
+// + *accepted, x_out [k+1, H] = embed[block_tokens] (rows of row_halves 16-bit words: H values of any dtype).
 #define SP_NGRAM_MAX_N 64
+#define SP_NGRAM_MAX_K 256  // k <= the block's threads (kernels/step.py THREADS)
+#define SP_INT_MAX_NGRAM 0x7fffffff
 
 // the context's token at position: history's below L, the lookup's tokens (from begin) past it
 __device__ __forceinline__ long long sp_context_token(const long long* history, int M, int L, int begin,
@@ -940,17 +945,24 @@ extern "C" __global__ void __launch_bounds__(256)
 sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, const long long* draft,
                 const long long* next_token, const long long* accepted, long long* tokens_out,
                 long long* count_out, const long long* chain, const long long* pair_keys,
-                const long long* pair_tokens, int pairs, int width, int vocab) {
+                const long long* pair_tokens, int pairs, int width, int vocab, const long long* start,
+                const unsigned short* embed, int row_halves, long long* block_tokens, long long* block_start,
+                unsigned short* x_out) {
     __shared__ long long suffix[SP_NGRAM_MAX_N];  // the last tokens, last first
     __shared__ int latest_end[SP_NGRAM_MAX_N];    // per n - 1: the latest end t that matched, -1 none
     __shared__ int begin_s, count_s, filled_s;
     __shared__ const long long* row_s;            // the table's row that fills the slots from count_s
+    __shared__ long long key_s;                   // prev * vocab + last, the pair to look for (-1: none)
+    __shared__ int pair_s;                        // the pair's row (SP_INT_MAX_NGRAM: none)
+    __shared__ long long block_s[SP_NGRAM_MAX_K + 1];  // the block's tokens (embed not NULL)
     sp_let_next_start();
     sp_wait_for_previous();  // history and length come from the kernels before this one
     int tid = threadIdx.x;
     long long committed = *length;
+    long long took = 0, next = 0;
     if (draft != nullptr) {
-        long long took = *accepted, next = *next_token;
+        took = *accepted;
+        next = *next_token;
         for (int j = tid; j <= k; j += blockDim.x) {
             if (committed + j < M) history[committed + j] = (j == took || j == k) ? next : draft[j];
         }
@@ -980,44 +992,72 @@ sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, 
         }
         begin_s = latest_end[longest] + 1;
         count_s = latest_end[longest] >= 0 ? min(max(L - begin_s, 0), k) : 0;
-        filled_s = 0;
+        filled_s = width;
         row_s = nullptr;
+        key_s = -1;
+        pair_s = SP_INT_MAX_NGRAM;
         long long last_at = (long long)L + count_s - 1;
         if (chain != nullptr && last_at >= 0) {
             long long last = sp_context_token(history, M, L, begin_s, last_at);
             long long prev = last_at >= 1 ? sp_context_token(history, M, L, begin_s, last_at - 1) : -1;
             if (last >= 0 && last < vocab) {
-                const long long* row = chain + last * width;
-                if (prev >= 0 && prev < vocab && pairs > 0) {
-                    long long key = prev * vocab + last;
-                    int lo = 0, hi = pairs;  // the first key >= key
-                    while (lo < hi) {
-                        int mid = (lo + hi) >> 1;
-                        if (pair_keys[mid] < key) lo = mid + 1; else hi = mid;
-                    }
-                    if (lo < pairs && pair_keys[lo] == key) row = pair_tokens + (long long)lo * width;
-                }
-                int filled = 0;
-                while (filled < width && row[filled] >= 0) filled++;
-                row_s = row;
-                filled_s = filled;
+                row_s = chain + last * width;
+                if (prev >= 0 && prev < vocab && pairs > 0) key_s = prev * vocab + last;
             }
         }
     }
     __syncthreads();
+    // The table's row, found by every thread at once (a search by one thread is a chain of dependent loads):
+    // the pair's first row with the key (its only one: keys ascend), else the last token's chain row.
+    if (key_s >= 0) {  // (the same for the whole block)
+        for (int i = tid; i < pairs; i += blockDim.x)
+            if (pair_keys[i] == key_s) atomicMin(&pair_s, i);
+        __syncthreads();
+        if (tid == 0 && pair_s != SP_INT_MAX_NGRAM) row_s = pair_tokens + (long long)pair_s * width;
+        __syncthreads();
+    }
+    if (row_s == nullptr) {
+        if (tid == 0) filled_s = 0;
+    } else {  // its real tokens: those before its first -1
+        for (int j = tid; j < width; j += blockDim.x)
+            if (row_s[j] < 0) atomicMin(&filled_s, j);
+    }
+    __syncthreads();
     for (int j = tid; j < k; j += blockDim.x) {
         int slot = j - count_s;
-        tokens_out[j] = slot >= 0 && slot < filled_s ? row_s[slot] : history[min(max(begin_s + j, 0), M - 1)];
+        long long token = slot >= 0 && slot < filled_s ? row_s[slot] : history[min(max(begin_s + j, 0), M - 1)];
+        tokens_out[j] = token;
+        block_s[j + 1] = token;
     }
     if (tid == 0) *count_out = count_s + min(filled_s, k - count_s);
+    if (embed == nullptr) return;
+    if (tid == 0) {
+        block_s[0] = next;
+        *block_start = *start + 1 + took;
+    }
+    __syncthreads();
+    for (int j = tid; j <= k; j += blockDim.x) block_tokens[j] = block_s[j];
+    bool wide = row_halves % 8 == 0 && (((unsigned long long)embed | (unsigned long long)x_out) & 15) == 0;
+    int unit = wide ? 8 : 1, units = row_halves / unit;  // a row's 16-byte pieces, else its 16-bit words
+    for (int idx = tid; idx < (k + 1) * units; idx += blockDim.x) {
+        int i = idx / units, c = idx - i * units;
+        long long from = block_s[i] * units + c;
+        if (wide) reinterpret_cast<uint4*>(x_out)[idx] = reinterpret_cast<const uint4*>(embed)[from];
+        else x_out[idx] = embed[from];
+    }
 }
 
 // sp_topk: the k <= SP_TOPK_MAX largest of each row of x [R, C] (row r at x + r * stride), as
 // torch.sort(x, descending=True, stable=True)[:k] (kernels.step.topk_reference, its twin): values descending, a
-// tie to the lower index, NaN above everything. One block per row, where torch.topk's radix select takes
-// several passes over a short row (16-50 us for the rows a draft tree ranks). Each value and its index are one
-// 64-bit key whose order is that order (sp_topk_key), so keys never tie: every thread keeps the best k keys of
-// its columns, then k rounds of a block-wide max take the row's best k.
+// tie to the lower index, NaN above everything. torch.topk's radix select takes several passes over a short
+// row (16-50 us for the rows a draft tree ranks). Each value and its index are one 64-bit key whose order is
+// that order (sp_topk_key), so keys never tie. A row is split into S chunks of `chunk` columns, one block
+// each (one block of a row sets the pace by its instruction count, so a row over many multiprocessors is
+// what is fast): every thread keeps the best k keys of its columns, k rounds of a block-wide max take the
+// chunk's best k; with S > 1 each chunk leaves them in partial [R, S, k] and the row's last block to finish
+// (counted in counters [R], zero before the launch and left zero) ranks the S * k the same way. Where G > 0,
+// gathered [G] also takes the indices at gather [G] (flat positions in indices_out [R, k]), as torch's take
+// (Medusa's tree tokens).
 #define SP_TOPK_MAX 16
 
 __device__ __forceinline__ unsigned long long sp_topk_key(float v, int column) {
@@ -1031,30 +1071,29 @@ __device__ __forceinline__ float sp_topk_value(unsigned long long key) {
     return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int stride, int k, float* values_out,
-                                               long long* indices_out) {
-    __shared__ unsigned long long warp_best[32];
-    __shared__ unsigned long long winner;
-    sp_let_next_start();
-    sp_wait_for_previous();
+__device__ __forceinline__ int sp_topk_column(unsigned long long key) {
+    return (int)(0xffffffffu - (u32)(key & 0xffffffffu));
+}
+
+// The block's best k keys of key_of(j), j < n (0 is below every key and never kept), into best_out[0..k)
+// (0 past the n keys), descending. Every thread keeps its own best k; then k rounds of a block-wide max.
+template <typename KeyOf>
+__device__ __forceinline__ void sp_block_topk(KeyOf key_of, int n, int k, unsigned long long* best_out,
+                                              unsigned long long* warp_best, unsigned long long& winner) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = (blockDim.x + 31) >> 5;
-    const T* row = x + (long long)blockIdx.x * stride;
     unsigned long long best[SP_TOPK_MAX];  // this thread's best keys, descending
     int have = 0;
-    for (int base = tid; base < C; base += SP_LOADS_AHEAD * blockDim.x) {
-        float ahead[SP_LOADS_AHEAD];
+    for (int base = tid; base < n; base += SP_LOADS_AHEAD * blockDim.x) {
+        unsigned long long ahead[SP_LOADS_AHEAD];
 #pragma unroll
         for (int u = 0; u < SP_LOADS_AHEAD; u++) {
-            int c = base + u * blockDim.x;
-            ahead[u] = c < C ? to_f(row[c]) : 0.f;
+            int j = base + u * blockDim.x;
+            ahead[u] = j < n ? key_of(j) : 0ull;
         }
 #pragma unroll
         for (int u = 0; u < SP_LOADS_AHEAD; u++) {
-            int c = base + u * blockDim.x;
-            if (c >= C) break;
-            unsigned long long key = sp_topk_key(ahead[u], c);
-            if (have == k && key <= best[k - 1]) continue;
+            unsigned long long key = ahead[u];
+            if (key == 0ull || (have == k && key <= best[k - 1])) continue;
             int pos = have < k ? have++ : k - 1;
             while (pos > 0 && best[pos - 1] < key) {
                 best[pos] = best[pos - 1];
@@ -1065,7 +1104,7 @@ __global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int str
     }
     int head = 0;  // this thread's next key
     for (int r = 0; r < k; r++) {
-        unsigned long long mine = head < have ? best[head] : 0ull;  // 0: below every key (NaN maps high)
+        unsigned long long mine = head < have ? best[head] : 0ull;
         unsigned long long top = mine;
         for (int o = 16; o > 0; o >>= 1) {
             unsigned long long other = __shfl_xor_sync(SP_FULL_MASK, top, o);
@@ -1077,10 +1116,48 @@ __global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int str
             unsigned long long w = warp_best[0];
             for (int i = 1; i < warps; i++) w = warp_best[i] > w ? warp_best[i] : w;
             winner = w;
-            values_out[(long long)blockIdx.x * k + r] = sp_topk_value(w);
-            indices_out[(long long)blockIdx.x * k + r] = (long long)(0xffffffffu - (u32)(w & 0xffffffffu));
+            best_out[r] = w;
         }
         __syncthreads();
         if (head < have && mine == winner) head++;  // keys are unique: one thread owned it
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) sp_topk(const T* x, int R, int C, int stride, int k, int S, int chunk,
+                                               float* values_out, long long* indices_out,
+                                               const long long* gather, int G, long long* gathered,
+                                               unsigned long long* partial, int* counters) {
+    __shared__ unsigned long long warp_best[32];
+    __shared__ unsigned long long winner;
+    __shared__ unsigned long long row_best[SP_TOPK_MAX];
+    __shared__ int last;
+    sp_let_next_start();
+    sp_wait_for_previous();
+    int tid = threadIdx.x, row = blockIdx.x / S, part = blockIdx.x - row * S;
+    const T* xr = x + (long long)row * stride;
+    int c0 = part * chunk, n = min(chunk, C - c0);
+    sp_block_topk([&](int j) { return sp_topk_key(to_f(xr[c0 + j]), c0 + j); }, n, k, row_best, warp_best,
+                  winner);
+    if (S > 1) {
+        unsigned long long* mine = partial + ((long long)row * S + part) * k;
+        if (tid < k) mine[tid] = row_best[tid];
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&counters[row], 1) == S - 1;
+        __syncthreads();
+        if (!last) return;
+        if (tid == 0) counters[row] = 0;
+        __threadfence();
+        const unsigned long long* lists = partial + (long long)row * S * k;
+        sp_block_topk([&](int j) { return __ldcg(lists + j); }, S * k, k, row_best, warp_best, winner);
+    }
+    for (int r = tid; r < k; r += blockDim.x) {
+        values_out[(long long)row * k + r] = sp_topk_value(row_best[r]);
+        indices_out[(long long)row * k + r] = sp_topk_column(row_best[r]);
+    }
+    for (int g = tid; g < G; g += blockDim.x) {  // the row's entries of the take
+        long long at = gather[g];
+        if (at / k == row) gathered[g] = sp_topk_column(row_best[at - (long long)row * k]);
     }
 }

@@ -84,6 +84,13 @@ class PdlLauncher:
         args = [_CTYPES[fmt](int(v) if fmt != "f" else float(v)) for fmt, v in zip(layout, values)]
         pointers = [ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]
         params = (ctypes.c_void_p * len(args))(*pointers)
+        return self.launch_params(function_ptr, grid, threads, stream_ptr, params)
+
+    def launch_params(self, function_ptr: int, grid: tuple, threads: int, stream_ptr: int, params) -> bool:
+        """launch() with the kernel's parameter array made by the caller (kernels.cuda packs its own): a
+        ctypes array of pointers to the arguments, or its address."""
+        if not self.enabled:
+            return False
         grid = tuple(grid) + (1,) * (3 - len(grid))
         config = _Config(grid[0], grid[1], grid[2], threads, 1, 1, 0, stream_ptr,
                          ctypes.pointer(self._attribute), 1)

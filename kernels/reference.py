@@ -100,8 +100,9 @@ def _empty_result(batch: int, n: int, device) -> dict:
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                       parents: torch.Tensor) -> VerifyResult:
-    """Greedy verification: follow the longest path whose tokens equal the target's argmax.
+                       parents: torch.Tensor, chained: bool = False) -> VerifyResult:
+    """Greedy verification: follow the longest path whose tokens equal the target's argmax (chained: the
+    CUDA backend's launch option, nothing here).
 
     target_logits [B, N+1, V], draft_tokens [B, N], parents [N] (shared by the batch). p_draft reports the
     T=1 softmax probability of each tested token; accept_prob is 1 for a match, else 0."""
@@ -188,8 +189,10 @@ def _residual(p: torch.Tensor, q: Optional[torch.Tensor], x: int) -> torch.Tenso
     return rest / total if total > 0 else p
 
 
-def verify_chain_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyResult:
-    """Greedy chain verification: accept while draft == argmax. target_logits [B, K+1, V], draft [B, K]."""
+def verify_chain_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                        chained: bool = False) -> VerifyResult:
+    """Greedy chain verification: accept while draft == argmax. target_logits [B, K+1, V], draft [B, K]
+    (chained: the CUDA backend's launch option, nothing here)."""
     return verify_tree_greedy(target_logits, draft_tokens, chain_parents(draft_tokens.shape[1]))
 
 
@@ -203,13 +206,14 @@ def verify_chain_stochastic(target_logits: torch.Tensor, draft_tokens: torch.Ten
 
 # ----------------------------------------------------------------------------------------------- readout
 def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor, temperature: float,
-            width: int, extra: int = 0) -> torch.Tensor:
+            width: int, extra: int = 0, chained: bool = False) -> torch.Tensor:
     """Everything the host reads of a one-sequence round, as one float32 vector (ids exact below 2**24):
     [accepted, next_token, path[N], draft[N], p[N], q[N], accept_prob[N], tested[N], next_p[R], top_p[R, W],
     top_i[R, W]] for logits [R = N + 1, V], result of that round's verification (batch 1) and draft_tokens
     [N]. Under p = softmax(logits / temperature): next_p[r] is row r's p of the next token, top_* its W most
     probable tokens, most probable first (tied tokens in either order; the CUDA kernel puts the smaller id
-    first). extra: float32 slots after them (zeros) for the caller to fill (n-gram's count of real drafts)."""
+    first). extra: float32 slots after them (zeros) for the caller to fill (n-gram's count of real drafts).
+    chained: the CUDA backend's launch option, nothing here."""
     rows, vocab = logits.shape
     if not 1 <= width <= vocab:
         raise ValueError(f"width must be in 1..{vocab}, got {width}")

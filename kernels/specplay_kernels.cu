@@ -258,6 +258,9 @@ __device__ void topp_digit_search(Smem& sm, u64 tp) {
 }
 
 // ------------------------------------------------------------------------------------------ row statistics
+// row_stats' loads in flight per thread (a thread has 64 registers at 1024 a block: from 4 on, some spill)
+#define SP_STATS_AHEAD 3
+
 // Fills sm.st (shared) for one row; every thread of the block calls it.
 template <typename T>
 __device__ void row_stats(const T* __restrict__ row, int V, const Cfg& c, Smem& sm) {
@@ -267,18 +270,31 @@ __device__ void row_stats(const T* __restrict__ row, int V, const Cfg& c, Smem& 
     int imax = SP_INT_MAX;
     double ssum = 0.0;
     bool nan = false;
-    for (int j = tid; j < V; j += SP_BLOCK) {
-        const float x = to_f(row[j]);
-        if (x != x) { nan = true; continue; }
-        const float s = __fmul_rn(x, c.inv_t);
-        if (s > vmax) {
-            if (fuse) ssum *= exp((double)vmax - (double)s);
-            vmax = s;
-            imax = j;
-        } else if (s == vmax && j < imax) {
-            imax = j;
+    // a thread's values in the order j = tid, tid + SP_BLOCK, ..., SP_STATS_AHEAD loads in flight at a time
+    // (one at a time, a row cost a memory round trip per value)
+    for (int base = tid; base < V; base += SP_STATS_AHEAD * SP_BLOCK) {
+        float ahead[SP_STATS_AHEAD];
+#pragma unroll
+        for (int u = 0; u < SP_STATS_AHEAD; ++u) {
+            const int j = base + u * SP_BLOCK;
+            ahead[u] = j < V ? to_f(row[j]) : 0.0f;
         }
-        if (fuse && s != neg_inf()) ssum += (double)expf(__fsub_rn(s, vmax));
+#pragma unroll
+        for (int u = 0; u < SP_STATS_AHEAD; ++u) {
+            const int j = base + u * SP_BLOCK;
+            if (j >= V) break;
+            const float x = ahead[u];
+            if (x != x) { nan = true; continue; }
+            const float s = __fmul_rn(x, c.inv_t);
+            if (s > vmax) {
+                if (fuse) ssum *= exp((double)vmax - (double)s);
+                vmax = s;
+                imax = j;
+            } else if (s == vmax && j < imax) {
+                imax = j;
+            }
+            if (fuse && s != neg_inf()) ssum += (double)expf(__fsub_rn(s, vmax));
+        }
     }
     const int any_nan = __syncthreads_or(nan);
     float m = vmax;
@@ -541,6 +557,8 @@ sp_verify(const T* __restrict__ logits, int B, int N, int V, const long long* __
     __shared__ RowStats sst[SP_MAX_N + 1];
     __shared__ int spar[SP_MAX_N];
     __shared__ int s_last, s_action, s_child, s_x, s_mode, s_row, s_done;
+    sp_let_next_start();  // a programmatic launch (kernels.cuda's `chained`) starts early and waits here
+    sp_wait_for_previous();
     Cfg c;
     c.inv_t = inv_t; c.greedy = greedy; c.top_k = top_k; c.use_topp = use_topp; c.tp_fixed = tp_fixed;
     const int tid = threadIdx.x;
@@ -756,6 +774,9 @@ sp_wide(const T* __restrict__ logits, int B, int N, int V, const long long* __re
     __shared__ double s_cs[SP_MAX_TILES];
     __shared__ int s_last;
     __shared__ float s_total;
+    // every block is resident once it triggers, so a dependent launched early cannot crowd the grid barrier
+    sp_let_next_start();
+    sp_wait_for_previous();
     Cfg c;
     c.inv_t = inv_t; c.greedy = greedy; c.top_k = 0; c.use_topp = 0; c.tp_fixed = 0;
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -1100,6 +1121,8 @@ sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const
     __shared__ int s_ti[SP_READ_MAX_W];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r = blockIdx.x, N = R - 1;
+    sp_let_next_start();
+    sp_wait_for_previous();
     if (r == 0) {
         for (int j = tid; j < 2 + 6 * N; j += SP_BLOCK) {
             float v;

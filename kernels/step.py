@@ -81,6 +81,9 @@ ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
+# sp_topk splits a row into chunks of about TOPK_CHUNK columns, a block each, and the row's last block ranks
+# their best k (at most TOPK_MERGE keys in all); rows beyond TOPK_ROWS are ranked a block a row
+TOPK_CHUNK, TOPK_MERGE, TOPK_ROWS = 1024, 1024, 1 << 14
 # SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
 TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
 KEEP_MAX = 16  # SP_KEEP_MAX: the longest path sp_keep_path moves
@@ -118,13 +121,17 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "float scale, int block_n, int seq_stride",
                templated=True),
     KernelSpec("sp_topk",
-               "const T* x, int R, int C, int stride, int k, float* values_out, long long* indices_out",
+               "const T* x, int R, int C, int stride, int k, int S, int chunk, float* values_out, "
+               "long long* indices_out, const long long* gather, int G, long long* gathered, "
+               "unsigned long long* partial, int* counters",
                templated=True),
     KernelSpec("sp_ngram_lookup",
                "long long* history, long long* length, int M, int max_n, int k, const long long* draft, "
                "const long long* next_token, const long long* accepted, long long* tokens_out, "
                "long long* count_out, const long long* chain, const long long* pair_keys, "
-               "const long long* pair_tokens, int pairs, int width, int vocab"),
+               "const long long* pair_tokens, int pairs, int width, int vocab, const long long* start, "
+               "const unsigned short* embed, int row_halves, long long* block_tokens, "
+               "long long* block_start, unsigned short* x_out"),
     KernelSpec("sp_chain_block",
                "const long long* next_token, const long long* chain, int K, const long long* start, "
                "const long long* accepted, const T* embed, int H, long long* tokens_out, "
@@ -282,6 +289,13 @@ def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
                            tested=result.tested & (rows < count[:, None]))
 
 
+def topk_parts(rows: int, columns: int, k: int) -> int:
+    """The chunks (blocks) sp_topk splits each of `rows` rows of `columns` into for the best k."""
+    if rows > TOPK_ROWS:
+        return 1
+    return max(1, min(-(-columns // TOPK_CHUNK), TOPK_MERGE // k))
+
+
 def topk(x: torch.Tensor, k: int) -> tuple:
     """The k largest along the last dimension, as (values, indices), for the short rankings of drafting:
     sp_topk on CUDA (topk_reference's order, values float32) where it applies and a runner has loaded the
@@ -402,6 +416,7 @@ class StepKernels:
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
         # sp_attention's merge counters, zero between launches (each launch leaves them zero)
         self._attention_counters = torch.zeros(ATTENTION_PAIRS, dtype=torch.int32, device=device)
+        self._topk_counters = torch.zeros(TOPK_ROWS, dtype=torch.int32, device=device)  # sp_topk's, the same
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
@@ -559,6 +574,17 @@ class StepKernels:
     def topk(self, x: torch.Tensor, k: int, chained: bool = False) -> tuple:
         """As topk_reference for x [..., C] (float32, bf16 or fp16; rows may be strided, columns contiguous),
         1 <= k <= min(TOPK_MAX, C): one block per row."""
+        return self._topk(x, k, chained, None)[0]
+
+    def topk_take(self, x: torch.Tensor, k: int, index: torch.Tensor, chained: bool = False) -> torch.Tensor:
+        """topk(x, k).indices.take(index) in the same launch: index (int64 on the device, any shape) holds
+        flat positions in the [R, k] indices of x's R rows."""
+        if index.dtype != torch.long or index.device != self.device:
+            raise ValueError("topk_take: the index must be int64 on the device")
+        return self._topk(x, k, chained, index.contiguous())[1]
+
+    def _topk(self, x: torch.Tensor, k: int, chained: bool, index: Optional[torch.Tensor]) -> tuple:
+        """(TopK, the indices taken at index or None)."""
         if x.device != self.device or x.dtype not in _DTYPES or not 1 <= k <= min(TOPK_MAX, x.shape[-1]):
             raise ValueError(f"topk: k = {k} of {tuple(x.shape)} {x.dtype}")
         lead, columns = x.shape[:-1], x.shape[-1]
@@ -568,11 +594,18 @@ class StepKernels:
         count = rows.shape[0]
         values = torch.empty(count, k, dtype=torch.float32, device=self.device)
         indices = torch.empty(count, k, dtype=torch.long, device=self.device)
-        self._launch_grid("sp_topk", f"sp_topk<{_DTYPES[x.dtype]}>", (count,), THREADS, chained,
+        taken = None if index is None else torch.empty(index.shape, dtype=torch.long, device=self.device)
+        parts = topk_parts(count, columns, k)
+        chunk = -(-columns // parts)
+        partial = torch.empty(count * parts * k if parts > 1 else 1, dtype=torch.long, device=self.device)
+        self._launch_grid("sp_topk", f"sp_topk<{_DTYPES[x.dtype]}>", (count * parts,), THREADS, chained,
                           x=rows.data_ptr(), R=count, C=columns,
-                          stride=rows.stride(0) if count > 1 else columns, k=k,
-                          values_out=values.data_ptr(), indices_out=indices.data_ptr())
-        return TopK(values.reshape(*lead, k), indices.reshape(*lead, k))
+                          stride=rows.stride(0) if count > 1 else columns, k=k, S=parts, chunk=chunk,
+                          values_out=values.data_ptr(), indices_out=indices.data_ptr(),
+                          gather=_pointer(index), G=0 if index is None else index.numel(),
+                          gathered=_pointer(taken), partial=partial.data_ptr(),
+                          counters=self._topk_counters.data_ptr())
+        return TopK(values.reshape(*lead, k), indices.reshape(*lead, k)), taken
 
     def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
                      chained: bool = False, emitted: Optional[tuple] = None,
@@ -583,6 +616,30 @@ class StepKernels:
         place (engine.round_graph.append_emitted's twin). count: the [1] int64 tensor the count goes to.
         table: a CorpusTable on the device whose continuation fills the slots past the lookup's count
         (engine.round_graph.corpus_fill's twin), or None."""
+        tokens, count = self._ngram_outputs(history, length, max_n, k, emitted, count, table)
+        self._ngram_launch(history, length, max_n, k, chained, emitted, tokens, count, table, None)
+        return tokens, count
+
+    def ngram_block(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int, emitted: tuple,
+                    count: torch.Tensor, start: torch.Tensor, embed: torch.Tensor, table=None,
+                    chained: bool = False) -> tuple:
+        """ngram_lookup with the last round's emitted tokens, then the block the round verifies, as
+        chain_block makes it from them (chain_block_reference(next token, tokens, start, accepted, embed)),
+        in the same launch: -> (tokens [k], (block tokens [k+1], block start [1], x [k+1, H]))."""
+        if emitted is None:
+            raise ValueError("ngram_block: the block needs the last round's emitted tokens")
+        tokens, count = self._ngram_outputs(history, length, max_n, k, emitted, count, table)
+        _check_longs(start)
+        _check(embed)
+        block = (torch.empty(k + 1, dtype=torch.long, device=self.device),
+                 torch.empty(1, dtype=torch.long, device=self.device),
+                 torch.empty(k + 1, embed.shape[1], dtype=embed.dtype, device=self.device))
+        self._ngram_launch(history, length, max_n, k, chained, emitted, tokens, count, table,
+                           (start, embed) + block)
+        return tokens, block
+
+    def _ngram_outputs(self, history, length, max_n: int, k: int, emitted, count, table) -> tuple:
+        """sp_ngram_lookup's arguments checked; its (tokens [k], count [1]) outputs."""
         extra = () if emitted is None else tuple(emitted)
         if table is not None:
             extra += (table.chain, table.pair_keys, table.pair_tokens)
@@ -597,13 +654,21 @@ class StepKernels:
         tokens = torch.empty(k, dtype=torch.long, device=self.device)
         if count is None:
             count = torch.empty(1, dtype=torch.long, device=self.device)
+        return tokens, count
+
+    def _ngram_launch(self, history, length, max_n: int, k: int, chained: bool, emitted, tokens, count, table,
+                      block) -> None:
+        """sp_ngram_lookup; block: (start, embed, block tokens, block start, x) or None."""
         draft, next_token, accepted = (None, None, None) if emitted is None else emitted
+        start, embed, block_tokens, block_start, x = (None,) * 5 if block is None else block
+        halves = 0 if embed is None else embed.shape[1] * embed.element_size() // 2
         self._launch_grid("sp_ngram_lookup", "sp_ngram_lookup", (1,), THREADS, chained,
                           history=history.data_ptr(), length=length.data_ptr(), M=history.numel(),
                           max_n=max_n, k=k, draft=_pointer(draft), next_token=_pointer(next_token),
                           accepted=_pointer(accepted), tokens_out=tokens.data_ptr(),
-                          count_out=count.data_ptr(), **_table_arguments(table))
-        return tokens, count
+                          count_out=count.data_ptr(), **_table_arguments(table), start=_pointer(start),
+                          embed=_pointer(embed), row_halves=halves, block_tokens=_pointer(block_tokens),
+                          block_start=_pointer(block_start), x_out=_pointer(x))
 
     def chain_block(self, next_token, chain, start, accepted, embed, chained: bool = False) -> tuple:
         """As chain_block_reference: next_token, start, accepted [1] and chain [K] int64, embed [V, H] ->

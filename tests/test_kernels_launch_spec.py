@@ -121,7 +121,7 @@ def _launch_calls():
             if kw.arg is None:  # **cfg: the warp settings
                 assert isinstance(kw.value, ast.Name) and kw.value.id == "cfg", ast.unparse(node)
                 names.extend(ls.WARP_ARGS)
-            else:
+            elif kw.arg != "chained":  # the launch's option, not a kernel argument
                 names.append(kw.arg)
         calls.append((first.value.split("<")[0], names, node.lineno))
     return calls

@@ -395,8 +395,9 @@ def test_rope_qkv_writes_batched_caches(kernels):
 
 
 def test_topk_fuzz(kernels):
-    """sp_topk gives topk_reference's values and indices bit for bit: rows of random values or of a few
-    symbols (ties, +-0, +-inf, NaN), strided rows (a slice of a wider row), every dtype, k 1..16."""
+    """sp_topk gives topk_reference's values and indices bit for bit, and the indices torch's take picks
+    from them: rows of random values or of a few symbols (ties, +-0, +-inf, NaN), strided rows (a slice of a
+    wider row), every dtype, k 1..16."""
     rng = random.Random(5)
     symbols = torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 2.5],
                            device="cuda")
@@ -414,6 +415,8 @@ def test_topk_fuzz(kernels):
         expected_values, expected_indices = topk_reference(x, k)
         assert torch.equal(indices, expected_indices), (case, dtype, rows, columns, k)
         assert torch.allclose(values, expected_values, rtol=0, atol=0, equal_nan=True), case
+        index = torch.randint(0, rows * k, (rng.randint(1, 3), rng.randint(1, 40)), device="cuda")
+        assert torch.equal(kernels.topk_take(x, k, index), expected_indices.take(index)), case
 
 
 def test_topk_takes_the_kernel_on_cuda_and_keeps_torch_order_of_values(kernels):
@@ -507,6 +510,40 @@ def test_ngram_lookup_with_the_append_fuzz(kernels):
         assert out is count and torch.equal(history, twin_history), case
         assert torch.equal(length_t, twin_length), case
         assert torch.equal(tokens, twin_tokens) and torch.equal(count, twin_count), (case, k, accepted)
+
+
+def test_ngram_block_fuzz(kernels):
+    """sp_ngram_lookup building the round's block too gives the lookup's history, length, tokens and
+    count, and chain_block_reference's block of its tokens: every dtype, hidden sizes 8..2048, with a table
+    or not."""
+    from test_round_graph import random_table
+
+    from engine.round_graph import append_emitted, ngram_lookup
+    from kernels.step import chain_block_reference
+
+    rng = random.Random(15)
+    generator = torch.Generator().manual_seed(15)
+    for case in range(CASES):
+        dtype, k, max_n = DTYPES[case % 3], rng.randint(1, 16), rng.randint(1, 6)
+        m, vocab, h = rng.choice([8, 64, 300]) + k + 2, rng.randint(2, 9), rng.choice([8, 40, 320, 2048])
+        length, accepted = rng.randint(0, m - k - 2), rng.randint(0, k)
+        table = random_table(vocab, rng.randint(1, 6), rng.randint(0, 40), generator).to("cuda") \
+            if case % 2 else None
+        embed = torch.randn(vocab + 1, h, generator=generator).to("cuda", dtype)
+        history = torch.randint(0, vocab + 1, (m,), device="cuda")
+        emitted = (torch.randint(0, vocab, (k,), device="cuda"), torch.randint(0, vocab, (1,), device="cuda"),
+                   torch.tensor([accepted], device="cuda"))
+        start = torch.randint(0, 900, (1,), device="cuda")
+        twin_history, twin_length = history.clone(), torch.tensor([length], device="cuda")
+        append_emitted(twin_history, twin_length, *emitted)
+        twin_tokens, twin_count = ngram_lookup(twin_history, twin_length, max_n, k, table)
+        twin_block = chain_block_reference(emitted[1], twin_tokens, start, emitted[2], embed)
+        length_t, count = torch.tensor([length], device="cuda"), torch.full((1,), -7, device="cuda")
+        tokens, block = kernels.ngram_block(history, length_t, max_n, k, emitted, count, start, embed, table)
+        assert torch.equal(history, twin_history) and torch.equal(length_t, twin_length), case
+        assert torch.equal(tokens, twin_tokens) and torch.equal(count, twin_count), (case, k, accepted)
+        for a, b in zip(block, twin_block):
+            assert torch.equal(a, b), (case, k, h, dtype)
 
 
 def test_chain_round_kernels_fuzz(kernels):
@@ -837,3 +874,50 @@ def test_keep_path_fuzz(kernels):
         kernels.keep_path(kv, start, path)
         keep_path_reference(twin, start, path, torch.arange(depth, device="cuda"))
         assert torch.equal(kv, twin), (case, dtype, ids, int(start))
+
+
+def test_verification_and_readout_launched_programmatically_behind_the_lm_head(kernels):
+    """The greedy verifications and the readout (kernels/cuda.py) launched `chained` behind sp_gemv's LM
+    head, eagerly and replayed from a captured graph, give the results of their plain launches."""
+    kc = pytest.importorskip("kernels.cuda")
+    rng = random.Random(16)
+    for case in range(200):
+        rows, hidden, vocab = rng.randint(1, 9), rng.choice([64, 320]), rng.choice([1000, 8192, 32000])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        x = torch.randn(rows, hidden, generator=g, device="cuda").to(torch.bfloat16)
+        head = (torch.randn(vocab, hidden, generator=g, device="cuda") * 0.2).to(torch.bfloat16)
+        logits = kernels.gemv(x, head, out_f32=True)  # [rows, V]
+        argmax = logits.argmax(-1)
+        chain = torch.where(torch.rand(rows - 1, generator=g, device="cuda") < 0.7, argmax[:-1], 3)
+        parents = torch.arange(-1, rows - 2)
+        plain = (kc.verify_chain_greedy(logits[None], chain[None]),
+                 kc.verify_tree_greedy(logits[None], chain[None], parents))
+        values = kc.readout(logits, plain[0], chain, 1.0, 4) if rows > 1 else None
+        inputs = (kernels, x, head, chain, parents)
+        eager = _chained_round(*inputs)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _chained_round(*inputs)  # warm-up off the capture
+            with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream: its workspaces exist
+                captured = _chained_round(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got in (eager, captured):
+            for mine, theirs in zip(got[:2], plain):
+                assert all(torch.equal(a, b) for a, b in zip(mine, theirs)), (case, rows, vocab)
+            if values is not None:
+                assert torch.equal(got[2], values), (case, rows, vocab)
+
+
+def _chained_round(kernels, x, head, chain, parents) -> tuple:
+    """The LM head in sp_gemv, then the greedy verifications and the readout launched behind it."""
+    from kernels import cuda as kc
+
+    logits = kernels.gemv(x, head, out_f32=True)
+    chain_result = kc.verify_chain_greedy(logits[None], chain[None], chained=True)
+    tree_result = kc.verify_tree_greedy(logits[None], chain[None], parents, chained=True)
+    read = kc.readout(logits, chain_result, chain, 1.0, 4, chained=True) if chain.numel() else None
+    return chain_result, tree_result, read
