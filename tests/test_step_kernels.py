@@ -199,3 +199,49 @@ def test_topk_off_cuda_is_torch_topk_and_the_twin_breaks_ties_to_the_lower_index
     values, indices = topk_reference(row, 7)
     assert indices.tolist() == [2, 6, 1, 3, 0, 4, 5]
     assert values[1:].tolist() == [float("inf"), 3.0, 3.0, 1.0, 0.0, 0.0]
+
+
+def test_topk_chunks_cover_every_column_and_bound_the_merge():
+    """sp_topk's split: every chunk (ceil(C / S) columns, the last one shorter) holds at least one column,
+    the chunks' best k make at most TOPK_MERGE keys for the merge, and rows past TOPK_ROWS stay whole."""
+    from kernels.step import TOPK_CHUNK, TOPK_MAX, TOPK_MERGE, TOPK_ROWS, topk_parts
+
+    for columns in (1, 3, 16, 1023, 1024, 1025, 8192, 32000, 128256, 262144):
+        for k in range(1, min(TOPK_MAX, columns) + 1):
+            parts = topk_parts(4, columns, k)
+            chunk = -(-columns // parts)
+            assert parts >= 1 and parts * k <= max(TOPK_MERGE, k), (columns, k)
+            assert columns - (parts - 1) * chunk >= 1, (columns, k, parts)
+            assert parts == 1 or chunk >= TOPK_CHUNK // 2, (columns, k, parts)
+    assert topk_parts(TOPK_ROWS + 1, 8192, 4) == 1
+    assert topk_parts(4, 8192, 4) == 8  # Medusa's rows of the shipped vocabulary: 8 blocks each
+
+
+def test_the_ngram_kernel_takes_every_chain_the_launch_allows():
+    """sp_ngram_lookup keeps the block's tokens in shared memory: room for the longest chain that THREADS
+    allows; sp_topk's largest k is TOPK_MAX."""
+    import re
+
+    from kernels import step
+
+    source = (step._HERE / "decode_kernels.cu").read_text()
+    defines = {k: int(v) for k, v in re.findall(r"#define (SP_\w+) (\d+)", source)}
+    assert defines["SP_NGRAM_MAX_K"] >= step.THREADS and defines["SP_TOPK_MAX"] == step.TOPK_MAX
+
+
+def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before(monkeypatch):
+    """The round graphs ask the CUDA backend for a programmatic launch only behind a step kernel: never
+    without the round kernels, never for a runner that cannot say, and not with SPECPLAY_ROUND_PDL=0."""
+    from engine import round_graph
+
+    class EndsInKernel:
+        def step_ends_in_kernel(self, n):
+            return n <= 9
+
+    assert not round_graph.ends_in_kernel(EndsInKernel(), None, 5)  # no round kernels (CPU, reference)
+    assert not round_graph.ends_in_kernel(object(), object(), 5)  # a runner without the question
+    assert round_graph.ends_in_kernel(EndsInKernel(), object(), 5)
+    assert not round_graph.ends_in_kernel(EndsInKernel(), object(), 17)  # a block past sp_gemv's rows
+    assert round_graph.chained(True) == {"chained": True} and round_graph.chained(False) == {}
+    monkeypatch.setattr(round_graph, "ROUND_PDL", False)
+    assert round_graph.chained(True) == {}
