@@ -88,7 +88,7 @@ class PdlLauncher:
 
     def launch_params(self, function_ptr: int, grid: tuple, threads: int, stream_ptr: int, params) -> bool:
         """launch() with the kernel's parameter array made by the caller (kernels.cuda packs its own): a
-        ctypes array of pointers to the arguments, or its address."""
+        ctypes array of pointers to the arguments."""
         if not self.enabled:
             return False
         grid = tuple(grid) + (1,) * (3 - len(grid))
