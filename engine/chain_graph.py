@@ -415,8 +415,8 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
         flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
         parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=True)
                  for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
-        index = _medusa_index(tree, rows, flat.device)
         if len(parts) == 1 and width <= TOPK_MAX:  # the ranking and the tree's pick behind the one product
+            index = _medusa_index(tree, rows, flat.device)
             return kernels.topk_take(parts[0][:, :vocab], width, index, chained=True)  # [M, N]
         ranked = topk(torch.cat(parts)[:, :vocab], width).indices  # [depth * M, width]
     return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]

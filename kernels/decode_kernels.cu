@@ -1052,8 +1052,7 @@ sp_ngram_lookup(long long* history, long long* length, int M, int max_n, int k, 
 // tie to the lower index, NaN above everything. torch.topk's radix select takes several passes over a short
 // row (16-50 us for the rows a draft tree ranks). Each value and its index are one 64-bit key whose order is
 // that order (sp_topk_key), so keys never tie. A row is split into S chunks of `chunk` columns, one block
-// each (one block of a row sets the pace by its instruction count, so a row over many multiprocessors is
-// what is fast): every thread keeps the best k keys of its columns, k rounds of a block-wide max take the
+// each (a row's scan by one block set the pace of a round that ranks a few rows): every thread keeps the best k keys of its columns, k rounds of a block-wide max take the
 // chunk's best k; with S > 1 each chunk leaves them in partial [R, S, k] and the row's last block to finish
 // (counted in counters [R], zero before the launch and left zero) ranks the S * k the same way. Where G > 0,
 // gathered [G] also takes the indices at gather [G] (flat positions in indices_out [R, k]), as torch's take
