@@ -27,8 +27,8 @@ from engine.config import GenerationConfig
 from engine.decoder import attention_without_plans, eos_ids
 from engine.drafters.ngram import lookup_continuation
 from engine.errors import SpecplayError
+from engine.kernels import select_backend
 from engine.runner import to_device
-from kernels import select_backend
 
 BATCH_METHODS = ("none", "draft", "ngram", "eagle")
 

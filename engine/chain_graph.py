@@ -18,8 +18,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
-from kernels.step import (
+from engine.kernels.step import (
     GEMV_MAX_ROWS,
     HALF_DTYPES,
     MEDUSA_MAX_H,
@@ -28,6 +27,7 @@ from kernels.step import (
     medusa_heads_reference,
     topk,
 )
+from engine.runner import captured, fill_unknown, fit_vocab, graph_capture, warm_up_stream
 
 CHAIN_GRAPHS_KEPT = 96  # per drafter; past this, new shapes draft eagerly (a draft model's round at K: K + 1)
 

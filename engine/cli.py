@@ -727,7 +727,7 @@ def _parse_counts(text: str, option: str) -> list:
 
 def _bench_kernels() -> int:
     try:
-        from kernels.bench_kernels import format_table, run_kernel_bench
+        from engine.kernels.bench_kernels import format_table, run_kernel_bench
     except ImportError as exc:
         raise SpecplayError(f"kernel benchmark unavailable: {exc}") from None
     import torch

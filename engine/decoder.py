@@ -19,12 +19,12 @@ from engine.cuda_calls import stream_calls
 from engine.drafters.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
+from engine.kernels import select_backend
 from engine.metrics import MetricsAccumulator
 from engine.round_graph import host_tree_round_graph, plain_round_graph
 from engine.runner import to_device
 from engine.text import IncrementalText
 from engine.timing import RoundClock, Stopwatch
-from kernels import select_backend
 
 TOP_ALTERNATIVES = 5
 # SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no round graph replays

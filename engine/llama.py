@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from engine import validate
 from engine.errors import SpecplayError
+from engine.kernels.step import ATTENTION_MAX_D, HALF_DTYPES, StepKernels, gemv_fits
 from engine.runner import (
     CausalRunner,
     ForwardOutput,
@@ -41,7 +42,6 @@ from engine.runner import (
     tree_depths,
     warm_up_stream,
 )
-from kernels.step import ATTENTION_MAX_D, HALF_DTYPES, StepKernels, gemv_fits
 
 LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_MAX_LENGTH = 4096
@@ -648,7 +648,7 @@ class LlamaRunner(CausalRunner):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
         Only device tensors go in, so the CUDA graph captures exactly this (the tap layers' outputs too, left
         in last_taps). after_step_kernel: the caller's last kernel (which made x) is a step kernel, so the
-        first product may start early behind it (kernels.step._launch_grid's chained)."""
+        first product may start early behind it (engine.kernels.step._launch_grid's chained)."""
         if self._decode_path(x.shape[0]):
             return self._decode_block(x, start, depth, block_visible, after_step_kernel)
         positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
@@ -838,7 +838,7 @@ class LlamaRunner(CausalRunner):
         small = self._gemv_rows(x.shape[0])
         if not small:
             x = x.clone(memory_format=torch.contiguous_format)  # the residual adds below write into x
-        # chained=True where the previous kernel is one of the step kernels (see kernels.step._launch_grid)
+        # chained=True where the previous kernel is one of the step kernels (see step.py's _launch_grid)
         for li, layer in enumerate(self.layers):
             keys, values = self.kv[li, 0], self.kv[li, 1]  # [kvh, max_length, D] each
             if small:

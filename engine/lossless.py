@@ -72,7 +72,7 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
                                  should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """{(x1, x2): p(x1) p(x2 | x1)} under the target's warped distribution, pairs above min_prob
     (empty when should_stop() turned true before the end)."""
-    from kernels.reference import warp_probs
+    from engine.kernels.reference import warp_probs
 
     ids = decoder.tokenizer.encode(prompt)
 

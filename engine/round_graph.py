@@ -44,8 +44,7 @@ from engine.chain_graph import (
     medusa_rows_end_in_kernel,
     model_chain_steps,
 )
-from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
-from kernels.step import (
+from engine.kernels.step import (
     NGRAM_MAX_N,
     THREADS,
     chain_block_reference,
@@ -53,13 +52,14 @@ from kernels.step import (
     chain_limit_reference,
     keep_path_reference,
 )
+from engine.runner import fill_unknown, graph_capture, to_device, warm_up_stream
 
 # Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
 # sampled K sweep had stopped on an illegal address on an H200 while kernel scratch was made inside
 # captures; with engine.runner.capture_stream the same sweep ran to the end
 # (docs/measurements/ksweep_gpu_t08_sampled_replays.txt).
 SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
-# n-gram's lookup in one kernel (kernels.step sp_ngram_lookup) where the target has the decode kernels, else
+# n-gram's lookup in one kernel (sp_ngram_lookup) where the target has the decode kernels, else
 # NgramLookup's torch operations; SPECPLAY_NGRAM_KERNEL=0 keeps the torch ones, for comparisons
 NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
 # a round's bookkeeping (a chain's or Medusa's block: its tokens, start and embeddings; the outcome copied
@@ -73,7 +73,7 @@ ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
 # picks the accepted row's tree at the next replay's start, for comparisons
 ROW_HEADS = os.environ.get("SPECPLAY_MEDUSA_ROW_HEADS", "1") != "0"
 # a greedy round's verification, readout and commit launched programmatically behind the kernel before them
-# (kernels.pdl: each starts while that one finishes); SPECPLAY_ROUND_PDL=0 launches them the usual way
+# (engine.kernels.pdl: each starts while that one finishes); SPECPLAY_ROUND_PDL=0 launches them the usual way
 ROUND_PDL = os.environ.get("SPECPLAY_ROUND_PDL", "1") != "0"
 # n-gram's lookup kernel also builds the round's block (sp_chain_block's work, one launch less a round);
 # SPECPLAY_NGRAM_BLOCK=0 leaves it to sp_chain_block, for comparisons

@@ -138,7 +138,7 @@ _CAPTURE_STREAMS: dict = {}  # device -> the stream its graphs are warmed up and
 
 def capture_stream(device: torch.device) -> "torch.cuda.Stream":
     """One side stream per device, for the warm-up before a capture and for the capture itself. The kernels
-    keep scratch per stream that they make on first use (kernels.workspaces: zeroed counters); warmed up on
+    keep scratch per stream that they make on first use (kernels/workspaces.py: zeroed); warmed up on
     the stream the capture then uses, that scratch is made and zeroed for real, outside any graph. Made first
     inside a capture, its zeroing would be a node of that one graph, its memory that graph's pool's, and
     every other graph captured with it would depend on that graph having run (or on its capture not having

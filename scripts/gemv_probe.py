@@ -48,7 +48,7 @@ def probe_shape(kernels, name: str, n: int, k: int, rows: int, repeats: int, ban
     import torch
     import torch.nn.functional as F
 
-    import kernels.step as step
+    import engine.kernels.step as step
 
     device = torch.device("cuda")
     nbytes = n * k * 2
@@ -67,7 +67,7 @@ def probe_shape(kernels, name: str, n: int, k: int, rows: int, repeats: int, ban
 def main() -> int:
     import torch
 
-    import kernels.step as step
+    import engine.kernels.step as step
     from engine.runtimes import measure_read_bandwidth
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -18,9 +18,9 @@ from engine.cli import main
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
+from engine.kernels import reference
 from engine.lossless import chi_square, exact_two_token_distribution
 from engine.models import load_pair
-from kernels import reference
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a", "def f(x):\n    return x + 1\n\ndef g(x):\n",
            "hello hello hello world"]

@@ -391,8 +391,8 @@ def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypat
     graph and its memory that graph's pool's (an illegal address in a sampled K sweep on an H200). A large
     vocabulary takes sp_wide for chains; the sampled rounds are replayed for the check."""
     from engine import round_graph
-    from kernels import cuda as kernels_cuda
-    from kernels.workspaces import Workspaces
+    from engine.kernels import cuda as kernels_cuda
+    from engine.kernels.workspaces import Workspaces
 
     made_while_capturing = []
     for name in ("verify", "wide"):

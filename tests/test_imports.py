@@ -1,13 +1,14 @@
-"""The import graph of app/, engine/ and kernels/: no cycles, and engine/ and kernels/ never import app/.
+"""The import graph of app/ and engine/ (engine.kernels included): no cycles, and engine/ never imports app/.
 
 Every import counts, function-level ones included: a lazy import still ties the modules together."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "engine", "kernels")
+PACKAGES = ("app", "engine")
 
 
 def module_files() -> dict:
@@ -116,10 +117,10 @@ def test_no_import_cycles():
     assert [describe(c, graph) for c in find_cycles(graph)] == []
 
 
-def test_engine_and_kernels_never_import_app():
+def test_engine_never_imports_app():
     graph = import_graph()
     bad = {m: sorted(t for t in targets if t.split(".")[0] == "app")
-           for m, targets in graph.items() if m.split(".")[0] in ("engine", "kernels")}
+           for m, targets in graph.items() if m.split(".")[0] == "engine"}
     assert {m: t for m, t in bad.items() if t} == {}
 
 
@@ -134,3 +135,12 @@ def test_type_checking_imports_do_not_count(tmp_path):
                       "def f():\n    from engine import metrics\n")
     modules = {"engine": None, "engine.config": None, "engine.metrics": None}
     assert imports_of("engine.mod", source, modules) == {"engine.metrics"}
+
+
+def test_the_cuda_sources_folder_never_shadows_the_kernels_distribution():
+    """transformers (5.25 on) imports the hub's `kernels` package: the repository's kernels/ holds .cu files,
+    so with the repository on sys.path `import kernels` still finds that distribution (or nothing)."""
+    assert sorted(p.name for p in (REPO / "kernels").glob("*.py")) == []
+    spec = importlib.util.find_spec("kernels")
+    if spec is not None:
+        assert spec.origin is None or REPO / "kernels" not in Path(spec.origin).resolve().parents

@@ -1,6 +1,6 @@
-"""The Backend protocol (kernels/backend.py): the reference implements it, and so does the CUDA backend.
+"""The Backend protocol (engine/kernels/backend.py): the reference implements it, as does the CUDA backend.
 
-CPU only, no CuPy: kernels/cuda.py is read as a syntax tree.
+CPU only, no CuPy: engine/kernels/cuda.py is read as a syntax tree.
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pathlib
 
 import torch
 
-import kernels
-from kernels import reference
-from kernels.backend import FUNCTIONS, MEMBERS, Backend
+import engine.kernels
+from engine.kernels import reference
+from engine.kernels.backend import FUNCTIONS, MEMBERS, Backend
 
-CUDA_PY = pathlib.Path(kernels.__file__).with_name("cuda.py")
+CUDA_PY = pathlib.Path(engine.kernels.__file__).with_name("cuda.py")
 
 
 def test_protocol_members_are_the_listed_ones():
@@ -24,7 +24,7 @@ def test_protocol_members_are_the_listed_ones():
 
 
 def test_reference_backend_satisfies_the_protocol():
-    backend = kernels.REFERENCE
+    backend = engine.kernels.REFERENCE
     assert isinstance(backend, Backend)
     assert backend.name == "torch-reference"
     assert backend.compiles_kernels is False and backend.flags_nan_on_device is False
@@ -38,16 +38,16 @@ def test_reference_backend_satisfies_the_protocol():
 
 def test_vars_of_a_backend_is_the_whole_backend():
     """Callers copy a backend with one function replaced through vars() (tests/test_lossless.py)."""
-    assert set(vars(kernels.REFERENCE)) == set(MEMBERS)
+    assert set(vars(engine.kernels.REFERENCE)) == set(MEMBERS)
 
 
 def test_select_backend_on_the_cpu_is_the_reference():
-    assert kernels.select_backend(torch.device("cpu")) is kernels.REFERENCE
-    assert kernels.select_backend("cpu") is kernels.REFERENCE
+    assert engine.kernels.select_backend(torch.device("cpu")) is engine.kernels.REFERENCE
+    assert engine.kernels.select_backend("cpu") is engine.kernels.REFERENCE
 
 
 def test_cuda_backend_defines_every_function_like_the_reference():
-    """kernels/cuda.py: a module-level function per protocol function, with the reference's parameters."""
+    """kernels/cuda.py: a module-level function per protocol function with the reference's parameters."""
     tree = ast.parse(CUDA_PY.read_text())
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     for function in FUNCTIONS:

@@ -1,4 +1,4 @@
-"""CUDA kernels (kernels/cuda.py) against the torch reference on the same GPU tensors.
+"""CUDA kernels (engine/kernels/cuda.py) against the torch reference on the same GPU tensors.
 
 Marked `gpu`; skipped with a reason when CUDA or CuPy is missing.  SPECPLAY_FUZZ_CASES sets the number of
 fuzz cases per kernel (default 10,000).  Token/accept decisions must be identical; a case may differ only when
@@ -12,14 +12,14 @@ import os
 import pytest
 import torch
 
-from kernels import reference as ref
+from engine.kernels import reference as ref
 
 pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 try:
-    from kernels import cuda as kc
+    from engine.kernels import cuda as kc
 except ImportError as exc:  # no CuPy, or CuPy without a device
     pytest.skip(f"CuPy backend unavailable: {exc}", allow_module_level=True)
 
@@ -329,8 +329,8 @@ def test_input_validation():
 
 
 def test_select_backend():
-    from kernels import Backend, select_backend
-    from kernels.backend import MEMBERS
+    from engine.kernels import Backend, select_backend
+    from engine.kernels.backend import MEMBERS
     backend = select_backend(torch.device("cuda"))
     assert backend is kc.BACKEND and backend.name == "cupy-raw-kernels"
     assert isinstance(backend, Backend) and backend.compiles_kernels and backend.flags_nan_on_device

@@ -1,6 +1,6 @@
-"""The host side of the kernels' ABI (kernels/launch_spec.py) against kernels/specplay_kernels.cu.
+"""The host side of the kernels' ABI (engine/kernels/launch_spec.py) against kernels/specplay_kernels.cu.
 
-CPU only, no CuPy: the .cu source is parsed as text, and kernels/cuda.py (which needs CuPy to import) is read
+CPU only, no CuPy: the .cu source is parsed as text, and engine/kernels/cuda.py (it imports CuPy) is read
 as a syntax tree, so that its launches are checked against the specs here too.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from kernels import launch_spec as ls
+from engine.kernels import launch_spec as ls
 
 SOURCE = ls.SOURCE.read_text()
 CUDA_PY = pathlib.Path(ls.__file__).with_name("cuda.py")
@@ -153,7 +153,7 @@ def test_an_outgrown_workspace_stays_allocated():
 
     import torch
 
-    from kernels.workspaces import Workspaces
+    from engine.kernels.workspaces import Workspaces
 
     spaces = Workspaces(torch.device("cpu"))
     small = spaces.verify(7, rows=2, batch=1, vocab=16)

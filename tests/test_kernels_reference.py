@@ -1,4 +1,4 @@
-"""Properties of the torch reference (kernels/reference.py): the contract the CUDA kernels are tested against.
+"""Properties of the torch reference (engine/kernels/reference.py): what the CUDA kernels are tested against.
 
 CPU only; runs in CI.  Statistical tests use fixed seeds and a chi-square p-value from
 torch.special.gammaincc.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference as ref
+from engine.kernels import reference as ref
 
 
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -42,7 +42,7 @@ def test_rounds_mix_acceptance_and_rejection(decoder):
 @pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_the_chi_square_check_catches_a_lossy_verifier(decoder, monkeypatch):
     """Negative control: a verifier that accepts every draft changes the distribution and must FAIL."""
-    from kernels import reference
+    from engine.kernels import reference
 
     def accept_all(logits, tokens, probs, uniforms, temperature, top_k=0, top_p=1.0):
         return reference.verify_chain_stochastic(logits, tokens, probs, uniforms * 0.0 - 1.0, temperature,
@@ -65,7 +65,7 @@ def test_greedy_check_reports_first_divergence(decoder, monkeypatch):
     assert check_greedy(decoder, PROMPT, config).passed
 
     def off_by_one(logits, tokens):
-        from kernels import reference
+        from engine.kernels import reference
 
         result = reference.verify_chain_greedy(logits, tokens)
         return result._replace(next_token=(result.next_token + 1) % VOCAB)

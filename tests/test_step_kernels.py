@@ -3,8 +3,7 @@ math."""
 import pytest
 import torch
 
-from engine.llama import apply_rope
-from kernels.step import (
+from engine.kernels.step import (
     SPECS,
     attention_reference,
     gemv_reference,
@@ -15,6 +14,7 @@ from kernels.step import (
     topk,
     topk_reference,
 )
+from engine.llama import apply_rope
 
 
 def test_specs_match_the_cu_signatures():
@@ -106,9 +106,9 @@ def test_launch_constants_match_the_cu_defines():
     """The block shapes Python launches with are the ones the kernels are written for."""
     import re
 
-    from kernels import step
+    from engine.kernels import step
 
-    source = (step._HERE / "decode_kernels.cu").read_text()
+    source = (step.CU_DIR / "decode_kernels.cu").read_text()
     defines = {k: int(v) for k, v in re.findall(r"#define (SP_\w+) (\d+)", source)}
     assert defines["SP_GEMV_WARPS"] == step.GEMV_ROWS_PER_BLOCK
     assert step.THREADS == 32 * defines["SP_GEMV_WARPS"]
@@ -121,11 +121,11 @@ def test_launch_constants_match_the_cu_defines():
 
 
 def test_programmatic_launch_structs_match_cuda_h():
-    """kernels.pdl's ctypes mirrors of CUlaunchAttribute and CUlaunchConfig have cuda.h's sizes and offsets
+    """pdl.py's ctypes mirrors of CUlaunchAttribute and CUlaunchConfig have cuda.h's sizes, offsets
     (a wrong layout would hand the driver garbage), and the launcher stays off where it cannot work."""
     import ctypes
 
-    from kernels import pdl
+    from engine.kernels import pdl
 
     assert ctypes.sizeof(pdl._Attribute) == 72 and pdl._Attribute.value.offset == 8
     assert ctypes.sizeof(pdl._Config) == 56
@@ -139,7 +139,7 @@ def test_programmatic_launch_structs_match_cuda_h():
 def test_programmatic_launch_is_on_unless_turned_off(monkeypatch):
     """On by default wherever the driver has cuLaunchKernelEx (a stand-in driver here); SPECPLAY_PDL=0 turns
     it off without loading the driver."""
-    from kernels import pdl
+    from engine.kernels import pdl
 
     loaded = []
     monkeypatch.setattr(pdl.ctypes, "CDLL", lambda name: loaded.append(name) or
@@ -162,7 +162,7 @@ def test_programmatic_launch_passes_grid_stream_and_arguments():
     argument holding its value in the kernel's type (checked with a stand-in for cuLaunchKernelEx)."""
     import ctypes
 
-    from kernels import pdl
+    from engine.kernels import pdl
 
     seen = {}
 
@@ -189,7 +189,7 @@ def test_programmatic_launch_passes_grid_stream_and_arguments():
 
 
 def test_topk_off_cuda_is_torch_topk_and_the_twin_breaks_ties_to_the_lower_index():
-    """kernels.step.topk on the CPU is torch.topk (as TopK, which drafting reads by name); the twin ranks
+    """engine.kernels.step.topk on the CPU is torch.topk (as TopK, read by name in drafting); the twin ranks
     values descending, a tie to the lower index, NaN first, +0 and -0 as equals."""
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     ranked = topk(x, 4)
@@ -204,7 +204,7 @@ def test_topk_off_cuda_is_torch_topk_and_the_twin_breaks_ties_to_the_lower_index
 def test_topk_chunks_cover_every_column_and_bound_the_merge():
     """sp_topk's split: every chunk (ceil(C / S) columns, the last one shorter) holds at least one column,
     the chunks' best k make at most TOPK_MERGE keys for the merge, and rows past TOPK_ROWS stay whole."""
-    from kernels.step import TOPK_CHUNK, TOPK_MAX, TOPK_MERGE, TOPK_ROWS, topk_parts
+    from engine.kernels.step import TOPK_CHUNK, TOPK_MAX, TOPK_MERGE, TOPK_ROWS, topk_parts
 
     for columns in (1, 3, 16, 1023, 1024, 1025, 8192, 32000, 128256, 262144):
         for k in range(1, min(TOPK_MAX, columns) + 1):
@@ -222,9 +222,9 @@ def test_the_ngram_kernel_takes_every_chain_the_launch_allows():
     allows; sp_topk's largest k is TOPK_MAX."""
     import re
 
-    from kernels import step
+    from engine.kernels import step
 
-    source = (step._HERE / "decode_kernels.cu").read_text()
+    source = (step.CU_DIR / "decode_kernels.cu").read_text()
     defines = {k: int(v) for k, v in re.findall(r"#define (SP_\w+) (\d+)", source)}
     assert defines["SP_NGRAM_MAX_K"] >= step.THREADS and defines["SP_TOPK_MAX"] == step.TOPK_MAX
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
-from kernels.step import (  # noqa: E402
+from engine.kernels.step import (  # noqa: E402
     GEMV_MAX_ROWS,
     GEMV_STAGE,
     TREE_MAX,
@@ -192,7 +192,7 @@ def test_gemv_fuzz(kernels, fp32_reductions, tensor_cores):
 def test_gemv_takes_the_tensor_cores_for_short_rows(kernels, monkeypatch):
     """By default a weight whose rows are shorter than GEMV_TC_K multiplies on sp_gemv_tc, a longer one on
     sp_gemv, whatever the block's rows; tensor_cores= forces either."""
-    from kernels.step import GEMV_TC_K
+    from engine.kernels.step import GEMV_TC_K
 
     launched = []
     launch = kernels._launch_grid
@@ -299,7 +299,7 @@ def test_attention_batched_equals_each_sequence_alone(kernels):
     """B sequences' blocks in one launch (caches [B, kvh, L, D], one start each): every sequence's rows are,
     bit for bit, what a launch of that sequence alone with the same splits gives, and they match the fp64
     twin."""
-    from kernels.step import attention_splits
+    from engine.kernels.step import attention_splits
 
     rng = random.Random(6)
     for case in range(max(CASES // 20, 50)):
@@ -331,7 +331,7 @@ def test_grouped_attention_gives_the_per_head_bits(kernels, monkeypatch):
     """Unsplit launches of grouped-query models take sp_attention_grouped (one block per kv head): every row
     equals, bit for bit, the one-block-per-head kernel's (chains and trees, one sequence and several), and
     the fp64 twin."""
-    import kernels.step as step
+    import engine.kernels.step as step
 
     rng = random.Random(8)
     for case in range(max(CASES // 20, 60)):
@@ -420,7 +420,7 @@ def test_topk_fuzz(kernels):
 
 
 def test_topk_takes_the_kernel_on_cuda_and_keeps_torch_order_of_values(kernels):
-    """kernels.step.topk: the kernel for short k on CUDA (3-d and 1-d inputs too), torch.topk past TOPK_MAX;
+    """step.topk: the kernel for short k on CUDA (3-d and 1-d inputs too), torch.topk past TOPK_MAX,
     both give the same values, largest first."""
     x = torch.randn(4, 9, 8192, device="cuda")[:, :, :8000]
     values, indices = topk(x, 3)
@@ -518,8 +518,8 @@ def test_ngram_block_fuzz(kernels):
     or not."""
     from test_round_graph import random_table
 
+    from engine.kernels.step import chain_block_reference
     from engine.round_graph import append_emitted, ngram_lookup
-    from kernels.step import chain_block_reference
 
     rng = random.Random(15)
     generator = torch.Generator().manual_seed(15)
@@ -549,8 +549,8 @@ def test_ngram_block_fuzz(kernels):
 def test_chain_round_kernels_fuzz(kernels):
     """sp_chain_block, sp_chain_commit and sp_chain_limit give their twins' values, every dtype, chains of
     0..16 (the limit on results laid out as the CUDA verification leaves them)."""
-    from kernels.reference import VerifyResult
-    from kernels.step import chain_block_reference, chain_commit_reference, chain_limit_reference
+    from engine.kernels.reference import VerifyResult
+    from engine.kernels.step import chain_block_reference, chain_commit_reference, chain_limit_reference
 
     rng = random.Random(13)
     for case in range(CASES):
@@ -671,14 +671,14 @@ def test_tree_level_step_matches_the_masked_step(tmp_path):
 
 
 def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
-    """The decode path with programmatic dependent launch (kernels.pdl, SPECPLAY_PDL=1) and with CuPy's plain
+    """The decode path with programmatic dependent launch (pdl.py, SPECPLAY_PDL=1) and with CuPy's plain
     launches gives the same logits bit for bit, for a captured prefill bucket (cuBLAS products before the
     rope kernel), a chain block and replayed single-token steps, and the driver took every launch (the
     launcher stayed on)."""
     from tiny_models import make_tiny_llama
 
+    from engine.kernels.pdl import PdlLauncher
     from engine.models import load_runner
-    from kernels.pdl import PdlLauncher
 
     kernels = StepKernels.load("cuda")
     monkeypatch.setenv("SPECPLAY_PDL", "1")
@@ -825,7 +825,7 @@ def test_medusa_heads_fuzz(kernels):
     features up to the kernel's widest, 1..5 heads, every row of a block or the accepted row picked on the
     device. The dot products sum in another order than cuBLAS's, so a value may move by a few units in the
     last place of its terms' sizes (|W| . |xn|), and by the roundings of the norm, SiLU and the sum."""
-    from kernels.step import MEDUSA_MAX_H
+    from engine.kernels.step import MEDUSA_MAX_H
 
     rng = random.Random(17)
     for case in range(CASES):
@@ -856,7 +856,7 @@ def test_keep_path_fuzz(kernels):
     """sp_keep_path moves the accepted path's rows as its twin does, bit for bit, every dtype: paths of
     1..KEEP_MAX nodes (increasing node ids, as a tree in topological order gives, then -1), starts anywhere
     the block fits, caches of several layers and heads."""
-    from kernels.step import KEEP_MAX, keep_path_reference
+    from engine.kernels.step import KEEP_MAX, keep_path_reference
 
     rng = random.Random(19)
     for case in range(CASES):
@@ -879,7 +879,7 @@ def test_keep_path_fuzz(kernels):
 def test_verification_and_readout_launched_programmatically_behind_the_lm_head(kernels):
     """The greedy verifications and the readout (kernels/cuda.py) launched `chained` behind sp_gemv's LM
     head, eagerly and replayed from a captured graph, give the results of their plain launches."""
-    kc = pytest.importorskip("kernels.cuda")
+    kc = pytest.importorskip("engine.kernels.cuda")
     rng = random.Random(16)
     for case in range(200):
         rows, hidden, vocab = rng.randint(1, 9), rng.choice([64, 320]), rng.choice([1000, 8192, 32000])
@@ -914,7 +914,7 @@ def test_verification_and_readout_launched_programmatically_behind_the_lm_head(k
 
 def _chained_round(kernels, x, head, chain, parents) -> tuple:
     """The LM head in sp_gemv, then the greedy verifications and the readout launched behind it."""
-    from kernels import cuda as kc
+    from engine.kernels import cuda as kc
 
     logits = kernels.gemv(x, head, out_f32=True)
     chain_result = kc.verify_chain_greedy(logits[None], chain[None], chained=True)

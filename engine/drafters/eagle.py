@@ -39,9 +39,7 @@ from engine.drafters.base import (
     draw_token,
 )
 from engine.errors import SpecplayError
-from engine.llama import LlamaRunner, LlamaSpec, read_config_json
-from engine.runner import to_device
-from kernels.step import (
+from engine.kernels.step import (
     TREE_MAX,
     gemv_fits,
     topk,
@@ -49,6 +47,8 @@ from kernels.step import (
     tree_kernels,
     tree_level_reference,
 )
+from engine.llama import LlamaRunner, LlamaSpec, read_config_json
+from engine.runner import to_device
 
 HEAD_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_config.json"
@@ -376,7 +376,7 @@ def choose_nodes(tokens, parents, scores, node_depth, ancestors, nodes: int) -> 
     the best `nodes` hold every chosen node's ancestors and the tree has exactly `nodes` nodes (a fixed
     shape: no host decision). Returns tokens [N], parents [N] (in the tree, level order), and the
     verification block's depth [N+1] and visibility [N+1, N+1] (row 0: the last committed token):
-    sp_tree_choose where the kernels are loaded, else its twin (kernels.step.tree_choose_reference)."""
+    sp_tree_choose where the kernels are loaded, else its twin (engine.kernels.step.tree_choose_reference)."""
     kernels = tree_kernels(tokens.device) if tokens.numel() <= TREE_MAX else None
     if kernels is None:
         return tree_choose_reference(tokens, parents, scores, node_depth, ancestors, nodes, TIE_BREAK)

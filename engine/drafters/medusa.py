@@ -18,7 +18,7 @@ import torch
 from engine.chain_graph import medusa_draft, medusa_draft_rows, medusa_rows
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.errors import SpecplayError
-from kernels.step import medusa_heads_reference
+from engine.kernels.step import medusa_heads_reference
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
@@ -75,7 +75,7 @@ class MedusaHeads:
 
     def logits(self, runner, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head, as the torch twin of
-        Medusa's drafting computes them (kernels.step.medusa_heads_reference, then the LM head)."""
+        Medusa's drafting computes them (engine.kernels.step.medusa_heads_reference, then the LM head)."""
         weight, bias = self.stacked(self.count)
         eps = runner.spec.rms_norm_eps
         outs = medusa_heads_reference(hidden[None], runner.norm_weight, eps, weight, bias, self.count)

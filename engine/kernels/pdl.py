@@ -10,7 +10,7 @@ programmatic edge.
 
 CuPy's RawKernel launch takes no launch attributes, hence the driver call through ctypes. A launch is
 programmatic only when its caller knows the previous kernel on the stream is one of ours (`chained` in
-kernels.step): captured into a graph, a programmatic launch after a memset node (which cuBLAS may queue)
+step.py): captured into a graph, a programmatic launch after a memset node (which cuBLAS may queue)
 invalidates the capture.
 
 On by default; SPECPLAY_PDL=0 turns it off. Measured on an H200 it cut plain decoding of a 1B shape from
@@ -87,7 +87,7 @@ class PdlLauncher:
         return self.launch_params(function_ptr, grid, threads, stream_ptr, params)
 
     def launch_params(self, function_ptr: int, grid: tuple, threads: int, stream_ptr: int, params) -> bool:
-        """launch() with the kernel's parameter array made by the caller (kernels.cuda packs its own): a
+        """launch() with the kernel's parameter array made by the caller (cuda.py packs its own): a
         ctypes array of pointers to the arguments."""
         if not self.enabled:
             return False

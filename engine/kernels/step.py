@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import pathlib
 import threading
 from collections import namedtuple
 from typing import Optional
@@ -30,13 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.launch_spec import LOADS_AHEAD, KernelSpec, parse_kernels
-from kernels.pdl import PdlLauncher
+from engine.kernels.launch_spec import CU_DIR, LOADS_AHEAD, KernelSpec, parse_kernels
+from engine.kernels.pdl import PdlLauncher
 
-_HERE = pathlib.Path(__file__).parent
-SOURCE = _HERE / "step_kernels.cu"
+SOURCE = CU_DIR / "step_kernels.cu"
 # compiled as one module, in order
-SOURCES = (_HERE / "cuda_common.cuh", SOURCE, _HERE / "decode_kernels.cu", _HERE / "round_kernels.cu")
+SOURCES = (CU_DIR / "cuda_common.cuh", SOURCE, CU_DIR / "decode_kernels.cu", CU_DIR / "round_kernels.cu")
 THREADS = 256
 GEMV_MAX_ROWS = 16  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..16 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
@@ -412,7 +410,7 @@ class StepKernels:
         properties = torch.cuda.get_device_properties(device)
         self._gemv_blocks = GEMV_GRID_PER_SM * properties.multi_processor_count  # every block resident
         self.has_tensor_cores = properties.major >= 8  # sp_gemv_tc's m16n8k16 products
-        # kernels.pdl: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
+        # pdl.py: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
         # sp_attention's merge counters, zero between launches (each launch leaves them zero)
         self._attention_counters = torch.zeros(ATTENTION_PAIRS, dtype=torch.int32, device=device)
@@ -456,7 +454,7 @@ class StepKernels:
     def _launch_grid(self, name: str, instance: str, grid: tuple, threads: int, chained: bool,
                      **args) -> None:
         """chained: the caller knows the stream's previous kernel is one of these step kernels, so this one
-        may be a programmatic launch (kernels.pdl; a programmatic edge in a captured graph needs a kernel
+        may be a programmatic launch (pdl.py; a programmatic edge in a captured graph needs a kernel
         before it, and cuBLAS or torch may have queued a memset there)."""
         spec = SPECS[name]
         pointer = torch.cuda.current_stream(self.device).cuda_stream

@@ -1,7 +1,7 @@
-"""CuPy raw-kernel backend: the functions of `kernels.reference` as CUDA kernels (`BACKEND`).
+"""CuPy raw-kernel backend: the functions of `engine.kernels.reference` as CUDA kernels (`BACKEND`).
 
 Importing this module without CuPy, or with CuPy but no usable CUDA device, raises ImportError, so that
-`kernels.select_backend` falls back to the torch reference.
+`engine.kernels.select_backend` falls back to the torch reference.
 
 * Sources: `kernels/specplay_kernels.cu`, compiled once per process and device with `cupy.RawModule` (NVRTC,
   architecture of the current device, `--fmad=false` so that no multiply-add is contracted: the kernels must
@@ -9,7 +9,7 @@ Importing this module without CuPy, or with CuPy but no usable CUDA device, rais
 * Tensors: torch in, torch out.  The kernels take raw device pointers of the (validated, contiguous) torch
   tensors, which is the same zero-copy hand-over as DLPack without its per-tensor Python cost; they are
   launched on torch's current stream.  No call synchronises with the host.
-* Launches name every kernel argument; `kernels.launch_spec` holds each kernel's parameter list (checked
+* Launches name every kernel argument; `launch_spec` holds each kernel's parameter list (checked
   against the .cu by the CPU tests), the shared constants and the workspace sizes.
 * NaN: the kernels set a flag in pinned host memory (no sync) and mark their outputs (-1 tokens / accepted,
   NaN probs).  The flag is checked at the start of every later call, which then raises ValueError, and by
@@ -34,8 +34,8 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
-from kernels.backend import ModuleBackend
-from kernels.launch_spec import (
+from engine.kernels.backend import ModuleBackend
+from engine.kernels.launch_spec import (
     BLOCK,
     LOADS_AHEAD,
     MAX_N,
@@ -48,14 +48,14 @@ from kernels.launch_spec import (
     module_source,
     wide_chunks,
 )
-from kernels.pdl import PdlLauncher
-from kernels.reference import VerifyResult
-from kernels.workspaces import Workspaces
+from engine.kernels.pdl import PdlLauncher
+from engine.kernels.reference import VerifyResult
+from engine.kernels.workspaces import Workspaces
 
 try:
     import cupy
 except Exception as exc:  # ImportError, or a broken CUDA install raising at import
-    raise ImportError(f"kernels.cuda needs CuPy: {exc}") from exc
+    raise ImportError(f"engine.kernels.cuda needs CuPy: {exc}") from exc
 try:
     _available = bool(cupy.is_available())
 except Exception:  # pragma: no cover - driver problems
@@ -107,7 +107,7 @@ class DeviceState:
         self.kernels = _compile(index)  # kernel name ("sp_wide<float>", ...) -> cupy RawKernel
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         self.fast_launch = _self_check(self)  # direct cuLaunchKernel (else CuPy's launch)
-        # programmatic launches (kernels.pdl) for the calls made `chained`, behind a kernel of ours
+        # programmatic launches (engine.kernels.pdl) for the calls made `chained`, behind a kernel of ours
         capability = torch.cuda.get_device_capability(index)
         self.pdl = PdlLauncher.load(capability) if self.fast_launch else None
 
@@ -188,7 +188,7 @@ class _Launcher:
     def __call__(self, grid, stream_ptr: int, args: Mapping, chained: bool = False) -> None:
         """Launch on `grid` (x, y) blocks with `args` naming every kernel argument. chained: the stream's
         previous kernel is one of ours (a step kernel or one of these), so this launch may be programmatic
-        (kernels.pdl: it starts while that one finishes, and waits for it before reading anything)."""
+        (engine.kernels.pdl: it starts while that one finishes, and waits for it before reading anything)."""
         values = self.spec.values(args)
         if self.state.fast_launch:
             self.struct.pack_into(self.buf, 0, *values)
@@ -592,7 +592,7 @@ def _readout_piece(t: torch.Tensor, size: int, dtype: torch.dtype, dev_index: in
 
 # ----------------------------------------------------------------------------------------------- backend
 class CudaBackend(ModuleBackend):
-    """The CuPy raw kernels of this module as a `kernels.Backend`."""
+    """The CuPy raw kernels of this module as an `engine.kernels.Backend`."""
 
     def __init__(self):
         super().__init__("cupy-raw-kernels", sys.modules[__name__], compiles_kernels=True,

@@ -1,7 +1,7 @@
 """The host side of the kernels' ABI: argument specs, shared constants and workspace sizes (no CuPy needed).
 
 `SPECS` describes each kernel's parameters as `kernels/specplay_kernels.cu` declares them, in order. A launch
-in `kernels.cuda` names every argument; `KernelSpec.values` checks the names and returns the values in
+in `engine.kernels.cuda` names every argument; `KernelSpec.values` checks the names and returns the values in
 declaration order, ready to pack into the argument block. tests/test_kernels_launch_spec.py parses the .cu
 source with `parse_kernels` / `parse_struct_sizes` and checks it against everything here, so that the two
 cannot drift apart.
@@ -14,7 +14,10 @@ import pathlib
 import re
 from typing import Mapping, NamedTuple
 
-SOURCE = pathlib.Path(__file__).with_name("specplay_kernels.cu")
+# the .cu sources live in the repository's kernels/ (not a Python package: the name `kernels` is the
+# distribution transformers imports)
+CU_DIR = pathlib.Path(__file__).resolve().parents[2] / "kernels"
+SOURCE = CU_DIR / "specplay_kernels.cu"
 COMMON = SOURCE.with_name("cuda_common.cuh")  # the dtype helpers every .cu of kernels/ shares
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.launch_spec import row_stats_bytes, wide_sync_words, wide_workspace_bytes
+from engine.kernels.launch_spec import row_stats_bytes, wide_sync_words, wide_workspace_bytes
 
 
 class VerifyWorkspace:

@@ -9,8 +9,8 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-from kernels import reference
-from kernels.reference import VerifyResult
+from engine.kernels import reference
+from engine.kernels.reference import VerifyResult
 
 FUNCTIONS = ("warp_probs", "sample_from_probs", "sample", "verify_chain_greedy", "verify_chain_stochastic",
              "verify_tree_greedy", "verify_tree_stochastic", "readout")
@@ -19,7 +19,7 @@ MEMBERS = ("name", "compiles_kernels", "flags_nan_on_device", "warm_up", "check_
 
 @runtime_checkable
 class Backend(Protocol):
-    """The functions of `kernels.reference` (same arguments, same results) and what sets a backend apart."""
+    """The functions of `reference` (same arguments, same results) and what sets a backend apart."""
 
     name: str
     compiles_kernels: bool  # warm_up() compiles kernels (worth saying "compiling…" while it runs)
@@ -88,7 +88,7 @@ def _nan_already_raised(sync: bool = True) -> None:
 
 
 class ReferenceBackend(ModuleBackend):
-    """The torch reference (`kernels.reference`), on any device."""
+    """The torch reference (`engine.kernels.reference`), on any device."""
 
     def __init__(self):
         super().__init__("torch-reference", reference, compiles_kernels=False, flags_nan_on_device=False,

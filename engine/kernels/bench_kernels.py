@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from kernels import reference
+from engine.kernels import reference
 
 HBM_BYTES_PER_S = 4.8e12
 
@@ -50,7 +50,7 @@ def _count_syncs(fn) -> int:
 def run_kernel_bench(ks=(1, 4, 8, 16), vocabs=(8192, 32768, 151936), device="cuda", repeats: int = 7,
                      reference_repeats: int = 3) -> list[dict]:
     """Microseconds per round (verify_chain_stochastic + sample) for each K x V: kernel vs torch reference."""
-    from kernels import cuda as kc
+    from engine.kernels import cuda as kc
 
     dev = torch.device(device)
     kc.warm_up(dev)
