@@ -276,24 +276,24 @@ def _check_logits(logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
     return logits if logits.is_contiguous() else logits.contiguous()
 
 
-def _check_f32(t: torch.Tensor, shape: tuple, dev_index: int, name: str) -> torch.Tensor:
+def _check_tensor(t: torch.Tensor, shape: tuple, dev_index: int, name: str,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """t of this shape on cuda:dev_index, as a contiguous tensor of dtype (converted where it is not)."""
     if not isinstance(t, torch.Tensor) or t.shape != shape:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {getattr(t, 'shape', None)}")
     if t.get_device() != dev_index:
         raise ValueError(f"{name} must be on cuda:{dev_index}, got {t.device}")
-    if t.dtype != torch.float32:
-        t = t.float()
+    if t.dtype != dtype:
+        t = t.to(dtype)
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _check_f32(t: torch.Tensor, shape: tuple, dev_index: int, name: str) -> torch.Tensor:
+    return _check_tensor(t, shape, dev_index, name, torch.float32)
 
 
 def _check_long(t: torch.Tensor, shape: tuple, dev_index: int, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.shape != shape:
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {getattr(t, 'shape', None)}")
-    if t.get_device() != dev_index:
-        raise ValueError(f"{name} must be on cuda:{dev_index}, got {t.device}")
-    if t.dtype != torch.int64:
-        t = t.long()
-    return t if t.is_contiguous() else t.contiguous()
+    return _check_tensor(t, shape, dev_index, name, torch.int64)
 
 
 # The kernels' warp arguments (the .cu's struct Cfg) as plain Python numbers
