@@ -28,6 +28,12 @@
 #define SP_ATTN_PREFETCH 1  // the attention kernels' L2 requests (kernels/step.py passes its own)
 #endif
 #define SP_ATTN_MAX_D 256
+#ifndef SP_ATTN_AHEAD
+#define SP_ATTN_AHEAD 16  // 16-byte loads a lane issues before it uses them in the attention loops (kernels/step.py)
+#endif
+#ifndef SP_ATTN_GROUPED_BLOCKS
+#define SP_ATTN_GROUPED_BLOCKS 2  // resident blocks per SM sp_attention_grouped is built for (kernels/step.py)
+#endif
 #define SP_NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float dk_warp_sum(float v) {
@@ -592,6 +598,64 @@ __device__ __forceinline__ void dk_attn_prefetch_chunk(const T* keys, const T* v
         asm volatile("prefetch.global.L2 [%0];" ::"l"(v + off));
 }
 
+// q . key for G query rows staged in smem (q_rows[g * q_stride + d]), the key's D / 8 chunks loaded AHEAD at a
+// time before they are used, so that a lane's loads travel together instead of a few at a time; the products
+// are summed in d order whatever AHEAD is (the same bits).
+template <typename T, int G, int AHEAD>
+__device__ __forceinline__ void dk_attn_dots(const uint4* krow, const float* q_rows, int q_stride, int vchunks,
+                                             float* dot) {
+#pragma unroll
+    for (int g = 0; g < G; g++) dot[g] = 0.f;
+    for (int d0 = 0; d0 < vchunks; d0 += AHEAD) {
+        uint4 ahead[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            if (d0 + u < vchunks) ahead[u] = krow[d0 + u];
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            if (d0 + u >= vchunks) break;
+            float f[8];
+            dk_unpack8<T>(ahead[u], f);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) dot[g] = fmaf(q_rows[g * q_stride + (d0 + u) * 8 + e], f[e], dot[g]);
+            }
+        }
+    }
+}
+
+// acc[g][e] += p_g(j) * v[j][8 sub + e] over the chunk's rows j = group, group + groups, ... < rows, in that
+// order, for the G heads with live[g] (probs[g * 32 + j]: head g's p of row j); the value rows' loads go out
+// AHEAD at a time before their products (the same bits whatever AHEAD is).
+template <typename T, int G, int AHEAD>
+__device__ __forceinline__ void dk_attn_values(const T* chunk_values, int D, int rows, int group, int groups,
+                                               int sub, const float* probs, const bool* live, float (*acc)[8]) {
+    for (int j0 = group; j0 < rows; j0 += AHEAD * groups) {
+        uint4 ahead[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            int j = j0 + u * groups;
+            if (j < rows) ahead[u] = reinterpret_cast<const uint4*>(chunk_values + (long long)j * D)[sub];
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
+            int j = j0 + u * groups;
+            if (j >= rows) break;
+            float f[8];
+            dk_unpack8<T>(ahead[u], f);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                if (!live[g]) continue;
+                float pj = probs[g * 32 + j];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pj, f[e], acc[g][e]);
+            }
+        }
+    }
+}
+
 // Sum over the warps of acc[d] rescaled to the block's max `top`, in warp order (hidden warps skipped).
 __device__ __forceinline__ float dk_attn_value(const float (*warp_acc)[SP_ATTN_MAX_D], const float* warp_max,
                                                float top, int d) {
@@ -672,17 +736,10 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         long long r = (long long)c * 32 + lane;
         bool seen = r < total && (r < first || sees[r - first] != 0);
         float s = SP_NEG_INF;
-        if (seen) {
-            const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
-            float dot = 0.f;
-#pragma unroll 8
-            for (int d8 = 0; d8 < vchunks; d8++) {
-                float f[8];
-                dk_unpack8<T>(krow[d8], f);
-#pragma unroll
-                for (int e = 0; e < 8; e++) dot = fmaf(q_row[d8 * 8 + e], f[e], dot);
-            }
-            s = dot * scale;
+        if (r < total) {  // every row below total is finite: its key is read beside the visibility mark
+            float dot;
+            dk_attn_dots<T, 1, SP_ATTN_AHEAD>(reinterpret_cast<const uint4*>(keys + r * D), q_row, 0, vchunks, &dot);
+            if (seen) s = dot * scale;
         }
         float chunk_max = dk_warp_max(s);
         if (chunk_max == SP_NEG_INF) continue;  // every key of the chunk hidden (the same for the whole warp)
@@ -696,14 +753,9 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         for (int e = 0; e < 8; e++) acc[e] *= rescale;
         int rows = (int)min((long long)32, total - (long long)c * 32);  // rows of the chunk below start + block_n
         if (group < groups) {
-#pragma unroll 4
-            for (int j = group; j < rows; j += groups) {
-                float f[8];
-                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[sub], f);
-                float pj = probs[warp][j];
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[e] = fmaf(pj, f[e], acc[e]);
-            }
+            const bool live = true;
+            dk_attn_values<T, 1, SP_ATTN_AHEAD>(values + (long long)c * 32 * D, D, rows, group, groups, sub, probs[warp], &live,
+                                 reinterpret_cast<float(*)[8]>(acc));
         }
         __syncwarp();
         run_max = new_max;
@@ -774,8 +826,11 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
 // a speed choice only.
 #define SP_ATTN_GROUP_D 128
 
+// the grouped kernel's loads ahead: its accumulators grow with G, so it keeps SP_ATTN_AHEAD / G in flight
+template <int G> struct dk_grouped_ahead { static constexpr int N = SP_ATTN_AHEAD / G > 0 ? SP_ATTN_AHEAD / G : 1; };
+
 template <typename T, int G>
-__global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T* k_cache, const T* v_cache,
+__global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS) sp_attention_grouped(const T* q, const T* k_cache, const T* v_cache,
                                                             const long long* start,
                                                             const unsigned char* visible, T* out, int n,
                                                             int heads, int kv_heads, int D, int cache_len,
@@ -823,23 +878,12 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
         float s[G];
 #pragma unroll
         for (int g = 0; g < G; g++) s[g] = SP_NEG_INF;
-        if (seen) {
-            const uint4* krow = reinterpret_cast<const uint4*>(keys + r * D);
+        if (r < total) {  // every row below total is finite: its key is read beside the visibility mark
             float dot[G];
+            dk_attn_dots<T, G, dk_grouped_ahead<G>::N>(reinterpret_cast<const uint4*>(keys + r * D), &q_rows[0][0], SP_ATTN_GROUP_D,
+                               vchunks, dot);
 #pragma unroll
-            for (int g = 0; g < G; g++) dot[g] = 0.f;
-#pragma unroll 4
-            for (int d8 = 0; d8 < vchunks; d8++) {
-                float f[8];
-                dk_unpack8<T>(krow[d8], f);
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) dot[g] = fmaf(q_rows[g][d8 * 8 + e], f[e], dot[g]);
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) s[g] = dot[g] * scale;
+            for (int g = 0; g < G; g++) s[g] = seen ? dot[g] * scale : SP_NEG_INF;
         }
         bool live[G];  // a head whose chunk has a visible key (all or none: visibility is the token's)
         float rescale[G];
@@ -861,20 +905,8 @@ __global__ void __launch_bounds__(256) sp_attention_grouped(const T* q, const T*
             for (int e = 0; e < 8; e++) acc[g][e] = live[g] ? acc[g][e] * rescale[g] : acc[g][e];
         }
         int rows = (int)min((long long)32, total - (long long)c * 32);
-        if (group < groups) {
-#pragma unroll 4
-            for (int j = group; j < rows; j += groups) {
-                float f[8];
-                dk_unpack8<T>(reinterpret_cast<const uint4*>(values + ((long long)c * 32 + j) * D)[sub], f);
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-                    if (!live[g]) continue;
-                    float pj = probs[warp][g][j];
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pj, f[e], acc[g][e]);
-                }
-            }
-        }
+        if (group < groups) dk_attn_values<T, G, dk_grouped_ahead<G>::N>(values + (long long)c * 32 * D, D, rows, group, groups, sub,
+                                                 &probs[warp][0][0], live, acc);
         __syncwarp();
     }
     for (int gi = 0; gi < groups; gi++) {

@@ -99,8 +99,8 @@ __global__ void sp_silu_mul(const T* gate_up, T* out, int n, int inter, int per_
 
 // RMSNorm of rows x [n, H] -> out [n, H] as transformers' LlamaRMSNorm (rms_norm_reference): fp32 statistics,
 // x * rsqrt(mean(x^2) + eps) rounded to T, times the weight, rounded (sp_gemv's mode 1 stages the same
-// values).  One block of 256 threads per row; a row of up to 8,192 values stays in registers between the
-// statistics and the output.
+// values).  One block of 256 threads per row; a row of up to 8,192 values, and its weights, stay in registers
+// between the statistics and the output.
 #define SP_NORM_THREADS 256
 #define SP_NORM_PER_THREAD 32
 template <typename T>
@@ -113,14 +113,16 @@ __global__ void __launch_bounds__(SP_NORM_THREADS) sp_rms_norm(const T* x, const
     const T* row = x + (long long)blockIdx.x * H;
     T* out_row = out + (long long)blockIdx.x * H;
     int tid = threadIdx.x;
-    float v[SP_NORM_PER_THREAD];
+    float v[SP_NORM_PER_THREAD], w[SP_NORM_PER_THREAD];  // the weight is read with the row, not after the sum
     float ss = 0.f;
 #pragma unroll
     for (int u = 0; u < SP_NORM_PER_THREAD; u++) {
         int c = tid + u * SP_NORM_THREADS;
         v[u] = c < H ? to_f(row[c]) : 0.f;
-        ss = fmaf(v[u], v[u], ss);
+        w[u] = c < H ? to_f(weight[c]) : 0.f;
     }
+#pragma unroll
+    for (int u = 0; u < SP_NORM_PER_THREAD; u++) ss = fmaf(v[u], v[u], ss);
     for (int c = tid + SP_NORM_PER_THREAD * SP_NORM_THREADS; c < H; c += SP_NORM_THREADS) {
         float f = to_f(row[c]);
         ss = fmaf(f, f, ss);
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(SP_NORM_THREADS) sp_rms_norm(const T* x, const
 #pragma unroll
     for (int u = 0; u < SP_NORM_PER_THREAD; u++) {
         int c = tid + u * SP_NORM_THREADS;
-        if (c < H) out_row[c] = rnd<T>(to_f(weight[c]) * to_f(rnd<T>(v[u] * scale)));
+        if (c < H) out_row[c] = rnd<T>(w[u] * to_f(rnd<T>(v[u] * scale)));
     }
     for (int c = tid + SP_NORM_PER_THREAD * SP_NORM_THREADS; c < H; c += SP_NORM_THREADS) {
         out_row[c] = rnd<T>(to_f(weight[c]) * to_f(rnd<T>(to_f(row[c]) * scale)));

@@ -61,6 +61,11 @@ GEMV_TC_K = max(0, int(os.environ.get("SPECPLAY_GEMV_TC_K", "2048")))
 # the attention kernels ask L2 for a chunk's rows before they read them (SP_ATTN_PREFETCH);
 # SPECPLAY_ATTN_PREFETCH=0 builds them without, for comparisons (the same bits either way)
 ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
+# 16-byte loads a lane of the attention kernels issues before it uses them (SP_ATTN_AHEAD), and the resident
+# blocks per SM sp_attention_grouped is built for (SP_ATTN_GROUPED_BLOCKS: its registers per thread);
+# SPECPLAY_ATTN_AHEAD and SPECPLAY_ATTN_GROUPED_BLOCKS set others for comparisons (the same bits either way)
+ATTENTION_AHEAD = max(1, int(os.environ.get("SPECPLAY_ATTN_AHEAD", "16")))
+ATTENTION_GROUPED_BLOCKS = max(1, int(os.environ.get("SPECPLAY_ATTN_GROUPED_BLOCKS", "2")))
 NORM_THREADS = 256  # SP_NORM_THREADS
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
@@ -185,7 +190,8 @@ def module_source() -> str:
 
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
                    f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}",
-                   f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}")
+                   f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}", f"-DSP_ATTN_AHEAD={ATTENTION_AHEAD}",
+                   f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
