@@ -32,7 +32,7 @@
 #define SP_ATTN_AHEAD 16  // 16-byte loads a lane issues before it uses them in the attention loops (kernels/step.py)
 #endif
 #ifndef SP_ATTN_GROUPED_BLOCKS
-#define SP_ATTN_GROUPED_BLOCKS 2  // resident blocks per SM sp_attention_grouped is built for (kernels/step.py)
+#define SP_ATTN_GROUPED_BLOCKS 4  // resident blocks per SM sp_attention_grouped is built for (kernels/step.py)
 #endif
 #define SP_NEG_INF __int_as_float(0xff800000)
 

@@ -65,7 +65,7 @@ ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
 # blocks per SM sp_attention_grouped is built for (SP_ATTN_GROUPED_BLOCKS: its registers per thread);
 # SPECPLAY_ATTN_AHEAD and SPECPLAY_ATTN_GROUPED_BLOCKS set others for comparisons (the same bits either way)
 ATTENTION_AHEAD = max(1, int(os.environ.get("SPECPLAY_ATTN_AHEAD", "16")))
-ATTENTION_GROUPED_BLOCKS = max(1, int(os.environ.get("SPECPLAY_ATTN_GROUPED_BLOCKS", "2")))
+ATTENTION_GROUPED_BLOCKS = max(1, int(os.environ.get("SPECPLAY_ATTN_GROUPED_BLOCKS", "4")))
 NORM_THREADS = 256  # SP_NORM_THREADS
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
