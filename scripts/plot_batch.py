@@ -75,14 +75,18 @@ def render(report: dict) -> str:
             parts.append(f'<line x1="{x(b):.1f}" y1="{TOP}" x2="{x(b):.1f}" y2="{y(0)}" stroke="{colour}" '
                          f'stroke-width="1" stroke-dasharray="4 4"/>')
             label_y = TOP + 14 if label == "measured" else TOP + 30
-            parts.append(f'<text x="{x(b) + 4:.1f}" y="{label_y}" '
+            right_half = x(b) > (LEFT + WIDTH - RIGHT) / 2  # such a label ends at its line, inside the plot
+            anchor, label_x = ("end", x(b) - 4) if right_half else ("start", x(b) + 4)
+            parts.append(f'<text x="{label_x:.1f}" y="{label_y}" text-anchor="{anchor}" '
                          f'font-size="12" fill="{colour}">{label} crossover B≈{b:.0f}</text>')
     knee = report["fit"].get("knee_tokens")
     title = (f'{report["method"]}, K={report["k"]} on {report["device"]}: measured (solid), roofline '
              f'prediction (dashed)')
     if knee:
         title += f'; knee {knee:.0f} tokens/forward'
-    parts.append(f'<text x="{LEFT}" y="24" font-size="14">{title}</text>')
+    room = WIDTH - LEFT - RIGHT  # a title longer than the plot is squeezed to its width
+    fit = f' textLength="{room}" lengthAdjust="spacingAndGlyphs"' if 0.6 * 12 * len(title) > room else ""
+    parts.append(f'<text x="{LEFT}" y="24" font-size="12"{fit}>{title}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
