@@ -738,7 +738,8 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         float s = SP_NEG_INF;
         if (r < total) {  // every row below total is finite: its key is read beside the visibility mark
             float dot;
-            dk_attn_dots<T, 1, SP_ATTN_AHEAD>(reinterpret_cast<const uint4*>(keys + r * D), q_row, 0, vchunks, &dot);
+            dk_attn_dots<T, 1, SP_ATTN_AHEAD>(reinterpret_cast<const uint4*>(keys + r * D), q_row, 0, vchunks,
+                                              &dot);
             if (seen) s = dot * scale;
         }
         float chunk_max = dk_warp_max(s);
@@ -754,8 +755,8 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
         int rows = (int)min((long long)32, total - (long long)c * 32);  // rows of the chunk below start + block_n
         if (group < groups) {
             const bool live = true;
-            dk_attn_values<T, 1, SP_ATTN_AHEAD>(values + (long long)c * 32 * D, D, rows, group, groups, sub, probs[warp], &live,
-                                 reinterpret_cast<float(*)[8]>(acc));
+            dk_attn_values<T, 1, SP_ATTN_AHEAD>(values + (long long)c * 32 * D, D, rows, group, groups, sub,
+                                                probs[warp], &live, reinterpret_cast<float(*)[8]>(acc));
         }
         __syncwarp();
         run_max = new_max;
@@ -827,11 +828,14 @@ __global__ void __launch_bounds__(256) sp_attention(const T* q, const T* k_cache
 #define SP_ATTN_GROUP_D 128
 
 // the grouped kernel's loads ahead: its accumulators grow with G, so it keeps SP_ATTN_AHEAD / G in flight
-template <int G> struct dk_grouped_ahead { static constexpr int N = SP_ATTN_AHEAD / G > 0 ? SP_ATTN_AHEAD / G : 1; };
+template <int G>
+struct dk_grouped_ahead {
+    static constexpr int N = SP_ATTN_AHEAD / G > 0 ? SP_ATTN_AHEAD / G : 1;
+};
 
 template <typename T, int G>
-__global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS) sp_attention_grouped(const T* q, const T* k_cache, const T* v_cache,
-                                                            const long long* start,
+__global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS)
+    sp_attention_grouped(const T* q, const T* k_cache, const T* v_cache, const long long* start,
                                                             const unsigned char* visible, T* out, int n,
                                                             int heads, int kv_heads, int D, int cache_len,
                                                             float scale, int block_n, int seq_stride) {
@@ -880,8 +884,8 @@ __global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS) sp_attention_grou
         for (int g = 0; g < G; g++) s[g] = SP_NEG_INF;
         if (r < total) {  // every row below total is finite: its key is read beside the visibility mark
             float dot[G];
-            dk_attn_dots<T, G, dk_grouped_ahead<G>::N>(reinterpret_cast<const uint4*>(keys + r * D), &q_rows[0][0], SP_ATTN_GROUP_D,
-                               vchunks, dot);
+            dk_attn_dots<T, G, dk_grouped_ahead<G>::N>(reinterpret_cast<const uint4*>(keys + r * D), &q_rows[0][0],
+                                                       SP_ATTN_GROUP_D, vchunks, dot);
 #pragma unroll
             for (int g = 0; g < G; g++) s[g] = seen ? dot[g] * scale : SP_NEG_INF;
         }
@@ -905,8 +909,9 @@ __global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS) sp_attention_grou
             for (int e = 0; e < 8; e++) acc[g][e] = live[g] ? acc[g][e] * rescale[g] : acc[g][e];
         }
         int rows = (int)min((long long)32, total - (long long)c * 32);
-        if (group < groups) dk_attn_values<T, G, dk_grouped_ahead<G>::N>(values + (long long)c * 32 * D, D, rows, group, groups, sub,
-                                                 &probs[warp][0][0], live, acc);
+        if (group < groups)
+            dk_attn_values<T, G, dk_grouped_ahead<G>::N>(values + (long long)c * 32 * D, D, rows, group, groups, sub,
+                                                         &probs[warp][0][0], live, acc);
         __syncwarp();
     }
     for (int gi = 0; gi < groups; gi++) {
