@@ -113,6 +113,32 @@ def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes)
     assert (len(host_trees) > 0) == drafted_on_host
 
 
+@pytest.mark.parametrize("method,nodes", METHODS + [("suffix", 0), ("layerskip", 0)])
+def test_bf16_greedy_equals_plain_with_every_product_on_sp_gemv(tmp_path_factory, monkeypatch, method, nodes):
+    """bf16 with every product on sp_gemv, as on models with rows of GEMV_TC_K values or more (the synthetic
+    1B-8B shapes; the tiny models here take sp_gemv_tc otherwise): greedy output of every method equals plain
+    decoding."""
+    from engine.kernels import step
+
+    monkeypatch.setattr(step, "GEMV_TC_K", 0)
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_sp_gemv"), 96, 64, 3, 0, 0.15, dtype=torch.bfloat16)
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    config = GenerationConfig(method=method, k=4, tree_nodes=nodes, max_new_tokens=48)
+    assert decoder.generate_ids(PROMPT, config) == plain
+
+
+@pytest.mark.parametrize("method", ["draft", "eagle3"])
+def test_bf16_sampling_is_lossless_with_every_product_on_sp_gemv(tmp_path_factory, monkeypatch, method):
+    """As test_bf16_sampling_is_lossless, with every product on sp_gemv."""
+    from engine.kernels import step
+
+    monkeypatch.setattr(step, "GEMV_TC_K", 0)
+    decoder = build(tmp_path_factory.mktemp("gpu_bf16_sp_gemv_chi"), 24, 32, 1, 11, 0.3, dtype=torch.bfloat16)
+    config = GenerationConfig(method=method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=1000)
+    report = check_sampling(decoder, "a tea at the tea at", config, samples=1000)
+    assert report.passed, report
+
+
 def _count_calls(monkeypatch, name: str) -> list:
     """SpeculativeDecoder.<name> counted: the list grows by one per call."""
     calls = []
