@@ -18,7 +18,9 @@
 
 #define SP_FULL_MASK 0xffffffffu
 #define SP_GEMV_WARPS 8      // output rows per block, one per warp
-#define SP_GEMV_TILE 2048    // columns of a row segment: 8 chunks of 8 values per lane
+#ifndef SP_GEMV_TILE
+#define SP_GEMV_TILE 2048  // columns of a row segment: 8 chunks of 8 values per lane (kernels/step.py passes its own)
+#endif
 #define SP_GEMV_MAX_ROWS 16
 #ifndef SP_GEMV_BLOCKS
 #define SP_GEMV_BLOCKS 2  // resident blocks per SM sp_gemv is built for (kernels/step.py passes its own)

@@ -118,6 +118,8 @@ def test_launch_constants_match_the_cu_defines():
     assert "__launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv" in source
     assert "__launch_bounds__(256) sp_attention" in source
     assert f"-DSP_GEMV_BLOCKS={step.GEMV_BLOCKS_PER_SM}" in step.COMPILE_OPTIONS  # the grid's blocks per SM
+    assert f"-DSP_GEMV_TILE={step.GEMV_TILE}" in step.COMPILE_OPTIONS and step.GEMV_TILE % 256 == 0
+    assert "#ifndef SP_GEMV_TILE\n#define SP_GEMV_TILE 2048" in source  # the default the host passes
 
 
 def test_programmatic_launch_structs_match_cuda_h():

@@ -39,6 +39,13 @@ THREADS = 256
 GEMV_MAX_ROWS = 16  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..16 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
+# columns of the row segment a warp of sp_gemv loads at a time (SP_GEMV_TILE: a multiple of 256, 8 values a
+# lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; a shorter
+# segment holds fewer registers (1024 with SPECPLAY_GEMV_BLOCKS=4 fits 64 a thread), for comparisons of grids
+# whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM).
+GEMV_TILE = int(os.environ.get("SPECPLAY_GEMV_TILE", "2048"))
+if GEMV_TILE % 256 or not 256 <= GEMV_TILE <= 2048:
+    raise ValueError(f"SPECPLAY_GEMV_TILE must be a multiple of 256 from 256 to 2048 (got {GEMV_TILE})")
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
 # SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
@@ -191,7 +198,7 @@ def module_source() -> str:
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
                    f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}",
                    f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}", f"-DSP_ATTN_AHEAD={ATTENTION_AHEAD}",
-                   f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}")
+                   f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}", f"-DSP_GEMV_TILE={GEMV_TILE}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
