@@ -43,9 +43,7 @@ GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 # lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; a shorter
 # segment holds fewer registers (1024 with SPECPLAY_GEMV_BLOCKS=4 fits 64 a thread), for comparisons of grids
 # whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM).
-GEMV_TILE = int(os.environ.get("SPECPLAY_GEMV_TILE", "2048"))
-if GEMV_TILE % 256 or not 256 <= GEMV_TILE <= 2048:
-    raise ValueError(f"SPECPLAY_GEMV_TILE must be a multiple of 256 from 256 to 2048 (got {GEMV_TILE})")
+GEMV_TILE = min(2048, max(256, int(os.environ.get("SPECPLAY_GEMV_TILE", "2048")) // 256 * 256))
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
 # SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
