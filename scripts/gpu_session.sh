@@ -18,6 +18,8 @@
 #   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 #   kernels   the step kernels' GPU tests (KERNEL_FUZZ cases, default 2,000)
 #   gemv      scripts/gemv_probe.py: sp_gemv against cuBLAS per matrix shape, once per setting of GEMV_ENV
+#   gemv-tile runtimes with sp_gemv's segment, blocks and grid of TILE_ENV beside the default, then the step
+#             kernels' and bf16 engine GPU tests with TILE_ENV (kernels/NOTES.md's next comparison)
 #   shipped-runtimes  bench runtimes on the shipped pair (end to end, TTFT apart), specplay methods only
 #   batch-profile  scripts/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
 #   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
@@ -120,6 +122,24 @@ fi
 if has kernels; then
   SPECPLAY_FUZZ_CASES=${KERNEL_FUZZ:-2000} timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_kernels.log" | tail -4
+fi
+if has gemv-tile; then  # sp_gemv's 1024-column segment, built for 4 blocks an SM, launched with 2 (kernels/NOTES.md):
+  # plain and draft decoding on the 1B and 7B shapes, the default then the setting, then the step kernels' and the
+  # bf16 engine GPU tests with the setting
+  TILE_ENV=${TILE_ENV:-SPECPLAY_GEMV_TILE=1024,SPECPLAY_GEMV_BLOCKS=4,SPECPLAY_GEMV_GRID=2}
+  for setting in SPECPLAY_PDL=1 "$TILE_ENV"; do
+    for shape in llama-1b llama-7b; do
+      echo "== $setting $shape" >> "$OUT/runtimes_synthetic_gemv_tile.txt"
+      env ${setting//,/ } timeout 90 python3 main.py bench runtimes --device cuda --synthetic $shape --methods none,draft \
+        --k 4 --prompts 4 --max-new-tokens 128 --hf none 2>&1 | grep -v "compiling\|generation_config" \
+        | tee -a "$OUT/runtimes_synthetic_gemv_tile.txt" | tail -3
+    done
+  done
+  env ${TILE_ENV//,/ } SPECPLAY_FUZZ_CASES=${KERNEL_FUZZ:-2000} timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+    tests/test_step_kernels_gpu.py 2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" \
+    | tee "$OUT/gpu_tests_step_gemv_tile.log" | tail -4
+  env ${TILE_ENV//,/ } timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py -k bf16 2>&1 \
+    | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_engine_gemv_tile.log" | tail -4
 fi
 if has gemv; then  # once per setting of GEMV_ENV (e.g. GEMV_ENV="SPECPLAY_GEMV_AHEAD=0 SPECPLAY_GEMV_AHEAD=2")
   for setting in ${GEMV_ENV:-SPECPLAY_GEMV_BLOCKS=2}; do
