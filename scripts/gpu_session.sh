@@ -45,7 +45,7 @@ nvidia-smi -L
 if has tests; then  # two runs of their own (one took past 400 s): the step kernels' file, then every other
   SPECPLAY_FUZZ_CASES=10000 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_step_kernels_gpu.py \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_step.log" | tail -8
-  SPECPLAY_FUZZ_CASES=10000 timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+  SPECPLAY_FUZZ_CASES=10000 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
     $(ls tests/*_gpu.py | grep -v test_step_kernels_gpu.py) \
     2>&1 | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests.log" | tail -8
 fi
