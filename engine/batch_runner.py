@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
+from engine.kernels.step import ATTENTION_WIDE
 from engine.llama import (
     DECODE_ROWS,
     GRAPH_MAX_BLOCK,
@@ -179,7 +180,8 @@ class BatchRunner:
             qkv = F.linear(r.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
             q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
-            attn = k.attention(q, keys, values, start, chain, chained=True)  # [B n, heads D] (after rope)
+            attn = k.attention(q, keys, values, start, chain, chained=True,
+                               wide=ATTENTION_WIDE)  # [B n, heads D] (after rope)
             x = _add_linear_(x, attn, layer.w_o, layer.b_o)
             gate_up = F.linear(r.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
             x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)

@@ -952,6 +952,199 @@ __global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS)
     }
 }
 
+// ---- sp_attention_wide: the batched step's attention, the whole block on each tile of cache rows ----
+// One block per (token i, kv head) as in sp_attention_grouped (arguments and layout the same), for the batched
+// step's B sequences. The grouped kernel gives a warp whole chunks of 32 rows, a lane a key row, and reads a
+// row's D / 8 chunks a few at a time: over a short cache most warps idle and each one waits on several memory
+// round trips. Here a tile of SP_WIDE_TILE rows is spread over the block's SP_WIDE_WARPS warps, D / 8 lanes a
+// row, and the tile's key and value loads go out together, about one round trip a tile; blocks of 4 warps
+// let 4 reside on an SM at 128 registers a thread.
+//   scores: lane (slot, c) multiplies 8 of row slot's D key values by each head's q; the row's D / 8 lanes add
+//           their products in a fixed butterfly; softmax online over the tiles, per head, in tile order.
+//   p v:    each lane adds p v over its rows, for its 8 values; the warp's slots, then the warps, are added
+//           in a fixed order.
+// The sums' order differs from sp_attention's, so its bits are not the one-sequence step's; they depend on the
+// token's own visible rows alone (tiles start at row 0; hidden rows add exactly 0), so a verification block
+// equals its tokens decoded one at a time, and a sequence in a batch equals that sequence launched alone.
+// D in {32, 64, 128}; G = heads / kv_heads in {1, 2, 4, 8}.
+#ifndef SP_WIDE_WARPS
+#define SP_WIDE_WARPS 4  // warps a block (4 or 8; kernels/step.py passes its own)
+#endif
+#define SP_WIDE_THREADS (32 * SP_WIDE_WARPS)
+#define SP_WIDE_TILE (8 * SP_WIDE_WARPS)           // rows a tile: D = 128 takes 4 passes of 2 rows a warp
+#define SP_WIDE_PASSES 4                           // the most passes a tile takes (D = 128)
+#define SP_WIDE_PER_LANE (SP_WIDE_TILE / 32)       // a tile's scores per lane in the softmax
+
+// The tile's key and value chunks of this lane: row tile0 + u * slots + slot, chunk c (rows past total: none)
+template <typename T>
+__device__ __forceinline__ void dk_wide_load(uint4* kr, uint4* vr, const T* keys, const T* values, long long tile0,
+                                             long long total, int slots, int passes, int slot, int c, int D) {
+#pragma unroll
+    for (int u = 0; u < SP_WIDE_PASSES; u++) {
+        long long r = tile0 + u * slots + slot;
+        if (u < passes && r < total) {
+            kr[u] = reinterpret_cast<const uint4*>(keys + r * D)[c];
+            vr[u] = reinterpret_cast<const uint4*>(values + r * D)[c];
+        }
+    }
+}
+
+// Head g's softmax over a tile's scores (p_s[g]), online across tiles: the scores become p against the
+// running max, whose change rescales the sums so far (rescale_s[g]); a tile of hidden rows changes nothing.
+__device__ __forceinline__ void dk_wide_softmax(float* p_row, float* run_max, float* run_sum, float* rescale,
+                                                int lane) {
+    float s[SP_WIDE_PER_LANE], top = SP_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < SP_WIDE_PER_LANE; j++) {
+        s[j] = p_row[lane + 32 * j];
+        top = fmaxf(top, s[j]);
+    }
+    top = dk_warp_max(top);
+    float scale_by = 1.f, part = 0.f;
+    if (top != SP_NEG_INF) {
+        float new_max = fmaxf(*run_max, top);
+        scale_by = expf(*run_max - new_max);  // 0 for the first tile seen (run_max = -inf)
+#pragma unroll
+        for (int j = 0; j < SP_WIDE_PER_LANE; j++) {
+            s[j] = expf(s[j] - new_max);
+            part += s[j];
+        }
+        float tile_sum = dk_warp_sum(part);
+        if (lane == 0) {
+            *run_sum = *run_sum * scale_by + tile_sum;
+            *run_max = new_max;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < SP_WIDE_PER_LANE; j++) s[j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < SP_WIDE_PER_LANE; j++) p_row[lane + 32 * j] = s[j];
+    if (lane == 0) *rescale = scale_by;
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)
+    sp_attention_wide(const T* q, const T* k_cache, const T* v_cache, const long long* start,
+                      const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len,
+                      float scale, int block_n, int seq_stride) {
+    __shared__ __align__(16) float q_s[G][SP_ATTN_GROUP_D];
+    __shared__ float p_s[G][SP_WIDE_TILE];  // the tile's scores, then its p
+    __shared__ float rescale_s[G], max_s[G], sum_s[G];
+    __shared__ float red_s[SP_WIDE_WARPS][G][SP_ATTN_GROUP_D];
+    sp_let_next_start();
+    sp_wait_for_previous();
+    int kvh = blockIdx.x % kv_heads, i = blockIdx.x / kv_heads;
+    int h0 = kvh * G;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int b = i / block_n, t = i - b * block_n;
+    long long first = start[b];
+    long long total = first + block_n;
+    long long base = (long long)b * seq_stride + (long long)kvh * cache_len * D;
+    const T* keys = k_cache + base;
+    const T* values = v_cache + base;
+    int lanes = D / 8;                       // lanes a row: 4, 8 or 16
+    int slots = SP_WIDE_THREADS / lanes;     // rows a pass of the block covers
+    int passes = SP_WIDE_TILE / slots;       // 1, 2 or 4
+    int slot = tid / lanes, c = tid - slot * lanes;
+    uint4 kr[SP_WIDE_PASSES], vr[SP_WIDE_PASSES];
+    dk_wide_load<T>(kr, vr, keys, values, 0, total, slots, passes, slot, c, D);
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        int g = idx / D, d = idx - g * D;
+        q_s[g][d] = to_f(q[((long long)(h0 + g) * n + i) * D + d]);
+    }
+    if (tid < G) {
+        max_s[tid] = SP_NEG_INF;
+        sum_s[tid] = 0.f;
+    }
+    __syncthreads();
+
+    const unsigned char* sees = visible + (long long)t * block_n;
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+    }
+    for (long long tile0 = 0;;) {
+#pragma unroll
+        for (int u = 0; u < SP_WIDE_PASSES; u++) {
+            if (u >= passes) break;
+            long long r = tile0 + u * slots + slot;
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) dot[g] = 0.f;
+            if (r < total) {
+                float f[8];
+                dk_unpack8<T>(kr[u], f);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) dot[g] = fmaf(q_s[g][c * 8 + e], f[e], dot[g]);
+                }
+            }
+            for (int o = lanes >> 1; o > 0; o >>= 1) {
+#pragma unroll
+                for (int g = 0; g < G; g++) dot[g] += __shfl_xor_sync(SP_FULL_MASK, dot[g], o);
+            }
+            if (c == 0) {
+                bool seen = r < total && (r < first || sees[r - first] != 0);
+#pragma unroll
+                for (int g = 0; g < G; g++) p_s[g][u * slots + slot] = seen ? dot[g] * scale : SP_NEG_INF;
+            }
+        }
+        __syncthreads();
+        for (int g = warp; g < G; g += SP_WIDE_WARPS)
+            dk_wide_softmax(p_s[g], &max_s[g], &sum_s[g], &rescale_s[g], lane);
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float rs = rescale_s[g];
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] *= rs;
+        }
+#pragma unroll
+        for (int u = 0; u < SP_WIDE_PASSES; u++) {
+            if (u >= passes) break;
+            if (tile0 + u * slots + slot >= total) break;
+            float f[8];
+            dk_unpack8<T>(vr[u], f);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float pj = p_s[g][u * slots + slot];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pj, f[e], acc[g][e]);
+            }
+        }
+        tile0 += SP_WIDE_TILE;
+        if (tile0 >= total) break;
+        __syncthreads();  // p_s is the next tile's
+        dk_wide_load<T>(kr, vr, keys, values, tile0, total, slots, passes, slot, c, D);
+    }
+    // the warp's slots added in a fixed butterfly, then the warps in order
+    for (int o = 16; o >= lanes; o >>= 1) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(SP_FULL_MASK, acc[g][e], o);
+        }
+    }
+    if (lane < lanes) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) red_s[warp][g][c * 8 + e] = acc[g][e];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        int g = idx / D, d = idx - g * D;
+        float value = 0.f;
+        for (int w = 0; w < SP_WIDE_WARPS; w++) value += red_s[w][g][d];
+        out[((long long)i * heads + h0 + g) * D + d] = rnd<T>(value / sum_s[g]);
+    }
+}
+
 // sp_ngram_lookup: n-gram prompt lookup over the committed tokens, as engine.round_graph.NgramLookup (its twin)
 // and engine.drafters.ngram.lookup_continuation compute it, in one block instead of two dozen torch operations.
 // history [M] holds the committed tokens in [0, L), L = *length (anything past them); the longest suffix of

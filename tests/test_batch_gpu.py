@@ -75,15 +75,26 @@ def test_bench_batch_on_a_synthetic_pair_in_bf16():
     assert "crossover" in batch_bench.format_report(report)
 
 
-def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path):
+@pytest.mark.parametrize("hidden, unsplit, attention", [(64, False, "sp_attention"),
+                                                        (128, True, "sp_attention_wide")])
+def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path, monkeypatch, hidden, unsplit,
+                                                             attention):
     """bf16: the batched step on the decode kernels (rope + cache write, attention over each sequence's own
     rows) gives the torch path's logits (rope, indexed writes, mask, SDPA) within bf16 rounding, for ragged
-    lengths, a chain block and single tokens."""
+    lengths, a chain block and single tokens. Three sequences of head dim 16 take the split per-head attention
+    kernel; of head dim 32, unsplit (as a batch of many sequences is), sp_attention_wide."""
+    import engine.kernels.step as step
     from engine.batch_runner import BatchRunner
 
-    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
+    if unsplit:
+        monkeypatch.setattr(step, "ATTENTION_SPLIT_PAIRS", 1)
+
+    path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=hidden, layers=2, seed=3)
     target = load_pair(str(path), None, device="cuda", dtype=torch.bfloat16, need_draft=False).target
     assert target.decode_kernels is not None
+    launched, launch = [], target.decode_kernels._launch_grid
+    monkeypatch.setattr(target.decode_kernels, "_launch_grid",
+                        lambda name, *a, **kw: launched.append(name) or launch(name, *a, **kw))
     outputs = {}
     for label, kernels in (("decode", target.decode_kernels), ("sdpa", None)):
         saved, target.decode_kernels = target.decode_kernels, kernels
@@ -104,3 +115,4 @@ def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path):
     for fast, slow in zip(outputs["decode"], outputs["sdpa"], strict=True):
         scale = float(slow.abs().max())
         assert float((fast - slow).abs().max()) <= 0.03 * scale + 0.05
+    assert attention in launched and {"sp_attention", "sp_attention_wide"} - {attention} - set(launched)

@@ -258,26 +258,112 @@ def _attention_case(rng, case):
     return q, k_cache, v_cache, start, visible
 
 
+def _exact_attention(q, k_cache, v_cache, start: int, visible) -> torch.Tensor:
+    """fp64 attention of one sequence's block q [heads, n, D] over caches [kv_heads, L, D] -> [n, heads D]."""
+    heads, n, d = q.shape
+    group = heads // k_cache.shape[0]
+    keys = k_cache[:, :start + n].double().repeat_interleave(group, 0)
+    values = v_cache[:, :start + n].double().repeat_interleave(group, 0)
+    seen = torch.cat([torch.ones(n, start, dtype=torch.bool, device="cuda"), visible], dim=1)
+    scores = (q.double() @ keys.transpose(1, 2) / d ** 0.5).masked_fill(~seen, float("-inf"))
+    return (torch.softmax(scores, -1) @ values).transpose(0, 1).reshape(n, heads * d)
+
+
+def _assert_near_exact(out, exact, v_cache, what: str) -> None:
+    """out within one rounding of its dtype of the fp64 exact, plus fp32's accumulated error."""
+    tol = torch.finfo(out.dtype).eps * exact.abs() + 1e-5 * float(v_cache.float().abs().max()) + 1e-6
+    err = (out.double() - exact).abs()
+    assert bool((err <= tol).all()), f"{what}: worst {float((err / tol).max())}"
+
+
 def test_attention_fuzz(kernels):
     rng = random.Random(4)
     for case in range(CASES):
         q, k_cache, v_cache, start, visible = _attention_case(rng, case)
         out = kernels.attention(q, k_cache, v_cache, torch.tensor([start], device="cuda"), visible)
-        heads, n, d = q.shape
-        group = heads // k_cache.shape[0]
-        keys = k_cache[:, :start + n].double().repeat_interleave(group, 0)
-        values = v_cache[:, :start + n].double().repeat_interleave(group, 0)
-        seen = torch.cat([torch.ones(n, start, dtype=torch.bool, device="cuda"), visible], dim=1)
-        scores = (q.double() @ keys.transpose(1, 2) / d ** 0.5).masked_fill(~seen, float("-inf"))
-        probs = torch.softmax(scores, -1)
-        exact = (probs @ values).transpose(0, 1).reshape(n, heads * d)  # fp64
-        eps = torch.finfo(q.dtype).eps
-        tol = eps * exact.abs() + 1e-5 * float(v_cache.float().abs().max()) + 1e-6
-        err = (out.double() - exact).abs()
-        assert bool((err <= tol).all()), (f"case {case}: {q.dtype} heads={heads}/{k_cache.shape[0]} D={d} "
-                                          f"n={n} start={start}: worst {float((err / tol).max())}")
+        exact = _exact_attention(q, k_cache, v_cache, start, visible)
+        what = f"case {case}: {q.dtype} heads={q.shape[0]}/{k_cache.shape[0]} D={q.shape[2]} n={q.shape[1]}"
+        _assert_near_exact(out, exact, v_cache, f"{what} start={start}")
         assert torch.equal(attention_reference(q, k_cache, v_cache, start, visible), exact.to(q.dtype))
     assert int(kernels._attention_counters.abs().sum()) == 0  # the splits' merge counters are left zero
+
+
+def _wide_case(rng, case):
+    """B sequences' caches [B, kvh, L, D] (B = 1: [kvh, L, D]) of a shape sp_attention_wide is built for, a
+    block of block_n tokens each (a chain or a tree), starts crossing its 64-row tiles."""
+    dtype = HALVES[case % 2]
+    kv_heads, group = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8])
+    heads, d = kv_heads * group, rng.choice([32, 64, 128])
+    seqs, block_n = rng.choice([1, 2, 3, 8]), rng.choice([1, 2, 5, 9])
+    starts = [rng.choice([0, 1, 59, 63, 64, 65, 127, 200, 1100]) for _ in range(seqs)]
+    cache_len = max(starts) + block_n + rng.choice([0, 9])
+    g = torch.Generator(device="cuda").manual_seed(200 + case)
+    scale = rng.choice([0.3, 1.0, 3.0])
+    shape = (seqs, kv_heads, cache_len, d) if seqs > 1 else (kv_heads, cache_len, d)
+    q = (torch.randn(heads, seqs * block_n, d, generator=g, device="cuda") * scale).to(dtype)
+    k_cache = (torch.randn(shape, generator=g, device="cuda") * scale).to(dtype)
+    v_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    if rng.random() < 0.5:
+        visible = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
+    else:
+        from engine.runner import tree_ancestor_mask
+
+        parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, block_n)])
+        visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
+    return q, k_cache, v_cache, starts, visible
+
+
+def _launched(kernels, monkeypatch) -> list:
+    """The kernel names `kernels` launches from now on."""
+    names, launch = [], kernels._launch_grid
+
+    def recording(name, *args, **kwargs):
+        names.append(name)
+        return launch(name, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_launch_grid", recording)
+    return names
+
+
+def test_wide_attention_fuzz(kernels, monkeypatch):
+    """sp_attention_wide (the batched step's kernel) against fp64 attention, every sequence of the batch."""
+    launched = _launched(kernels, monkeypatch)
+    rng = random.Random(9)
+    for case in range(CASES):
+        q, k_cache, v_cache, starts, visible = _wide_case(rng, case)
+        out = kernels.attention(q, k_cache, v_cache, torch.tensor(starts, device="cuda"), visible, splits=1,
+                                wide=True)
+        assert launched.pop() == "sp_attention_wide"
+        block_n = visible.shape[0]
+        for b, start in enumerate(starts):
+            rows = slice(b * block_n, (b + 1) * block_n)
+            caches = (k_cache[b], v_cache[b]) if len(starts) > 1 else (k_cache, v_cache)
+            exact = _exact_attention(q[:, rows], *caches, start, visible)
+            _assert_near_exact(out[rows], exact, v_cache, f"case {case}: {q.dtype} heads={q.shape[0]}/"
+                                                         f"{caches[0].shape[0]} D={q.shape[2]} n={block_n} "
+                                                         f"start={start}")
+
+
+def test_wide_attention_rows_do_not_depend_on_the_block_or_the_batch(kernels, monkeypatch):
+    """sp_attention_wide: token i of a chain block at `start` equals, bit for bit, that token alone at
+    start + i, and a sequence of a batch equals that sequence launched alone."""
+    launched = _launched(kernels, monkeypatch)
+    rng = random.Random(10)
+    for case in range(max(CASES // 20, 50)):
+        q, k_cache, v_cache, starts, _ = _wide_case(rng, case)
+        block_n = q.shape[1] // len(starts)
+        chain = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
+        block = kernels.attention(q, k_cache, v_cache, torch.tensor(starts, device="cuda"), chain, splits=1,
+                                  wide=True)
+        one = torch.ones(1, 1, dtype=torch.bool, device="cuda")
+        for b, start in enumerate(starts):
+            caches = (k_cache[b], v_cache[b]) if len(starts) > 1 else (k_cache, v_cache)
+            for i in range(block_n):
+                row = b * block_n + i
+                alone = kernels.attention(q[:, row:row + 1].contiguous(), *caches,
+                                          torch.tensor([start + i], device="cuda"), one, splits=1, wide=True)
+                assert torch.equal(alone[0], block[row]), f"case {case}, sequence {b}, token {i}"
+    assert set(launched) == {"sp_attention_wide"}
 
 
 def test_attention_rows_do_not_depend_on_the_block(kernels):

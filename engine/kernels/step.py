@@ -42,7 +42,8 @@ GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 # columns of the row segment a warp of sp_gemv loads at a time (SP_GEMV_TILE: a multiple of 256, 8 values a
 # lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; a shorter
 # segment holds fewer registers (1024 with SPECPLAY_GEMV_BLOCKS=4 fits 64 a thread), for comparisons of grids
-# whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM).
+# whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM). On an H200 every
+# such build was slower than the default (kernels/NOTES.md, docs/measurements/runtimes_synthetic_gemv_tile.txt).
 GEMV_TILE = min(2048, max(256, int(os.environ.get("SPECPLAY_GEMV_TILE", "2048")) // 256 * 256))
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
@@ -86,6 +87,17 @@ ATTENTION_SPLIT_PAIRS = 128
 ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
 ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
+# sp_attention_wide, for the batched step's unsplit launches (engine/batch_runner.py asks with wide=True):
+# a tile of 64 cache rows spread over the whole block, its key and value loads issued together. Its sums run
+# in another order than sp_attention's, so it is never the one-sequence step's kernel (whose bits the batched
+# step need not share: its losslessness is per sequence in fp32). SPECPLAY_ATTN_WIDE=0 keeps the grouped
+# kernel in batches too, for comparisons.
+ATTENTION_WIDE = os.environ.get("SPECPLAY_ATTN_WIDE", "1") != "0"
+ATTENTION_WIDE_GROUPS = (1, 2, 4, 8)
+# its warps a block (SP_WIDE_WARPS, 4 or 8: blocks of 4 warps let 4 reside on an SM at its 128 registers a
+# thread); SPECPLAY_ATTN_WIDE_WARPS=8 builds it with 8, for comparisons
+ATTENTION_WIDE_WARPS = 8 if os.environ.get("SPECPLAY_ATTN_WIDE_WARPS", "4") == "8" else 4
+ATTENTION_WIDE_D = (32, 64, 128)
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
 TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
@@ -124,6 +136,11 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "float scale, int block_n, int seq_stride, float* partial, int* counters, int splits",
                templated=True),
     KernelSpec("sp_attention_grouped",
+               "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
+               "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
+               "float scale, int block_n, int seq_stride",
+               templated=True),
+    KernelSpec("sp_attention_wide",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
                "const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len, "
                "float scale, int block_n, int seq_stride",
@@ -181,6 +198,7 @@ def instance_names() -> list:
     names += [f"{kernel}<{t}, {m}>" for kernel in ("sp_gemv", "sp_gemv_tc") for t in halves
               for m in range(1, GEMV_MAX_ROWS + 1)]
     names += [f"sp_attention_grouped<{t}, {g}>" for t in halves for g in ATTENTION_GROUPS]
+    names += [f"sp_attention_wide<{t}, {g}>" for t in halves for g in ATTENTION_WIDE_GROUPS]
     names += [f"sp_attention<{t}>" for t in halves]
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
     names += [f"sp_chain_block<{t}>" for t in _DTYPES.values()]
@@ -196,7 +214,8 @@ def module_source() -> str:
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
                    f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}",
                    f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}", f"-DSP_ATTN_AHEAD={ATTENTION_AHEAD}",
-                   f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}", f"-DSP_GEMV_TILE={GEMV_TILE}")
+                   f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}", f"-DSP_GEMV_TILE={GEMV_TILE}",
+                   f"-DSP_WIDE_WARPS={ATTENTION_WIDE_WARPS}")
 
 
 # ------------------------------------------------------------------------------------------------ twins
@@ -495,6 +514,11 @@ class StepKernels:
     def _groups(heads: int, kv_heads: int, d: int) -> bool:
         """Whether an unsplit attention launch takes sp_attention_grouped."""
         return ATTENTION_GROUPED and heads // kv_heads in ATTENTION_GROUPS and d <= ATTENTION_GROUP_D
+
+    @staticmethod
+    def wide_fits(heads: int, kv_heads: int, d: int) -> bool:
+        """Whether sp_attention_wide is built for this attention shape."""
+        return heads // kv_heads in ATTENTION_WIDE_GROUPS and d in ATTENTION_WIDE_D
 
     def rope_qkv(self, qkv, cos_table, sin_table, positions, cache_index, k_cache, v_cache, heads: int,
                  kv_heads: int, chained: bool = False, start: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -817,11 +841,12 @@ class StepKernels:
         return tokens, parents, depth, visible
 
     def attention(self, q, k_cache, v_cache, start, visible, chained: bool = False,
-                  splits: Optional[int] = None) -> torch.Tensor:
+                  splits: Optional[int] = None, wide: bool = False) -> torch.Tensor:
         """As attention_reference with start a device tensor int64: [1] for one sequence's caches
         [kv_heads, cache_len, D], [B] for B sequences' caches [B, kv_heads, cache_len, D] (q [heads,
         B * block_n, D], visible [block_n, block_n]). Returns [n, heads * D]. splits: blocks per (token,
-        head), by default attention_splits(B, heads); a row's bits depend on it, and on nothing else."""
+        head), by default attention_splits(B, heads); wide: an unsplit launch takes sp_attention_wide where
+        it is built for the shape. A row's bits depend on these two, and on nothing else."""
         heads, n, d = q.shape
         kv_heads, cache_len = k_cache.shape[-3], k_cache.shape[-2]
         seqs = k_cache.shape[0] if k_cache.dim() == 4 else 1
@@ -844,6 +869,11 @@ class StepKernels:
                     start=start.data_ptr(), visible=visible.data_ptr(), out=out.data_ptr(), n=n, heads=heads,
                     kv_heads=kv_heads, D=d, cache_len=cache_len, scale=1.0 / math.sqrt(d), block_n=block_n,
                     seq_stride=kv_heads * cache_len * d if seqs > 1 else 0)
+        if splits == 1 and wide and self.wide_fits(heads, kv_heads, d):  # a tile of rows on the whole block
+            instance = f"sp_attention_wide<{_DTYPES[q.dtype]}, {heads // kv_heads}>"
+            self._launch_grid("sp_attention_wide", instance, (n * kv_heads,), 32 * ATTENTION_WIDE_WARPS,
+                              chained, **args)
+            return out
         if splits == 1 and self._groups(heads, kv_heads, d):  # one block per kv head: rows read once
             instance = f"sp_attention_grouped<{_DTYPES[q.dtype]}, {heads // kv_heads}>"
             self._launch_grid("sp_attention_grouped", instance, (n * kv_heads,), ATTENTION_THREADS, chained,
