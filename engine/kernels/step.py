@@ -43,7 +43,7 @@ GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 # lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; a shorter
 # segment holds fewer registers (1024 with SPECPLAY_GEMV_BLOCKS=4 fits 64 a thread), for comparisons of grids
 # whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM). On an H200 every
-# such build was slower than the default (kernels/NOTES.md, docs/measurements/runtimes_synthetic_gemv_tile.txt).
+# such build was slower than the default (kernels/NOTES.md, runtimes_synthetic_gemv_tile.txt).
 GEMV_TILE = min(2048, max(256, int(os.environ.get("SPECPLAY_GEMV_TILE", "2048")) // 256 * 256))
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
