@@ -120,6 +120,27 @@ def test_launch_constants_match_the_cu_defines():
     assert f"-DSP_GEMV_BLOCKS={step.GEMV_BLOCKS_PER_SM}" in step.COMPILE_OPTIONS  # the grid's blocks per SM
     assert f"-DSP_GEMV_TILE={step.GEMV_TILE}" in step.COMPILE_OPTIONS and step.GEMV_TILE % 256 == 0
     assert "#ifndef SP_GEMV_TILE\n#define SP_GEMV_TILE 2048" in source  # the default the host passes
+    # sp_attention_wide: blocks of SP_WIDE_WARPS warps, the value the host passes and launches with
+    assert "#ifndef SP_WIDE_WARPS\n#define SP_WIDE_WARPS 4" in source and step.ATTENTION_WIDE_WARPS in (4, 8)
+    assert f"-DSP_WIDE_WARPS={step.ATTENTION_WIDE_WARPS}" in step.COMPILE_OPTIONS
+    assert "__launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)" in source
+    # its widest tile pass (D = 128: 16 lanes a row) must fit SP_WIDE_PASSES register slots
+    assert defines["SP_WIDE_PASSES"] * (32 * step.ATTENTION_WIDE_WARPS // 16) == 8 * step.ATTENTION_WIDE_WARPS
+
+
+WIDE_SHAPES = [(32, 8, 128, True), (32, 4, 64, True), (5, 5, 64, True), (4, 2, 32, True), (12, 4, 128, False),
+               (4, 2, 16, False), (32, 32, 256, False), (64, 4, 128, False)]
+
+
+@pytest.mark.parametrize("heads, kv_heads, d, fits", WIDE_SHAPES)
+def test_wide_attention_takes_the_shapes_it_is_built_for(heads, kv_heads, d, fits):
+    """sp_attention_wide serves groups of 1, 2, 4 or 8 query heads and head dims 32, 64 and 128 (a row's D / 8
+    lanes must divide a warp, and its staged q fits SP_ATTN_GROUP_D); other shapes keep the other kernels."""
+    from engine.kernels.step import StepKernels, instance_names
+
+    assert StepKernels.wide_fits(heads, kv_heads, d) is fits
+    if fits:
+        assert f"sp_attention_wide<bf16_t, {heads // kv_heads}>" in instance_names()
 
 
 def test_programmatic_launch_structs_match_cuda_h():
