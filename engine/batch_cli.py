@@ -74,8 +74,9 @@ def _load(args, method: str):
 
     device = resolve_device(args.device)
     if getattr(args, "synthetic", None):
-        from engine.synthetic import build_synthetic_pair
+        from engine.synthetic import build_synthetic_pair, check_shape
 
+        check_shape(args.synthetic)
         print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
         pair = build_synthetic_pair(args.synthetic, device, resolve_dtype(args.dtype, device)).pair
     else:

@@ -629,8 +629,9 @@ def _bench_runtimes(args) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.synthetic:
-        from engine.synthetic import build_synthetic_pair
+        from engine.synthetic import build_synthetic_pair, check_shape
 
+        check_shape(args.synthetic)
         print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
         built = build_synthetic_pair(args.synthetic, device, dtype)
         apply_threads((built.pair.target, built.pair.draft), args.threads)

@@ -70,11 +70,16 @@ def shape_names() -> tuple:
     return tuple(SHAPES)
 
 
+def check_shape(shape: str) -> None:
+    """A shape this module does not know is refused before anything is built or announced."""
+    if shape not in SHAPES:
+        raise SpecplayError(f"unknown synthetic shape {shape!r}; choose one of: {', '.join(SHAPES)}")
+
+
 def llama_config(shape: str, layers: Optional[int] = None, max_position: int = 4096):
     from transformers import LlamaConfig
 
-    if shape not in SHAPES:
-        raise SpecplayError(f"unknown synthetic shape {shape!r}; choose one of: {', '.join(SHAPES)}")
+    check_shape(shape)
     fields = dict(SHAPES[shape])
     if layers is not None:
         fields["num_hidden_layers"] = layers

@@ -145,6 +145,8 @@ def other_cases():
         "bench prompts zero": ([*methods, "--prompts", "0"], "--prompts"),
         "bench repeats negative": ([*methods, "--repeats", "-1"], "--repeats"),
         "bench threads zero": ([*methods, "--threads", "0"], "--threads"),
+        "runtimes unknown shape": (["bench", "runtimes", "--synthetic", "llama-99b"], "llama-99b"),
+        "batch unknown shape": (["bench", "batch", "--synthetic", "llama-99b"], "llama-99b"),
         "gui threads zero": (["gui", "--threads", "0"], "--threads"),
         "train unknown stage": (["train", "--tiny", "--out", "{tmp}/train", "--stages", "magic"], "magic"),
         "train unknown device": (["train", "--device", "tpu"], "tpu"),
