@@ -527,6 +527,9 @@ def cmd_check_lossless(args) -> int:
 
     check_int("--samples", args.samples, 10, MAX_SAMPLES)
     config = config_from_args(args)
+    if config.method == "none":  # plain decoding against itself would pass and prove nothing
+        raise SpecplayError("check-lossless compares a drafting method with plain decoding, and "
+                            "--method none drafts nothing: pick one (draft, ngram, eagle, ...)")
     sampling = SamplingParams(args.sample_temperature, args.top_k, args.sample_top_p)
     sampled_config = GenerationConfig(method=config.method, k=config.k, sampling=sampling, seed=args.seed,
                                       tree_nodes=config.tree_nodes, draft_layers=config.draft_layers,
@@ -570,6 +573,9 @@ def cmd_bench(args) -> int:
     prompt = prompt_from_args(args)
     prompts = [prompt] if prompt else bench.heldout_prompts(args.prompts)
     if args.what == "k-sweep":
+        if config.method == "none":
+            raise SpecplayError("bench k-sweep measures a drafting method's K, and --method none drafts "
+                                "nothing: pick one (draft, ngram, eagle, ...)")
         ks = _parse_ks(args.ks)
         check_int("--passes", args.passes, 1, MAX_BENCH_COUNT)
         decoder = load_decoder(args, config.method)
