@@ -88,10 +88,10 @@ ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
 ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
 # sp_attention_wide, for the batched step's unsplit launches (engine/batch_runner.py asks with wide=True):
-# a tile of 64 cache rows spread over the whole block, its key and value loads issued together. Its sums run
-# in another order than sp_attention's, so it is never the one-sequence step's kernel (whose bits the batched
-# step need not share: its losslessness is per sequence in fp32). SPECPLAY_ATTN_WIDE=0 keeps the grouped
-# kernel in batches too, for comparisons.
+# a tile of 32 cache rows (8 a warp) spread over the whole block, its key and value loads issued together.
+# Its sums run in another order than sp_attention's, so it is never the one-sequence step's kernel (whose
+# bits the batched step need not share: its losslessness is per sequence in fp32). SPECPLAY_ATTN_WIDE=0
+# keeps the grouped kernel in batches too, for comparisons.
 ATTENTION_WIDE = os.environ.get("SPECPLAY_ATTN_WIDE", "1") != "0"
 ATTENTION_WIDE_GROUPS = (1, 2, 4, 8)
 # its warps a block (SP_WIDE_WARPS, 4 or 8: blocks of 4 warps let 4 reside on an SM at its 128 registers a
