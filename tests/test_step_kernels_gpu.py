@@ -235,6 +235,17 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
                 assert torch.equal(row, together[m]), f"case {case} (tensor cores: {tensor_cores})"
 
 
+def _chain_or_tree(rng, n: int, device: str = "cuda") -> torch.Tensor:
+    """A block's visibility [n, n] bool: half the time a chain (causal), else a tree of random parents whose
+    nodes each see their ancestors and themselves."""
+    if rng.random() < 0.5:
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    from engine.runner import tree_ancestor_mask
+
+    parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, n)])
+    return tree_ancestor_mask(parents).to(device, torch.bool).contiguous()
+
+
 def _attention_case(rng, case):
     dtype = HALVES[case % 2]
     kv_heads = rng.choice([1, 2, 4, 8])
@@ -248,13 +259,7 @@ def _attention_case(rng, case):
     q = (torch.randn(heads, n, d, generator=g, device="cuda") * scale).to(dtype)
     k_cache = (torch.randn(kv_heads, cache_len, d, generator=g, device="cuda") * scale).to(dtype)
     v_cache = torch.randn(kv_heads, cache_len, d, generator=g, device="cuda").to(dtype)
-    if rng.random() < 0.5:  # a chain
-        visible = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
-    else:  # a tree: random parents, each node sees its ancestors and itself
-        from engine.runner import tree_ancestor_mask
-
-        parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, n)])
-        visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
+    visible = _chain_or_tree(rng, n)
     return q, k_cache, v_cache, start, visible
 
 
@@ -303,14 +308,7 @@ def _wide_case(rng, case):
     q = (torch.randn(heads, seqs * block_n, d, generator=g, device="cuda") * scale).to(dtype)
     k_cache = (torch.randn(shape, generator=g, device="cuda") * scale).to(dtype)
     v_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
-    if rng.random() < 0.5:
-        visible = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
-    else:
-        from engine.runner import tree_ancestor_mask
-
-        parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, block_n)])
-        visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
-    return q, k_cache, v_cache, starts, visible
+    return q, k_cache, v_cache, starts, _chain_or_tree(rng, block_n)
 
 
 def _launched(kernels, monkeypatch) -> list:
@@ -432,13 +430,7 @@ def test_grouped_attention_gives_the_per_head_bits(kernels, monkeypatch):
         shape = (seqs, kv_heads, cache_len, d) if seqs > 1 else (kv_heads, cache_len, d)
         k_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
         v_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
-        if rng.random() < 0.5:
-            visible = torch.ones(block_n, block_n, dtype=torch.bool, device="cuda").tril()
-        else:
-            from engine.runner import tree_ancestor_mask
-
-            parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, block_n)])
-            visible = tree_ancestor_mask(parents).to("cuda", torch.bool).contiguous()
+        visible = _chain_or_tree(rng, block_n)
         start = torch.tensor(starts, device="cuda")
         monkeypatch.setattr(step, "ATTENTION_GROUPED", True)
         grouped = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
