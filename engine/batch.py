@@ -67,6 +67,7 @@ class BatchResult:
     prefill_ms: float = 0.0
     device: str = "CPU"
     outcomes: dict = field(default_factory=dict)  # (drafted, accepted) -> sequence-rounds that ended so
+    groups: int = 1  # batches run one after another whose sequences this holds (merged_results)
 
     @property
     def per_position_acceptance(self) -> list:
@@ -81,7 +82,8 @@ class BatchResult:
 
     @property
     def batch(self) -> int:
-        return len(self.sequences)
+        """Sequences per forward."""
+        return len(self.sequences) // self.groups
 
     @property
     def tokens(self) -> int:
@@ -106,6 +108,21 @@ class BatchResult:
                 "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
                 "per_position_acceptance": self.per_position_acceptance, "device": self.device}
+
+
+def merged_results(results: Sequence[BatchResult]) -> BatchResult:
+    """Batches of the same size and configuration run one after another, as one result: their sequences,
+    rounds, wall time and acceptance outcomes summed (tokens/s over the whole time, tokens per round per
+    sequence over every batch's rounds)."""
+    first = results[0]
+    outcomes: dict = {}
+    for r in results:
+        for key, times in r.outcomes.items():
+            outcomes[key] = outcomes.get(key, 0) + times
+    return BatchResult(sequences=[s for r in results for s in r.sequences], method=first.method, k=first.k,
+                       rounds=sum(r.rounds for r in results), seconds=sum(r.seconds for r in results),
+                       prefill_ms=sum(r.prefill_ms for r in results), device=first.device, outcomes=outcomes,
+                       groups=sum(r.groups for r in results))
 
 
 # ------------------------------------------------------------------------------------------------ drafts

@@ -1,7 +1,8 @@
 """`bench batch`: the gain of speculation against the batch size, measured, beside the roofline's prediction.
 
-For each batch B: plain batched decoding and speculative batched decoding of the same B prompts (the same
-loop, empty drafts for plain), and the target's forward timed alone for B and for B (K+1) tokens per forward
+For each batch B: plain batched decoding and speculative batched decoding of the same prompts (the same
+loop, empty drafts for plain; every batch size decodes the whole prompt pool, prompt_groups), and the
+target's forward timed alone for B and for B (K+1) tokens per forward
 (the draft model's or the EAGLE head's for B and 2B). A roofline fitted to every measured step time predicts
 each batch's speedup from the measured tokens per round; the crossover (speedup < 1) is reported measured and
 predicted, and the best K of a small set is predicted per batch from the measured per-position acceptance
@@ -16,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from engine import roofline
-from engine.batch import BatchDecoder
+from engine.batch import BatchDecoder, merged_results
 from engine.config import GenerationConfig
 
 WARM_ROUNDS = 2  # rounds of each configuration run before timing (graphs captured, kernels compiled)
@@ -128,23 +129,36 @@ def _warm(decoder: BatchDecoder, prompts, config) -> None:
     decoder.generate(prompts, config, should_stop=stop, texts=False)
 
 
-def _fastest(decoder: BatchDecoder, prompts: list, config: GenerationConfig, repeats: int):
-    """The fastest of `repeats` timed runs (noise on a shared machine only ever slows a run down)."""
-    runs = [decoder.generate(prompts, config, until_first_done=True, texts=False)
-            for _ in range(max(1, repeats))]
-    return max(runs, key=lambda r: r.tokens_per_s)
+def prompt_groups(prompts: list, batch: int) -> list:
+    """The batches of `batch` prompts that decode the whole pool: one batch of the pool cycled where the
+    batch is at least the pool, else ceil(pool / batch) batches of it in turn (cycled to fill the last). So
+    every batch size decodes the same prompts, and tokens per round move with the batch, not with the prompt
+    mix (one prompt alone at B = 1 had its own acceptance)."""
+    count = max(1, -(-len(prompts) // batch))
+    return [[prompts[(g * batch + i) % len(prompts)] for i in range(batch)] for g in range(count)]
 
 
-def measure_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig, repeats: int = 1) -> tuple:
-    """(plain BatchResult, speculative BatchResult, step times dict) at len(prompts) sequences. Both run
-    without EOS and stop when the first sequence reaches its budget, so every timed round decodes all B
-    sequences."""
+def _fastest(decoder: BatchDecoder, groups: list, config: GenerationConfig, repeats: int):
+    """Each group's fastest of `repeats` timed runs (noise on a shared machine only ever slows a run down),
+    merged into one result."""
+    fastest = []
+    for prompts in groups:
+        runs = [decoder.generate(prompts, config, until_first_done=True, texts=False)
+                for _ in range(max(1, repeats))]
+        fastest.append(max(runs, key=lambda r: r.tokens_per_s))
+    return merged_results(fastest)
+
+
+def measure_batch(decoder: BatchDecoder, groups: list, config: GenerationConfig, repeats: int = 1) -> tuple:
+    """(plain BatchResult, speculative BatchResult, step times dict) over `groups` (prompt_groups: batches
+    of B prompts each). Both run without EOS and stop when the first sequence of a batch reaches its budget,
+    so every timed round decodes all B sequences."""
     config = replace(config, stop_at_eos=False)
     plain_config = replace(config, method="none")
-    _warm(decoder, prompts, plain_config)
-    plain = _fastest(decoder, prompts, plain_config, repeats)
-    _warm(decoder, prompts, config)
-    spec = _fastest(decoder, prompts, config, repeats)
+    _warm(decoder, groups[0], plain_config)
+    plain = _fastest(decoder, groups, plain_config, repeats)
+    _warm(decoder, groups[0], config)
+    spec = _fastest(decoder, groups, config, repeats)
     context = (max(s.prompt_len for s in plain.sequences) + config.max_new_tokens // 2)
     target = decoder._target_batch
     steps = {"step_ms": time_step(target, 1, context),
@@ -176,12 +190,11 @@ def bench_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig, 
         decoder.eagle_head()  # no head: fail before the plain runs, not after them
     rows = []
     for batch in batches:
-        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
-        plain, spec, steps = measure_batch(decoder, batch_prompts, config, repeats)
+        groups = prompt_groups(prompts, batch)
+        plain, spec, steps = measure_batch(decoder, groups, config, repeats)
         row = _row(batch, plain, spec, steps)
         if sweep_k:
-            row.measured_k_speedups = _sweep_k(decoder, batch_prompts, config, ks, plain.tokens_per_s,
-                                               repeats)
+            row.measured_k_speedups = _sweep_k(decoder, groups, config, ks, plain.tokens_per_s, repeats)
         rows.append(row)
         if progress is not None and progress(row) is False:
             break
@@ -189,12 +202,12 @@ def bench_batch(decoder: BatchDecoder, prompts: list, config: GenerationConfig, 
     return analyse(rows, decoder, config, ks)
 
 
-def _sweep_k(decoder, prompts, config, ks, plain_tokens_per_s: float, repeats: int) -> dict:
+def _sweep_k(decoder, groups, config, ks, plain_tokens_per_s: float, repeats: int) -> dict:
     out = {}
     for k in ks:
         run = replace(config, k=k, stop_at_eos=False)
-        _warm(decoder, prompts, run)
-        tokens_per_s = _fastest(decoder, prompts, run, repeats).tokens_per_s
+        _warm(decoder, groups[0], run)
+        tokens_per_s = _fastest(decoder, groups, run, repeats).tokens_per_s
         out[k] = tokens_per_s / plain_tokens_per_s if plain_tokens_per_s else 0.0
     return out
 
@@ -204,32 +217,65 @@ def analyse(rows: List[BatchRow], decoder: BatchDecoder, config: GenerationConfi
     """Fit the rooflines to the rows' step times; predicted speedups, best K and crossovers."""
     from engine.synthetic import weight_bytes_per_step
 
-    k = config.k
-    target_fit = roofline.fit_roofline([(r.batch, r.step_ms) for r in rows]
-                                       + [(r.batch * (k + 1), r.verify_step_ms) for r in rows])
-    draft_fit = None
+    report = BatchReport(rows=rows, method=config.method, k=config.k, ks=list(ks), device=decoder.device_name,
+                         max_new_tokens=config.max_new_tokens, target_fit=roofline.Roofline(0.0, 0.0),
+                         draft_fit=None, weight_bytes=weight_bytes_per_step(decoder.target),
+                         flops_per_token=2.0 * _params(decoder.target),
+                         bandwidth=roofline.measure_bandwidth(decoder.device),
+                         matmul_flops=roofline.measure_matmul_rate(decoder.device, decoder.target.dtype))
+    return predict(report)
+
+
+def predict(report: BatchReport) -> BatchReport:
+    """The report's fits, predictions, best K, bounds and crossovers, from its measured rows and machine
+    rates alone (so a saved report can be refitted: refit_report), in place; returns it."""
+    rows, k = report.rows, report.k
+    report.target_fit = roofline.fit_roofline([(r.batch, r.step_ms) for r in rows]
+                                              + [(r.batch * (k + 1), r.verify_step_ms) for r in rows])
+    report.draft_fit = None
     if any(r.draft_step_ms for r in rows):
-        draft_fit = roofline.fit_roofline([(r.batch, r.draft_step_ms) for r in rows]
-                                          + [(2 * r.batch, r.draft_step2_ms) for r in rows])
-    weight_bytes = weight_bytes_per_step(decoder.target)
-    flops_per_token = 2.0 * _params(decoder.target)
-    bandwidth = roofline.measure_bandwidth(decoder.device)
-    matmul = roofline.measure_matmul_rate(decoder.device, decoder.target.dtype)
+        report.draft_fit = roofline.fit_roofline([(r.batch, r.draft_step_ms) for r in rows]
+                                                 + [(2 * r.batch, r.draft_step2_ms) for r in rows])
+    target_fit, draft_fit = report.target_fit, report.draft_fit
     for r in rows:
         r.predicted_speedup = roofline.predicted_speedup(target_fit, r.batch, k, r.tokens_per_round,
                                                          draft_fit, r.plain_tokens_per_round)
-        r.best_k, r.best_k_speedup = roofline.best_k(target_fit, r.batch, r.per_position_acceptance, ks,
-                                                     draft_fit)
-        bound = max(weight_bytes / bandwidth if bandwidth else 0.0, flops_per_token * r.batch / matmul)
+        r.best_k, r.best_k_speedup = roofline.best_k(target_fit, r.batch, r.per_position_acceptance,
+                                                     report.ks, draft_fit)
+        bound = max(report.weight_bytes / report.bandwidth if report.bandwidth else 0.0,
+                    report.flops_per_token * r.batch / report.matmul_flops if report.matmul_flops else 0.0)
         r.plain_pct_bound = 100.0 * 1000.0 * bound / r.plain_round_ms if r.plain_round_ms else 0.0
+    report.measured_crossover = roofline.crossover([r.batch for r in rows], [r.speedup for r in rows])
+    report.predicted_crossover = None
+    if rows:
+        def tokens_ratio(b: float) -> float:
+            return _tokens_ratio_at(rows, b)
 
-    measured = roofline.crossover([r.batch for r in rows], [r.speedup for r in rows])
-    predicted = (roofline.predicted_crossover(target_fit, k, lambda b: _tokens_ratio_at(rows, b), draft_fit)
-                 if rows else None)
-    return BatchReport(rows=rows, method=config.method, k=k, ks=list(ks), device=decoder.device_name,
-                       max_new_tokens=config.max_new_tokens, target_fit=target_fit, draft_fit=draft_fit,
-                       weight_bytes=weight_bytes, flops_per_token=flops_per_token, bandwidth=bandwidth,
-                       matmul_flops=matmul, measured_crossover=measured, predicted_crossover=predicted)
+        report.predicted_crossover = roofline.predicted_crossover(target_fit, k, tokens_ratio, draft_fit)
+    return report
+
+
+MEASURED_ROW_FIELDS = ("batch", "plain_tokens_per_s", "spec_tokens_per_s", "tokens_per_round",
+                       "plain_tokens_per_round", "acceptance_rate", "plain_round_ms", "spec_round_ms",
+                       "step_ms", "verify_step_ms", "draft_step_ms", "draft_step2_ms",
+                       "per_position_acceptance")
+
+
+def refit_report(saved: dict) -> dict:
+    """A saved report (BatchReport.as_dict, `bench batch --json`) with its fits and predictions made again by
+    this build's model from the same measurements (rows and machine rates; nothing is re-measured)."""
+    rows = []
+    for r in saved["rows"]:
+        row = BatchRow(**{name: r[name] for name in MEASURED_ROW_FIELDS if name in r})
+        row.measured_k_speedups = {int(key): v for key, v in r.get("measured_k_speedups", {}).items()}
+        rows.append(row)
+    report = BatchReport(rows=rows, method=saved["method"], k=saved["k"], ks=list(saved["ks"]),
+                         device=saved["device"], max_new_tokens=saved["max_new_tokens"],
+                         target_fit=roofline.Roofline(0.0, 0.0), draft_fit=None,
+                         weight_bytes=saved["weight_bytes"],
+                         flops_per_token=saved["flops_per_token"], bandwidth=saved["measured_bandwidth"],
+                         matmul_flops=saved["measured_matmul_flops"], note=saved.get("note", ""))
+    return predict(report).as_dict()
 
 
 def _tokens_ratio_at(rows: List[BatchRow], batch: float) -> float:
@@ -293,7 +339,8 @@ def format_json(d: dict) -> str:
              f"roofline fit: floor {fit['floor_ms']:.3f} ms, "
              f"{fit['ms_per_token'] * 1e3:.3f} us/token{intercept}, "
              f"knee {knee} (implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, "
-             f"{d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"]
+             f"{d['fit_matmul_flops'] / 1e12:.2f} TFLOP/s)"
+             + (f", the roofs joined smoothly (p = {fit['smoothness']:g})" if fit.get("smoothness") else "")]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "
               f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'round ms':>15} {'best K':>11} "
               f"{'%bound':>7}")

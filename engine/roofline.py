@@ -6,7 +6,13 @@ products (a line through the origin). The fitted model is
 
     t(T) = max(floor_ms, ms_per_token x T),  knee = floor_ms / ms_per_token
 
-(with an intercept on the compute-bound line where that fits the measurements better).
+(with an intercept on the compute-bound line where that fits the measurements better), or where the measured
+steps turn from one roof to the other gradually (near the knee a GPU's products are neither purely
+weight-bound nor purely compute-bound), the same two roofs joined smoothly:
+
+    t(T) = (floor_ms^p + line(T)^p)^(1/p),  p in SMOOTHNESS (p = inf is the max above)
+
+The fit picks p by the same least squares in log step time, never by the speedups it then predicts.
 
 Speculation at batch B replaces a plain round (one forward of B tokens) by a forward of B (K+1) tokens plus
 the draft's steps, and gains E tokens per sequence per round instead of 1: while B (K+1) stays below the knee
@@ -23,6 +29,9 @@ import torch
 
 from engine.analytic import expected_tokens_per_position
 
+# how the fit may join the two roofs (the p of t = (floor^p + line^p)^(1/p)), the pure roofline first
+SMOOTHNESS = (math.inf, 8.0, 4.0, 2.0, 1.5, 1.0)
+
 
 @dataclass
 class Roofline:
@@ -30,6 +39,7 @@ class Roofline:
     ms_per_token: float  # the compute-bound slope (0: never compute-bound in the measured range)
     points: list = field(default_factory=list)  # [(tokens, ms)] it was fitted to
     intercept_ms: float = 0.0  # the compute-bound line's value at 0 tokens (0: the pure roofline)
+    p: float = math.inf  # how the roofs join (inf: their max; see the module's docstring)
 
     @property
     def knee(self) -> float:
@@ -39,7 +49,10 @@ class Roofline:
         return max(0.0, (self.floor_ms - self.intercept_ms) / self.ms_per_token)
 
     def step_ms(self, tokens: float) -> float:
-        return max(self.floor_ms, self.intercept_ms + self.ms_per_token * tokens)
+        line = self.intercept_ms + self.ms_per_token * tokens
+        if math.isinf(self.p) or line <= 0.0:
+            return max(self.floor_ms, line)
+        return (self.floor_ms ** self.p + line ** self.p) ** (1.0 / self.p)
 
     def rates(self, weight_bytes: int, flops_per_token: float) -> dict:
         """The bandwidth and (marginal) matmul rate the fit implies (bytes/s, flop/s)."""
@@ -49,7 +62,8 @@ class Roofline:
     def as_dict(self) -> dict:
         knee = self.knee
         return {"floor_ms": self.floor_ms, "ms_per_token": self.ms_per_token,
-                "intercept_ms": self.intercept_ms, "knee_tokens": knee if math.isfinite(knee) else None}
+                "intercept_ms": self.intercept_ms, "knee_tokens": knee if math.isfinite(knee) else None,
+                "smoothness": self.p if math.isfinite(self.p) else None}
 
 
 def fit_roofline(points: Sequence[tuple]) -> Roofline:
@@ -72,8 +86,69 @@ def fit_roofline(points: Sequence[tuple]) -> Roofline:
             if best is None or error < best[0] - 1e-9:
                 best = (error, model)
     model = best[1]
+    if model.ms_per_token > 0:  # the roofs joined smoothly, where that fits the steps better
+        for p in SMOOTHNESS[1:]:
+            smooth = _refit_smooth(model, p, pts, logs)
+            error = _log_error(smooth, pts, logs)
+            if error < best[0] - 1e-9:
+                best = (error, smooth)
+        model = best[1]
     model.points = pts
     return model
+
+
+def _log_error(model: Roofline, pts: list, logs: list) -> float:
+    return sum((m - math.log(model.step_ms(t))) ** 2 for (t, _), m in zip(pts, logs, strict=True))
+
+
+def _refit_smooth(start: Roofline, p: float, pts: list, logs: list) -> Roofline:
+    """The roofs of `start` joined with smoothness p, their floor, slope and intercept refitted (least
+    squares in log time, Nelder-Mead from start's values)."""
+    def model(v) -> Roofline:
+        return Roofline(math.exp(v[0]), math.exp(v[1]), intercept_ms=v[2], p=p)
+
+    def error(v) -> float:
+        return _log_error(model(v), pts, logs)
+
+    v = _nelder_mead(error, [math.log(start.floor_ms), math.log(start.ms_per_token), start.intercept_ms],
+                     [0.05, 0.1, 0.05 * start.floor_ms])
+    return model(v)
+
+
+def _nelder_mead(f: Callable, x0: list, steps: list, iterations: int = 400) -> list:
+    """A small Nelder-Mead minimiser of f over len(x0) variables (initial simplex: x0 and one step along each
+    axis)."""
+    simplex = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)]
+                            for i, s in enumerate(steps)]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = sorted(range(len(simplex)), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centre = [sum(x[j] for x in simplex[:-1]) / (len(simplex) - 1) for j in range(len(x0))]
+        worst = simplex[-1]
+
+        def toward(t: float, centre=centre, worst=worst) -> list:
+            return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
+
+        reflected = toward(-1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = toward(-2.0)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink toward the best
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, xs, strict=True)]
+                                    for xs in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[min(range(len(simplex)), key=values.__getitem__)]
 
 
 def _tail_models(floor: float, tail: list) -> list:

@@ -78,6 +78,9 @@ ROUND_PDL = os.environ.get("SPECPLAY_ROUND_PDL", "1") != "0"
 # n-gram's lookup kernel also builds the round's block (sp_chain_block's work, one launch less a round);
 # SPECPLAY_NGRAM_BLOCK=0 leaves it to sp_chain_block, for comparisons
 NGRAM_BLOCK = os.environ.get("SPECPLAY_NGRAM_BLOCK", "1") != "0"
+# a greedy chain round's verification, n-gram's cut and the readout in one launch (backend.greedy_readout;
+# plain decoding's argmax and readout too); SPECPLAY_GREEDY_READOUT=0 launches them apart, for comparisons
+GREEDY_READOUT = os.environ.get("SPECPLAY_GREEDY_READOUT", "1") != "0"
 
 
 def ends_in_kernel(target, kernels, rows: int) -> bool:
@@ -288,6 +291,7 @@ class ChainRoundGraph(RoundGraph):
         # (n-gram's cut and the readout behind it); the commit behind the readout where _advance queues
         # nothing
         verify_pdl = ends_in_kernel(target, kernels, k + 1) and sampling is None and k > 0
+        readout_pdl = ends_in_kernel(target, kernels, k + 1)  # greedy_readout: plain decoding's too
         commit_pdl = kernels is not None and type(self)._advance is ChainRoundGraph._advance
 
         def draft_():
@@ -309,17 +313,21 @@ class ChainRoundGraph(RoundGraph):
             hidden, logits = target._block_step(x, start, depth, visible, kv,
                                                 after_step_kernel=kernels is not None and prepared is None)
             features = target.last_taps if target.tap_layers else hidden
-            if sampling is None:
-                verified = backend.verify_chain_greedy(logits[None], chain[None], **chained(verify_pdl))
-                result = self._limit(verified, chain)
-            else:
-                q = None if q is None else q[None]  # None: plain decoding's empty chain
-                result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
-                                                         *sampling.key)
-            temperature = 1.0 if sampling is None else sampling.key[0]
             count = self.count  # n-gram's real drafts (the readout's last value, the commit's), or None
-            values = backend.readout(logits, result, chain, temperature, width, extra=int(count is not None),
-                                     **chained(verify_pdl))
+            if sampling is None and GREEDY_READOUT:
+                result, values = backend.greedy_readout(logits, chain, width, limit=count,
+                                                        extra=int(count is not None), **chained(readout_pdl))
+            else:
+                if sampling is None:
+                    verified = backend.verify_chain_greedy(logits[None], chain[None], **chained(verify_pdl))
+                    result = self._limit(verified, chain)
+                else:
+                    q = None if q is None else q[None]  # None: plain decoding's empty chain
+                    result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
+                                                             *sampling.key)
+                temperature = 1.0 if sampling is None else sampling.key[0]
+                values = backend.readout(logits, result, chain, temperature, width,
+                                         extra=int(count is not None), **chained(verify_pdl))
             self._advance(features)
             commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
                    self.draft, self.start, count, None if count is None else values[-1:],

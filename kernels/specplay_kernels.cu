@@ -1107,6 +1107,84 @@ __device__ __forceinline__ void warp_merge_lists(const float* vals, const int* i
     }
 }
 
+// sp_readout's per-row shared memory: the warps' best lists, then the row's merged W best.
+struct ReadSmem {
+    float wv[SP_WARPS][SP_READ_MAX_W];
+    int wi[SP_WARPS][SP_READ_MAX_W];
+    float tv[SP_READ_MAX_W];
+    int ti[SP_READ_MAX_W];
+};
+
+struct ReadRow {
+    float m;     // max of the scaled row
+    float S;     // sum of exp(scaled - m), fp64 block sum rounded once
+    int argmax;  // first index of the max (0 for a row of -inf)
+    int nan;     // the row holds a NaN
+};
+
+// One block's row of a readout: its W most probable tokens under softmax(x * inv_t) into top_p[W], top_i[W]
+// (ties -> the smaller id), and the row's statistics, the same for every thread on return.
+template <typename T>
+__device__ ReadRow readout_row(const T* __restrict__ row, int V, float inv_t, int W, float* top_p, float* top_i,
+                               Smem& sm, ReadSmem& rs) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float bv[SP_READ_MAX_W];
+    int bi[SP_READ_MAX_W];
+    #pragma unroll
+    for (int h = 0; h < SP_READ_MAX_W; ++h) { bv[h] = neg_inf(); bi[h] = SP_INT_MAX; }
+    bool nan = false;
+    for (int base = tid; base < V; base += SP_LOADS_AHEAD * SP_BLOCK) {  // ids rise: a tie keeps the earlier
+        float ahead[SP_LOADS_AHEAD];                                      // id in front
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
+            const int j = base + u * SP_BLOCK;
+            ahead[u] = j < V ? to_f(row[j]) * inv_t : neg_inf();  // -inf never enters
+        }
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
+            float v = ahead[u];
+            nan |= v != v;
+            if (v > bv[SP_READ_MAX_W - 1]) {
+                int i = base + u * SP_BLOCK;
+                #pragma unroll
+                for (int h = 0; h < SP_READ_MAX_W; ++h) {
+                    if (v > bv[h]) {
+                        const float tv = bv[h]; const int ti = bi[h];
+                        bv[h] = v; bi[h] = i; v = tv; i = ti;
+                    }
+                }
+            }
+        }
+    }
+    const int any_nan = __syncthreads_or(nan);
+    warp_merge_lists(bv, bi, SP_READ_MAX_W, W, rs.wv[warp], rs.wi[warp]);
+    __syncthreads();
+    if (warp == 0) {
+        float lv[SP_READ_MAX_W];
+        int li[SP_READ_MAX_W];
+        #pragma unroll
+        for (int h = 0; h < SP_READ_MAX_W; ++h) {
+            const bool mine = lane < SP_WARPS && h < W;
+            lv[h] = mine ? rs.wv[lane][h] : neg_inf();
+            li[h] = mine ? rs.wi[lane][h] : SP_INT_MAX;
+        }
+        warp_merge_lists(lv, li, W, W, rs.tv, rs.ti);
+    }
+    __syncthreads();
+    const float m = rs.tv[0];
+    double s = 0.0;
+    for (int j = tid; j < V; j += SP_BLOCK) s += (double)expf(to_f(row[j]) * inv_t - m);
+    const float S = (float)block_sum_d(s, sm);
+    if (tid < W) {
+        const int id = rs.ti[tid];
+        top_p[tid] = id == SP_INT_MAX ? 0.0f : expf(rs.tv[tid] - m) / S;
+        top_i[tid] = id == SP_INT_MAX ? 0.0f : (float)id;
+    }
+    ReadRow out;
+    out.m = m; out.S = S; out.argmax = rs.ti[0] == SP_INT_MAX ? 0 : rs.ti[0]; out.nan = any_nan;
+    return out;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(SP_BLOCK, 1)
 sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const long long* __restrict__ accepted,
@@ -1115,11 +1193,8 @@ sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const
            const float* __restrict__ q_draft, const float* __restrict__ accept_prob,
            const unsigned char* __restrict__ tested, float* __restrict__ out) {
     __shared__ Smem sm;
-    __shared__ float s_wv[SP_WARPS][SP_READ_MAX_W];
-    __shared__ int s_wi[SP_WARPS][SP_READ_MAX_W];
-    __shared__ float s_tv[SP_READ_MAX_W];
-    __shared__ int s_ti[SP_READ_MAX_W];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ ReadSmem rs;
+    const int tid = threadIdx.x;
     const int r = blockIdx.x, N = R - 1;
     sp_let_next_start();
     sp_wait_for_previous();
@@ -1136,62 +1211,134 @@ sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const
             out[j] = v;
         }
     }
-    const T* row = logits + (size_t)r * V;
-    float bv[SP_READ_MAX_W];
-    int bi[SP_READ_MAX_W];
-    #pragma unroll
-    for (int h = 0; h < SP_READ_MAX_W; ++h) { bv[h] = neg_inf(); bi[h] = SP_INT_MAX; }
-    for (int base = tid; base < V; base += SP_LOADS_AHEAD * SP_BLOCK) {  // ids rise: a tie keeps the earlier
-        float ahead[SP_LOADS_AHEAD];                                      // id in front
-        #pragma unroll
-        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
-            const int j = base + u * SP_BLOCK;
-            ahead[u] = j < V ? to_f(row[j]) * inv_t : neg_inf();  // -inf never enters
-        }
-        #pragma unroll
-        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
-            float v = ahead[u];
-            if (v > bv[SP_READ_MAX_W - 1]) {
-                int i = base + u * SP_BLOCK;
-                #pragma unroll
-                for (int h = 0; h < SP_READ_MAX_W; ++h) {
-                    if (v > bv[h]) {
-                        const float tv = bv[h]; const int ti = bi[h];
-                        bv[h] = v; bi[h] = i; v = tv; i = ti;
-                    }
-                }
-            }
-        }
-    }
-    warp_merge_lists(bv, bi, SP_READ_MAX_W, W, s_wv[warp], s_wi[warp]);
-    __syncthreads();
-    if (warp == 0) {
-        float lv[SP_READ_MAX_W];
-        int li[SP_READ_MAX_W];
-        #pragma unroll
-        for (int h = 0; h < SP_READ_MAX_W; ++h) {
-            const bool mine = lane < SP_WARPS && h < W;
-            lv[h] = mine ? s_wv[lane][h] : neg_inf();
-            li[h] = mine ? s_wi[lane][h] : SP_INT_MAX;
-        }
-        warp_merge_lists(lv, li, W, W, s_tv, s_ti);
-    }
-    __syncthreads();
-    const float m = s_tv[0];
-    double s = 0.0;
-    for (int j = tid; j < V; j += SP_BLOCK) s += (double)expf(to_f(row[j]) * inv_t - m);
-    const float S = (float)block_sum_d(s, sm);
     float* next_p = out + 2 + 6 * N;
     float* top_p = next_p + R;
     float* top_i = top_p + (size_t)R * W;
-    if (tid < W) {
-        const int id = s_ti[tid];
-        top_p[(size_t)r * W + tid] = id == SP_INT_MAX ? 0.0f : expf(s_tv[tid] - m) / S;
-        top_i[(size_t)r * W + tid] = id == SP_INT_MAX ? 0.0f : (float)id;
-    }
+    const T* row = logits + (size_t)r * V;
+    const ReadRow st = readout_row<T>(row, V, inv_t, W, top_p + (size_t)r * W, top_i + (size_t)r * W, sm, rs);
     if (tid == 0) {
         const long long nt = next_token[0];
         const int j = nt < 0 ? 0 : (nt >= V ? V - 1 : (int)nt);
-        next_p[r] = expf(to_f(row[j]) * inv_t - m) / S;
+        next_p[r] = expf(to_f(row[j]) * inv_t - st.m) / st.S;
     }
+}
+
+// A greedy round's verification and readout in one launch (batch 1), in place of sp_verify's greedy walk (or
+// sp_wide's chain), sp_chain_limit and sp_readout at T = 1: the same outputs.  grid = (R, 1), R = N + 1: block
+// r reads row r (readout_row: its top W into the readout, its statistics into stats[r]); the last block to
+// finish (counter: zero before, left zero) walks the tree `parents` [N] (null: a chain) from the root, testing
+// node ch against row parent + 1 (p_draft = softmax there at T = 1; a match with the row's first argmax is
+// accepted), then cuts a chain at limit[0] real drafts where limit is given (sp_chain_limit's rule), and
+// writes the verdict: out_i [2 + N] (accepted, next_token, path), out_f [3, N] (p_draft, q_draft, accept_prob),
+// tested [N], and the readout's header and next_p.  A NaN in any row: accepted = next_token = -1, the flag set.
+template <typename T>
+__global__ void __launch_bounds__(SP_BLOCK, 1)
+sp_greedy_readout(const T* __restrict__ logits, int R, int V, int W, const long long* __restrict__ draft,
+                  const long long* __restrict__ parents, const long long* __restrict__ limit, RowStats* stats,
+                  u32* counter, long long* __restrict__ out_i, float* __restrict__ out_f,
+                  unsigned char* __restrict__ tested, float* __restrict__ out, int* nan_flag) {
+    __shared__ Smem sm;
+    __shared__ ReadSmem rs;
+    __shared__ RowStats sst[SP_MAX_N + 1];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, r = blockIdx.x, N = R - 1;
+    sp_let_next_start();
+    sp_wait_for_previous();
+    float* next_p = out + 2 + 6 * N;
+    float* top_p = next_p + R;
+    float* top_i = top_p + (size_t)R * W;
+    const ReadRow rr = readout_row<T>(logits + (size_t)r * V, V, 1.0f, W, top_p + (size_t)r * W,
+                                      top_i + (size_t)r * W, sm, rs);
+    if (tid == 0) {
+        RowStats st;
+        st.m = rr.m; st.kth = neg_inf(); st.S = rr.S; st.tstar = 0.0f; st.S2 = 1.0f;
+        st.argmax = rr.argmax; st.nan = rr.nan; st.pad = 0;
+        stats[r] = st;
+        __threadfence();
+        s_last = atomicAdd(counter, 1u) == (u32)N;
+    }
+    __syncthreads();
+    if (!s_last) return;
+
+    if (tid == 0) *counter = 0;
+    __threadfence();
+    for (int i = tid; i < R; i += SP_BLOCK) {
+        volatile const RowStats* src = stats + i;
+        RowStats s;
+        s.m = src->m; s.kth = src->kth; s.S = src->S; s.tstar = src->tstar; s.S2 = src->S2;
+        s.argmax = src->argmax; s.nan = src->nan; s.pad = 0;
+        sst[i] = s;
+    }
+    // the verdict is made in shared memory by thread 0, then written out by every thread
+    __shared__ long long s_verdict[2];  // accepted, next_token
+    __shared__ int s_path[SP_MAX_N];
+    __shared__ float s_p[SP_MAX_N], s_acc[SP_MAX_N];
+    __shared__ unsigned char s_tested[SP_MAX_N];
+    for (int n = tid; n < N; n += SP_BLOCK) { s_path[n] = -1; s_p[n] = 0.0f; s_acc[n] = 0.0f; s_tested[n] = 0; }
+    __syncthreads();
+    if (tid == 0) {
+        int anynan = 0;
+        for (int i = 0; i < R; ++i) anynan |= sst[i].nan;
+        long long accepted = -1, next = -1;
+        if (anynan) {
+            *(volatile int*)nan_flag = 1;
+        } else {
+            Cfg c;  // T = 1, no top-k / top-p: warped_p is the row's softmax
+            c.inv_t = 1.0f; c.greedy = 0; c.top_k = 0; c.use_topp = 0; c.tp_fixed = 0;
+            int node = -1, depth = 0;
+            while (true) {
+                const int row = node + 1;
+                const int want = sst[row].argmax;
+                int match = -1;
+                for (int ch = parents ? 0 : node + 1; ch < N; ++ch) {
+                    if (parents && parents[ch] != node) continue;
+                    const long long x = draft[ch];
+                    s_tested[ch] = 1;
+                    s_p[ch] = (x >= 0 && x < V) ? warped_p(to_f(logits[(size_t)row * V + x]), (int)x, sst[row], c)
+                                                : 0.0f;
+                    if (x == (long long)want) { s_acc[ch] = 1.0f; match = ch; break; }
+                    if (!parents) break;  // a chain's node has one child
+                }
+                if (match < 0) { next = want; break; }
+                s_path[depth] = match;
+                ++depth;
+                node = match;
+            }
+            accepted = depth;
+        }
+        if (limit) {  // sp_chain_limit's cut, also over a NaN verdict
+            const long long real = limit[0], kept = min(accepted, real);
+            for (int j = 0; j < N; ++j) {
+                if (j >= kept) s_path[j] = -1;
+                if (j >= real) s_tested[j] = 0;
+            }
+            if (accepted > real && next >= 0) next = draft[min(real, (long long)N - 1)];
+            accepted = kept;
+        }
+        s_verdict[0] = accepted;
+        s_verdict[1] = next;
+    }
+    __syncthreads();
+    for (int n = tid; n < N; n += SP_BLOCK) {
+        out_i[2 + n] = s_path[n];
+        out_f[n] = s_p[n];
+        out_f[N + n] = 1.0f;  // q: one-hot drafts
+        out_f[2 * N + n] = s_acc[n];
+        tested[n] = s_tested[n];
+    }
+    if (tid < 2) out_i[tid] = s_verdict[tid];
+    for (int j = tid; j < 2 + 6 * N; j += SP_BLOCK) {
+        float v;
+        if (j < 2) v = (float)s_verdict[j];
+        else {
+            const int part = (j - 2) / N, e = (j - 2) - part * N;
+            v = part == 0 ? (float)s_path[e] : part == 1 ? (float)draft[e] : part == 2 ? s_p[e]
+              : part == 3 ? 1.0f : part == 4 ? s_acc[e] : (float)s_tested[e];
+        }
+        out[j] = v;
+    }
+    const long long nt = s_verdict[1];
+    const int j = nt < 0 ? 0 : (nt >= V ? V - 1 : (int)nt);
+    for (int i = tid; i < R; i += SP_BLOCK)
+        next_p[i] = expf(to_f(logits[(size_t)i * V + j]) - sst[i].m) / sst[i].S;
 }

@@ -22,15 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPLAYS = 60  # rounds per timing (each appends up to K+1 rows to the caches: well inside the shipped 1024)
-# (module, constant, value) per setting: this build's round change on (the defaults), and off: the greedy
-# verification, readout and commit launched the usual way rather than programmatically, and n-gram's block
-# left to sp_chain_block. The tensor cores' short rows, Medusa's heads on the accepted row only and in one
-# kernel, the round kernels, the rope's start, the heads' fused product and sp_gemv's rows reduced together
-# were measured off and on before (docs/measurements/round_replay_gpu*.txt, round_replay_scatter_*.txt,
-# round_replay_tc.txt, round_replay_medusa_final.txt).
+# (module, constant, value) per setting: this build's round change on (the defaults), and off: a greedy
+# chain's verification, n-gram's cut and the readout (plain decoding's argmax and readout) launched apart
+# rather than as one sp_greedy_readout. The programmatic launches of the greedy verification, readout
+# and commit, n-gram's block in its lookup kernel, the tensor cores' short rows, Medusa's heads on the
+# accepted row only and in one kernel, the round kernels, the rope's start, the heads' fused product and
+# sp_gemv's rows reduced together were measured off and on before (docs/measurements/round_replay_*.txt).
 SETTINGS = {
     "on": (),
-    "off": (("engine.round_graph", "ROUND_PDL", False), ("engine.round_graph", "NGRAM_BLOCK", False)),
+    "off": (("engine.round_graph", "GREEDY_READOUT", False),),
 }
 _DEFAULTS: dict = {}  # (module, constant) -> its value as imported
 

@@ -461,6 +461,44 @@ def test_bench_batch_json(dirs, capsys):
     for key in ("fit", "measured_crossover", "predicted_crossover", "measured_matmul_flops",
                 "measured_bandwidth", "fit_bandwidth"):
         assert key in report
+    # a saved report refitted from its own measurements gives its predictions back
+    from engine.batch_bench import refit_report
+
+    again = refit_report(json.loads(json.dumps(report)))
+    assert again["fit"] == pytest.approx(report["fit"])
+    assert again["predicted_crossover"] == report["predicted_crossover"]
+    for mine, theirs in zip(again["rows"], report["rows"], strict=True):
+        for key in ("predicted_speedup", "best_k", "best_k_speedup", "plain_pct_bound", "speedup", "step_ms"):
+            assert mine[key] == pytest.approx(theirs[key]), key
+
+
+def test_refit_script_refits_a_saved_report_and_refuses_a_bad_one(tmp_path):
+    import subprocess
+    import sys
+
+    saved = {"method": "draft", "k": 4, "ks": [4], "device": "test", "max_new_tokens": 8,
+             "weight_bytes": 10**9, "flops_per_token": 2e9, "measured_bandwidth": 1e11,
+             "measured_matmul_flops": 1e13, "note": "",
+             "rows": [{"batch": b, "plain_tokens_per_s": 100.0 * b,
+                       "spec_tokens_per_s": 250.0 * b / (1 + b / 64),
+                       "tokens_per_round": 3.0, "plain_tokens_per_round": 1.0, "acceptance_rate": 0.6,
+                       "plain_round_ms": 10.0 + 0.01 * b, "spec_round_ms": 12.0 + 0.05 * b,
+                       "step_ms": max(10.0, 0.02 * b), "verify_step_ms": max(10.0, 0.1 * b),
+                       "per_position_acceptance": [0.7, 0.6, 0.5, 0.5]} for b in (1, 8, 64, 256, 1024)]}
+    source, target = tmp_path / "in.json", tmp_path / "out.json"
+    source.write_text(json.dumps(saved))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "refit_batch.py"
+    done = subprocess.run([sys.executable, script, source, target], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    refitted = json.loads(target.read_text())
+    assert refitted["fit"]["floor_ms"] == pytest.approx(10.0, rel=0.01)  # the measured rows' roofs
+    assert [r["batch"] for r in refitted["rows"]] == [1, 8, 64, 256, 1024] and "B" in done.stdout
+    source.write_text("{}")
+    bad = subprocess.run([sys.executable, script, source, target], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: cannot refit")
+    assert "Traceback" not in bad.stderr
 
 
 def test_bench_batch_table(dirs, capsys):
@@ -556,6 +594,39 @@ def test_per_position_acceptance_from_outcomes():
     assert result.per_position_acceptance == pytest.approx([3 / 5, 1 / 2, 1.0])
 
 
+def test_every_batch_size_decodes_the_whole_prompt_pool():
+    """bench batch's prompt groups: B = 1 decodes every prompt of the pool, not the first alone, so the
+    tokens per round of each batch size come from the same prompts."""
+    from engine.batch_bench import prompt_groups
+
+    pool = ["a", "b", "c", "d"]
+    assert prompt_groups(pool, 1) == [["a"], ["b"], ["c"], ["d"]]
+    assert prompt_groups(pool, 2) == [["a", "b"], ["c", "d"]]
+    assert prompt_groups(pool, 3) == [["a", "b", "c"], ["d", "a", "b"]]
+    assert prompt_groups(pool, 4) == [pool]
+    assert prompt_groups(pool, 6) == [["a", "b", "c", "d", "a", "b"]]
+
+
+def test_merged_results_sum_batches_run_one_after_another():
+    from engine.batch import BatchResult, SequenceResult, merged_results
+
+    def result(tokens: list, rounds: int, seconds: float, outcomes: dict) -> BatchResult:
+        seqs = [SequenceResult(i, 5, ids=list(range(t))) for i, t in enumerate(tokens)]
+        return BatchResult(seqs, "draft", 2, rounds=rounds, seconds=seconds, outcomes=outcomes)
+
+    one = result([6, 6], 3, 0.5, {(2, 1): 4, (2, 2): 2})
+    two = result([4, 4], 2, 1.5, {(2, 0): 3, (2, 2): 1})
+    merged = merged_results([one, two])
+    assert merged.batch == 2 and merged.groups == 2 and len(merged.sequences) == 4
+    assert merged.tokens == 20 and merged.rounds == 5 and merged.seconds == pytest.approx(2.0)
+    assert merged.tokens_per_s == pytest.approx(10.0)
+    assert merged.tokens_per_round == pytest.approx(20 / (5 * 2))  # each forward decodes 2 sequences
+    assert merged.outcomes == {(2, 1): 4, (2, 2): 3, (2, 0): 3}
+    alone = BatchResult([], "draft", 2, outcomes=merged.outcomes)
+    assert merged.per_position_acceptance == alone.per_position_acceptance
+    assert merged_results([one]).tokens_per_round == one.tokens_per_round
+
+
 def test_cli_glue_stays_light():
     """engine.cli imports the glue at start-up: it must not pull in torch (every CLI call would pay)."""
     import subprocess
@@ -611,6 +682,25 @@ def test_roofline_fit_with_an_intercept():
     assert fit.ms_per_token == pytest.approx(0.1) and fit.intercept_ms == pytest.approx(1.0)
     assert fit.knee == pytest.approx(10.0)
     assert fit.as_dict()["intercept_ms"] == pytest.approx(1.0)
+
+
+def test_roofline_fit_joins_the_roofs_smoothly_where_the_steps_turn_gradually():
+    """Steps that bend from the floor to the compute line gradually (a GPU near its knee) fit the smooth join
+    of the two roofs; steps with a sharp knee keep the pure roofline (its max)."""
+    true = roofline.Roofline(5.0, 0.03, intercept_ms=1.5, p=2.0)
+    tokens = (1, 4, 5, 16, 20, 64, 80, 128, 256, 320, 640, 1280)
+    fit = roofline.fit_roofline([(t, true.step_ms(t)) for t in tokens])
+    assert fit.p == 2.0 and fit.as_dict()["smoothness"] == 2.0
+    for t in (2, 50, 100, 200, 1000):
+        assert fit.step_ms(t) == pytest.approx(true.step_ms(t), rel=0.01)
+    assert fit.floor_ms == pytest.approx(5.0, rel=0.03) and fit.ms_per_token == pytest.approx(0.03, rel=0.03)
+    sharp = roofline.fit_roofline([(t, max(5.0, 0.03 * t)) for t in tokens])
+    assert math.isinf(sharp.p) and sharp.as_dict()["smoothness"] is None
+    assert sharp.knee == pytest.approx(5.0 / 0.03, rel=0.01)
+    # a smooth join's step lies above both roofs, by at most 2^(1/p) where they meet
+    knee = true.knee
+    assert true.step_ms(knee) == pytest.approx(5.0 * 2 ** 0.5)
+    assert true.step_ms(1) > 5.0 and true.step_ms(1280) > 1.5 + 0.03 * 1280
 
 
 def test_bench_batch_stops_when_progress_says_so_and_reports_what_it_measured(pair):

@@ -381,16 +381,22 @@ def _compare_readout(x, r, k, n, rows, width):
         assert bool((~differ | tied | (tp_r == 0)).all()), (ti_r, ti_k)
 
 
+def _readout_case(gc, case: int) -> tuple:
+    """A readout fuzz case's (vocab, drafted nodes, width, dtype): every 50th a vocabulary past 100k, every
+    20th a long block."""
+    vocab = _fuzz_vocab(gc) if case % 50 else int(torch.randint(100000, 262145, (1,), generator=gc))
+    n = int(torch.randint(0, 12, (1,), generator=gc)) if case % 20 else int(torch.randint(12, 65, (1,),
+                                                                                          generator=gc))
+    width = int(torch.randint(1, min(8, vocab) + 1, (1,), generator=gc))
+    return vocab, n, width, DTYPES[int(torch.randint(0, 3, (1,), generator=gc))]
+
+
 def test_readout_fuzz():
     """sp_readout against reference.readout: random rows, vocabularies, dtypes, ties, -inf, temperatures."""
     g = torch.Generator(device=DEV).manual_seed(77)
     gc = torch.Generator().manual_seed(78)
     for case in range(N_CASES):
-        vocab = _fuzz_vocab(gc) if case % 50 else int(torch.randint(100000, 262145, (1,), generator=gc))
-        n = int(torch.randint(0, 12, (1,), generator=gc)) if case % 20 else int(torch.randint(12, 65, (1,),
-                                                                                              generator=gc))
-        width = int(torch.randint(1, min(8, vocab) + 1, (1,), generator=gc))
-        dtype = DTYPES[int(torch.randint(0, 3, (1,), generator=gc))]
+        vocab, n, width, dtype = _readout_case(gc, case)
         kind = int(torch.randint(0, 4, (1,), generator=gc))
         warm = float(torch.rand(1, generator=gc)) < 0.5
         temp = float(0.2 + 1.8 * torch.rand(1, generator=gc)) if warm else 1.0
@@ -405,6 +411,83 @@ def test_readout_fuzz():
         assert k.shape == r.shape == (2 + 6 * n + rows + 2 * rows * width,)
         _compare_readout(x, r, k, n, rows, width)
     print(f"readout fuzz: {N_CASES} cases")
+
+
+def _random_parents(gc, n: int) -> torch.Tensor:
+    """A topologically ordered tree of n nodes: parents[i] in -1..i-1."""
+    return torch.tensor([int(torch.randint(-1, i, (1,), generator=gc)) for i in range(n)], dtype=torch.long)
+
+
+def _greedy_drafts(g, x, parents, vocab):
+    """Each node's token: its parent row's argmax 60% of the time (so verdicts go deep), else random."""
+    n = parents.numel()
+    want = x.float().argmax(-1)[(parents + 1).to(DEV)]  # [N]
+    return torch.where(torch.rand(n, generator=g, device=DEV) < 0.6, want,
+                       torch.randint(0, vocab, (n,), generator=g, device=DEV))
+
+
+def test_greedy_readout_fuzz():
+    """sp_greedy_readout against reference.greedy_readout (verify_tree_greedy, chain_limit_reference, readout
+    at T = 1): chains and trees, with and without a chain's limit, every dtype, ties and -inf. The verdict
+    is exact; p_draft within rounding; the readout's figures bit for bit those of sp_readout given the
+    verdict."""
+    g = torch.Generator(device=DEV).manual_seed(91)
+    gc = torch.Generator().manual_seed(92)
+    for case in range(N_CASES):
+        vocab, n, width, dtype = _readout_case(gc, case)
+        x = _logits(g, n + 1, vocab, dtype, int(torch.randint(0, 4, (1,), generator=gc)))
+        tree = n > 0 and float(torch.rand(1, generator=gc)) < 0.4
+        parents = _random_parents(gc, n) if tree else torch.arange(-1, n - 1)
+        draft = _greedy_drafts(g, x, parents, vocab)
+        limit = None
+        if not tree and n > 0 and float(torch.rand(1, generator=gc)) < 0.4:
+            limit = torch.randint(0, n + 1, (1,), generator=gc).to(DEV)
+        tree_arg = parents if tree else None
+        want, r = ref.greedy_readout(x, draft, width, tree_arg, limit, extra=1)
+        got, k = kc.greedy_readout(x, draft, width, tree_arg, limit, extra=1)
+        for name in ("accepted", "next_token", "path", "q_draft", "accept_prob", "tested"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (case, name)
+        assert torch.allclose(got.p_draft, want.p_draft, rtol=2e-5, atol=1e-7), case
+        rows, head = n + 1, 2 + 6 * n
+        assert k.shape == r.shape == (head + rows + 2 * rows * width + 1,)
+        alone = kc.readout(x, got, draft, 1.0, width)  # sp_readout given this verdict
+        assert torch.equal(k[:-1], alone), case
+        # against the reference's figures: the header but p_draft exact, the rest as test_readout_fuzz's
+        p_part = slice(2 + 2 * n, 2 + 3 * n)
+        assert torch.allclose(k[p_part], r[p_part], rtol=2e-5, atol=1e-7), case
+        k_ref_p = k[:-1].clone()
+        k_ref_p[p_part] = r[p_part]
+        _compare_readout(x, r[:-1], k_ref_p, n, rows, width)
+    print(f"greedy readout fuzz: {N_CASES} cases")
+
+
+def test_greedy_readout_flags_nan_and_is_captured_like_its_parts():
+    """A NaN anywhere in the block: accepted = next_token = -1 and the flag raised once; a captured launch
+    replays to its eager results."""
+    x = torch.randn(4, 300, device=DEV)
+    x[2, 5] = float("nan")
+    draft = x.argmax(-1)[:3]
+    result, values = kc.greedy_readout(x, draft, 4)
+    with pytest.raises(ValueError, match="NaN"):
+        kc.check_nan()
+    assert int(result.accepted) == -1 and int(result.next_token) == -1 and values[:2].tolist() == [-1.0, -1.0]
+    kc.check_nan()  # cleared
+    x = torch.randn(6, 8192, device=DEV).to(torch.bfloat16)
+    draft, limit = x.float().argmax(-1)[:5], torch.tensor([3], device=DEV)
+    eager = kc.greedy_readout(x, draft, 8, limit=limit)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        kc.greedy_readout(x, draft, 8, limit=limit)  # warm-up off the capture: its workspace exists
+        with torch.cuda.graph(graph, stream=stream):
+            captured = kc.greedy_readout(x, draft, 8, limit=limit)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(eager[0], captured[0]))
+    assert torch.equal(eager[1], captured[1])
+    assert int(eager[0].accepted) == 3 and int(eager[0].next_token) == int(draft[3])
 
 
 def test_readout_of_an_empty_draft_and_of_a_tree():

@@ -32,7 +32,8 @@ def test_layouts_are_the_ones_the_kernels_were_launched_with():
     assert {name: spec.layout for name, spec in ls.SPECS.items()} == {
         "sp_sample": "QiiQfiiiQiQQQQ", "sp_sample_probs": "QiiQQ",
         "sp_verify": "QiiiQQQQfiiiQiQQQQQQQ", "sp_wide": "QiiiQQQfiiQQQQQQQQ",
-        "sp_readout": "QiifiQQQQQQQQQ"}  # added later, with the round readout
+        "sp_readout": "QiifiQQQQQQQQQ",  # added later, with the round readout
+        "sp_greedy_readout": "QiiiQQQQQQQQQQ"}  # and the greedy verification joined to it
 
 
 def test_parse_params_normalises_restrict_and_pointer_spacing():

@@ -223,3 +223,27 @@ def test_readout_lays_out_the_verdict_then_each_rows_figures():
     assert warm[2 + 6 * n:2 + 6 * n + rows] == pytest.approx(torch.softmax(2 * logits, -1)[:, 2].tolist())
     with pytest.raises(ValueError):
         ref.readout(logits, result, draft, 1.0, 5)  # more alternatives than tokens
+
+
+def test_greedy_readout_verifies_cuts_at_the_limit_and_reads_out():
+    """reference.greedy_readout (sp_greedy_readout's twin): the greedy verdict of a chain or a tree, a chain
+    cut at its real drafts, and the readout of that verdict at T = 1."""
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 1.0], [0.0, 0.0, 5.0, 0.0],
+                           [1.0, 0.0, 0.0, 0.0]])  # [R=4, V=4]: argmaxes 1, 0, 2, 0
+    chain = torch.tensor([1, 0, 3])  # matches rows 0 and 1, not row 2
+    result, values = ref.greedy_readout(logits, chain, 2)
+    assert result.accepted.tolist() == [2] and result.next_token.tolist() == [2]
+    assert result.path.tolist() == [[0, 1, -1]] and result.tested.tolist() == [[True, True, True]]
+    assert torch.equal(values, ref.readout(logits, result, chain, 1.0, 2))
+    cut, cut_values = ref.greedy_readout(logits, chain, 2, limit=torch.tensor([1]), extra=1)
+    # one real draft: accepted 1, the next token the chain's second (the target's argmax at row 1)
+    assert cut.accepted.tolist() == [1] and cut.next_token.tolist() == [0]
+    assert cut.path.tolist() == [[0, -1, -1]] and cut.tested.tolist() == [[True, False, False]]
+    assert cut_values[:2].tolist() == [1.0, 0.0] and cut_values.numel() == values.numel() + 1
+    parents = torch.tensor([-1, -1, 1])  # two roots: node 0 matches first, so nodes 1 and 2 are never tested
+    tree, _ = ref.greedy_readout(logits, torch.tensor([1, 0, 0]), 2, parents=parents)
+    assert tree.accepted.tolist() == [1] and tree.next_token.tolist() == [0]  # row 1's argmax after node 0
+    assert tree.tested.tolist() == [[True, False, False]]
+    plain, plain_values = ref.greedy_readout(logits[:1], torch.empty(0, dtype=torch.long), 3)
+    assert plain.accepted.tolist() == [0] and plain.next_token.tolist() == [1]
+    assert plain_values.numel() == 2 + 1 + 2 * 3

@@ -955,8 +955,9 @@ def test_keep_path_fuzz(kernels):
 
 
 def test_verification_and_readout_launched_programmatically_behind_the_lm_head(kernels):
-    """The greedy verifications and the readout (kernels/cuda.py) launched `chained` behind sp_gemv's LM
-    head, eagerly and replayed from a captured graph, give the results of their plain launches."""
+    """The greedy verifications, the readout and the greedy readout (kernels/cuda.py) launched `chained`
+    behind sp_gemv's LM head, eagerly and replayed from a captured graph, give the results of their plain
+    launches."""
     kc = pytest.importorskip("engine.kernels.cuda")
     rng = random.Random(16)
     for case in range(200):
@@ -971,6 +972,7 @@ def test_verification_and_readout_launched_programmatically_behind_the_lm_head(k
         plain = (kc.verify_chain_greedy(logits[None], chain[None]),
                  kc.verify_tree_greedy(logits[None], chain[None], parents))
         values = kc.readout(logits, plain[0], chain, 1.0, 4) if rows > 1 else None
+        joined = kc.greedy_readout(logits, chain, 4)
         inputs = (kernels, x, head, chain, parents)
         eager = _chained_round(*inputs)
         graph = torch.cuda.CUDAGraph()
@@ -988,14 +990,17 @@ def test_verification_and_readout_launched_programmatically_behind_the_lm_head(k
                 assert all(torch.equal(a, b) for a, b in zip(mine, theirs)), (case, rows, vocab)
             if values is not None:
                 assert torch.equal(got[2], values), (case, rows, vocab)
+            assert all(torch.equal(a, b) for a, b in zip(got[3][0], joined[0])), (case, rows, vocab)
+            assert torch.equal(got[3][1], joined[1]), (case, rows, vocab)
 
 
 def _chained_round(kernels, x, head, chain, parents) -> tuple:
-    """The LM head in sp_gemv, then the greedy verifications and the readout launched behind it."""
+    """The LM head in sp_gemv, then the greedy verifications, the readout and the greedy readout launched
+    behind it."""
     from engine.kernels import cuda as kc
 
     logits = kernels.gemv(x, head, out_f32=True)
     chain_result = kc.verify_chain_greedy(logits[None], chain[None], chained=True)
     tree_result = kc.verify_tree_greedy(logits[None], chain[None], parents, chained=True)
     read = kc.readout(logits, chain_result, chain, 1.0, 4, chained=True) if chain.numel() else None
-    return chain_result, tree_result, read
+    return chain_result, tree_result, read, kc.greedy_readout(logits, chain, 4, chained=True)

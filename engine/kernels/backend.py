@@ -13,7 +13,7 @@ from engine.kernels import reference
 from engine.kernels.reference import VerifyResult
 
 FUNCTIONS = ("warp_probs", "sample_from_probs", "sample", "verify_chain_greedy", "verify_chain_stochastic",
-             "verify_tree_greedy", "verify_tree_stochastic", "readout")
+             "verify_tree_greedy", "verify_tree_stochastic", "readout", "greedy_readout")
 MEMBERS = ("name", "compiles_kernels", "flags_nan_on_device", "warm_up", "check_nan") + FUNCTIONS
 
 
@@ -56,6 +56,10 @@ class Backend(Protocol):
 
     def readout(self, logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tensor,
                 temperature: float, width: int, extra: int = 0) -> torch.Tensor: ...
+
+    def greedy_readout(self, logits: torch.Tensor, draft_tokens: torch.Tensor, width: int,
+                       parents: Optional[torch.Tensor] = None, limit: Optional[torch.Tensor] = None,
+                       extra: int = 0) -> tuple: ...
 
 
 class ModuleBackend:

@@ -551,15 +551,7 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
     a top-k, a gather and a cat of eleven pieces, each a few microseconds of host time a round. extra: slots
     after the values, left unwritten for the caller's kernels to fill. chained: the stream's last kernel
     (the verification's) is one of ours, so the launch may be programmatic (_Launcher.__call__)."""
-    logits = _check_logits(logits, "logits")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [N+1, V], got {tuple(logits.shape)}")
-    rows, vocab = logits.shape
-    n = rows - 1
-    if not 1 <= width <= min(vocab, READ_MAX_W):
-        raise ValueError(f"width must be in 1..{min(vocab, READ_MAX_W)}, got {width}")
-    if not 0 <= n <= MAX_N:
-        raise ValueError(f"number of drafted nodes must be in 0..{MAX_N}, got {n}")
+    logits, rows, vocab, n = _readout_logits(logits, width)
     di = logits.get_device()
     accepted, next_token = (_readout_piece(t, 1, torch.int64, di, name) for t, name in
                             ((result.accepted[:1], "accepted"), (result.next_token[:1], "next_token")))
@@ -579,6 +571,56 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
             W=width, accepted=ptr(accepted), next_token=ptr(next_token), path=ptr(path), draft=ptr(draft),
             p_draft=ptr(p), q_draft=ptr(q), accept_prob=ptr(accept), tested=ptr(tested), out=out.data_ptr())
     return out
+
+
+def greedy_readout(logits: torch.Tensor, draft_tokens: torch.Tensor, width: int,
+                   parents: Optional[torch.Tensor] = None, limit: Optional[torch.Tensor] = None,
+                   extra: int = 0, chained: bool = False) -> tuple:
+    """A greedy round's verification and readout by sp_greedy_readout in one launch (see
+    reference.greedy_readout): on a small model each launch of a round is a few microseconds, and this one
+    replaces three (the verification, n-gram's cut, the readout; plain decoding's argmax and readout).
+    logits [N+1, V], draft_tokens [N], parents [N] or None (a chain), limit [1] int64 or None (a chain's real
+    drafts). extra: slots after the values, left unwritten for the caller's kernels. chained: the logits'
+    kernel is one of ours, so the launch may be programmatic. Returns (VerifyResult, readout values)."""
+    if _nan_view[0]:
+        _raise_pending_nan()
+    logits, rows, vocab, n = _readout_logits(logits, width)
+    if limit is not None and (parents is not None or n == 0):
+        raise ValueError("limit cuts a chain of at least one draft")
+    di = logits.get_device()
+    state = _device(di)
+    draft = _check_long(draft_tokens, (n,), di, "draft_tokens")
+    par = NULL if parents is None else _device_parents(state, parents, n).data_ptr()
+    cut = NULL if limit is None else _check_long(limit, (1,), di, "limit").data_ptr()
+    dev = logits.device
+    ints = torch.empty(1, 2 + n, dtype=torch.long, device=dev)
+    floats = torch.empty(3, 1, n, dtype=torch.float32, device=dev)
+    tested = torch.empty(1, n, dtype=torch.bool, device=dev)
+    out = torch.empty(2 + 6 * n + rows + 2 * rows * width + extra, dtype=torch.float32, device=dev)
+    sp = _raw_stream(di)
+    ws = state.verify_workspace(sp, rows, 1, 0)
+    _launch(state, f"sp_greedy_readout<{_DTYPES[logits.dtype]}>", (rows, 1), sp, chained=chained,
+            logits=logits.data_ptr(), R=rows, V=vocab, W=width, draft=draft.data_ptr() if n else NULL,
+            parents=par, limit=cut, stats=ws.stats_ptr, counter=ws.counters_ptr, out_i=ints.data_ptr(),
+            out_f=floats.data_ptr(), tested=tested.data_ptr(), out=out.data_ptr(), nan_flag=_NAN_INT)
+    _after_call()
+    result = VerifyResult(accepted=ints[:, 0], next_token=ints[:, 1], path=ints[:, 2:], p_draft=floats[0],
+                          q_draft=floats[1], accept_prob=floats[2], tested=tested)
+    return result, out
+
+
+def _readout_logits(logits: torch.Tensor, width: int) -> tuple:
+    """A readout's logits [N+1, V] and width, checked: (logits, rows, vocab, n)."""
+    logits = _check_logits(logits, "logits")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N+1, V], got {tuple(logits.shape)}")
+    rows, vocab = logits.shape
+    n = rows - 1
+    if not 1 <= width <= min(vocab, READ_MAX_W):
+        raise ValueError(f"width must be in 1..{min(vocab, READ_MAX_W)}, got {width}")
+    if not 0 <= n <= MAX_N:
+        raise ValueError(f"number of drafted nodes must be in 0..{MAX_N}, got {n}")
+    return logits, rows, vocab, n
 
 
 def _readout_piece(t: torch.Tensor, size: int, dtype: torch.dtype, dev_index: int, name: str) -> torch.Tensor:

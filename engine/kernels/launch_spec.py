@@ -144,6 +144,10 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const long long* next_token, const long long* path, const long long* draft, "
                "const float* p_draft, const float* q_draft, const float* accept_prob, "
                "const unsigned char* tested, float* out", templated=True),
+    KernelSpec("sp_greedy_readout",
+               "const T* logits, int R, int V, int W, const long long* draft, const long long* parents, "
+               "const long long* limit, RowStats* stats, u32* counter, long long* out_i, float* out_f, "
+               "unsigned char* tested, float* out, int* nan_flag", templated=True),
 )}
 
 

@@ -226,3 +226,32 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
     return torch.cat([result.accepted[:1], next_token, result.path[0], draft_tokens, result.p_draft[0],
                       result.q_draft[0], result.accept_prob[0], result.tested[0], next_p, top_p.flatten(),
                       top_i.flatten(), torch.zeros(extra, device=logits.device)]).float()
+
+
+def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
+    """sp_chain_limit's twin: a greedy chain verification's result (batch 1) accepted no further than the
+    chain's `count` real drafts; cut there, the next token is the target's argmax at that row, which the
+    chain's token there matched. Returns a new result."""
+    k = chain.numel()
+    rows = torch.arange(k, device=chain.device)[None]  # [1, K]
+    accepted = torch.minimum(result.accepted, count)  # [1]
+    cut = (result.accepted > count) & (result.next_token >= 0)  # -1 (NaN) stays
+    next_token = torch.where(cut, chain.index_select(0, count.clamp(max=k - 1)), result.next_token)
+    return result._replace(accepted=accepted, next_token=next_token,
+                           path=torch.where(rows < accepted[:, None], result.path, -1),
+                           tested=result.tested & (rows < count[:, None]))
+
+
+def greedy_readout(logits: torch.Tensor, draft_tokens: torch.Tensor, width: int,
+                   parents: Optional[torch.Tensor] = None, limit: Optional[torch.Tensor] = None,
+                   extra: int = 0, chained: bool = False) -> tuple:
+    """A greedy round's verification and readout at once (batch 1): verify_tree_greedy over `parents`
+    (None: a chain), a chain cut at limit [1] real drafts (chain_limit_reference), then readout at T = 1.
+    logits [N+1, V], draft_tokens [N]. Returns (VerifyResult, readout values). chained: the CUDA backend's
+    launch option, nothing here."""
+    n = draft_tokens.numel()
+    tree = chain_parents(n, draft_tokens.device) if parents is None else parents
+    result = verify_tree_greedy(logits[None], draft_tokens.reshape(1, n), tree)
+    if limit is not None:
+        result = chain_limit_reference(result, draft_tokens, limit)
+    return result, readout(logits, result, draft_tokens, 1.0, width, extra)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from engine.kernels.launch_spec import CU_DIR, LOADS_AHEAD, KernelSpec, parse_kernels
 from engine.kernels.pdl import PdlLauncher
+from engine.kernels.reference import chain_limit_reference  # noqa: F401 (the kernels' twins live here)
 
 SOURCE = CU_DIR / "step_kernels.cu"
 # compiled as one module, in order
@@ -301,20 +302,6 @@ def chain_commit_reference(accepted_in, next_in, chain, start_in, accepted, next
         count_out.copy_(count.float())
     if path_in is not None:
         path.copy_(path_in)
-
-
-def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
-    """sp_chain_limit's twin: a greedy chain verification's result (batch 1) accepted no further than the
-    chain's `count` real drafts; cut there, the next token is the target's argmax at that row, which the
-    chain's token there matched. Returns a new result."""
-    k = chain.numel()
-    rows = torch.arange(k, device=chain.device)[None]  # [1, K]
-    accepted = torch.minimum(result.accepted, count)  # [1]
-    cut = (result.accepted > count) & (result.next_token >= 0)  # -1 (NaN) stays
-    next_token = torch.where(cut, chain.index_select(0, count.clamp(max=k - 1)), result.next_token)
-    return result._replace(accepted=accepted, next_token=next_token,
-                           path=torch.where(rows < accepted[:, None], result.path, -1),
-                           tested=result.tested & (rows < count[:, None]))
 
 
 def topk_parts(rows: int, columns: int, k: int) -> int:
