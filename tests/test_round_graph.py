@@ -13,6 +13,7 @@ from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_h
 from tiny_models import make_tiny_llama
 
 import engine.decoder
+import engine.round_graph
 import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
 import engine.drafters.layerskip as layerskip
@@ -346,6 +347,29 @@ def test_ngram_replays_give_the_synchronous_rounds(shipped, queued, k, corpus):
     assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone) // 2
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=64))
     assert [t for ids, *_ in alone for t in ids] == plain
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "draft"])
+def test_the_greedy_readout_gives_what_its_parts_give(shipped, queued, monkeypatch, method):
+    """A greedy chain round's verification, n-gram's cut and readout in one call (backend.greedy_readout, the
+    default) or apart (SPECPLAY_GREEDY_READOUT=0): the same replayed rounds, verdicts and every figure the
+    event shows (p, q, acceptance, the next token's p and its top alternatives)."""
+    decoder, prompt = shipped
+    config = GenerationConfig(method=method, k=4, max_new_tokens=40, stop_at_eos=False)
+
+    def figures() -> list:
+        decoder.pipelined = True
+        try:
+            return [(e.emitted_ids, e.accepted_count, e.next_token_p, e.next_top,
+                     [(t.token_id, t.p, t.q, t.accept_prob, t.accepted, t.tested) for t in e.drafted])
+                    for e in decoder.generate(prompt, config)]
+        finally:
+            decoder.pipelined = False
+
+    joined = figures()
+    replayed = sum(queued)
+    monkeypatch.setattr(engine.round_graph, "GREEDY_READOUT", False)
+    assert figures() == joined and replayed >= len(joined) - 2
 
 
 def test_ngram_rounds_launched_apart_between_replays(shipped, queued, monkeypatch):
