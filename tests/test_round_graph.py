@@ -13,11 +13,11 @@ from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_h
 from tiny_models import make_tiny_llama
 
 import engine.decoder
-import engine.round_graph
 import engine.drafters.draft_model as draft_model
 import engine.drafters.eagle as eagle
 import engine.drafters.layerskip as layerskip
 import engine.drafters.ngram as ngram
+import engine.round_graph
 from engine.chain_graph import chain_sampling
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
