@@ -138,6 +138,12 @@ def prompt_groups(prompts: list, batch: int) -> list:
     return [[prompts[(g * batch + i) % len(prompts)] for i in range(batch)] for g in range(count)]
 
 
+def _widest(decoder: BatchDecoder, groups: list) -> list:
+    """The group with the longest prompt: warmed up, its batched caches (kept while the context fits) and
+    captured steps serve every group, so no timed run allocates a cache or captures a graph."""
+    return max(groups, key=lambda g: max(len(decoder.encode(prompt)) for prompt in g))
+
+
 def _fastest(decoder: BatchDecoder, groups: list, config: GenerationConfig, repeats: int):
     """Each group's fastest of `repeats` timed runs (noise on a shared machine only ever slows a run down),
     merged into one result."""
@@ -155,9 +161,10 @@ def measure_batch(decoder: BatchDecoder, groups: list, config: GenerationConfig,
     so every timed round decodes all B sequences."""
     config = replace(config, stop_at_eos=False)
     plain_config = replace(config, method="none")
-    _warm(decoder, groups[0], plain_config)
+    widest = _widest(decoder, groups)
+    _warm(decoder, widest, plain_config)
     plain = _fastest(decoder, groups, plain_config, repeats)
-    _warm(decoder, groups[0], config)
+    _warm(decoder, widest, config)
     spec = _fastest(decoder, groups, config, repeats)
     context = (max(s.prompt_len for s in plain.sequences) + config.max_new_tokens // 2)
     target = decoder._target_batch
@@ -206,7 +213,7 @@ def _sweep_k(decoder, groups, config, ks, plain_tokens_per_s: float, repeats: in
     out = {}
     for k in ks:
         run = replace(config, k=k, stop_at_eos=False)
-        _warm(decoder, groups[0], run)
+        _warm(decoder, _widest(decoder, groups), run)
         tokens_per_s = _fastest(decoder, groups, run, repeats).tokens_per_s
         out[k] = tokens_per_s / plain_tokens_per_s if plain_tokens_per_s else 0.0
     return out

@@ -607,6 +607,41 @@ def test_every_batch_size_decodes_the_whole_prompt_pool():
     assert prompt_groups(pool, 6) == [["a", "b", "c", "d", "a", "b"]]
 
 
+def test_timed_runs_of_every_group_reuse_the_warmed_caches(pair, monkeypatch):
+    """B = 1 over a pool of prompts of different lengths: the warm-up takes the longest prompt's group, so no
+    timed run allocates a batched cache (nor captures its steps) for a longer context."""
+    from engine import batch, batch_bench
+
+    built = []
+    real = batch.BatchRunner
+
+    def counted(*args, **kwargs):
+        built.append(args[2])  # max_length
+        return real(*args, **kwargs)
+
+    timed_fastest = batch_bench._fastest
+    built_while_timed = []
+
+    def fastest(*args, **kwargs):
+        before = len(built)
+        try:
+            return timed_fastest(*args, **kwargs)
+        finally:
+            built_while_timed.append(len(built) - before)
+
+    monkeypatch.setattr(batch, "BatchRunner", counted)
+    monkeypatch.setattr(batch_bench, "_fastest", fastest)
+    decoder = BatchDecoder(pair)
+    pool = sorted(PROMPTS, key=len)  # the longest prompt last: warming up on the first group would not do
+    groups = batch_bench.prompt_groups(pool, 1)
+    assert batch_bench._widest(decoder, groups) == [pool[-1]]
+    config = GenerationConfig(method="draft", k=2, max_new_tokens=6)
+    plain, spec, _ = batch_bench.measure_batch(decoder, groups, config)
+    assert plain.groups == spec.groups == len(pool) and plain.batch == 1
+    assert len(built) >= 2  # the warm-ups built the target's and the draft model's runners
+    assert built_while_timed == [0, 0]  # the plain and the speculative timed runs built none
+
+
 def test_merged_results_sum_batches_run_one_after_another():
     from engine.batch import BatchResult, SequenceResult, merged_results
 

@@ -461,7 +461,7 @@ def test_greedy_readout_fuzz():
     print(f"greedy readout fuzz: {N_CASES} cases")
 
 
-def test_greedy_readout_flags_nan_and_is_captured_like_its_parts():
+def test_greedy_readout_flags_nan_and_replays_its_eager_results():
     """A NaN anywhere in the block: accepted = next_token = -1 and the flag raised once; a captured launch
     replays to its eager results."""
     x = torch.randn(4, 300, device=DEV)
