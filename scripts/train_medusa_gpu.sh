@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Retrain only the Medusa heads of the shipped family (assets/models) on one CUDA GPU (about 6 minutes on an
-# H200) and bring back the new heads, small files only:
+# Retrain only the Medusa heads of the shipped family (assets/models) on one CUDA GPU and bring back the new
+# heads, small files only (scripts/train_medusa_cpu.sh: the same on the CPU):
 #   OUT=/some/dir bash scripts/train_medusa_gpu.sh
 # Run from the repository root. Stages (engine/train, preset `full`, --from-family assets/models): corpus +
 # encoding with the shipped tokenizer (no BPE training), the shipped target copied as the target checkpoint
-# (its validation loss measured), the target's own text (selfgen), Medusa with a longer budget
-# (MEDUSA_BUDGET_S, default 150 s); then the heads-only export; then, if time is left, a short
+# (its validation loss measured), Medusa (the preset's greedy-text recipe, presets.MedusaGreedy) with a
+# budget of MEDUSA_BUDGET_S (default 150 s); then the heads-only export; then, if time is left, a short
 # `bench methods none,medusa` of the shipped target with the new heads (a temporary copy of its directory).
+# The recipe's run on an H200 has not been timed (the previous recipe, with the selfgen stage, took ~6 min).
 # The target, draft and EAGLE heads are not trained, and no weights but the heads come back.
 #
 # Writes to $OUT, as it goes (so a run stopped at its limit still brings back what finished):
@@ -19,7 +20,7 @@
 #   bench.txt                 the bench's table, when it ran
 # Ship with:
 #   cp $OUT/medusa_heads.safetensors $OUT/medusa_config.json assets/models/target/
-#   python -m engine.train.export assets/models     # rewrites the card's file table (sizes, sha256)
+#   python -m engine.train.export assets/models --medusa-report $OUT/medusa_report.json   # the card, its file table
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=true
@@ -50,7 +51,7 @@ print_versions "specplay Medusa-only training on $FAMILY" || exit 2
 
 # one process for every stage and the export; each stage leaves <RUN>/<stage>/done.json
 # shellcheck disable=SC2086
-$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,selfgen,medusa --out "$RUN" \
+$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,medusa --out "$RUN" \
   --device "$DEVICE" --medusa-budget-s "$MEDUSA_BUDGET_S" --medusa-steps "$MEDUSA_STEPS" \
   --export-medusa "$OUT" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}

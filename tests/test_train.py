@@ -203,6 +203,92 @@ def test_medusa_self_distillation_step(tiny_run):
     assert all(p.grad is None for p in target.parameters())
 
 
+def test_medusa_greedy_examples_and_step(tiny_run):
+    """The greedy recipe's positions: the feature at t from the prompt's last token on, labelled with the
+    text's tokens t+2 .. t+1+D; steps of its loss rank head 1's labels higher."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(tiny_run / "export" / "target")).float().eval()
+    heads.freeze(target)
+    # random text (a tiny target's greedy text repeats one token, which the plain LM head already ranks first)
+    rows = torch.randint(4, target.config.vocab_size, (3, 18), generator=torch.Generator().manual_seed(1))
+    x, labels = heads.greedy_examples(target, rows, prompt_len=6, depth=4, bs=2)
+    n = 18 - 6 - 4
+    assert x.shape == (3 * n, target.config.hidden_size) and labels.shape == (3 * n, 4)
+    _, full = heads.target_features(target, rows)                                   # [3, 18, H]
+    for r in range(3):
+        for i in range(n):
+            t = 5 + i  # the prompt's last token is row position 5
+            assert torch.allclose(x[r * n + i], full[r, t], atol=1e-5)
+            assert labels[r * n + i].tolist() == rows[r, t + 2:t + 6].tolist()
+    mh = heads.MedusaHeads(target.config.hidden_size, 4)
+    opt = torch.optim.AdamW(mh.parameters(), lr=1e-2)
+
+    def head1_rank() -> float:
+        """The mean rank of head 1's labels among its logits (0: ranked first)."""
+        with torch.no_grad():
+            logits = target.lm_head(mh(x)[0])                                       # [M, V]
+            return (logits > logits.gather(1, labels[:, :1])).sum(-1).float().mean().item()
+
+    before, first = head1_rank(), heads.medusa_greedy_loss(mh, target, x, labels)
+    for _ in range(150):
+        loss = heads.medusa_greedy_loss(mh, target, x, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert heads.medusa_greedy_loss(mh, target, x, labels) < 0.8 * first
+    assert head1_rank() < 0.5 * before  # 311.6 -> 67.6 with transformers 5.x's tiny target here
+    assert all(p.grad is None for p in target.parameters())
+
+
+def test_medusa_stage_used_its_greedy_text(tiny_run):
+    m = metrics(tiny_run, "medusa")
+    assert m["loss"] == "cross-entropy against the target's greedy text"
+    assert m["tree_calibrated_on"] == "generated"
+    text = m["greedy_text"]
+    assert 0 < text["sequences"] <= 16 and text["positions"] == text["sequences"] * (16 - 4)
+    assert 0 < text["val_sequences"] <= 8 and text["val_positions"] == text["val_sequences"] * (16 - 4)
+    # the drafter's tree was measured on the held-out greedy text: a path is never more often right than its
+    # parent, and head 1's top candidate (path (0,)) is right as often as the reported top-1
+    chances = dict((tuple(p), c) for p, c in json.loads(
+        (tiny_run / "medusa" / "medusa_config.json").read_text())["path_accuracy"])
+    if (0,) in chances:
+        assert chances[(0,)] == pytest.approx(m["final_generated"]["head1_top1"], abs=1e-6)
+
+
+def test_medusa_prompts_end_at_line_ends_from_training_files_only(tiny_run, monkeypatch):
+    """The greedy recipe's prompts: prompt_len tokens ending at a line end, from standard-library training
+    files, the held-out tenth for "val" only; never a validation file nor the test suite."""
+    from tokenizers import Tokenizer
+
+    from engine.train import presets
+    from engine.train.stages import Context, medusa_prompts
+
+    preset = presets.tiny()
+
+    candidates = [f"pkg/mod{i}.py" for i in range(2000)]
+    splits = corpus.assign_splits(candidates, preset.val_fraction)
+    names: dict = {}
+    for rel in candidates:
+        held = corpus.path_bucket(rel, "medusa") < 0.1
+        names.setdefault("val" if splits[rel] == "val" else "held" if held else "train", rel)
+    assert set(names) == {"val", "held", "train"}
+    markers = {"val": "1111", "held": "2222", "train": "3333", "suite": "4444"}  # each file's every line
+    files = [corpus.SourceFile(rel, f"x = {markers[key]}\n" * 300, "")
+             for key, rel in (*names.items(), ("suite", "test/test_mod.py"))]
+    monkeypatch.setattr(corpus, "load_stdlib", lambda *args, **kwargs: files)
+    ctx = Context(preset=preset, out=tiny_run, device=torch.device("cpu"), export_dir=tiny_run / "export")
+    tok = Tokenizer.from_file(str(tiny_run / "data" / "tokenizer" / "tokenizer.json"))
+    for split, source in (("train", "train"), ("val", "held")):
+        rows = medusa_prompts(ctx, split, 20)
+        assert rows.shape == (20, preset.medusa_greedy.prompt_len)
+        for row in rows.tolist():
+            text = tok.decode(row)
+            assert text.endswith("\n") and markers[source] in text, (split, text)
+            assert not any(m in text for key, m in markers.items() if key != source), (split, text)
+    assert corpus.in_test_suite("idlelib/idle_test/htest.py") and not corpus.in_test_suite("test_x.py")
+
+
 def test_full_preset_fits_the_size_budget():
     """fp16 weights of every shipped model from the full preset's shapes, plus room for the tokenizers and
     text files, stay within the shipped budget."""

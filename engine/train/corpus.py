@@ -64,6 +64,14 @@ def list_sources(root: Path, max_file_bytes: int) -> list[str]:
     return sorted(found)
 
 
+TEST_SUITE_DIRS = {"test", "tests", "idle_test"}
+
+
+def in_test_suite(rel: str) -> bool:
+    """Whether a stdlib path lies in a test-suite directory (`test/`, `tests/`, `idlelib/idle_test/`)."""
+    return any(part in TEST_SUITE_DIRS for part in rel.split("/")[:-1])
+
+
 def choose_subset(rels: list[str], max_files: Optional[int]) -> list[str]:
     """A deterministic subset (lowest path hashes) for the tiny preset; all files otherwise."""
     if max_files is None or len(rels) <= max_files:

@@ -162,8 +162,10 @@ def export_all(ctx, stage_metrics: dict) -> dict:
 def export_medusa_only(ctx, dst: Path) -> dict:
     """Only the Medusa heads (medusa_heads.safetensors, medusa_config.json: to copy over the family's
     target/) and medusa_report.json (the schedule and the metrics of the stages they came from)."""
+    greedy = ctx.preset.medusa_greedy
     return _export_head_only(ctx, dst, "medusa", lambda: export_medusa_heads(ctx, dst),
-                             {"medusa_heads": ctx.preset.medusa_heads},
+                             {"medusa_heads": ctx.preset.medusa_heads,
+                              "medusa_greedy": None if greedy is None else asdict(greedy)},
                              "medusa_heads.safetensors, medusa_config.json")
 
 
@@ -390,9 +392,7 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
                  f"and {sgen.get('val_sequences')} greedy ones of validation windows (held out). The heads' "
                  f"batches are {p.get('gen_fraction', 0.5):.0%} this text, the rest corpus windows of "
                  f"{head_len} tokens.")
-    medusa_loss = ("self-distillation: CE against the target's own distribution at each head's offset "
-                   "(Medusa-2 style, target frozen)" if (med or {}).get("loss") == "self-distillation"
-                   else "mean CE of the heads (target frozen)")
+    medusa_loss = MEDUSA_LOSSES.get((med or {}).get("loss"), "mean CE of the heads (target frozen)")
     L += [
         f"- Medusa: {medusa_loss}; {sched_line(p['medusa_sched'])}.",
         f"- EAGLE: smooth-L1(feature) + {p['eagle_ce_weight']} x CE(next-next token) (target frozen); "
@@ -493,13 +493,32 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
     return "\n".join(L)
 
 
+MEDUSA_LOSSES = {
+    "self-distillation": "self-distillation: CE against the target's own distribution at each head's offset "
+                         "(Medusa-2 style, target frozen)",
+    "cross-entropy against the target's greedy text": (
+        "the target's greedy text: continuations of random training windows, the target's final-normed "
+        "features computed once, head d trained by CE to rank first the text's token t+1+d at every position "
+        "t from the prompt's last token on, what a greedy round drafting from t accepts (target frozen); the "
+        "snapshot kept is the one with the lowest loss on the held-out greedy text"),
+}
+
+
 def _retrained_alone(retrain: dict, stage: str) -> str:
     """The card's first sentence on a head stage (medusa, eagle3) retrained alone, from its report."""
     sgen, head = retrain["stages"].get("selfgen") or {}, retrain["stages"][stage]
+    text = head.get("greedy_text")
+    if text:
+        data = (f"{text['sequences']} greedy continuations by the target of the {text['prompt_len']} tokens "
+                f"before a line end of standard-library training files ({text['new_tokens']} new tokens; "
+                f"{text['positions']} positions; {text['val_sequences']} more held out, no validation file "
+                f"read)")
+    else:
+        data = (f"{sgen.get('train_sequences')} continuations of the target's own text, "
+                f"{sgen.get('greedy_sequences')} of them greedy")
     return ("Retrained alone on this target (`main.py train --from-family`, "
-            f"`scripts/train_{stage}_gpu.sh`; the target and tokenizer as shipped; "
-            f"{sgen.get('train_sequences')} continuations of the target's own text, "
-            f"{sgen.get('greedy_sequences')} of them greedy; {head.get('steps_done')} steps in "
+            f"`scripts/train_{stage}{'_cpu' if text else '_gpu'}.sh`; the target and tokenizer as shipped; "
+            f"{data}; {head.get('steps_done')} steps in "
             f"{head.get('wall_s')} s on {head.get('hardware')}; {sched_line(retrain[f'{stage}_sched'])}).")
 
 

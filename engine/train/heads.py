@@ -141,6 +141,35 @@ def medusa_distill_loss(heads: MedusaHeads, target, w: torch.Tensor) -> torch.Te
 
 
 @torch.no_grad()
+def greedy_examples(target, rows: torch.Tensor, prompt_len: int, depth: int, bs: int = 32) -> tuple:
+    """rows [N, T]: prompts of prompt_len tokens and the target's greedy continuations -> (x [M, H] the
+    final-normed feature at every position t from the prompt's last token to the last with all its labels,
+    labels [M, depth] the text's tokens t+2 .. t+1+depth). A greedy round drafting from t accepts head d's
+    token when it is the text's token t+1+d (t+1, the round's root, is the target's own argmax at t)."""
+    T = rows.shape[1]
+    n = T - prompt_len - depth  # positions per row
+    if n <= 0:
+        raise ValueError(f"rows of {T} tokens leave no position with {depth} labels after a "
+                         f"{prompt_len}-token prompt")
+    xs, labels = [], []
+    for chunk in chunks(rows, bs):
+        _, x = target_features(target, chunk[:, :prompt_len - 1 + n])           # [B, prompt_len-1+n, H]
+        xs.append(x[:, prompt_len - 1:].float().flatten(0, 1))                  # [B * n, H]
+        first = prompt_len + 1  # head 1's label of position prompt_len - 1
+        ahead = [chunk[:, first + d:first + d + n] for d in range(depth)]      # depth x [B, n]
+        labels.append(torch.stack(ahead, -1).flatten(0, 1))
+    return torch.cat(xs), torch.cat(labels)
+
+
+def medusa_greedy_loss(heads: MedusaHeads, target, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """x [M, H] final-normed features, labels [M, D]: the mean over heads d of
+    CE(lm_head(head_d(x)), labels[:, d])."""
+    hs = heads(x)                                          # [D, M, H]
+    logits = target.lm_head(hs).float()                    # [D, M, V]
+    return F.cross_entropy(logits.flatten(0, 1), labels.T.flatten())
+
+
+@torch.no_grad()
 def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: int = 8) -> dict:
     """Per-head top-1 / top-5 accuracy and loss over validation windows [n, T+1], and `path_accuracy`: how
     often each path of head candidates is right all the way (see top_paths), over the positions every head can
@@ -176,6 +205,32 @@ def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: i
         out[f"head{i + 1}_loss"] = loss[i] / count[i]
     out["mean_loss"] = sum(loss[i] / count[i] for i in range(n)) / n
     out["path_accuracy"] = top_paths(paths, positions)
+    return out
+
+
+@torch.no_grad()
+def eval_medusa_greedy(heads: MedusaHeads, target, x: torch.Tensor, labels: torch.Tensor,
+                       bs: int = 4096) -> dict:
+    """eval_medusa's figures over greedy_examples' positions (x [M, H], labels [M, D]): per-head top-1, top-5
+    and loss against the greedy text, and path_accuracy over every position (all heads have labels there)."""
+    n = labels.shape[1]
+    hit1, hit5, loss, hits = [0] * n, [0] * n, [0.0] * n, []
+    for start in range(0, len(x), bs):
+        xs, ys = x[start:start + bs], labels[start:start + bs]
+        logits = target.lm_head(heads(xs)).float()                                # [D, m, V]
+        right = logits.topk(RANKS, dim=-1).indices == ys.T[..., None]              # [D, m, RANKS]
+        for i in range(n):
+            hit1[i] += int(right[i, :, 0].sum())
+            hit5[i] += int(right[i, :, :5].any(-1).sum())
+            loss[i] += F.cross_entropy(logits[i], ys[:, i], reduction="sum").item()
+        hits.append(right.transpose(1, 2))                                          # [D, RANKS, m]
+    out = {}
+    for i in range(n):
+        out[f"head{i + 1}_top1"] = hit1[i] / len(x)
+        out[f"head{i + 1}_top5"] = hit5[i] / len(x)
+        out[f"head{i + 1}_loss"] = loss[i] / len(x)
+    out["mean_loss"] = sum(loss) / (n * len(x))
+    out["path_accuracy"] = top_paths(path_hits(torch.cat(hits, -1)), len(x))
     return out
 
 

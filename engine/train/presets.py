@@ -48,6 +48,25 @@ class SelfGen:
 
 
 @dataclass
+class MedusaGreedy:
+    """The Medusa heads' own recipe: the target's greedy continuations of random training windows
+    (`sequences` of `prompt_len` + `new_tokens`), its final-normed features computed once, and head d
+    trained by cross-entropy to rank first the text's token t+1+d at every position t from the prompt's last
+    token on: exactly what a greedy round drafting from t needs. The medusa schedule's batch counts positions
+    here.
+    The prompts are the `prompt_len` tokens before a line end of standard-library training files (as the
+    family's held-out prompts end at a line end of standard-library files; see stages.medusa_prompts);
+    `val_sequences` continuations of prompts from a tenth of those files are held out: the kept snapshot, the
+    reported accuracies and the drafter's tree (path accuracies) come from them. No validation file is
+    read."""
+    sequences: int = 6144
+    val_sequences: int = 256
+    prompt_len: int = 64
+    new_tokens: int = 128
+    batch_size: int = 64              # sequences generated at once
+
+
+@dataclass
 class Preset:
     name: str
     vocab_size: int
@@ -69,6 +88,7 @@ class Preset:
     head_seq_len: Optional[int] = None        # the heads' training windows (None: seq_len)
     gen_fraction: float = 0.5         # share of each head batch taken from the target's own text
     medusa_distill: bool = True       # Medusa heads learn the target's distributions (else corpus tokens)
+    medusa_greedy: Optional[MedusaGreedy] = None   # set: the heads learn its greedy text instead (see there)
     eagle3_steps: int = 5             # training-time-test steps
     eagle3_decay: float = 0.8         # step s's loss weight is decay^(s-1), normalised
     eagle3_intermediate: int = 320    # the EAGLE-3 layer's MLP width (so that the family fits 26 MB)
@@ -107,8 +127,10 @@ def full() -> Preset:
                                   eval_every=400),
         distill_sched=StageSchedule(steps=3000, batch_size=64, lr=1.5e-3, time_budget_s=32, warmup_steps=50,
                                     eval_every=400),
-        medusa_sched=StageSchedule(steps=4000, batch_size=48, lr=2e-3, time_budget_s=28, warmup_steps=50,
+        # batch: positions of the greedy text (medusa_greedy); the budget is a 2-core CPU's (~0.15 s a step)
+        medusa_sched=StageSchedule(steps=3000, batch_size=512, lr=2e-3, time_budget_s=600, warmup_steps=50,
                                    eval_every=500, weight_decay=0.0),
+        medusa_greedy=MedusaGreedy(batch_size=256),
         eagle_sched=StageSchedule(steps=3000, batch_size=48, lr=2e-3, time_budget_s=22, warmup_steps=100,
                                   eval_every=500, weight_decay=0.0),
         eagle3_sched=StageSchedule(steps=4000, batch_size=32, lr=2e-3, time_budget_s=60, warmup_steps=100,
@@ -136,6 +158,7 @@ def tiny() -> Preset:
         target_sched=sched(40, 1e-2), draft_sched=sched(30, 1e-2), distill_sched=sched(15, 5e-3),
         medusa_sched=sched(15, 5e-3), eagle_sched=sched(15, 5e-3), eagle3_sched=sched(15, 5e-3),
         selfgen=SelfGen(sequences=16, val_sequences=8, prompt_len=8, batch_size=8, time_budget_s=5),
+        medusa_greedy=MedusaGreedy(sequences=16, val_sequences=8, prompt_len=8, new_tokens=16, batch_size=8),
         eagle3_steps=3, eagle3_intermediate=96,
         eval_windows=8, n_prompts=8, sample_bytes=4_000,
         eval_signatures=8, eval_new_tokens=16, eval_max_files=2,

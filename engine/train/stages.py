@@ -367,9 +367,13 @@ def stage_selfgen(ctx: Context) -> dict:
 
 
 def stage_medusa(ctx: Context) -> dict:
-    """Medusa heads on the frozen target: self-distilled on its distributions (Medusa-2 style) over corpus
-    windows and its own text; the drafter's tree comes from path accuracies measured on held-out greedy
-    text of the target (what greedy decoding will see), else on validation windows."""
+    """Medusa heads on the frozen target. With the preset's medusa_greedy (the shipped recipe): trained on the
+    target's greedy text, the snapshot, the figures and the drafter's tree (path accuracies) taken from
+    held-out greedy text (see MedusaGreedy). Else self-distilled on its distributions (Medusa-2 style) over
+    corpus windows and its own text, the tree from held-out greedy text of the target when the selfgen stage
+    made it, else from validation windows."""
+    if ctx.preset.medusa_greedy is not None:
+        return stage_medusa_greedy(ctx)
     t0, p, sched = time.time(), ctx.preset, ctx.preset.medusa_sched
     lm.seed_all(p.seed + 4)
     target = load_target(ctx)
@@ -395,6 +399,105 @@ def stage_medusa(ctx: Context) -> dict:
                    tree_calibrated_on=calibration, params=lm.count_params(mh),
                    loss="self-distillation" if p.medusa_distill else "corpus cross-entropy")
     return finish(ctx, "medusa", metrics, t0)
+
+
+def stage_medusa_greedy(ctx: Context) -> dict:
+    """The medusa stage with the preset's medusa_greedy recipe: greedy text made (or read back), features
+    computed once, then positions of it sampled at random for each step (no target forward per step)."""
+    t0, p, sched, g = time.time(), ctx.preset, ctx.preset.medusa_sched, ctx.preset.medusa_greedy
+    lm.seed_all(p.seed + 4)
+    target = load_target(ctx)
+    H = target.config.hidden_size
+    mh = heads.MedusaHeads(H, p.medusa_heads).to(ctx.device).train()
+    train_rows, made_s = medusa_greedy_text(ctx, target, "train")
+    val_rows, _ = medusa_greedy_text(ctx, target, "val")
+    t1 = time.time()
+    x, labels = heads.greedy_examples(target, train_rows, g.prompt_len, p.medusa_heads)   # [M, H], [M, D]
+    val_x, val_labels = heads.greedy_examples(target, val_rows, g.prompt_len, p.medusa_heads)
+    ctx.log(f"[medusa] greedy text: {len(train_rows)} continuations, {len(x)} positions; held out "
+            f"{len(val_rows)}, {len(val_x)} positions (text {made_s:.0f} s, features "
+            f"{time.time() - t1:.0f} s)")
+    pick = torch.Generator().manual_seed(p.seed + 4)
+
+    def loss_fn(step: int) -> torch.Tensor:
+        idx = torch.randint(0, len(x), (sched.batch_size,), generator=pick).to(x.device)
+        return heads.medusa_greedy_loss(mh, target, x[idx], labels[idx])
+
+    res = lm.run_schedule(
+        mh, list(mh.parameters()), sched, loss_fn=loss_fn,
+        eval_fn=lambda: _drop_paths(heads.eval_medusa_greedy(mh, target, val_x, val_labels)),
+        device=ctx.device, log=ctx.log, key="mean_loss")
+    measured = heads.eval_medusa_greedy(mh, target, val_x, val_labels)
+    heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32,
+                      path_accuracy=measured["path_accuracy"])
+    final = heads.eval_medusa(mh, target, ctx.head_val_windows(), ctx.device)  # corpus text, for comparison
+    metrics = dict(schedule_summary(res, sched.batch_size), final=_drop_paths(final),
+                   final_generated=_drop_paths(dict(measured)), tree_calibrated_on="generated",
+                   params=lm.count_params(mh), loss="cross-entropy against the target's greedy text",
+                   greedy_text={"sequences": len(train_rows), "positions": len(x),
+                                "val_sequences": len(val_rows), "val_positions": len(val_x),
+                                "prompt_len": g.prompt_len, "new_tokens": g.new_tokens,
+                                "text_s": round(made_s, 1)})
+    return finish(ctx, "medusa", metrics, t0)
+
+
+def medusa_greedy_text(ctx: Context, target, split: str) -> tuple:
+    """[N, prompt_len + new_tokens]: the target's greedy continuations of medusa_prompts' windows ("train" or
+    the held-out "val"), made once and kept in the stage's folder (a resumed run reads them back);
+    continuations that reach EOS are left out (decoding stops there). Returns the rows and the seconds spent
+    making them (0 when read back)."""
+    from engine.train.generate import generate
+
+    g = ctx.preset.medusa_greedy
+    d = ctx.stage_dir("medusa")
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"greedy_{split}.npy"
+    if path.exists():
+        return torch.from_numpy(np.load(path).astype(np.int64)).to(ctx.device), 0.0
+    t0, parts = time.time(), []
+    count = g.val_sequences if split == "val" else g.sequences
+    prompts = medusa_prompts(ctx, split, count).to(ctx.device)                        # [N, prompt_len]
+    for chunk in lm.chunks(prompts, g.batch_size):
+        parts.append(torch.cat([chunk, generate(target, chunk, None, g.new_tokens)], 1).cpu())
+    rows = torch.cat(parts)
+    ended = (rows[:, g.prompt_len:] == lm.EOS_ID).any(1)
+    rows = rows[~ended]
+    ctx.log(f"[medusa] {split} greedy text: {int(ended.sum())} of {len(ended)} continuations reached EOS, "
+            f"left out")
+    np.save(path, rows.numpy().astype(np.uint16))
+    return rows.to(ctx.device), time.time() - t0
+
+
+def medusa_prompts(ctx: Context, split: str, count: int) -> torch.Tensor:
+    """[count, prompt_len]: the prompt_len tokens before a line end in the middle 70% of a standard-library
+    training file, the files and line ends drawn at random (seeded). The files of the corpus's validation
+    split are never read (the held-out prompts `bench` decodes come from them); a tenth of the training files
+    (by path hash) serve the "val" split only, the rest "train"; the stdlib test suite is left out (the
+    family's training machine had none, and its repetitive tests made the heads learn their loops)."""
+    g, p = ctx.preset.medusa_greedy, ctx.preset
+    tok = Tokenizer.from_file(str(ctx.stage_dir("tokenizer") / "tokenizer" / "tokenizer.json"))
+    files = [f for f in corpus.load_stdlib(p.max_file_bytes) if not corpus.in_test_suite(f.rel)]
+    splits = corpus.assign_splits([f.rel for f in files], p.val_fraction)
+    held = [corpus.path_bucket(f.rel, "medusa") < 0.1 for f in files]
+    pool = [f for f, h in zip(files, held) if splits[f.rel] == "train" and h == (split == "val")]
+    if not pool:
+        raise SpecplayError(f"no standard-library training files for the Medusa {split} prompts")
+    rng = np.random.default_rng(p.seed + (7 if split == "val" else 5))
+    rows: list = []
+    for _ in range(50 * count):
+        if len(rows) == count:
+            break
+        text = pool[rng.integers(len(pool))].text
+        end = text.find("\n", int(len(text) * rng.uniform(0.15, 0.85))) + 1   # just after a line end
+        if end <= 0:
+            continue
+        ids = tok.encode(text[max(0, end - 40 * g.prompt_len):end], add_special_tokens=False).ids
+        if len(ids) > g.prompt_len:  # the first token may be a cut one: never kept
+            rows.append(ids[-g.prompt_len:])
+    if len(rows) < count:
+        raise SpecplayError(f"only {len(rows)} of {count} Medusa {split} prompts found in the standard "
+                            "library")
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def _drop_paths(ev: dict) -> dict:
