@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retrain only the Medusa heads of the shipped family on this machine's CPU (about 25 minutes on 2 cores):
+# Retrain only the Medusa heads of the shipped family on this machine's CPU (about 21 minutes on 2 cores):
 #   OUT=/some/dir bash scripts/train_medusa_cpu.sh
 # The same run as scripts/train_medusa_gpu.sh (see there for what it writes and how to ship the heads) on the
 # CPU, with the full preset's own Medusa schedule (3000 steps of 512 positions of the target's greedy text,

@@ -7,7 +7,7 @@
 # (its validation loss measured), Medusa (the preset's greedy-text recipe, presets.MedusaGreedy) with a
 # budget of MEDUSA_BUDGET_S (default 150 s); then the heads-only export; then, if time is left, a short
 # `bench methods none,medusa` of the shipped target with the new heads (a temporary copy of its directory).
-# The recipe's run on an H200 has not been timed (the previous recipe, with the selfgen stage, took ~6 min).
+# This recipe has not been timed on a GPU.
 # The target, draft and EAGLE heads are not trained, and no weights but the heads come back.
 #
 # Writes to $OUT, as it goes (so a run stopped at its limit still brings back what finished):

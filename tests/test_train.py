@@ -249,11 +249,12 @@ def test_medusa_stage_used_its_greedy_text(tiny_run):
     assert 0 < text["sequences"] <= 16 and text["positions"] == text["sequences"] * (16 - 4)
     assert 0 < text["val_sequences"] <= 8 and text["val_positions"] == text["val_sequences"] * (16 - 4)
     # the drafter's tree was measured on the held-out greedy text: a path is never more often right than its
-    # parent, and head 1's top candidate (path (0,)) is right as often as the reported top-1
+    # parent, and head 1's top candidate (path (0,), absent when never right) is right as often as the
+    # reported top-1
     chances = dict((tuple(p), c) for p, c in json.loads(
         (tiny_run / "medusa" / "medusa_config.json").read_text())["path_accuracy"])
-    if (0,) in chances:
-        assert chances[(0,)] == pytest.approx(m["final_generated"]["head1_top1"], abs=1e-6)
+    assert all(len(p) == 1 or chances[p[:-1]] >= c for p, c in chances.items())
+    assert chances.get((0,), 0.0) == pytest.approx(m["final_generated"]["head1_top1"], abs=1e-6)
 
 
 def test_medusa_prompts_end_at_line_ends_from_training_files_only(tiny_run, monkeypatch):

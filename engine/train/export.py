@@ -497,7 +497,8 @@ MEDUSA_LOSSES = {
     "self-distillation": "self-distillation: CE against the target's own distribution at each head's offset "
                          "(Medusa-2 style, target frozen)",
     "cross-entropy against the target's greedy text": (
-        "the target's greedy text: continuations of random training windows, the target's final-normed "
+        "the target's greedy text: continuations of the tokens before a line end of standard-library "
+        "training files, the target's final-normed "
         "features computed once, head d trained by CE to rank first the text's token t+1+d at every position "
         "t from the prompt's last token on, what a greedy round drafting from t accepts (target frozen); the "
         "snapshot kept is the one with the lowest loss on the held-out greedy text"),
@@ -507,7 +508,7 @@ MEDUSA_LOSSES = {
 def _retrained_alone(retrain: dict, stage: str) -> str:
     """The card's first sentence on a head stage (medusa, eagle3) retrained alone, from its report."""
     sgen, head = retrain["stages"].get("selfgen") or {}, retrain["stages"][stage]
-    text = head.get("greedy_text")
+    text, cpu = head.get("greedy_text"), str(head.get("hardware", "")).startswith("CPU")
     if text:
         data = (f"{text['sequences']} greedy continuations by the target of the {text['prompt_len']} tokens "
                 f"before a line end of standard-library training files ({text['new_tokens']} new tokens; "
@@ -517,7 +518,7 @@ def _retrained_alone(retrain: dict, stage: str) -> str:
         data = (f"{sgen.get('train_sequences')} continuations of the target's own text, "
                 f"{sgen.get('greedy_sequences')} of them greedy")
     return ("Retrained alone on this target (`main.py train --from-family`, "
-            f"`scripts/train_{stage}{'_cpu' if text else '_gpu'}.sh`; the target and tokenizer as shipped; "
+            f"`scripts/train_{stage}_{'cpu' if cpu else 'gpu'}.sh`; the target and tokenizer as shipped; "
             f"{data}; {head.get('steps_done')} steps in "
             f"{head.get('wall_s')} s on {head.get('hardware')}; {sched_line(retrain[f'{stage}_sched'])}).")
 

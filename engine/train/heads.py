@@ -198,13 +198,18 @@ def eval_medusa(heads: MedusaHeads, target, windows: torch.Tensor, device, bs: i
         for path, hit_count in path_hits(torch.stack(hits)).items():
             paths[path] = paths.get(path, 0) + hit_count
         positions += w.shape[0] * shared
+    return dict(head_figures(hit1, hit5, loss, count), path_accuracy=top_paths(paths, positions))
+
+
+def head_figures(hit1: list, hit5: list, loss: list, count: list) -> dict:
+    """Per head d: top-1 and top-5 accuracy and mean loss from its sums over count[d] labels; mean_loss over
+    the heads."""
     out = {}
-    for i in range(n):
+    for i in range(len(count)):
         out[f"head{i + 1}_top1"] = hit1[i] / count[i]
         out[f"head{i + 1}_top5"] = hit5[i] / count[i]
         out[f"head{i + 1}_loss"] = loss[i] / count[i]
-    out["mean_loss"] = sum(loss[i] / count[i] for i in range(n)) / n
-    out["path_accuracy"] = top_paths(paths, positions)
+    out["mean_loss"] = sum(loss[i] / count[i] for i in range(len(count))) / len(count)
     return out
 
 
@@ -224,14 +229,8 @@ def eval_medusa_greedy(heads: MedusaHeads, target, x: torch.Tensor, labels: torc
             hit5[i] += int(right[i, :, :5].any(-1).sum())
             loss[i] += F.cross_entropy(logits[i], ys[:, i], reduction="sum").item()
         hits.append(right.transpose(1, 2))                                          # [D, RANKS, m]
-    out = {}
-    for i in range(n):
-        out[f"head{i + 1}_top1"] = hit1[i] / len(x)
-        out[f"head{i + 1}_top5"] = hit5[i] / len(x)
-        out[f"head{i + 1}_loss"] = loss[i] / len(x)
-    out["mean_loss"] = sum(loss) / (n * len(x))
-    out["path_accuracy"] = top_paths(path_hits(torch.cat(hits, -1)), len(x))
-    return out
+    return dict(head_figures(hit1, hit5, loss, [len(x)] * n),
+                path_accuracy=top_paths(path_hits(torch.cat(hits, -1)), len(x)))
 
 
 def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch.float16,

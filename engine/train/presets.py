@@ -127,7 +127,7 @@ def full() -> Preset:
                                   eval_every=400),
         distill_sched=StageSchedule(steps=3000, batch_size=64, lr=1.5e-3, time_budget_s=32, warmup_steps=50,
                                     eval_every=400),
-        # batch: positions of the greedy text (medusa_greedy); the budget is a 2-core CPU's (~0.15 s a step)
+        # batch: positions of the greedy text (medusa_greedy); the budget is a 2-core CPU's (~0.16 s a step)
         medusa_sched=StageSchedule(steps=3000, batch_size=512, lr=2e-3, time_budget_s=600, warmup_steps=50,
                                    eval_every=500, weight_decay=0.0),
         medusa_greedy=MedusaGreedy(batch_size=256),

@@ -473,7 +473,8 @@ def medusa_prompts(ctx: Context, split: str, count: int) -> torch.Tensor:
     training file, the files and line ends drawn at random (seeded). The files of the corpus's validation
     split are never read (the held-out prompts `bench` decodes come from them); a tenth of the training files
     (by path hash) serve the "val" split only, the rest "train"; the stdlib test suite is left out (the
-    family's training machine had none, and its repetitive tests made the heads learn their loops)."""
+    target's greedy continuations of its repetitive tests loop: docs/measurements/
+    cpu_medusa_greedy_stdlib_windows.txt)."""
     g, p = ctx.preset.medusa_greedy, ctx.preset
     tok = Tokenizer.from_file(str(ctx.stage_dir("tokenizer") / "tokenizer" / "tokenizer.json"))
     files = [f for f in corpus.load_stdlib(p.max_file_bytes) if not corpus.in_test_suite(f.rel)]
