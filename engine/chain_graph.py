@@ -405,15 +405,18 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
     if kernels is None:
         outs = medusa_heads_reference(features, target.norm_weight, eps, weight, bias, depth,
                                       None if accepted is None else accepted.clamp_min(0), path)
+        outs = heads.second_layer(outs)  # [depth, M, H]
         rows = outs.shape[1]
         logits = target.project(outs.reshape(depth * rows, -1))  # [depth * M, V]
         ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
     else:
         outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
                                     chained=chained)
+        outs = heads.second_layer(outs)  # [depth, M, H]; the second blocks in torch's operations
+        behind_ours = heads.second is None  # the LM head's product may start early behind sp_medusa_heads
         rows = outs.shape[1]
         flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
-        parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=True)
+        parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=behind_ours)
                  for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
         if len(parts) == 1 and width <= TOPK_MAX:  # the ranking and the tree's pick behind the one product
             index = _medusa_index(tree, rows, flat.device)

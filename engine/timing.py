@@ -29,7 +29,8 @@ class RoundClock:
 
     A phase lasts from the previous mark until the GPU has run what the phase queued (the event's time), or
     until the host queued it when the GPU was idle sooner. Read `phases_ms` after a host sync that follows the
-    last mark, when every event has completed. On CPU, work is synchronous and the marks are host times."""
+    last mark (it waits for the last event, which is then all but always done already). On CPU, work is
+    synchronous and the marks are host times."""
 
     def __init__(self, device: torch.device, calls=None):
         """calls: the generation's engine.cuda_calls.StreamCalls, which records the events on its stream
@@ -71,6 +72,10 @@ class RoundClock:
     def phases_ms(self) -> list:
         """Milliseconds between consecutive marks, then the rest of the round until stop() (or now)."""
         if self.cuda:
+            # the readout is read off the device once its copy lands, which can be before the driver has
+            # marked the events complete (seen with another process on the GPU: cudaErrorNotReady); the
+            # events were recorded in order on one stream, so the last one's completion covers them all
+            self.marks[-1].synchronize()
             phases = [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
         else:
             phases = [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]

@@ -34,3 +34,27 @@ def test_round_clock_on_cuda_times_queued_work():
     x.sum().item()  # the round's one sync
     gpu_ms, rest = clock.phases_ms()
     assert gpu_ms > 0.0 and rest >= 0.0
+
+
+def test_round_clock_waits_for_its_last_event_before_reading_them():
+    """The readout can land before the driver marks the round's events complete (cudaErrorNotReady under
+    another process's load): phases_ms waits for the last event first, then reads every interval."""
+
+    class Event:
+        done = False
+
+        def __init__(self, at_ms: float):
+            self.at_ms = at_ms
+
+        def synchronize(self) -> None:
+            Event.done = True
+
+        def elapsed_time(self, end: "Event") -> float:
+            if not Event.done:
+                raise RuntimeError("cudaErrorNotReady: device not ready")
+            return end.at_ms - self.at_ms
+
+    clock = RoundClock(torch.device("cpu"))
+    clock.cuda, clock.marks = True, [Event(0.0), Event(1.5), Event(4.0)]
+    draft_ms, verify_ms, _ = clock.phases_ms()
+    assert (draft_ms, verify_ms) == (1.5, 2.5) and Event.done

@@ -98,8 +98,10 @@ def test_medusa_heads_load_and_predict(tiny_run):
     from engine.drafters.medusa import MedusaHeads
 
     assert MedusaHeads.load(d, "cpu", torch.float32).path_accuracy is not None  # the drafter reads it back
-    keys = set(load_file(str(d / "medusa_heads.safetensors")))
-    assert keys == {f"heads.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
+    keys = set(load_file(str(d / "medusa_heads.safetensors")))  # two blocks a head, int8 (the preset's)
+    matrices = {f"{block}.{i}.weight" for block in ("heads", "second") for i in range(4)}
+    assert keys == matrices | {m + "_scale" for m in matrices} | {m[:-6] + "bias" for m in matrices}
+    assert cfg["layers"] == 2 and "second block" in cfg["residual"]
     target = AutoModelForCausalLM.from_pretrained(str(d)).float()
     mh = heads.load_medusa(d)
     x = target.model(input_ids=torch.tensor([[0, 9, 10, 11]])).last_hidden_state     # [1, 4, H]
@@ -246,8 +248,13 @@ def test_medusa_stage_used_its_greedy_text(tiny_run):
     assert m["loss"] == "cross-entropy against the target's greedy text"
     assert m["tree_calibrated_on"] == "generated"
     text = m["greedy_text"]
-    assert 0 < text["sequences"] <= 16 and text["positions"] == text["sequences"] * (16 - 4)
-    assert 0 < text["val_sequences"] <= 8 and text["val_positions"] == text["val_sequences"] * (16 - 4)
+    assert 0 < text["top_level_sequences"] <= 12 and 0 < text["top_level_val_sequences"] <= 12
+    # every continuation, whatever its prompt's length, gives 16 new tokens - 4 labels' positions
+    assert 0 < text["sequences"] <= 16
+    assert text["positions"] == (text["sequences"] + text["top_level_sequences"]) * (16 - 4)
+    assert 0 < text["val_sequences"] <= 8
+    assert text["val_positions"] == (text["val_sequences"] + text["top_level_val_sequences"]) * (16 - 4)
+    assert set(m["final_top_level"]) >= {"head1_top1", "mean_loss"}
     # the drafter's tree was measured on the held-out greedy text: a path is never more often right than its
     # parent, and head 1's top candidate (path (0,), absent when never right) is right as often as the
     # reported top-1
@@ -263,7 +270,7 @@ def test_medusa_prompts_end_at_line_ends_from_training_files_only(tiny_run, monk
     from tokenizers import Tokenizer
 
     from engine.train import presets
-    from engine.train.stages import Context, medusa_prompts
+    from engine.train.stages import Context, medusa_prompts, top_level_prompts
 
     preset = presets.tiny()
 
@@ -286,6 +293,14 @@ def test_medusa_prompts_end_at_line_ends_from_training_files_only(tiny_run, monk
         for row in rows.tolist():
             text = tok.decode(row)
             assert text.endswith("\n") and markers[source] in text, (split, text)
+            assert not any(m in text for key, m in markers.items() if key != source), (split, text)
+        # the held-out prompts' form: whole lines from a top-level line, 100 to 300 characters, same files
+        tops = top_level_prompts(ctx, split)
+        assert 0 < len(tops) <= preset.medusa_greedy.top_level_limit
+        for ids in tops:
+            text = tok.decode(ids, skip_special_tokens=True)
+            assert text.startswith("x = ") and text.endswith("\n") and 100 <= len(text) <= 300, text
+            assert markers[source] in text
             assert not any(m in text for key, m in markers.items() if key != source), (split, text)
     assert corpus.in_test_suite("idlelib/idle_test/htest.py") and not corpus.in_test_suite("test_x.py")
 

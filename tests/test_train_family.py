@@ -87,9 +87,20 @@ def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
     assert sorted(f.name for f in out.iterdir()) == ["medusa_config.json", "medusa_heads.safetensors",
                                                       "medusa_report.json"]
     state = load_file(str(out / "medusa_heads.safetensors"))
-    assert all(v.dtype == torch.float16 for v in state.values())
-    trained = heads.load_medusa(medusa_run / "medusa")
-    assert all(torch.equal(v, trained.state_dict()[k].half()) for k, v in state.items())
+    # the preset ships int8 matrices with an fp16 scale a row, fp16 biases; two blocks a head
+    matrices = {f"{block}.{i}.weight" for block in ("heads", "second") for i in range(4)}
+    assert set(state) == matrices | {m + "_scale" for m in matrices} | {m[:-6] + "bias" for m in matrices}
+    assert all(state[m].dtype == torch.int8 and state[m + "_scale"].dtype == torch.float16 for m in matrices)
+    assert all(v.dtype == torch.float16 for k, v in state.items() if k.endswith("bias"))
+    trained = heads.load_medusa(medusa_run / "medusa").state_dict()
+    for m in matrices:  # each row within half a quantisation step, plus the fp16 scale's rounding
+        exact = trained[m].abs().amax(1) / 127
+        scale = state[m + "_scale"].float()
+        error = (state[m].float() * scale[:, None] - trained[m]).abs().amax(1)
+        assert torch.all(error <= 0.5 * exact + 127 * (scale - exact).abs() + 1e-6), m
+    shipped = heads.load_medusa(out).state_dict()
+    assert all(torch.equal(shipped[m], state[m].float() * state[m + "_scale"].float()[:, None])
+               for m in matrices)
     cfg = json.loads((out / "medusa_config.json").read_text())
     assert cfg["path_accuracy"] == json.loads((medusa_run / "medusa" / "medusa_config.json").read_text())[
         "path_accuracy"]
@@ -99,7 +110,10 @@ def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
         shutil.copy2(out / name, target / name)
     loaded = MedusaHeads.load(target, "cpu", torch.float32)
     assert loaded.count == 4 and loaded.path_accuracy is not None
-    assert torch.equal(loaded.weights[0], state["heads.0.weight"].float())
+    assert loaded.layers == 2
+    assert torch.equal(loaded.weights[0],
+                       state["heads.0.weight"].float() * state["heads.0.weight_scale"].float()[:, None])
+    assert torch.equal(loaded.second[0][3], shipped["second.3.weight"])
     decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
     prompt = "def f(x):\n    return"
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=24))

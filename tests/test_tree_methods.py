@@ -1,6 +1,7 @@
 """Medusa, EAGLE and lookahead: tree drafts verified in one forward, lossless (greedy and chi-squared)."""
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,15 +18,25 @@ from engine.models import load_pair
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
 
-def add_random_medusa_heads(model_dir, hidden: int, heads: int = 4, seed: int = 0):
+def add_random_medusa_heads(model_dir, hidden: int, heads: int = 4, seed: int = 0, layers: int = 2,
+                            int8: bool = True):
+    """Random Medusa heads beside a model, by default as the shipped ones are: two blocks a head, the
+    matrices int8 with a scale a row."""
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for i in range(heads):
-        tensors[f"heads.{i}.weight"] = 0.2 * torch.randn(hidden, hidden, generator=gen)
-        tensors[f"heads.{i}.bias"] = 0.1 * torch.randn(hidden, generator=gen)
+    for block in ("heads", "second")[:layers]:
+        for i in range(heads):
+            weight = 0.2 * torch.randn(hidden, hidden, generator=gen)
+            tensors[f"{block}.{i}.bias"] = 0.1 * torch.randn(hidden, generator=gen)
+            if int8:
+                scale = weight.abs().amax(1) / 127
+                tensors[f"{block}.{i}.weight"] = (weight / scale[:, None]).round().to(torch.int8)
+                tensors[f"{block}.{i}.weight_scale"] = scale.half()
+            else:
+                tensors[f"{block}.{i}.weight"] = weight
     save_file(tensors, str(model_dir / "medusa_heads.safetensors"))
     (model_dir / "medusa_config.json").write_text(json.dumps({"num_heads": heads, "hidden_size": hidden,
-                                                              "offsets": [2, 3, 4, 5]}))
+                                                              "layers": layers, "offsets": [2, 3, 4, 5]}))
 
 
 def add_random_eagle_head(model_dir, hidden: int, heads: int = 4, kv_heads: int = 2, seed: int = 0):
@@ -389,3 +400,50 @@ def test_a_tree_path_in_its_first_rows_is_kept_in_place(decoder, monkeypatch, me
     paths = [[i for i, t in enumerate(e.drafted) if t.accepted] for e in events]
     moved = [[0] + [i + 1 for i in p] for p in paths if p != list(range(len(p)))]
     assert compacted == moved and len(compacted) < len(events)
+
+
+def test_two_block_int8_heads_draft_what_training_defines(decoder, tmp_path):
+    """The drafter's heads (int8 dequantised at load, the second blocks in torch) compute the training
+    module's function: lm_head(h2) with h1 = x + SiLU(W x + b), h2 = h1 + SiLU(V h1 + c), x the final-normed
+    feature."""
+    from engine.train import heads as train_heads
+
+    heads = decoder.medusa_heads()
+    assert heads.layers == 2 and heads.count == 4
+    model_dir = Path(decoder.pair.target_name)
+    module = train_heads.load_medusa(model_dir).eval()  # dequantises the same int8 file
+    feature = torch.randn(64, generator=torch.Generator().manual_seed(7))  # [H], before the final norm
+    runner = decoder.target
+    normed = feature * torch.rsqrt(feature.pow(2).mean() + runner.spec.rms_norm_eps) * runner.norm_weight
+    expected = runner.project(module(normed[None])[:, 0])  # [D, V]
+    assert torch.allclose(heads.logits(runner, feature), expected, atol=1e-4)
+    # a second block changes what the heads draft: without it the logits differ
+    one_block = type(heads)(heads.weights, heads.biases)
+    assert not torch.allclose(one_block.logits(runner, feature), expected, atol=1e-2)
+
+
+@pytest.mark.parametrize("layers, int8", [(1, False), (1, True), (2, False)])
+def test_every_stored_form_of_the_heads_stays_lossless(tmp_path, layers, int8):
+    """One block or two, fp32 or int8 matrices: Medusa's greedy output is plain decoding's."""
+    target = make_tiny_llama(tmp_path / "target", hidden=32, layers=2, seed=1)
+    add_random_medusa_heads(target, 32, layers=layers, int8=int8)
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    assert decoder.medusa_heads().layers == layers
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=30))
+    events = list(decoder.generate(PROMPT, GenerationConfig(method="medusa", k=4, max_new_tokens=30)))
+    assert [t for e in events for t in e.emitted_ids] == plain
+
+
+def test_bad_int8_heads_are_refused_clearly(tmp_path):
+    from safetensors.torch import load_file
+
+    from engine.drafters.medusa import MedusaHeads
+    from engine.errors import SpecplayError
+
+    target = make_tiny_llama(tmp_path / "target", hidden=32, layers=2, seed=1)
+    add_random_medusa_heads(target, 32)
+    tensors = load_file(str(target / "medusa_heads.safetensors"))
+    tensors["second.2.weight_scale"] = tensors["second.2.weight_scale"][:8].contiguous()
+    save_file(tensors, str(target / "medusa_heads.safetensors"))
+    with pytest.raises(SpecplayError, match="second.2: an int8 weight"):
+        MedusaHeads.load(target, "cpu", torch.float32)

@@ -1,7 +1,8 @@
 """Medusa: extra heads on the target's last hidden state propose the tokens after the next one.
 
 Head d (d = 1..D) reads x = the target's final-normed feature at position t and predicts token t+1+d through
-the target's own LM head: logits_d = lm_head(x + SiLU(W_d x + b_d)). No extra target forward is needed: the
+the target's own LM head: logits_d = lm_head(h_d), h_d = x + SiLU(W_d x + b_d), and with a second block
+(Medusa's stacked residual blocks) h_d + SiLU(V_d h_d + c_d) instead. No extra target forward is needed: the
 feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head (the
 paths most often right on validation text, saved with the heads), verified in one target forward with a tree
 mask (one-hot q, so lossless under recursive rejection sampling)."""
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from engine.chain_graph import medusa_draft, medusa_draft_rows, medusa_rows
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
@@ -32,10 +34,15 @@ DEPTH_DECAY = 0.8
 
 
 class MedusaHeads:
-    def __init__(self, weights: list, biases: list, path_accuracy: tuple | None = None):
+    def __init__(self, weights: list, biases: list, path_accuracy: tuple | None = None,
+                 second: tuple | None = None):
         self.weights = weights  # D x [H, H]
         self.biases = biases  # D x [H]
+        # the second residual block of each head, if any: (D x [H, H], D x [H])
+        self.second = second
         self._stacks: dict = {}  # depth -> the first depth heads' weights [depth * H, H] and biases, stacked
+        # depth -> the first depth heads' second blocks, stacked: [depth, H, H] (transposed), [depth, 1, H]
+        self._second_stacks: dict = {}
         # ((r_1, ..., r_d), chance): measured chance that every step of the path is right (None: not measured)
         self.path_accuracy = path_accuracy
 
@@ -48,18 +55,29 @@ class MedusaHeads:
             config = json.loads((model_dir / CONFIG_FILE).read_text())
             tensors = load_file(str(model_dir / HEADS_FILE), device=str(device))
             count = int(config["num_heads"])
-            weights = [tensors[f"heads.{i}.weight"].to(dtype) for i in range(count)]
+            layers = int(config.get("layers", 1))
+            if layers not in (1, 2):
+                raise ValueError(f"{layers} layers a head (1 or 2 are known)")
+            weights = [_weight(tensors, f"heads.{i}", dtype) for i in range(count)]
             biases = [tensors[f"heads.{i}.bias"].to(dtype) for i in range(count)]
+            second = None
+            if layers == 2:
+                second = ([_weight(tensors, f"second.{i}", dtype) for i in range(count)],
+                          [tensors[f"second.{i}.bias"].to(dtype) for i in range(count)])
             path_accuracy = _read_path_accuracy(config.get("path_accuracy"), count)
         except FileNotFoundError:
             raise SpecplayError(f"{model_dir} has no Medusa heads ({HEADS_FILE} + {CONFIG_FILE})") from None
         except (KeyError, ValueError, TypeError, OSError, RuntimeError) as exc:
             raise SpecplayError(f"{model_dir}: cannot read Medusa heads ({exc})") from None
-        return cls(weights, biases, path_accuracy)
+        return cls(weights, biases, path_accuracy, second)
 
     @property
     def count(self) -> int:
         return len(self.weights)
+
+    @property
+    def layers(self) -> int:
+        return 1 if self.second is None else 2
 
     def path_chances(self, depth: int) -> tuple:
         """((r_1, ..., r_d), chance) for paths of at most `depth` heads: measured when the config has them."""
@@ -73,13 +91,41 @@ class MedusaHeads:
             self._stacks[depth] = (torch.cat(self.weights[:depth]), torch.cat(self.biases[:depth]))
         return self._stacks[depth]
 
+    def second_layer(self, outs: torch.Tensor) -> torch.Tensor:
+        """outs [depth, M, H], the first blocks' outputs of the first depth heads -> the heads' outputs: outs
+        itself for one-block heads, else outs + SiLU(V_d outs[d] + c_d) for every head d (torch operations
+        on every device)."""
+        if self.second is None:
+            return outs
+        depth = outs.shape[0]
+        if depth not in self._second_stacks:
+            weights, biases = self.second
+            self._second_stacks[depth] = (torch.stack(weights[:depth]).transpose(1, 2).contiguous(),
+                                          torch.stack(biases[:depth])[:, None, :])
+        weight_t, bias = self._second_stacks[depth]  # [depth, H, H] (V_d transposed), [depth, 1, H]
+        return outs + F.silu(torch.baddbmm(bias, outs, weight_t))
+
     def logits(self, runner, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [H] (pre-norm target feature) -> [D, V] logits, one row per head, as the torch twin of
-        Medusa's drafting computes them (engine.kernels.step.medusa_heads_reference, then the LM head)."""
+        Medusa's drafting computes them (engine.kernels.step.medusa_heads_reference, the second blocks, then
+        the LM head)."""
         weight, bias = self.stacked(self.count)
         eps = runner.spec.rms_norm_eps
         outs = medusa_heads_reference(hidden[None], runner.norm_weight, eps, weight, bias, self.count)
-        return runner.project(outs[:, 0])  # outs [D, 1, H] -> [D, V]
+        return runner.project(self.second_layer(outs)[:, 0])  # outs [D, 1, H] -> [D, V]
+
+
+def _weight(tensors: dict, name: str, dtype) -> torch.Tensor:
+    """`name`.weight [H, H] in dtype: stored as it is, or as int8 with one scale a row (`name`.weight_scale
+    [H]), dequantised here (the kernels read the dequantised copy)."""
+    weight = tensors[f"{name}.weight"]
+    scale = tensors.get(f"{name}.weight_scale")
+    if scale is None:
+        return weight.to(dtype)
+    if weight.dtype != torch.int8 or scale.shape != weight.shape[:1]:
+        raise ValueError(f"{name}: an int8 weight {tuple(weight.shape)} needs one scale a row "
+                         f"(got {weight.dtype}, scale {tuple(scale.shape)})")
+    return (weight.float() * scale.float()[:, None]).to(dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -90,10 +90,12 @@ def heldout_sample_losses(models_dir: Path, device="cpu") -> dict:
 
 
 def export_medusa_heads(ctx, dst: Path) -> None:
-    """The Medusa heads in fp16, with the path accuracies measured by the medusa stage."""
+    """The Medusa heads in fp16 (their matrices in int8 with the preset's medusa_int8), with the path
+    accuracies measured by the medusa stage."""
     mh = heads.load_medusa(ctx.stage_dir("medusa"))
     path_accuracy = heads.medusa_path_accuracy(ctx.stage_dir("medusa"))
-    heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16, path_accuracy=path_accuracy)
+    heads.save_medusa(mh, mh.heads[0].in_features, dst, dtype=torch.float16, path_accuracy=path_accuracy,
+                      int8=ctx.preset.medusa_int8)
 
 
 def export_heads(ctx, dst: Path) -> None:
@@ -364,8 +366,7 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
         f"{tgt.get('params')} | {tgt.get('fp16_bytes')} |",
         f"| draft | {shape_line(p['draft'])}, tied embeddings, context {p['seq_len']} | "
         f"{drf.get('params')} | {drf.get('fp16_bytes')} |",
-        f"| Medusa heads | {p['medusa_heads']} x residual SiLU block (H x H + bias), shared frozen lm_head | "
-        f"{med and med.get('params')} | {med and 2 * med['params']} |",
+        medusa_row(p, (report.get("medusa_retrain") or {}).get("stages", {}).get("medusa") or med),
         f"| EAGLE head | fc (2H -> H) + 1 Llama decoder layer, frozen target embeddings/norm/lm_head | "
         f"{eag and eag.get('params')} | {eag and 2 * eag['params']} |",
     ]
@@ -493,12 +494,23 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
     return "\n".join(L)
 
 
+def medusa_row(p: dict, med: Optional[dict]) -> str:
+    """The models table's row of the shipped Medusa heads (those retrained alone where they were)."""
+    layers = (med or {}).get("layers", 1)
+    blocks = "residual SiLU block" if layers == 1 else f"{layers} residual SiLU blocks"
+    params = med and med.get("params")
+    stored = "" if not params or layers == 1 else " (shipped as int8 matrices with an fp16 scale a row)"
+    return (f"| Medusa heads | {p['medusa_heads']} x {blocks} (H x H + bias each), shared frozen lm_head | "
+            f"{params} | {params and 2 * params}{stored} |")
+
+
 MEDUSA_LOSSES = {
     "self-distillation": "self-distillation: CE against the target's own distribution at each head's offset "
                          "(Medusa-2 style, target frozen)",
     "cross-entropy against the target's greedy text": (
         "the target's greedy text: continuations of the tokens before a line end of standard-library "
-        "training files, the target's final-normed "
+        "training files (and, where the recipe has them, of whole lines from a top-level line, the held-out "
+        "prompts' form), the target's final-normed "
         "features computed once, head d trained by CE to rank first the text's token t+1+d at every position "
         "t from the prompt's last token on, what a greedy round drafting from t accepts (target frozen); the "
         "snapshot kept is the one with the lowest loss on the held-out greedy text"),
@@ -510,10 +522,16 @@ def _retrained_alone(retrain: dict, stage: str) -> str:
     sgen, head = retrain["stages"].get("selfgen") or {}, retrain["stages"][stage]
     text, cpu = head.get("greedy_text"), str(head.get("hardware", "")).startswith("CPU")
     if text:
+        top, top_val = text.get("top_level_sequences", 0), text.get("top_level_val_sequences", 0)
         data = (f"{text['sequences']} greedy continuations by the target of the {text['prompt_len']} tokens "
-                f"before a line end of standard-library training files ({text['new_tokens']} new tokens; "
-                f"{text['positions']} positions; {text['val_sequences']} more held out, no validation file "
-                f"read)")
+                f"before a line end of standard-library training files"
+                + (f" and {top} of 100 to 300 characters of whole lines from a top-level line of the same "
+                   f"files (the held-out prompts' form)" if top else "")
+                + f" ({text['new_tokens']} new tokens; {text['positions']} positions; "
+                f"{text['val_sequences'] + top_val} more held out, no validation file read)")
+        if head.get("layers", 1) > 1:
+            data += (f"; {head['layers']} residual blocks a head, shipped as int8 matrices with an fp16 "
+                     f"scale a row")
     else:
         data = (f"{sgen.get('train_sequences')} continuations of the target's own text, "
                 f"{sgen.get('greedy_sequences')} of them greedy")

@@ -51,18 +51,30 @@ def freeze(module: nn.Module) -> nn.Module:
 # ----------------------------------------------------------------------------- Medusa
 
 class MedusaHeads(nn.Module):
-    """Head k (k = 1..n) maps x_t to h = x_t + SiLU(W_k x_t + b_k); lm_head(h) predicts token t+1+k."""
+    """Head k (k = 1..n) maps x_t to h = x_t + SiLU(W_k x_t + b_k), with a second block (layers = 2) then
+    h + SiLU(V_k h + c_k); lm_head(h) predicts token t+1+k."""
 
-    def __init__(self, hidden_size: int, num_heads: int):
+    def __init__(self, hidden_size: int, num_heads: int, layers: int = 1):
         super().__init__()
+        if layers not in (1, 2):
+            raise ValueError(f"Medusa heads have 1 or 2 blocks, not {layers}")
         self.heads = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
-        for h in self.heads:   # zero init: every head starts as the plain next-token LM head
+        self.second = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads)
+                                    if layers == 2)
+        for h in (*self.heads, *self.second):   # zero init: every head starts as the plain next-token LM head
             nn.init.zeros_(h.weight)
             nn.init.zeros_(h.bias)
 
+    @property
+    def layers(self) -> int:
+        return 2 if len(self.second) else 1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., H] -> [n, ..., H]."""
-        return torch.stack([x + F.silu(h(x)) for h in self.heads])
+        outs = [x + F.silu(h(x)) for h in self.heads]
+        if len(self.second):
+            outs = [h + F.silu(block(h)) for h, block in zip(outs, self.second)]
+        return torch.stack(outs)
 
 
 RANKS = 6  # candidates per head that a Medusa tree may use
@@ -71,10 +83,13 @@ PATHS_KEPT = 64  # the most often right paths saved with the heads (a tree has a
 
 def medusa_config(heads: MedusaHeads, hidden_size: int, path_accuracy: list | None = None) -> dict:
     n = len(heads.heads)
-    config = {"num_heads": n, "hidden_size": hidden_size, "offsets": [k + 1 for k in range(1, n + 1)],
+    residual = "h = x + SiLU(W x + b)" + ("; h = h + SiLU(V h + c) (the second block)" if heads.layers == 2
+                                         else "")
+    config = {"num_heads": n, "hidden_size": hidden_size, "layers": heads.layers,
+              "offsets": [k + 1 for k in range(1, n + 1)],
               "offsets_meaning": "head k-1 reads the final-normed hidden state at position t and predicts "
                                  "the token at t+offset (the lm_head itself predicts t+1)",
-              "residual": "h = x + SiLU(W x + b); logits = target.lm_head(h)"}
+              "residual": residual + "; logits = target.lm_head(h)"}
     if path_accuracy is not None:
         config["path_accuracy"] = [[list(path), round(chance, 6)] for path, chance in path_accuracy]
         config["path_accuracy_meaning"] = (
@@ -161,6 +176,17 @@ def greedy_examples(target, rows: torch.Tensor, prompt_len: int, depth: int, bs:
     return torch.cat(xs), torch.cat(labels)
 
 
+def greedy_examples_of(target, texts: list, depth: int, bs: int = 32) -> tuple:
+    """greedy_examples over texts [(ids [P + N], P)] of any prompt lengths P (N alike): the texts of one
+    prompt length go through greedy_examples together; their positions are concatenated in that order."""
+    groups: dict = {}
+    for ids, prompt_len in texts:
+        groups.setdefault((prompt_len, len(ids)), []).append(ids)
+    parts = [greedy_examples(target, torch.stack(rows), prompt_len, depth, bs)
+             for (prompt_len, _), rows in sorted(groups.items())]
+    return torch.cat([x for x, _ in parts]), torch.cat([labels for _, labels in parts])
+
+
 def medusa_greedy_loss(heads: MedusaHeads, target, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """x [M, H] final-normed features, labels [M, D]: the mean over heads d of
     CE(lm_head(head_d(x)), labels[:, d])."""
@@ -234,23 +260,44 @@ def eval_medusa_greedy(heads: MedusaHeads, target, x: torch.Tensor, labels: torc
 
 
 def save_medusa(heads: MedusaHeads, hidden_size: int, out_dir: Path, dtype=torch.float16,
-                path_accuracy: list | None = None) -> None:
+                path_accuracy: list | None = None, int8: bool = False) -> None:
+    """The heads' weights in dtype, or with int8 = True their matrices as int8 with one `.weight_scale` a
+    row (dtype) and their biases in dtype: half the bytes; the drafter dequantises them at load."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
+    state = {}
+    for name, value in heads.state_dict().items():
+        value = value.detach().to("cpu", torch.float32)
+        if int8 and name.endswith(".weight"):
+            state[name], state[name + "_scale"] = quantize_rows(value)
+            state[name + "_scale"] = state[name + "_scale"].to(dtype)
+        else:
+            state[name] = value.to(dtype).contiguous()
     save_file(state, str(out_dir / "medusa_heads.safetensors"), metadata={"format": "pt"})
     cfg = medusa_config(heads, hidden_size, path_accuracy)
     (out_dir / "medusa_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple:
+    """weight [R, C] -> (int8 [R, C], scale [R]) with weight ~ int8 * scale[:, None] (symmetric, per row)."""
+    scale = weight.abs().amax(1).clamp_min(1e-12) / 127
+    return (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
 
 
 def load_medusa(dir_: Path) -> MedusaHeads:
     from safetensors.torch import load_file
 
     cfg = json.loads((dir_ / "medusa_config.json").read_text())
-    heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"])
+    heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"], cfg.get("layers", 1))
     state = load_file(str(dir_ / "medusa_heads.safetensors"))
-    heads.load_state_dict({k: v.float() for k, v in state.items()})
+    weights = {}
+    for name, value in state.items():
+        if name.endswith("_scale"):
+            continue
+        scale = state.get(name + "_scale")
+        weights[name] = value.float() if scale is None else value.float() * scale.float()[:, None]
+    heads.load_state_dict(weights)
     return heads
 
 

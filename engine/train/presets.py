@@ -64,6 +64,11 @@ class MedusaGreedy:
     prompt_len: int = 64
     new_tokens: int = 128
     batch_size: int = 64              # sequences generated at once
+    # passes over those training files drawing the held-out prompts' own form too: whole lines from a
+    # top-level line, 100 to 300 characters (stages.top_level_prompts; the held-out continuations get a fifth
+    # as many passes, at least one); 0: none
+    top_level_rounds: int = 0
+    top_level_limit: int = 0          # at most this many top-level prompts a split (0: every one drawn)
 
 
 @dataclass
@@ -97,6 +102,8 @@ class Preset:
     eval_new_tokens: int = 96         # ... completed greedily by this many tokens
     eval_max_files: Optional[int] = None   # held-out stdlib files for the perplexity (None: all)
     medusa_heads: int = 4
+    medusa_layers: int = 1            # residual blocks a Medusa head (1 or 2)
+    medusa_int8: bool = False         # ship the heads' matrices as int8 with a scale a row
     eagle_ce_weight: float = 0.1
     val_fraction: float = 0.05
     eval_windows: int = 64            # validation windows for every reported metric
@@ -127,10 +134,11 @@ def full() -> Preset:
                                   eval_every=400),
         distill_sched=StageSchedule(steps=3000, batch_size=64, lr=1.5e-3, time_budget_s=32, warmup_steps=50,
                                     eval_every=400),
-        # batch: positions of the greedy text (medusa_greedy); the budget is a 2-core CPU's (~0.16 s a step)
-        medusa_sched=StageSchedule(steps=3000, batch_size=512, lr=2e-3, time_budget_s=600, warmup_steps=50,
+        # batch: positions of the greedy text (medusa_greedy); the budget is a 2-core CPU's
+        medusa_sched=StageSchedule(steps=3000, batch_size=512, lr=2e-3, time_budget_s=900, warmup_steps=50,
                                    eval_every=500, weight_decay=0.0),
-        medusa_greedy=MedusaGreedy(batch_size=256),
+        medusa_greedy=MedusaGreedy(sequences=12288, batch_size=256, top_level_rounds=40),
+        medusa_layers=2, medusa_int8=True,
         eagle_sched=StageSchedule(steps=3000, batch_size=48, lr=2e-3, time_budget_s=22, warmup_steps=100,
                                   eval_every=500, weight_decay=0.0),
         eagle3_sched=StageSchedule(steps=4000, batch_size=32, lr=2e-3, time_budget_s=60, warmup_steps=100,
@@ -158,7 +166,9 @@ def tiny() -> Preset:
         target_sched=sched(40, 1e-2), draft_sched=sched(30, 1e-2), distill_sched=sched(15, 5e-3),
         medusa_sched=sched(15, 5e-3), eagle_sched=sched(15, 5e-3), eagle3_sched=sched(15, 5e-3),
         selfgen=SelfGen(sequences=16, val_sequences=8, prompt_len=8, batch_size=8, time_budget_s=5),
-        medusa_greedy=MedusaGreedy(sequences=16, val_sequences=8, prompt_len=8, new_tokens=16, batch_size=8),
+        medusa_greedy=MedusaGreedy(sequences=16, val_sequences=8, prompt_len=8, new_tokens=16, batch_size=8,
+                                   top_level_rounds=1, top_level_limit=12),
+        medusa_layers=2, medusa_int8=True,
         eagle3_steps=3, eagle3_intermediate=96,
         eval_windows=8, n_prompts=8, sample_bytes=4_000,
         eval_signatures=8, eval_new_tokens=16, eval_max_files=2,

@@ -378,7 +378,7 @@ def stage_medusa(ctx: Context) -> dict:
     lm.seed_all(p.seed + 4)
     target = load_target(ctx)
     H = target.config.hidden_size
-    mh = heads.MedusaHeads(H, p.medusa_heads).to(ctx.device).train()
+    mh = heads.MedusaHeads(H, p.medusa_heads, p.medusa_layers).to(ctx.device).train()
     sets = ctx.head_eval_sets()
     loss = heads.medusa_distill_loss if p.medusa_distill else heads.medusa_loss
     res = lm.run_schedule(
@@ -408,15 +408,20 @@ def stage_medusa_greedy(ctx: Context) -> dict:
     lm.seed_all(p.seed + 4)
     target = load_target(ctx)
     H = target.config.hidden_size
-    mh = heads.MedusaHeads(H, p.medusa_heads).to(ctx.device).train()
+    mh = heads.MedusaHeads(H, p.medusa_heads, p.medusa_layers).to(ctx.device).train()
     train_rows, made_s = medusa_greedy_text(ctx, target, "train")
     val_rows, _ = medusa_greedy_text(ctx, target, "val")
+    train_top, top_s = top_level_greedy_text(ctx, target, "train")
+    val_top, _ = top_level_greedy_text(ctx, target, "val")
+    made_s += top_s
     t1 = time.time()
-    x, labels = heads.greedy_examples(target, train_rows, g.prompt_len, p.medusa_heads)   # [M, H], [M, D]
-    val_x, val_labels = heads.greedy_examples(target, val_rows, g.prompt_len, p.medusa_heads)
-    ctx.log(f"[medusa] greedy text: {len(train_rows)} continuations, {len(x)} positions; held out "
-            f"{len(val_rows)}, {len(val_x)} positions (text {made_s:.0f} s, features "
-            f"{time.time() - t1:.0f} s)")
+    texts = [(row, g.prompt_len) for row in train_rows] + train_top
+    val_texts = [(row, g.prompt_len) for row in val_rows] + val_top
+    x, labels = heads.greedy_examples_of(target, texts, p.medusa_heads)   # [M, H], [M, D]
+    val_x, val_labels = heads.greedy_examples_of(target, val_texts, p.medusa_heads)
+    ctx.log(f"[medusa] greedy text: {len(train_rows)} + {len(train_top)} continuations, {len(x)} positions; "
+            f"held out {len(val_rows)} + {len(val_top)}, {len(val_x)} positions (text {made_s:.0f} s, "
+            f"features {time.time() - t1:.0f} s)")
     pick = torch.Generator().manual_seed(p.seed + 4)
 
     def loss_fn(step: int) -> torch.Tensor:
@@ -430,12 +435,19 @@ def stage_medusa_greedy(ctx: Context) -> dict:
     measured = heads.eval_medusa_greedy(mh, target, val_x, val_labels)
     heads.save_medusa(mh, H, ctx.stage_dir("medusa"), dtype=torch.float32,
                       path_accuracy=measured["path_accuracy"])
+    top_level = None
+    if val_top:  # the held-out continuations of prompts of the held-out prompts' form alone
+        top_x, top_labels = heads.greedy_examples_of(target, val_top, p.medusa_heads)
+        top_level = _drop_paths(heads.eval_medusa_greedy(mh, target, top_x, top_labels))
     final = heads.eval_medusa(mh, target, ctx.head_val_windows(), ctx.device)  # corpus text, for comparison
     metrics = dict(schedule_summary(res, sched.batch_size), final=_drop_paths(final),
-                   final_generated=_drop_paths(dict(measured)), tree_calibrated_on="generated",
-                   params=lm.count_params(mh), loss="cross-entropy against the target's greedy text",
+                   final_generated=_drop_paths(dict(measured)), final_top_level=top_level,
+                   tree_calibrated_on="generated", params=lm.count_params(mh), layers=p.medusa_layers,
+                   loss="cross-entropy against the target's greedy text",
                    greedy_text={"sequences": len(train_rows), "positions": len(x),
                                 "val_sequences": len(val_rows), "val_positions": len(val_x),
+                                "top_level_sequences": len(train_top),
+                                "top_level_val_sequences": len(val_top),
                                 "prompt_len": g.prompt_len, "new_tokens": g.new_tokens,
                                 "text_s": round(made_s, 1)})
     return finish(ctx, "medusa", metrics, t0)
@@ -468,6 +480,71 @@ def medusa_greedy_text(ctx: Context, target, split: str) -> tuple:
     return rows.to(ctx.device), time.time() - t0
 
 
+def top_level_greedy_text(ctx: Context, target, split: str) -> tuple:
+    """The target's greedy continuations of top_level_prompts ("train" or the held-out "val"), each
+    (ids [P + new_tokens], P), made once and kept in the stage's folder; continuations that reach EOS are left
+    out. Returns them and the seconds spent making them (0 when read back or when the recipe has none)."""
+    from engine.train.generate import generate, left_pad
+
+    g = ctx.preset.medusa_greedy
+    if not g.top_level_rounds:
+        return [], 0.0
+    path = ctx.stage_dir("medusa") / f"greedy_top_{split}.npz"
+    if path.exists():
+        saved = np.load(path)
+        lengths = saved["prompt_lens"].astype(np.int64)
+        ends = np.cumsum(lengths + g.new_tokens)
+        tokens = torch.from_numpy(saved["tokens"].astype(np.int64)).to(ctx.device)
+        return [(tokens[end - n - g.new_tokens:end], int(n)) for end, n in zip(ends, lengths)], 0.0
+    t0, texts = time.time(), []
+    prompts = sorted(top_level_prompts(ctx, split), key=len)  # alike lengths share a batch: little padding
+    for start in range(0, len(prompts), g.batch_size):
+        chunk = prompts[start:start + g.batch_size]
+        ids, mask = left_pad(chunk)
+        new = generate(target, ids.to(ctx.device), mask.to(ctx.device), g.new_tokens).cpu()  # [B, N]
+        texts += [(torch.cat([torch.tensor(p), n]), len(p)) for p, n in zip(chunk, new)
+                  if not (n == lm.EOS_ID).any()]
+    ctx.log(f"[medusa] {split} top-level greedy text: {len(prompts) - len(texts)} of {len(prompts)} "
+            f"continuations reached EOS, left out")
+    np.savez(path, tokens=torch.cat([t for t, _ in texts]).numpy().astype(np.uint16),
+             prompt_lens=np.array([n for _, n in texts], dtype=np.int32))
+    return [(t.to(ctx.device), n) for t, n in texts], time.time() - t0
+
+
+def top_level_prompts(ctx: Context, split: str) -> list:
+    """Token lists in the held-out prompts' form (corpus.heldout_prompts: whole lines from a top-level line
+    in the middle 70% of a file, 100 to 300 characters), drawn from the same standard-library training files
+    as medusa_prompts ("val": the held-out tenth): top_level_rounds passes, each from its own place in every
+    file, ending at 300, 220 or 160 characters ("val": 300, a fifth as many passes); no prompt twice."""
+    g = ctx.preset.medusa_greedy
+    tok = Tokenizer.from_file(str(ctx.stage_dir("tokenizer") / "tokenizer" / "tokenizer.json"))
+    rounds, ends = ((max(1, g.top_level_rounds // 5), (300,)) if split == "val"
+                    else (g.top_level_rounds, (300, 220, 160)))
+    seen, prompts = set(), []
+    for round_ in range(rounds):
+        for f in medusa_files(ctx, split):
+            place = 0.15 + 0.7 * corpus.path_bucket(f.rel, f"medusa_prompt{round_}")
+            start = corpus.prompt_start(f.text, place)
+            for hi in ends:
+                text = corpus.cut_prompt(f.text, start, 100, hi)
+                if text and text not in seen:
+                    seen.add(text)
+                    prompts.append(tok.encode(text).ids)
+    return prompts[:g.top_level_limit] if g.top_level_limit else prompts
+
+
+def medusa_files(ctx: Context, split: str) -> list:
+    """The standard-library training files the Medusa recipe's prompts come from: outside the corpus's
+    validation split and the test suite, the held-out tenth (by path hash) for "val" only."""
+    files = [f for f in corpus.load_stdlib(ctx.preset.max_file_bytes) if not corpus.in_test_suite(f.rel)]
+    splits = corpus.assign_splits([f.rel for f in files], ctx.preset.val_fraction)
+    held = [corpus.path_bucket(f.rel, "medusa") < 0.1 for f in files]
+    pool = [f for f, h in zip(files, held) if splits[f.rel] == "train" and h == (split == "val")]
+    if not pool:
+        raise SpecplayError(f"no standard-library training files for the Medusa {split} prompts")
+    return pool
+
+
 def medusa_prompts(ctx: Context, split: str, count: int) -> torch.Tensor:
     """[count, prompt_len]: the prompt_len tokens before a line end in the middle 70% of a standard-library
     training file, the files and line ends drawn at random (seeded). The files of the corpus's validation
@@ -477,12 +554,7 @@ def medusa_prompts(ctx: Context, split: str, count: int) -> torch.Tensor:
     cpu_medusa_greedy_stdlib_windows.txt)."""
     g, p = ctx.preset.medusa_greedy, ctx.preset
     tok = Tokenizer.from_file(str(ctx.stage_dir("tokenizer") / "tokenizer" / "tokenizer.json"))
-    files = [f for f in corpus.load_stdlib(p.max_file_bytes) if not corpus.in_test_suite(f.rel)]
-    splits = corpus.assign_splits([f.rel for f in files], p.val_fraction)
-    held = [corpus.path_bucket(f.rel, "medusa") < 0.1 for f in files]
-    pool = [f for f, h in zip(files, held) if splits[f.rel] == "train" and h == (split == "val")]
-    if not pool:
-        raise SpecplayError(f"no standard-library training files for the Medusa {split} prompts")
+    pool = medusa_files(ctx, split)
     rng = np.random.default_rng(p.seed + (7 if split == "val" else 5))
     rows: list = []
     for _ in range(50 * count):
