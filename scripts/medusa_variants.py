@@ -9,6 +9,7 @@ rounds after the first token (decoding's first round drafts nothing, so `bench m
 
     python scripts/medusa_variants.py --stage /tmp/run/medusa --device cuda --layers 1,2 \
         --steps 6000 --batch 2048
+    python scripts/medusa_variants.py --stage /tmp/run/medusa --layers "" --heads assets/models/target
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from engine.bench import heldout_prompts  # noqa: E402
 from engine.drafters.medusa import default_choices  # noqa: E402
 from engine.train import heads  # noqa: E402
 from engine.train.presets import MedusaGreedy  # noqa: E402
+from engine.train.stages import read_top_level_text  # noqa: E402
 
 DEPTH, RANKS, NEW_TOKENS = 4, heads.RANKS, MedusaGreedy.new_tokens
 
@@ -40,11 +42,7 @@ def stage_texts(stage: Path, split: str, device) -> list:
     texts = [(row, MedusaGreedy.prompt_len) for row in rows]
     top = stage / f"greedy_top_{split}.npz"
     if top.exists():
-        saved = np.load(top)
-        tokens = torch.from_numpy(saved["tokens"].astype(np.int64)).to(device)
-        lengths = saved["prompt_lens"].astype(np.int64)
-        ends = np.cumsum(lengths + NEW_TOKENS)
-        texts += [(tokens[end - n - NEW_TOKENS:end], int(n)) for end, n in zip(ends, lengths)]
+        texts += read_top_level_text(top, NEW_TOKENS, device)
     return texts
 
 
@@ -104,12 +102,27 @@ def replay(hits: torch.Tensor, rows: int, tree: tuple) -> float:
     return tokens / rounds
 
 
+def replayed(module, target, sets: dict, examples: dict, nodes: list) -> dict:
+    """Head top-1 on the held-out continuations and replayed tokens a round on every set, the tree from the
+    module's own held-out path accuracies."""
+    held_hits = hits_of(module, target, *examples["held-out continuations"])
+    paths = heads.top_paths(heads.path_hits(held_hits), held_hits.shape[-1])
+    chances = tuple((tuple(p), c) for p, c in paths)
+    result = {"head_top1": [round(held_hits[d, 0].float().mean().item(), 4) for d in range(DEPTH)]}
+    for name, texts in sets.items():
+        hits = held_hits if name.startswith("held-out cont") else hits_of(module, target, *examples[name])
+        result[name] = {n: round(replay(hits, len(texts), default_choices(n, chances)), 3) for n in nodes}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", type=Path, required=True, help="a medusa stage's folder (its text)")
     parser.add_argument("--model", type=Path, default=REPO / "assets/models/target")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", default="1,2", help="residual blocks a head, one design each")
+    parser.add_argument("--layers", default="1,2", help="blocks a head, one design each ('': none)")
+    parser.add_argument("--heads", type=Path, default=None,
+                        help="also replay the heads saved in this folder, as they are")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -119,31 +132,30 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     device = torch.device(args.device)
+    nodes = [int(n) for n in args.nodes.split(",")]
     target = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)
     target = heads.freeze(target.to(device))
-    x, labels = heads.greedy_examples_of(target, stage_texts(args.stage, "train", device), DEPTH)
     held = stage_texts(args.stage, "val", device)
     prompts = prompt_texts(target, args.model / "tokenizer.json", 32)
     # equal position counts per text within each set: every continuation has NEW_TOKENS tokens
     sets = {"held-out continuations": held, "held-out prompts 1-8": prompts[:8],
             "held-out prompts 9-32": prompts[8:]}
     examples = {name: heads.greedy_examples_of(target, texts, DEPTH) for name, texts in sets.items()}
+    if args.heads is not None:
+        module = heads.load_medusa(args.heads).to(device).eval()
+        print(json.dumps({"heads": str(args.heads), **replayed(module, target, sets, examples, nodes)}))
+    designs = [int(n) for n in args.layers.split(",") if n]
+    if not designs:
+        return
+    x, labels = heads.greedy_examples_of(target, stage_texts(args.stage, "train", device), DEPTH)
     print(f"{len(x)} training positions; device {device}; {args.steps} steps of {args.batch}, lr {args.lr}")
-    for layers in map(int, args.layers.split(",")):
+    for layers in designs:
         t0 = time.time()
         torch.manual_seed(0)
         module = heads.MedusaHeads(x.shape[1], DEPTH, layers).to(device)
         train(module, target, x, labels, args.steps, args.batch, args.lr)
-        held_hits = hits_of(module, target, *examples["held-out continuations"])
-        paths = heads.top_paths(heads.path_hits(held_hits), held_hits.shape[-1])
-        chances = tuple((tuple(p), c) for p, c in paths)
-        result = {"layers": layers, "seconds": round(time.time() - t0, 1),
-                  "head_top1": [round(held_hits[d, 0].float().mean().item(), 4) for d in range(DEPTH)]}
-        for name, texts in sets.items():
-            hits = held_hits if name.startswith("held-out cont") else hits_of(module, target, *examples[name])
-            result[name] = {n: round(replay(hits, len(texts), default_choices(n, chances)), 3)
-                            for n in map(int, args.nodes.split(","))}
-        print(json.dumps(result), flush=True)
+        result = replayed(module, target, sets, examples, nodes)
+        print(json.dumps({"layers": layers, "seconds": round(time.time() - t0, 1), **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -58,11 +58,11 @@ class MedusaHeads:
             layers = int(config.get("layers", 1))
             if layers not in (1, 2):
                 raise ValueError(f"{layers} layers a head (1 or 2 are known)")
-            weights = [_weight(tensors, f"heads.{i}", dtype) for i in range(count)]
+            weights = [dequantized_weight(tensors, f"heads.{i}", dtype) for i in range(count)]
             biases = [tensors[f"heads.{i}.bias"].to(dtype) for i in range(count)]
             second = None
             if layers == 2:
-                second = ([_weight(tensors, f"second.{i}", dtype) for i in range(count)],
+                second = ([dequantized_weight(tensors, f"second.{i}", dtype) for i in range(count)],
                           [tensors[f"second.{i}.bias"].to(dtype) for i in range(count)])
             path_accuracy = _read_path_accuracy(config.get("path_accuracy"), count)
         except FileNotFoundError:
@@ -115,9 +115,9 @@ class MedusaHeads:
         return runner.project(self.second_layer(outs)[:, 0])  # outs [D, 1, H] -> [D, V]
 
 
-def _weight(tensors: dict, name: str, dtype) -> torch.Tensor:
+def dequantized_weight(tensors: dict, name: str, dtype) -> torch.Tensor:
     """`name`.weight [H, H] in dtype: stored as it is, or as int8 with one scale a row (`name`.weight_scale
-    [H]), dequantised here (the kernels read the dequantised copy)."""
+    [H]), dequantised here (the kernels read the dequantised copy; training's load_medusa reads it too)."""
     weight = tensors[f"{name}.weight"]
     scale = tensors.get(f"{name}.weight_scale")
     if scale is None:

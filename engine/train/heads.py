@@ -290,14 +290,13 @@ def load_medusa(dir_: Path) -> MedusaHeads:
 
     cfg = json.loads((dir_ / "medusa_config.json").read_text())
     heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"], cfg.get("layers", 1))
+    from engine.drafters.medusa import dequantized_weight
+
     state = load_file(str(dir_ / "medusa_heads.safetensors"))
-    weights = {}
-    for name, value in state.items():
-        if name.endswith("_scale"):
-            continue
-        scale = state.get(name + "_scale")
-        weights[name] = value.float() if scale is None else value.float() * scale.float()[:, None]
-    heads.load_state_dict(weights)
+    heads.load_state_dict({
+        name: dequantized_weight(state, name[:-len(".weight")], torch.float32) if name.endswith(".weight")
+        else value.float()
+        for name, value in state.items() if not name.endswith("_scale")})
     return heads
 
 

@@ -491,11 +491,7 @@ def top_level_greedy_text(ctx: Context, target, split: str) -> tuple:
         return [], 0.0
     path = ctx.stage_dir("medusa") / f"greedy_top_{split}.npz"
     if path.exists():
-        saved = np.load(path)
-        lengths = saved["prompt_lens"].astype(np.int64)
-        ends = np.cumsum(lengths + g.new_tokens)
-        tokens = torch.from_numpy(saved["tokens"].astype(np.int64)).to(ctx.device)
-        return [(tokens[end - n - g.new_tokens:end], int(n)) for end, n in zip(ends, lengths)], 0.0
+        return read_top_level_text(path, g.new_tokens, ctx.device), 0.0
     t0, texts = time.time(), []
     prompts = sorted(top_level_prompts(ctx, split), key=len)  # alike lengths share a batch: little padding
     for start in range(0, len(prompts), g.batch_size):
@@ -509,6 +505,16 @@ def top_level_greedy_text(ctx: Context, target, split: str) -> tuple:
     np.savez(path, tokens=torch.cat([t for t, _ in texts]).numpy().astype(np.uint16),
              prompt_lens=np.array([n for _, n in texts], dtype=np.int32))
     return [(t.to(ctx.device), n) for t, n in texts], time.time() - t0
+
+
+def read_top_level_text(path: Path, new_tokens: int, device) -> list:
+    """top_level_greedy_text's saved continuations (tokens end to end, each text's prompt length) as
+    [(ids [P + new_tokens], P)]."""
+    saved = np.load(path)
+    lengths = saved["prompt_lens"].astype(np.int64)
+    ends = np.cumsum(lengths + new_tokens)
+    tokens = torch.from_numpy(saved["tokens"].astype(np.int64)).to(device)
+    return [(tokens[end - n - new_tokens:end], int(n)) for end, n in zip(ends, lengths)]
 
 
 def top_level_prompts(ctx: Context, split: str) -> list:
