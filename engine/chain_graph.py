@@ -369,20 +369,37 @@ def _eagle_round_graph(head, n: int, k: int, width: int, vocab: int, sampling: O
 
 
 def medusa_draft(target, heads, hidden: torch.Tensor, tree, vocab: int):
-    """Medusa's whole proposal (the heads on the verified feature hidden [H], their top ranks, the tree's
-    tokens) as one graph replay; returns tokens [N], or None where graphs do not apply (the caller runs it
-    eagerly)."""
+    """Medusa's whole proposal from the verified feature hidden [H] (the heads, their top ranks, the tree's
+    tokens; for a dynamic tree, MedusaCandidates, the candidates' tokens and scores) as one graph replay;
+    returns medusa_proposal's row 0 (tokens [N], or tokens [T] and scores [T]), or None where graphs do not
+    apply (the caller runs it eagerly)."""
     if not ChainGraphs.available(target, 2):
         return None
 
     def build() -> CapturedChain:
         def propose(feature):
-            return medusa_rows(target, heads, feature[None], tree, vocab)[0]  # [N]
+            return first_row(medusa_proposal(target, heads, feature[None], tree, vocab))
 
         return CapturedChain(propose, (torch.zeros_like(hidden),), target.device, graph_pool(target))
 
     graph = ChainGraphs.of(target).get(("medusa", id(heads), tree, vocab), build)
     return None if graph is None else graph.run(hidden)
+
+
+def first_row(proposal):
+    """Row 0 of medusa_proposal's output (a tensor, or a tuple of them)."""
+    if isinstance(proposal, tuple):
+        return tuple(t[0] for t in proposal)
+    return proposal[0]
+
+
+def medusa_proposal(target, heads, features: torch.Tensor, tree, vocab: int, accepted=None, path=None,
+                    chained: bool = False):
+    """A fixed tree's tokens [M, N] (medusa_rows), or for a dynamic tree (tree.per_round) its candidates'
+    tokens and scores, ([M, T], [M, T]) (medusa_candidate_rows), drafted from each row of features [M, H]."""
+    if tree.per_round:
+        return medusa_candidate_rows(target, heads, features, tree, vocab, accepted, path, chained)
+    return medusa_rows(target, heads, features, tree, vocab, accepted, path, chained)
 
 
 # Medusa's heads in sp_medusa_heads (the row's pick, the final norm, the heads' product, SiLU and the residual
@@ -398,7 +415,38 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
     accepted, path (device [1] and [N], a verification's): the one row that gave its next token instead
     (0 when nothing was accepted, else path[accepted - 1] + 1) -> [1, N], picked on the device. chained: the
     stream's last kernel is a kernel (not a copy), so the heads' may start early behind it."""
-    depth, width = tree.depth, tree.width
+    width = tree.width
+    logits, rows, kernels = _medusa_logits(target, heads, features, tree.depth, accepted, path, chained)
+    if kernels is not None and len(logits) == 1 and width <= TOPK_MAX:
+        # the ranking and the tree's pick behind the one product
+        index = _medusa_index(tree, rows, logits[0].device)
+        return kernels.topk_take(logits[0][:, :vocab], width, index, chained=True)  # [M, N]
+    ranked = topk(torch.cat(logits)[:, :vocab], width).indices  # [depth * M, width]
+    return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
+
+
+def medusa_candidate_rows(target, heads, features: torch.Tensor, candidates, vocab: int,
+                          accepted: Optional[torch.Tensor] = None, path: Optional[torch.Tensor] = None,
+                          chained: bool = False) -> tuple:
+    """features [M, H] (pre-norm) -> the candidate paths' tokens [M, T] and scores [M, T] from each row (as
+    medusa_rows' rows; accepted, path, chained too): a path's score is the sum of its heads' log-probabilities
+    of its ranks, so a path never scores above its prefix (engine.drafters.medusa.MedusaCandidates)."""
+    depth, width = candidates.depth, candidates.width
+    logits, rows, _ = _medusa_logits(target, heads, features, depth, accepted, path, chained)
+    logits = torch.cat(logits)[:, :vocab].float()  # [depth * M, V]
+    values, ranked = topk(logits, width)  # [depth * M, width]
+    log_p = values.float() - torch.logsumexp(logits, -1, keepdim=True)  # [depth * M, width]
+    # head-major [depth, M, width] -> [M, depth * width]: d * width + r is a candidate's step (flat_index)
+    ranked = ranked.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
+    log_p = log_p.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
+    tables = candidates.tables(ranked.device)  # last_step [T], steps [T, depth * width]
+    return ranked.index_select(1, tables.last_step), log_p @ tables.steps.T  # [M, T], [M, T]
+
+
+def _medusa_logits(target, heads, features: torch.Tensor, depth: int, accepted, path, chained: bool) -> tuple:
+    """The first `depth` heads' logits from each row of features [M, H] (or from the one row accepted and path
+    pick, see medusa_rows): ([parts of [depth * M, V'] head-major, float32 from the kernels], M, the decode
+    kernels or None). V' may pad the vocabulary."""
     kernels = _medusa_kernels(target, features)
     weight, bias = heads.stacked(depth)  # [depth * H, H], [depth * H]
     eps = target.spec.rms_norm_eps
@@ -407,29 +455,23 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
                                       None if accepted is None else accepted.clamp_min(0), path)
         outs = heads.second_layer(outs)  # [depth, M, H]
         rows = outs.shape[1]
-        logits = target.project(outs.reshape(depth * rows, -1))  # [depth * M, V]
-        ranked = topk(logits[:, :vocab], width).indices  # [depth * M, width]
-    else:
-        outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
-                                    chained=chained)
-        outs = heads.second_layer(outs)  # [depth, M, H]; the second blocks in torch's operations
-        behind_ours = heads.second is None  # the LM head's product may start early behind sp_medusa_heads
-        rows = outs.shape[1]
-        flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
-        parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=behind_ours)
-                 for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
-        if len(parts) == 1 and width <= TOPK_MAX:  # the ranking and the tree's pick behind the one product
-            index = _medusa_index(tree, rows, flat.device)
-            return kernels.topk_take(parts[0][:, :vocab], width, index, chained=True)  # [M, N]
-        ranked = topk(torch.cat(parts)[:, :vocab], width).indices  # [depth * M, width]
-    return ranked.take(_medusa_index(tree, rows, ranked.device))  # [M, N]
+        return [target.project(outs.reshape(depth * rows, -1))], rows, None
+    outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
+                                chained=chained)
+    outs = heads.second_layer(outs)  # [depth, M, H]; the second blocks in torch's operations
+    behind_ours = heads.second is None  # the LM head's product may start early behind sp_medusa_heads
+    rows = outs.shape[1]
+    flat = outs.view(depth * rows, -1)  # [depth * M, H], head-major
+    parts = [kernels.gemv(flat[i:i + GEMV_MAX_ROWS], target.lm_head, out_f32=True, chained=behind_ours)
+             for i in range(0, flat.shape[0], GEMV_MAX_ROWS)]
+    return parts, rows, kernels
 
 
 def medusa_rows_end_in_kernel(target, features: torch.Tensor, tree, rows: int) -> bool:
-    """Whether medusa_rows' last launch for `rows` rows is a kernel of ours (sp_topk picking the tree's
-    tokens), so that the next one may start early behind it."""
-    return (_medusa_kernels(target, features) is not None and tree.depth * rows <= GEMV_MAX_ROWS
-            and tree.width <= TOPK_MAX)
+    """Whether medusa_proposal's last launch for `rows` rows is a kernel of ours (sp_topk picking a fixed
+    tree's tokens), so that the next one may start early behind it."""
+    return (not tree.per_round and _medusa_kernels(target, features) is not None
+            and tree.depth * rows <= GEMV_MAX_ROWS and tree.width <= TOPK_MAX)
 
 
 def _medusa_kernels(target, features: torch.Tensor):
@@ -459,13 +501,13 @@ def _medusa_index(tree, rows: int, device) -> torch.Tensor:
 
 
 def medusa_draft_rows(target, heads, features: torch.Tensor, tree, vocab: int):
-    """Medusa's proposal from every row of a verified block at once: features [M, H] (pre-norm) -> tokens
-    [M, N], row i the tree's tokens drafted from row i's feature. Queued behind the verification, before the
-    accepted row is known; one graph replay per M where graphs apply, else eager."""
+    """Medusa's proposal from every row of a verified block at once: features [M, H] (pre-norm) ->
+    medusa_proposal's [M, ...], row i drafted from row i's feature. Queued behind the verification, before
+    the accepted row is known; one graph replay per M where graphs apply, else eager."""
     rows = features.shape[0]
 
     def propose(block):
-        return medusa_rows(target, heads, block, tree, vocab)
+        return medusa_proposal(target, heads, block, tree, vocab)
 
     if not ChainGraphs.available(target, 2):
         return propose(features)

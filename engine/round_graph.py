@@ -40,7 +40,7 @@ from engine.chain_graph import (
     eagle_chain_steps,
     graph_pool,
     head_step,
-    medusa_rows,
+    medusa_proposal,
     medusa_rows_end_in_kernel,
     model_chain_steps,
 )
@@ -171,29 +171,36 @@ class RoundGraph:
 
 
 class MedusaRoundGraph(RoundGraph):
-    """One Medusa round at a fixed tree (greedy or sampled)."""
+    """One Medusa round (greedy or sampled) at a fixed tree (MedusaTree), or at a tree chosen every round
+    from fixed candidates (MedusaCandidates): such a round first chooses its tree from the candidates' tokens
+    and scores that the last round drafted, and the tree's parents are an output of the graph, copied back
+    with the readout."""
 
     def __init__(self, target, heads, tree, backend, vocab: int, width: int, warp: Optional[tuple] = None):
         """warp: (temperature, top_k, top_p) for sampled rounds (recursive rejection sampling with the
         uniforms copied into `verify_u` before each replay), None for greedy ones."""
-        device, n = target.device, len(tree.parents)
+        device, n, per_round = target.device, tree.size, tree.per_round
         self.target, self.depth, self.nodes = target, tree.depth, n
-        self.parents = torch.tensor(tree.parents, dtype=torch.long)  # [N] host, for the events
-        self.block_parents = torch.cat((torch.tensor([-1]), self.parents + 1))  # [N+1] host
+        self.per_round = per_round
         # the last round's outcome and drafts, and its block's start: the replay's inputs
         self.accepted = torch.zeros(1, dtype=torch.long, device=device)
         self.path = torch.full((n,), -1, dtype=torch.long, device=device)
         self.next_token = torch.zeros(1, dtype=torch.long, device=device)
-        # the next round's drafts: from the last block's accepted row only ([1, N], ROW_HEADS), or from every
-        # row of it ([N+1, N]) with the accepted row picked at the next round's start
+        # the next round's drafts (a fixed tree's N tokens, or the T candidates' tokens and scores): from the
+        # last block's accepted row only ([1, ...], ROW_HEADS), or from every row of it ([N+1, ...]) with the
+        # accepted row picked at the next round's start
         self.row_heads = ROW_HEADS
-        self.early = torch.zeros(1 if self.row_heads else n + 1, n, dtype=torch.long, device=device)
+        shape = (1 if self.row_heads else n + 1, len(tree.paths) if per_round else n)
+        self.early = torch.zeros(shape, dtype=torch.long, device=device)
+        self.early_scores = torch.zeros(shape, dtype=torch.float32, device=device) if per_round else None
         # a start past the cache's end for the warm-up and the capture: they write only free rows
         self.start = torch.full((1,), target.length, dtype=torch.long, device=device)
         self.verify_u = torch.zeros(1, n + 1, dtype=torch.float32, device=device)  # [1, N+1], sampled rounds
-        block_depth, block_visible = target._tree_block(self.block_parents)
+        if not per_round:
+            self.parents = torch.tensor(tree.parents, dtype=torch.long)  # [N] host, for the events
+            fixed_tree = (self.parents.to(device),  # [N]
+                          *target._tree_block(torch.cat((torch.tensor([-1]), self.parents + 1))))
         kv = _kv(target, n + 1)
-        tree_parents = self.parents.to(device)  # [N]
         minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
         rows = target._arange[:self.depth]  # [D]
         # the block from the last outcome, and the new outcome into the next replay's inputs, as a chain's
@@ -207,8 +214,12 @@ class MedusaRoundGraph(RoundGraph):
         pdl = chained(ends_in_kernel(target, kernels, n + 1) and warp is None)  # greedy: verify, readout
 
         def round_():
+            if per_round:  # the tree first: the block's kernel follows the kept path's
+                drafts, tree_parents, block_depth, block_visible = tree.choose(*self._drafted_row())
+                self.parents = tree_parents  # [N] on the device, the event's (copied back with the readout)
+            else:
+                (drafts,), (tree_parents, block_depth, block_visible) = self._drafted_row(), fixed_tree
             keep_path(target, self.start, self.path[:self.depth], rows)
-            drafts = self.early[0] if self.row_heads else self.early.index_select(0, self._accepted_row())[0]
             # tokens [N+1] = [next token, drafts], start [1] = the last start + 1 + accepted, x [N+1, H]
             tokens, start, x = block(self.next_token, drafts, self.start, self.accepted, target.embed_weight)
             hidden, logits = target._block_step(x, start, block_depth, block_visible, kv,
@@ -222,19 +233,37 @@ class MedusaRoundGraph(RoundGraph):
             values = backend.readout(logits, result, tokens[1:], temperature, width, **pdl)
             # (the readout's is a kernel: the heads' may start behind it)
             if self.row_heads:  # the heads on the row that gave the next token, picked on the device
-                early = medusa_rows(target, heads, hidden, tree, vocab, result.accepted[:1], result.path[0],
-                                    chained=True)  # [1, N]
+                early = medusa_proposal(target, heads, hidden, tree, vocab, result.accepted[:1],
+                                        result.path[0], chained=True)  # [1, ...]
             else:
-                early = medusa_rows(target, heads, hidden, tree, vocab, chained=True)  # [N+1, N]
+                early = medusa_proposal(target, heads, hidden, tree, vocab, chained=True)  # [N+1, ...]
+            early_tokens = early[0] if per_round else early
             # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts, start and path
-            behind_topk = kernels is not None and medusa_rows_end_in_kernel(target, hidden, tree, len(early))
-            commit(result.accepted, result.next_token, early.view(-1), start, self.accepted, self.next_token,
-                   self.early.view(-1), self.start, path_in=result.path[0], path=self.path,
+            behind_topk = kernels is not None and medusa_rows_end_in_kernel(target, hidden, tree,
+                                                                            len(early_tokens))
+            commit(result.accepted, result.next_token, early_tokens.view(-1), start, self.accepted,
+                   self.next_token, self.early.view(-1), self.start, path_in=result.path[0], path=self.path,
                    **chained(behind_topk))
+            if per_round:
+                self.early_scores.copy_(early[1])
             return tokens, hidden, logits, result, values
 
         self._minus_one = minus_one
         self._capture(target, round_)
+
+    @property
+    def proposal(self):
+        """The drafts of the last replay's block (the Medusa drafter's early): the tokens, or the candidates'
+        tokens and scores."""
+        return (self.early, self.early_scores) if self.per_round else self.early
+
+    def _drafted_row(self) -> tuple:
+        """(drafts [N],) or (candidate tokens [T], scores [T]): what the last block's accepted row drafted."""
+        buffers = (self.early, self.early_scores) if self.per_round else (self.early,)
+        if self.row_heads:
+            return tuple(b[0] for b in buffers)
+        row = self._accepted_row()
+        return tuple(b.index_select(0, row)[0] for b in buffers)
 
     def _accepted_row(self) -> torch.Tensor:
         """[1] the last block's row whose distribution gave its next token: its accepted path's last node's
@@ -244,17 +273,20 @@ class MedusaRoundGraph(RoundGraph):
 
     def seed(self, launched, drafter) -> None:
         """Take a round launched without the graph as the next replay's last round: its outcome (device),
-        the drafts from its rows (the Medusa drafter's early [rows, N]) and its block's start."""
+        the drafts from its rows (the Medusa drafter's early [rows, ...]) and its block's start."""
         self._seed_outcome(launched)
         self.accepted.clamp_(min=0)
         if launched.result.path.shape[-1] == self.nodes:
             self.path.copy_(launched.result.path[0])
         else:  # an empty draft: nothing to keep
             self.path.fill_(-1)
-        if self.row_heads:
-            self.early.copy_(drafter.early.index_select(0, self._accepted_row()))
-        else:
-            self.early[:drafter.early.shape[0]].copy_(drafter.early)
+        drafted = drafter.early if self.per_round else (drafter.early,)
+        buffers = (self.early, self.early_scores) if self.per_round else (self.early,)
+        for buffer, rows in zip(buffers, drafted):
+            if self.row_heads:
+                buffer.copy_(rows.index_select(0, self._accepted_row()))
+            else:
+                buffer[:rows.shape[0]].copy_(rows)
 
 
 class ChainRoundGraph(RoundGraph):
@@ -867,7 +899,7 @@ def medusa_round_graph(target, heads, tree, backend, vocab: int, width: int,
     """The captured round for this tree, built on first use and kept with the target's graphs; None where it
     does not apply: no graphs, no decode path for the block, no compiled kernels, or too little free cache
     for the capture's rows."""
-    n = len(tree.parents) + 1
+    n = tree.size + 1
     if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target._decode_path(n)):
         return None
     if target.length + 1 + tree.depth + n > target.max_length:

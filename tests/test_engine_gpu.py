@@ -235,6 +235,30 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     assert {"medusa", "medusa_rows"} <= kinds
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatch, dynamic):
+    """Medusa's tree chosen each round (the candidates scored behind the heads' kernels, sp_tree_choose in the
+    round graph) and its fixed tree (SPECPLAY_MEDUSA_DYNAMIC=0): greedy output is plain decoding's, with the
+    rounds replayed as graphs (counted) and with graphs off, at K = 2 and 4 and a tree of 16 nodes."""
+    from engine.drafters import medusa
+
+    monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
+    decoder = build(tmp_path_factory.mktemp("gpu_medusa_trees"), 96, 64, 2, 3, 0.15)
+    replays = _count_calls(monkeypatch, "_replay_round")
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
+    for k, nodes in ((2, 0), (4, 0), (4, 16)):
+        config = GenerationConfig(method="medusa", k=k, tree_nodes=nodes, max_new_tokens=48)
+        replayed = len(replays)
+        graphed = decoder.generate_ids(PROMPT, config)
+        assert len(replays) > replayed, (k, nodes)
+        decoder.set_cuda_graphs(False)
+        try:
+            eager = decoder.generate_ids(PROMPT, config)
+        finally:
+            decoder.set_cuda_graphs(True)
+        assert graphed == eager == plain, (k, nodes)
+
+
 @pytest.mark.parametrize("method", ["medusa", "none"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, method, temperature):

@@ -321,14 +321,22 @@ def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end(
     assert capture_feed_lengths(runner, 4, 21, graph_of) == 0 and asked == []
 
 
+def fixed_tree_drafter(target, heads):
+    """A Medusa drafter of the fixed tree (SPECPLAY_MEDUSA_DYNAMIC=0's)."""
+    from engine.drafters.medusa import MedusaDrafter
+
+    drafter = MedusaDrafter(target, heads)
+    drafter.dynamic = False
+    return drafter
+
+
 def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
     """medusa_draft_rows (every row of a block, the heads stacked into one product) gives row i the tree that
     the one-row proposal drafts from row i's feature."""
     from engine.chain_graph import medusa_draft_rows
-    from engine.drafters.medusa import MedusaDrafter
 
     heads = decoder.medusa_heads()
-    drafter = MedusaDrafter(decoder.target, heads)
+    drafter = fixed_tree_drafter(decoder.target, heads)
     tree, _ = drafter._tree(*drafter._shape(4))
     flat_index = list(tree.flat_index)
     features = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))  # [M, H]
@@ -344,10 +352,9 @@ def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
     """With a verification's accepted count and path, medusa_rows drafts from the one row that gave the next
     token (0 when nothing was accepted, else the path's last node's row): that row of the every-row draft."""
     from engine.chain_graph import medusa_rows
-    from engine.drafters.medusa import MedusaDrafter
 
     heads = decoder.medusa_heads()
-    drafter = MedusaDrafter(decoder.target, heads)
+    drafter = fixed_tree_drafter(decoder.target, heads)
     tree, _ = drafter._tree(*drafter._shape(4))
     features = torch.randn(6, 64, generator=torch.Generator().manual_seed(5))  # [N+1, H]
     every = medusa_rows(decoder.target, heads, features, tree, decoder.vocab_size)  # [6, N]
@@ -356,6 +363,79 @@ def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
         picked = medusa_rows(decoder.target, heads, features, tree, decoder.vocab_size,
                              torch.tensor([accepted]), path)
         assert picked.tolist() == every[row:row + 1].tolist(), accepted
+
+
+def test_medusa_candidates_are_scored_by_their_heads_log_probabilities(decoder):
+    """The dynamic tree's candidates from every row of a block: each path's token is its last head's rank-r
+    token and its score the sum of its heads' log-probabilities of its ranks, as computed from that row alone;
+    with an accepted count and path, the one row that gave the next token."""
+    from engine.chain_graph import medusa_candidate_rows, medusa_draft_rows
+    from engine.drafters.medusa import MedusaCandidates, MedusaDrafter
+
+    heads = decoder.medusa_heads()
+    drafter = MedusaDrafter(decoder.target, heads)
+    candidates, _ = drafter._tree(*drafter._shape(4))
+    assert isinstance(candidates, MedusaCandidates) and candidates.nodes == 8 < len(candidates.paths)
+    features = torch.randn(6, 64, generator=torch.Generator().manual_seed(6))  # [N+1, H]
+    tokens, scores = medusa_draft_rows(decoder.target, heads, features, candidates, decoder.vocab_size)
+    assert tokens.shape == scores.shape == (6, len(candidates.paths))
+    for i in range(6):
+        logits = heads.logits(decoder.target, features[i])[:candidates.depth, :decoder.vocab_size].float()
+        log_p = logits.log_softmax(-1)  # [depth, V]
+        ranked = torch.topk(logits, candidates.width, dim=-1).indices  # [depth, width]
+        for j, path in enumerate(candidates.paths):
+            assert tokens[i, j] == ranked[len(path) - 1, path[-1]]
+            want = sum(log_p[d, ranked[d, r]].item() for d, r in enumerate(path))
+            assert abs(scores[i, j].item() - want) < 1e-4, (i, path)
+    path = torch.tensor([2, 4, 0, -1, -1, -1, -1, -1])
+    picked = medusa_candidate_rows(decoder.target, heads, features, candidates, decoder.vocab_size,
+                                   torch.tensor([2]), path)
+    assert torch.equal(picked[0], tokens[5:6]) and torch.allclose(picked[1], scores[5:6])
+
+
+def test_medusa_chooses_the_best_scored_paths_as_a_tree():
+    """MedusaCandidates.choose keeps the `nodes` candidates of the highest scores (ties to the shallower),
+    every kept path's prefixes with it, and gives their parents in the tree and the verification block's
+    mask."""
+    from engine.drafters.medusa import assumed_chances, medusa_candidates
+    from engine.runner import tree_ancestor_mask
+
+    candidates = medusa_candidates(8, assumed_chances(4))
+    count = len(candidates.paths)
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(20):
+        step = -torch.rand(4, candidates.width, generator=generator) * 3  # a head's log-probability a rank
+        scores = torch.tensor([sum(step[d, r].item() for d, r in enumerate(p)) for p in candidates.paths])
+        tokens = torch.arange(100, 100 + count)
+        chosen, parents, depth, visible = candidates.choose(tokens, scores)
+        kept = [candidates.paths[t - 100] for t in chosen.tolist()]
+        keys = sorted(range(count), key=lambda i: (-scores[i].item(), len(candidates.paths[i])))
+        assert set(kept) == {candidates.paths[i] for i in keys[:8]}, trial
+        assert all(len(p) == 1 or p[:-1] in kept for p in kept)
+        assert parents.tolist() == [kept.index(p[:-1]) if len(p) > 1 else -1 for p in kept]
+        block_parents = torch.tensor([-1] + [q + 1 for q in parents.tolist()])
+        assert torch.equal(visible, tree_ancestor_mask(block_parents))
+        assert depth.tolist() == [0] + [len(p) for p in kept]
+
+
+def test_medusa_first_round_drafts_from_the_prompts_features(decoder):
+    """The prefill's last feature (the one before the prompt's last token) drafts the first round's tree."""
+    config = GenerationConfig(method="medusa", k=4, max_new_tokens=8)
+    first = next(iter(decoder.generate(PROMPT, config)))
+    assert len(first.drafted) == 8
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_medusa_greedy_equals_plain_with_either_tree(decoder, monkeypatch, dynamic):
+    """Medusa's greedy output is plain decoding's with the tree chosen each round and with the fixed tree
+    (SPECPLAY_MEDUSA_DYNAMIC=0), at K = 2 and 4 and a tree of 16 nodes."""
+    from engine.drafters import medusa
+
+    monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
+    plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
+    for k, nodes in ((2, 0), (4, 0), (4, 16)):
+        config = GenerationConfig(method="medusa", k=k, max_new_tokens=40, tree_nodes=nodes)
+        assert decoder.generate_ids(PROMPT, config) == plain, (k, nodes)
 
 
 def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch):
@@ -378,7 +458,8 @@ def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch
     monkeypatch.setattr(decoder, "pipelined", True)
     early = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
     assert early == alone and [t for _, ids in early for t in ids] == plain
-    assert len(early_rounds) == len(early) and early_rounds[0] == 1 and max(early_rounds) > 1
+    # the first round drafts too (from the prompt's features): a block of the tree's 8 nodes and its root
+    assert len(early_rounds) == len(early) and set(early_rounds) == {9}
 
 
 @pytest.mark.parametrize("method", TREE_METHODS)

@@ -3,9 +3,11 @@
 Head d (d = 1..D) reads x = the target's final-normed feature at position t and predicts token t+1+d through
 the target's own LM head: logits_d = lm_head(h_d), h_d = x + SiLU(W_d x + b_d), and with a second block
 (Medusa's stacked residual blocks) h_d + SiLU(V_d h_d + c_d) instead. No extra target forward is needed: the
-feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head (the
-paths most often right on validation text, saved with the heads), verified in one target forward with a tree
-mask (one-hot q, so lossless under recursive rejection sampling)."""
+feature comes from the previous verification. The candidates form a sparse tree of top-k choices per head,
+verified in one target forward with a tree mask (one-hot q, so lossless under recursive rejection sampling).
+The tree is chosen each round: of the paths most often right on validation text (saved with the heads), the
+ones its heads are most confident of at this position (a path's summed log-probability), so that a round
+drafts deep where the heads are sure and wide where they are not."""
 from __future__ import annotations
 
 import functools
@@ -13,12 +15,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from engine.chain_graph import medusa_draft, medusa_draft_rows, medusa_rows
+from engine.chain_graph import first_row, medusa_draft, medusa_draft_rows, medusa_proposal
 from engine.drafters.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
+from engine.drafters.eagle import choose_nodes
 from engine.errors import SpecplayError
 from engine.kernels.step import medusa_heads_reference
 
@@ -27,6 +31,11 @@ CONFIG_FILE = "medusa_config.json"
 # SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, once the outcome is read (no
 # MedusaDrafter.verified work), for comparisons
 EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
+# Each round keeps the tree's nodes best for its own heads' confidence among CANDIDATES fixed paths (the most
+# often right on validation text): MedusaCandidates. SPECPLAY_MEDUSA_DYNAMIC=0 drafts the fixed tree of the
+# paths most often right (MedusaTree), for comparisons
+DYNAMIC_TREE = os.environ.get("SPECPLAY_MEDUSA_DYNAMIC", "1") != "0"
+CANDIDATES = 32
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
 RANK_WEIGHTS = (0.55, 0.15, 0.08, 0.05)
@@ -184,6 +193,11 @@ class MedusaTree:
     flat_index: tuple
     depth: int
     width: int
+    per_round: ClassVar[bool] = False  # the same tree every round
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,25 +212,100 @@ def medusa_tree(nodes: int, chances: tuple) -> MedusaTree:
     return MedusaTree(parents, flat_index, depth, width)
 
 
+class CandidateTables(NamedTuple):
+    """MedusaCandidates' constants on one device (made once, outside any graph capture)."""
+
+    parents: torch.Tensor  # [T] int64, -1 = the last committed token
+    node_depth: torch.Tensor  # [T] int64, a path's length - 1
+    ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
+    last_step: torch.Tensor  # [T] int64, d * width + r of the path's last step
+    steps: torch.Tensor  # [T, depth * width] float32, 1 at each step of the path
+
+
+@dataclass(frozen=True)
+class MedusaCandidates:
+    """The paths a round's tree is chosen from, in level order (a parent before its children): every round
+    scores them by its heads' log-probabilities and keeps the best `nodes` (engine.drafters.eagle's
+    choose_nodes, sp_tree_choose on CUDA), a tree closed under prefixes whatever the scores."""
+
+    parents: tuple  # [T] parent candidate, -1 = the last committed token
+    flat_index: tuple  # [T] d * width + r of each path's last step
+    depth: int
+    width: int
+    nodes: int  # the tree's size, at most T
+    paths: tuple  # [T] (r_1, ..., r_d)
+    per_round: ClassVar[bool] = True
+
+    @property
+    def size(self) -> int:
+        return self.nodes
+
+    def tables(self, device) -> CandidateTables:
+        key = (self, str(device))
+        if key not in _CANDIDATE_TABLES:
+            count, index = len(self.paths), {path: i for i, path in enumerate(self.paths)}
+            ancestors = torch.zeros(count, count, dtype=torch.bool)
+            steps = torch.zeros(count, self.depth * self.width)
+            for i, path in enumerate(self.paths):
+                for d in range(len(path)):
+                    ancestors[i, index[path[:d + 1]]] = True
+                    steps[i, d * self.width + path[d]] = 1.0
+            depths = torch.tensor([len(path) - 1 for path in self.paths])
+            _CANDIDATE_TABLES[key] = CandidateTables(
+                torch.tensor(self.parents).to(device), depths.to(device), ancestors.to(device),
+                torch.tensor(self.flat_index).to(device), steps.to(device))
+        return _CANDIDATE_TABLES[key]
+
+    def choose(self, tokens: torch.Tensor, scores: torch.Tensor) -> tuple:
+        """One round's tree from its candidates' tokens [T] and scores [T]: (tokens [N], parents [N], the
+        verification block's depth [N+1] and visibility [N+1, N+1]), on their device."""
+        tables = self.tables(tokens.device)
+        return choose_nodes(tokens.contiguous(), tables.parents, scores.float().contiguous(),
+                            tables.node_depth, tables.ancestors, self.nodes)
+
+
+_CANDIDATE_TABLES: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def medusa_candidates(nodes: int, chances: tuple) -> MedusaCandidates:
+    """The max(CANDIDATES, nodes) paths most often right (default_choices) in level order, for trees of
+    `nodes` (fewer where fewer paths are known)."""
+    best = default_choices(max(CANDIDATES, nodes), chances)
+    paths = tuple(sorted(best, key=lambda path: (len(path), best.index(path))))
+    index = {path: i for i, path in enumerate(paths)}
+    width = 1 + max(max(path) for path in paths)
+    return MedusaCandidates(
+        parents=tuple(index[path[:-1]] if len(path) > 1 else -1 for path in paths),
+        flat_index=tuple((len(path) - 1) * width + path[-1] for path in paths),
+        depth=max(len(path) for path in paths), width=width, nodes=min(nodes, len(paths)), paths=paths)
+
+
 class MedusaDrafter(Drafter):
     name = "medusa"
-    needs = DrafterNeeds(block_features=True)
+    # the prompt's features give the first round a draft too: the last prefilled position's feature is the one
+    # before the prompt's last token, which that round feeds first (the role of the last committed token)
+    needs = DrafterNeeds(prefill_features=True, block_features=True)
 
     def __init__(self, target, heads: MedusaHeads, nodes: int | None = None):
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        # (nodes, heads) -> (tree, parents on the host)
+        self.dynamic = DYNAMIC_TREE
+        # (nodes, heads) -> (MedusaCandidates, None), or with a fixed tree (MedusaTree, its host parents)
         self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
-        # On the GPU: [N+1, N] the tree drafted from every row of the last verified block (see verified), and
-        # the row whose draft the next round takes once the outcome is known
+        # What was drafted from every row of the last verified block (see verified): medusa_proposal's
+        # [N+1, ...] (a fixed tree's tokens, or the candidates' tokens and scores); and the row whose draft
+        # the next round takes once the outcome is known
         self.early = None
         self.early_row = None
-        self.early_is_row = False  # early is [1, N], the accepted row's already (a round graph's replay)
+        self.early_is_row = False  # early is [1, ...], the accepted row's already (a round graph's replay)
 
     def start(self, state: DecodeState, start: DraftStart) -> None:
-        self.last_feature = self.early = self.early_row = None
+        self.early = self.early_row = None
+        features = start.prefill_features  # [P-1, H], None for a one-token prompt
+        self.last_feature = None if features is None or len(features) == 0 else features[-1]
 
     def verified(self, state: DecodeState, features: torch.Tensor) -> None:
         """Draft from every row of the block behind its verification: the heads run on the GPU while the host
@@ -236,16 +325,29 @@ class MedusaDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int) -> Draft:
         hidden = self.last_feature
-        if hidden is None:  # first round: no verified feature yet
+        if hidden is None:  # a one-token prompt's first round: no feature yet
             return Draft(tokens=torch.zeros(0, dtype=torch.long, device=state.device))
         tree, parents = self._tree(*self._shape(k))
         if self.early is not None and self.early_row is not None:
-            tokens, self.early, self.early_row = self.early[self.early_row], None, None
-            return Draft(tokens=tokens, parents=parents)  # tokens [N]
-        tokens = medusa_draft(self.target, self.heads, hidden, tree, state.vocab_size)
-        if tokens is None:  # no graphs here: the same proposal, eagerly
-            tokens = medusa_rows(self.target, self.heads, hidden[None], tree, state.vocab_size)[0]
-        return Draft(tokens=tokens, parents=parents)  # tokens [N]
+            row = self.early_row
+            proposal = tuple(t[row] for t in self.early) if tree.per_round else self.early[row]
+            self.early = self.early_row = None
+        else:
+            proposal = medusa_draft(self.target, self.heads, hidden, tree, state.vocab_size)
+            if proposal is None:  # no graphs here: the same proposal, eagerly
+                proposal = first_row(medusa_proposal(self.target, self.heads, hidden[None], tree,
+                                                     state.vocab_size))
+        if tree.per_round:
+            return self._chosen(tree, *proposal)
+        return Draft(tokens=proposal, parents=parents)  # tokens [N]
+
+    def _chosen(self, candidates: MedusaCandidates, tokens: torch.Tensor, scores: torch.Tensor) -> Draft:
+        """The round's tree from its candidates' tokens [T] and scores [T]: on the device for a target that
+        takes device trees (its parents copied back with the round's readout), else with host parents."""
+        tokens, parents, block_depth, block_visible = candidates.choose(tokens, scores)
+        if getattr(self.target, "takes_device_trees", False) and parents.device.type != "cpu":
+            return Draft(tokens=tokens, parents=parents, tree_block=(block_depth, block_visible))
+        return Draft(tokens=tokens, parents=parents.cpu())
 
     replays_rounds = True  # its round after an unread one is a replay of its round graph (round_graph)
 
@@ -262,16 +364,21 @@ class MedusaDrafter(Drafter):
 
     def replayed(self, graph) -> None:
         # the drafts from the replayed block's accepted row (or from all its rows), for a round launched apart
-        self.early, self.early_is_row = graph.early, graph.row_heads
+        self.early, self.early_is_row = graph.proposal, graph.row_heads
 
     def _shape(self, k: int) -> tuple:
         """(nodes, heads) of the tree for K = k."""
         return self.nodes or 2 * k, min(k, self.heads.count)
 
     def _tree(self, nodes: int, heads: int) -> tuple:
-        """(the tree, its parents [N] on the host) for these shapes."""
+        """(the tree's candidates, None), or with a fixed tree (the tree, its parents [N] on the host), for
+        these shapes."""
         key = (nodes, heads)
         if key not in self._trees:
-            tree = medusa_tree(nodes, self.heads.path_chances(heads))
-            self._trees[key] = (tree, torch.tensor(tree.parents, dtype=torch.long))
+            chances = self.heads.path_chances(heads)
+            if self.dynamic:
+                self._trees[key] = (medusa_candidates(nodes, chances), None)
+            else:
+                tree = medusa_tree(nodes, chances)
+                self._trees[key] = (tree, torch.tensor(tree.parents, dtype=torch.long))
         return self._trees[key]
