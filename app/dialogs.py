@@ -139,7 +139,9 @@ on the CPU each drafted row costs, and the lookup runs alone; <code>--ngram-corp
 Free to draft (c ≈ 0), deterministic (q = 1); a round that drafts nothing counts as one target step with no
 drafted tokens (it does not enter α).</li>
 <li><b>Medusa</b>: extra heads on the target predict the tokens 1..K ahead from its last hidden state; their
-top candidates form a tree verified in one forward with a tree attention mask. On a GPU (bf16/fp16) each
+top candidates form a tree verified in one forward with a tree attention mask. The tree is chosen every round:
+of the candidate paths most often right when the heads were trained, the ones the heads are surest of at this
+position, so a round drafts deep where they are sure and wide where they are not. On a GPU (bf16/fp16) each
 round after the first is queued behind the one before it as a single captured graph (keep the accepted path,
 pick the next tree, verify), so its drafting shows inside the verification phase. Plain decoding's steps, and
 greedy rounds of EAGLE's chain and of the draft model, are queued the same way (their drafting a graph of its

@@ -454,7 +454,8 @@ def model_card(report: dict, files: list[dict], alpha_text: Optional[str] = None
                  else "validation windows")
         L += ["", "`target/medusa_config.json` holds `path_accuracy`: for the 64 paths of head candidates "
               "most often right all the way, the fraction of held-out positions where they were, measured on "
-              f"{where}; the drafter's tree is the top entries of that table.", ""]
+              f"{where}; each round the drafter keeps, of the table's 32 top entries, the tree's nodes "
+              "its heads score highest at that position.", ""]
     if eag:
         f = eag["final"]
         L += ["## EAGLE head (validation, autoregressive)",
