@@ -2,9 +2,11 @@
 
 Decodes each prompt greedily without speculation (the text every lossless method emits), then, at every
 position p of the continuation, ranks each head's candidates from the target's feature at p and counts the
-longest path of the drafter's N-node tree (`default_choices`) whose tokens all equal the text's: the tokens a
-greedy round starting at p would accept. Their mean, plus the bonus token, bounds the tokens per forward of
-`medusa:N` (a round starts only where the last one ended, so the measured figure may differ a little).
+longest path of the fixed N-node tree (`default_choices`, the drafter's with SPECPLAY_MEDUSA_DYNAMIC=0) whose
+tokens all equal the text's: the tokens a greedy round starting at p would accept. Their mean, plus the bonus
+token, bounds the tokens per forward of `medusa:N` with that tree (a round starts only where the last one
+ended, so the measured figure may differ a little; scripts/medusa_variants.py replays the tree chosen every
+round).
 
     OMP_NUM_THREADS=1 python scripts/medusa_tree_cap.py --nodes 8,16,32,64
 """

@@ -3,9 +3,12 @@
 Reads the texts a medusa stage made (<stage>/greedy_{train,val}.npy and greedy_top_{train,val}.npz, see
 engine/train/stages.py), computes the target's features once, trains each design with the same schedule, and
 replays greedy Medusa decoding on the held-out continuations and on the held-out prompts' own greedy text:
-a round starts where the last one stopped and accepts the longest tree path whose tokens are the text's. The
-tree is the top-N paths of the design's held-out path accuracies, as the drafter builds it. Replay counts the
-rounds after the first token (decoding's first round drafts nothing, so `bench methods` reads a little lower).
+a round starts where the last one stopped and accepts the longest tree path whose tokens are the text's.
+Two trees of N nodes, as the drafter builds them: "fixed", the top-N paths of the design's held-out path
+accuracies (SPECPLAY_MEDUSA_DYNAMIC=0's), and "chosen", every round the N of the top 32 paths that the heads
+score highest at that position (the drafter's default, engine.drafters.medusa.MedusaCandidates). Replay counts the rounds
+after the first token (decoding's first round drafts from the prompt's last feature, so `bench methods` reads
+a little differently).
 
     python scripts/medusa_variants.py --stage /tmp/run/medusa --device cuda --layers 1,2 \
         --steps 6000 --batch 2048
@@ -26,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engine.bench import heldout_prompts  # noqa: E402
-from engine.drafters.medusa import default_choices  # noqa: E402
+from engine.drafters.medusa import default_choices, medusa_candidates  # noqa: E402
 from engine.train import heads  # noqa: E402
 from engine.train.presets import MedusaGreedy  # noqa: E402
 from engine.train.stages import read_top_level_text  # noqa: E402
@@ -75,24 +78,47 @@ def train(module, target, x, labels, steps: int, batch: int, lr: float) -> None:
 
 
 @torch.no_grad()
-def hits_of(module, target, x, labels, bs: int = 8192) -> torch.Tensor:
-    """[D, R, M] bool: head d's rank-r candidate is the text's token at position m."""
-    parts = []
+def hits_of(module, target, x, labels, bs: int = 8192) -> tuple:
+    """([D, R, M] bool: head d's rank-r candidate is the text's token at position m, [D, R, M] float32: its
+    log-probability)."""
+    hits, log_ps = [], []
     for s in range(0, len(x), bs):
-        ranks = target.lm_head(module(x[s:s + bs])).float().topk(RANKS, dim=-1).indices   # [D, m, R]
-        parts.append((ranks == labels[s:s + bs].T[..., None]).transpose(1, 2))
-    return torch.cat(parts, -1).cpu()
+        logits = target.lm_head(module(x[s:s + bs])).float()  # [D, m, V]
+        top = logits.topk(RANKS, dim=-1)  # [D, m, R]
+        hits.append((top.indices == labels[s:s + bs].T[..., None]).transpose(1, 2))
+        log_ps.append((top.values - logits.logsumexp(-1, keepdim=True)).transpose(1, 2))
+    return torch.cat(hits, -1).cpu(), torch.cat(log_ps, -1).cpu()
 
 
-def replay(hits: torch.Tensor, rows: int, tree: tuple) -> float:
-    """Tokens per round of greedy decoding over `rows` texts of n positions each (hits [D, R, rows * n])."""
-    n = hits.shape[-1] // rows
-    accepted = torch.zeros(rows * n, dtype=torch.long)
+def path_right(hits: torch.Tensor, path: tuple) -> torch.Tensor:
+    """[M] bool: every step of the path is right."""
+    right = torch.ones(hits.shape[-1], dtype=torch.bool)
+    for d, r in enumerate(path):
+        right &= hits[d, r]
+    return right
+
+
+def accepted_fixed(hits: torch.Tensor, tree: tuple) -> torch.Tensor:
+    """[M] the drafts a round of the fixed tree accepts at each position."""
+    accepted = torch.zeros(hits.shape[-1], dtype=torch.long)
     for path in tree:
-        right = torch.ones(rows * n, dtype=torch.bool)
-        for d, r in enumerate(path):
-            right &= hits[d, r]
-        accepted = torch.where(right, accepted.clamp_min(len(path)), accepted)
+        accepted = torch.where(path_right(hits, path), accepted.clamp_min(len(path)), accepted)
+    return accepted
+
+
+def accepted_chosen(hits: torch.Tensor, log_p: torch.Tensor, paths: tuple, nodes: int) -> torch.Tensor:
+    """[M] the drafts a round accepts at each position when it keeps the `nodes` candidate paths of the
+    highest summed log-probability (ties to the shallower, as MedusaCandidates.choose)."""
+    scores = torch.stack([sum(log_p[d, r] for d, r in enumerate(p)) - 1e-4 * (len(p) - 1) for p in paths], 1)
+    right = torch.stack([path_right(hits, p) for p in paths], 1)  # [M, T]
+    lengths = torch.tensor([len(p) for p in paths])
+    kept = scores.topk(nodes, dim=1).indices  # [M, nodes]
+    return (right.gather(1, kept) * lengths[kept]).max(1).values
+
+
+def replay(accepted: torch.Tensor, rows: int) -> float:
+    """Tokens per round of greedy decoding over `rows` texts of n positions each (accepted [rows * n])."""
+    n = accepted.shape[-1] // rows
     tokens = rounds = 0
     for row in accepted.view(rows, n).tolist():
         p = 0
@@ -103,15 +129,19 @@ def replay(hits: torch.Tensor, rows: int, tree: tuple) -> float:
 
 
 def replayed(module, target, sets: dict, examples: dict, nodes: list) -> dict:
-    """Head top-1 on the held-out continuations and replayed tokens a round on every set, the tree from the
-    module's own held-out path accuracies."""
-    held_hits = hits_of(module, target, *examples["held-out continuations"])
-    paths = heads.top_paths(heads.path_hits(held_hits), held_hits.shape[-1])
+    """Head top-1 on the held-out continuations and replayed tokens a round on every set, with the fixed and
+    the chosen tree, from the module's own held-out path accuracies."""
+    held = hits_of(module, target, *examples["held-out continuations"])
+    paths = heads.top_paths(heads.path_hits(held[0]), held[0].shape[-1])
     chances = tuple((tuple(p), c) for p, c in paths)
-    result = {"head_top1": [round(held_hits[d, 0].float().mean().item(), 4) for d in range(DEPTH)]}
+    result = {"head_top1": [round(held[0][d, 0].float().mean().item(), 4) for d in range(DEPTH)]}
     for name, texts in sets.items():
-        hits = held_hits if name.startswith("held-out cont") else hits_of(module, target, *examples[name])
-        result[name] = {n: round(replay(hits, len(texts), default_choices(n, chances)), 3) for n in nodes}
+        hits, log_p = held if name.startswith("held-out cont") else hits_of(module, target, *examples[name])
+        result[name] = {n: {"fixed": round(replay(accepted_fixed(hits, default_choices(n, chances)),
+                                                  len(texts)), 3),
+                            "chosen": round(replay(accepted_chosen(hits, log_p, medusa_candidates(
+                                n, chances).paths, n), len(texts)), 3)}
+                        for n in nodes}
     return result
 
 
