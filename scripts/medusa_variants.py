@@ -6,9 +6,9 @@ replays greedy Medusa decoding on the held-out continuations and on the held-out
 a round starts where the last one stopped and accepts the longest tree path whose tokens are the text's.
 Two trees of N nodes, as the drafter builds them: "fixed", the top-N paths of the design's held-out path
 accuracies (SPECPLAY_MEDUSA_DYNAMIC=0's), and "chosen", every round the N of the top 32 paths that the heads
-score highest at that position (the drafter's default, engine.drafters.medusa.MedusaCandidates). Replay counts the rounds
-after the first token (decoding's first round drafts from the prompt's last feature, so `bench methods` reads
-a little differently).
+score highest at that position (the drafter's default, engine.drafters.medusa.MedusaCandidates). Replay
+counts the rounds after the first token (decoding's first round drafts from the prompt's last feature, so
+`bench methods` reads a little differently).
 
     python scripts/medusa_variants.py --stage /tmp/run/medusa --device cuda --layers 1,2 \
         --steps 6000 --batch 2048
