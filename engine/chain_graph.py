@@ -432,10 +432,11 @@ def medusa_candidate_rows(target, heads, features: torch.Tensor, candidates, voc
     medusa_rows' rows; accepted, path, chained too): a path's score is the sum of its heads' log-probabilities
     of its ranks, so a path never scores above its prefix (engine.drafters.medusa.MedusaCandidates)."""
     depth, width = candidates.depth, candidates.width
-    logits, rows, _ = _medusa_logits(target, heads, features, depth, accepted, path, chained)
-    logits = torch.cat(logits)[:, :vocab].float()  # [depth * M, V]
-    values, ranked = topk(logits, width)  # [depth * M, width]
-    log_p = values.float() - torch.logsumexp(logits, -1, keepdim=True)  # [depth * M, width]
+    parts, rows, _ = _medusa_logits(target, heads, features, depth, accepted, path, chained)
+    logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [depth * M, V']
+    # ranked on the log-probabilities (the logits' order): one softmax launch and one top-k, where the values
+    # less a logsumexp would be several small launches more in every round
+    log_p, ranked = topk(torch.log_softmax(logits[:, :vocab].float(), -1), width)  # [depth * M, width]
     # head-major [depth, M, width] -> [M, depth * width]: d * width + r is a candidate's step (flat_index)
     ranked = ranked.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
     log_p = log_p.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)

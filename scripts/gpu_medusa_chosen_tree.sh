@@ -1,4 +1,5 @@
-# The GPU checks of Medusa's tree chosen every round: benches (both trees), every GPU test, lossless, T = 0.8.
+# The GPU checks of Medusa's tree chosen every round: benches (both trees), where a round's time goes (both
+# trees), every GPU test, lossless, T = 0.8.
 # Run on the device from the repository root with OUT set: bash scripts/gpu_medusa_chosen_tree.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -8,6 +9,8 @@ M=none,ngram,suffix,medusa,medusa:16,eagle,eagle3,eagle3:8,draft
 timeout 150 python3 main.py bench methods --device cuda --methods $M --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee $OUT/bench_gpu_medusa_dynamic_tree.txt | grep -v Warn | tail -12
 echo "== bench fixed tree"; date
 SPECPLAY_MEDUSA_DYNAMIC=0 timeout 70 python3 main.py bench methods --device cuda --methods none,medusa,medusa:16 --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee $OUT/bench_gpu_medusa_fixed_tree.txt | grep -v Warn | tail -5
+echo "== where a round's time goes, both trees"; date
+timeout 150 python3 scripts/medusa_tree_probe.py > $OUT/medusa_tree_probe.txt 2>&1; grep '^{' $OUT/medusa_tree_probe.txt
 echo "== GPU tests"; date
 SPECPLAY_FUZZ_CASES=2000 timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) tests/test_timing.py > $OUT/gpu_tests_medusa_dynamic_tree.log 2>&1; echo "tests rc $?" >> $OUT/gpu_tests_medusa_dynamic_tree.log
 tail -4 $OUT/gpu_tests_medusa_dynamic_tree.log; grep -E "^FAILED|^ERROR" $OUT/gpu_tests_medusa_dynamic_tree.log | head
