@@ -394,11 +394,13 @@ def first_row(proposal):
 
 
 def medusa_proposal(target, heads, features: torch.Tensor, tree, vocab: int, accepted=None, path=None,
-                    chained: bool = False):
+                    chained: bool = False, scores_out: Optional[torch.Tensor] = None):
     """A fixed tree's tokens [M, N] (medusa_rows), or for a dynamic tree (tree.per_round) its candidates'
-    tokens and scores, ([M, T], [M, T]) (medusa_candidate_rows), drafted from each row of features [M, H]."""
+    tokens and scores, ([M, T], [M, T]) (medusa_candidate_rows, scores_out too), drafted from each row of
+    features [M, H]."""
     if tree.per_round:
-        return medusa_candidate_rows(target, heads, features, tree, vocab, accepted, path, chained)
+        return medusa_candidate_rows(target, heads, features, tree, vocab, accepted, path, chained,
+                                     scores_out)
     return medusa_rows(target, heads, features, tree, vocab, accepted, path, chained)
 
 
@@ -427,21 +429,28 @@ def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
 
 def medusa_candidate_rows(target, heads, features: torch.Tensor, candidates, vocab: int,
                           accepted: Optional[torch.Tensor] = None, path: Optional[torch.Tensor] = None,
-                          chained: bool = False) -> tuple:
+                          chained: bool = False, scores_out: Optional[torch.Tensor] = None) -> tuple:
     """features [M, H] (pre-norm) -> the candidate paths' tokens [M, T] and scores [M, T] from each row (as
     medusa_rows' rows; accepted, path, chained too): a path's score is the sum of its heads' log-probabilities
-    of its ranks, so a path never scores above its prefix (engine.drafters.medusa.MedusaCandidates)."""
+    of its ranks, so a path never scores above its prefix (engine.drafters.medusa.MedusaCandidates).
+    scores_out: an [M, T] float32 buffer the scores are written into (a round graph's), else a new one."""
     depth, width = candidates.depth, candidates.width
-    parts, rows, _ = _medusa_logits(target, heads, features, depth, accepted, path, chained)
+    parts, rows, kernels = _medusa_logits(target, heads, features, depth, accepted, path, chained)
     logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [depth * M, V']
     # ranked on the log-probabilities (the logits' order): one softmax launch and one top-k, where the values
     # less a logsumexp would be several small launches more in every round
-    log_p, ranked = topk(torch.log_softmax(logits[:, :vocab].float(), -1), width)  # [depth * M, width]
-    # head-major [depth, M, width] -> [M, depth * width]: d * width + r is a candidate's step (flat_index)
-    ranked = ranked.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
+    log_probs = torch.log_softmax(logits[:, :vocab].float(), -1)  # [depth * M, V]
+    tables = candidates.tables(log_probs.device)  # last_step [T], steps [T, depth * width]
+    if kernels is not None and width <= TOPK_MAX:  # the candidates' tokens taken by the ranking's launch
+        (log_p, _), tokens = kernels.topk_and_take(log_probs, width, _medusa_index(candidates, rows,
+                                                                                   log_probs.device))
+    else:
+        log_p, ranked = topk(log_probs, width)  # [depth * M, width]
+        # head-major [depth, M, width] -> [M, depth * width]: d * width + r is a candidate's step (flat_index)
+        ranked = ranked.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
+        tokens = ranked.index_select(1, tables.last_step)  # [M, T]
     log_p = log_p.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
-    tables = candidates.tables(ranked.device)  # last_step [T], steps [T, depth * width]
-    return ranked.index_select(1, tables.last_step), log_p @ tables.steps.T  # [M, T], [M, T]
+    return tokens, torch.matmul(log_p, tables.steps.T, out=scores_out)  # [M, T], [M, T]
 
 
 def _medusa_logits(target, heads, features: torch.Tensor, depth: int, accepted, path, chained: bool) -> tuple:

@@ -232,11 +232,14 @@ class MedusaRoundGraph(RoundGraph):
             temperature = 1.0 if warp is None else warp[0]
             values = backend.readout(logits, result, tokens[1:], temperature, width, **pdl)
             # (the readout's is a kernel: the heads' may start behind it)
+            # a chosen tree's candidates' scores straight into the next round's input
+            scores_out = self.early_scores if per_round else None
             if self.row_heads:  # the heads on the row that gave the next token, picked on the device
                 early = medusa_proposal(target, heads, hidden, tree, vocab, result.accepted[:1],
-                                        result.path[0], chained=True)  # [1, ...]
+                                        result.path[0], chained=True, scores_out=scores_out)  # [1, ...]
             else:
-                early = medusa_proposal(target, heads, hidden, tree, vocab, chained=True)  # [N+1, ...]
+                early = medusa_proposal(target, heads, hidden, tree, vocab, chained=True,
+                                        scores_out=scores_out)  # [N+1, ...]
             early_tokens = early[0] if per_round else early
             # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts, start and path
             behind_topk = kernels is not None and medusa_rows_end_in_kernel(target, hidden, tree,
@@ -244,8 +247,6 @@ class MedusaRoundGraph(RoundGraph):
             commit(result.accepted, result.next_token, early_tokens.view(-1), start, self.accepted,
                    self.next_token, self.early.view(-1), self.start, path_in=result.path[0], path=self.path,
                    **chained(behind_topk))
-            if per_round:
-                self.early_scores.copy_(early[1])
             return tokens, hidden, logits, result, values
 
         self._minus_one = minus_one

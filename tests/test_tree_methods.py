@@ -393,6 +393,28 @@ def test_medusa_candidates_are_scored_by_their_heads_log_probabilities(decoder):
     assert torch.equal(picked[0], tokens[5:6]) and torch.allclose(picked[1], scores[5:6])
 
 
+def test_medusa_candidates_tokens_taken_by_the_ranking_launch_are_the_selected_ones():
+    """On the decode kernels the candidates' tokens come from the ranking's launch (sp_topk taking them at
+    _medusa_index's flat positions in its head-major [depth * M, width] indices); elsewhere they are selected
+    from the ranks laid out per row. Both give each row's candidates the same tokens."""
+    from engine.chain_graph import _medusa_index
+    from engine.drafters.medusa import assumed_chances, medusa_candidates
+
+    candidates = medusa_candidates(8, assumed_chances(4))
+    depth, width = candidates.depth, candidates.width
+    generator = torch.Generator().manual_seed(3)
+    for rows in (1, 5):
+        ranked = torch.randint(0, 1000, (depth * rows, width), generator=generator)  # head-major
+        per_row = ranked.view(depth, rows, width).transpose(0, 1).reshape(rows, depth * width)
+        selected = per_row.index_select(1, candidates.tables(ranked.device).last_step)  # [M, T]
+        taken = ranked.take(_medusa_index(candidates, rows, ranked.device))  # [M, T]
+        assert taken.shape == (rows, len(candidates.paths))
+        assert torch.equal(taken, selected), rows
+        for m in range(rows):  # each candidate's token: its last head's rank, from row m
+            assert taken[m].tolist() == [ranked[(len(p) - 1) * rows + m, p[-1]].item()
+                                         for p in candidates.paths]
+
+
 def test_medusa_chooses_the_best_scored_paths_as_a_tree():
     """MedusaCandidates.choose keeps the `nodes` candidates of the highest scores (ties to the shallower),
     every kept path's prefixes with it, and gives their parents in the tree and the verification block's

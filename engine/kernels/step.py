@@ -599,9 +599,13 @@ class StepKernels:
     def topk_take(self, x: torch.Tensor, k: int, index: torch.Tensor, chained: bool = False) -> torch.Tensor:
         """topk(x, k).indices.take(index) in the same launch: index (int64 on the device, any shape) holds
         flat positions in the [R, k] indices of x's R rows."""
+        return self.topk_and_take(x, k, index, chained)[1]
+
+    def topk_and_take(self, x: torch.Tensor, k: int, index: torch.Tensor, chained: bool = False) -> tuple:
+        """(topk(x, k), its indices taken at index, as topk_take) from one launch."""
         if index.dtype != torch.long or index.device != self.device:
             raise ValueError("topk_take: the index must be int64 on the device")
-        return self._topk(x, k, chained, index.contiguous())[1]
+        return self._topk(x, k, chained, index.contiguous())
 
     def _topk(self, x: torch.Tensor, k: int, chained: bool, index: Optional[torch.Tensor]) -> tuple:
         """(TopK, the indices taken at index or None)."""
