@@ -393,6 +393,42 @@ def test_medusa_candidates_are_scored_by_their_heads_log_probabilities(decoder):
     assert torch.equal(picked[0], tokens[5:6]) and torch.allclose(picked[1], scores[5:6])
 
 
+def test_medusa_candidate_rows_on_the_kernels_branch_equal_the_torch_branch(decoder, monkeypatch):
+    """The decode kernels' branch of medusa_candidate_rows (sp_topk ranking the log-probabilities and taking
+    the candidates' tokens, here its twin) gives the torch branch's tokens and scores, from every row and from
+    the accepted row alone, and writes the scores into scores_out."""
+    import engine.chain_graph as chain_graph
+    from engine.chain_graph import medusa_candidate_rows
+    from engine.drafters.medusa import MedusaDrafter
+    from engine.kernels.step import TopK, topk_reference
+
+    class TwinKernels:
+        calls = 0
+
+        def topk_and_take(self, x, k, index, chained=False):
+            TwinKernels.calls += 1
+            values, indices = topk_reference(x, k)
+            return TopK(values, indices), indices.take(index)
+
+    heads = decoder.medusa_heads()
+    drafter = MedusaDrafter(decoder.target, heads)
+    candidates, _ = drafter._tree(*drafter._shape(4))
+    features = torch.randn(6, 64, generator=torch.Generator().manual_seed(8))  # [N+1, H]
+    picks = [(None, None), (torch.tensor([2]), torch.tensor([2, 4, 0, -1, -1, -1, -1, -1]))]
+    torch_branch = [medusa_candidate_rows(decoder.target, heads, features, candidates, decoder.vocab_size,
+                                          *pick) for pick in picks]
+    logits_of = chain_graph._medusa_logits
+    monkeypatch.setattr(chain_graph, "_medusa_logits",
+                        lambda *args: (*logits_of(*args)[:2], TwinKernels()))
+    for pick, (tokens, scores) in zip(picks, torch_branch):
+        out = torch.full(scores.shape, float("nan"))
+        kernel_tokens, kernel_scores = medusa_candidate_rows(decoder.target, heads, features, candidates,
+                                                             decoder.vocab_size, *pick, scores_out=out)
+        assert torch.equal(kernel_tokens, tokens)
+        assert kernel_scores.data_ptr() == out.data_ptr() and torch.allclose(out, scores)
+    assert TwinKernels.calls == len(picks)
+
+
 def test_medusa_candidates_tokens_taken_by_the_ranking_launch_are_the_selected_ones():
     """On the decode kernels the candidates' tokens come from the ranking's launch (sp_topk taking them at
     _medusa_index's flat positions in its head-major [depth * M, width] indices); elsewhere they are selected
