@@ -146,6 +146,9 @@ round after the first is queued behind the one before it as a single captured gr
 pick the next tree, verify), so its drafting shows inside the verification phase. Plain decoding's steps, and
 greedy rounds of EAGLE's chain and of the draft model, are queued the same way (their drafting a graph of its
 own, so it keeps its own phase).</li>
+<li><b>Medusa, fixed tree</b>: the same heads with the original Medusa tree, the same every round: the paths
+most often right when the heads were trained. Beside Medusa it shows what choosing the tree per position buys
+(tokens per forward) and costs (a few more operations a round, which count where a round is short).</li>
 <li><b>EAGLE</b>: a one-layer head drafts from the target's hidden features, autoregressively: a chain of K,
 or a dynamic tree of N nodes (EAGLE, dynamic tree of 8 nodes).</li>
 <li><b>EAGLE-3</b>: like EAGLE, but the head reads the outputs of several of the target's layers (a low, a
@@ -192,8 +195,8 @@ after the batch it is measuring; a stopped run shows what it measured and sugges
 <tr><td><b>Ctrl+Enter</b></td><td>generate (anywhere in the window)</td></tr>
 <tr><td><b>Esc</b></td><td>stop whatever runs: a generation, a K sweep, a lossless check, Run N
 times, the batch regime (after the batch it is measuring)</td></tr>
-<tr><td><b>Ctrl+1 … Ctrl+7</b></td><td>method: Off, Draft model, N-gram, Medusa, EAGLE, EAGLE tree,
-Lookahead</td></tr>
+<tr><td><b>Ctrl+1 … Ctrl+9</b></td><td>method: Off, Draft model, N-gram, Medusa, EAGLE, EAGLE tree,
+EAGLE-3, EAGLE-3 tree, Lookahead</td></tr>
 <tr><td><b>Ctrl+] / Ctrl+[</b></td><td>K + 1 / K − 1</td></tr>
 <tr><td><b>Ctrl+G</b></td><td>greedy on/off</td></tr>
 <tr><td><b>Ctrl+T</b></td><td>round view / clean text</td></tr>

@@ -43,7 +43,8 @@ class Menus:
         self.method_actions = {}
         for number, spec in enumerate(MENU_SPECS, 1):
             action = menu.addAction(spec_text(spec))
-            action.setShortcut(f"Ctrl+{number}")  # Ctrl+1 plain decoding, Ctrl+2 draft model, ...
+            if number <= 9:  # Ctrl+1 plain decoding, Ctrl+2 draft model, ... (one digit each)
+                action.setShortcut(f"Ctrl+{number}")
             action.setCheckable(True)
             action.setData(spec)
             action.triggered.connect(lambda _=False, s=spec: w.set_method(s))

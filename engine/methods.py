@@ -28,6 +28,7 @@ class Method:
     needs_tree_target: bool = False  # tree verification needs the Llama-family runner's tree mask
     needs_llama_target: bool = False  # drafts with the target's own layers (engine.llama.LlamaRunner)
     default_tree_nodes: Callable[[int], int] = staticmethod(lambda k: 0)  # nodes for K when no size is given
+    sized_label: str = ""  # the label with a tree size, {nodes} in it ("": the label, "tree of N nodes")
     build: Optional[Callable] = None  # build(decoder, config) -> Drafter
 
     @property
@@ -65,6 +66,12 @@ def _medusa(decoder, config):
     from engine.drafters.medusa import MedusaDrafter
 
     return MedusaDrafter(decoder.target, decoder.medusa_heads(), nodes=config.tree_nodes or None)
+
+
+def _medusa_fixed(decoder, config):
+    from engine.drafters.medusa import FixedTreeMedusaDrafter
+
+    return FixedTreeMedusaDrafter(decoder.target, decoder.medusa_heads(), nodes=config.tree_nodes or None)
 
 
 def _eagle(decoder, config):
@@ -106,6 +113,9 @@ METHODS = {m.name: m for m in (
     Method("ngram", "N-gram prompt lookup", "chain", build=_ngram),
     Method("medusa", "Medusa", "tree", files=MEDUSA_FILES, needs_tree_target=True,
            default_tree_nodes=lambda k: 2 * k, build=_medusa),
+    Method("medusa-fixed", "Medusa, fixed tree", "tree", files=MEDUSA_FILES, needs_tree_target=True,
+           default_tree_nodes=lambda k: 2 * k, sized_label="Medusa, fixed tree of {nodes} nodes",
+           build=_medusa_fixed),
     Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle),
     Method("eagle3", "EAGLE-3", "chain|tree", files=EAGLE3_FILES, needs_tree_target=True,
            needs_llama_target=True, build=_eagle3),
@@ -116,9 +126,9 @@ METHODS = {m.name: m for m in (
 )}
 NAMES = tuple(METHODS)
 # What the GUI's Method menu offers, in order: plain methods, and EAGLE's (and EAGLE-3's) dynamic tree at the
-# default K's 2K nodes.
+# default K's 2K nodes. The first nine have the shortcuts Ctrl+1 .. Ctrl+9.
 MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3", "eagle3:8", "lookahead",
-              "suffix", "layerskip")
+              "suffix", "layerskip", "medusa-fixed")
 
 
 def get(name: str) -> Method:
@@ -167,12 +177,15 @@ def parse_spec(spec: str) -> MethodSpec:
 
 
 def spec_label(name: str, tree_nodes: int = 0) -> str:
-    """'EAGLE', 'EAGLE, dynamic tree of 8 nodes', 'Medusa, tree of 16 nodes'."""
+    """'EAGLE', 'EAGLE, dynamic tree of 8 nodes', 'Medusa, tree of 16 nodes', 'Medusa, fixed tree of 16
+    nodes'."""
     method = METHODS.get(name)
     if method is None:
         return name
     if not tree_nodes:
         return method.label
+    if method.sized_label:
+        return method.sized_label.format(nodes=tree_nodes)
     kind = "dynamic tree" if method.shape == "chain|tree" else "tree"
     return f"{method.label}, {kind} of {tree_nodes} nodes"
 
@@ -191,8 +204,8 @@ def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: boo
     folder = Path(str(target_dir)) if target_dir is not None else None
     for filename in method.files:
         if folder is None or not (folder / filename).exists():
-            noun = "heads" if method.name == "medusa" else "head"
-            return f"the target has no {method.label} {noun} ({filename})"
+            heads = "Medusa heads" if method.files == MEDUSA_FILES else f"{method.label} head"
+            return f"the target has no {heads} ({filename})"
     return None
 
 

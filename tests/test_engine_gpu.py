@@ -21,8 +21,8 @@ from engine.lossless import check_sampling  # noqa: E402
 from engine.models import load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
-METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
-           ("eagle3", 8), ("lookahead", 0)]
+METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("medusa-fixed", 0), ("eagle", 0), ("eagle", 8),
+           ("eagle3", 0), ("eagle3", 8), ("lookahead", 0)]
 
 
 def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
@@ -86,7 +86,8 @@ def test_ngram_without_its_table_equals_plain_on_cuda(decoder, k):
 
 
 @pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
-                                          ("medusa", 0), ("layerskip", 0), ("suffix", 0), ("lookahead", 0)])
+                                          ("medusa", 0), ("medusa-fixed", 0), ("layerskip", 0), ("suffix", 0),
+                                          ("lookahead", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
     """bf16 on the decode kernels, chi-squared of the first two tokens. The chains' (Medusa's) second round
     is often a replay of their round graph (engine.round_graph), queued behind the first; suffix decoding's

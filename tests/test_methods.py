@@ -78,8 +78,8 @@ def test_unavailable_reasons_come_from_the_registry(tmp_path):
     assert "eagle3_head.safetensors" in reasons["eagle3"]
 
 
-@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3",
-                                  "eagle3:8", "lookahead", "suffix", "layerskip"])
+@pytest.mark.parametrize("spec", ["none", "draft", "ngram", "medusa", "medusa-fixed", "eagle", "eagle:8",
+                                  "eagle3", "eagle3:8", "lookahead", "suffix", "layerskip"])
 def test_drafters_get_exactly_what_they_declare(decoder, monkeypatch, spec):
     """The decoder hands a drafter the prefill features, block features, logits and row argmax only when it
     asks."""

@@ -146,7 +146,7 @@ def test_medusa_tree_is_the_trie_of_its_paths(nodes, depth):
         assert list(tree.parents) == parents
 
 
-TREE_METHODS = ["medusa", "lookahead", "eagle:8", "eagle3:8"]
+TREE_METHODS = ["medusa", "medusa-fixed", "lookahead", "eagle:8", "eagle3:8"]
 ALL_NEW = TREE_METHODS + ["eagle", "eagle3"]
 
 
@@ -174,6 +174,17 @@ def test_tree_rounds_are_trees(decoder, method):
         # the accepted nodes form one root-to-node path
         for depth, token in enumerate(sorted(accepted, key=lambda t: t.depth)):
             assert token.depth == depth
+
+
+def test_medusa_fixed_drafts_one_tree_and_medusa_chooses_its_tree_per_round(decoder):
+    """`medusa-fixed` drafts the same tree shape every round (Medusa's original tree); `medusa` chooses the
+    shape per round from its heads' scores, so its shapes differ between rounds."""
+    def shapes(spec):
+        events = decoder.generate(PROMPT, config_for(spec, k=4, max_new_tokens=60))
+        return {tuple(t.parent for t in e.drafted) for e in events if e.drafted}
+
+    assert len(shapes("medusa-fixed")) == 1
+    assert len(shapes("medusa")) > 1
 
 
 @pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it

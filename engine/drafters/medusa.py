@@ -287,11 +287,13 @@ class MedusaDrafter(Drafter):
     # before the prompt's last token, which that round feeds first (the role of the last committed token)
     needs = DrafterNeeds(prefill_features=True, block_features=True)
 
-    def __init__(self, target, heads: MedusaHeads, nodes: int | None = None):
+    def __init__(self, target, heads: MedusaHeads, nodes: int | None = None, dynamic: bool | None = None):
+        """dynamic: the tree chosen every round (MedusaCandidates), or False for the fixed tree of the paths
+        most often right (None: DYNAMIC_TREE, SPECPLAY_MEDUSA_DYNAMIC's)."""
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        self.dynamic = DYNAMIC_TREE
+        self.dynamic = DYNAMIC_TREE if dynamic is None else dynamic
         # (nodes, heads) -> (MedusaCandidates, None), or with a fixed tree (MedusaTree, its host parents)
         self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
@@ -382,3 +384,13 @@ class MedusaDrafter(Drafter):
                 tree = medusa_tree(nodes, chances)
                 self._trees[key] = (tree, torch.tensor(tree.parents, dtype=torch.long))
         return self._trees[key]
+
+
+class FixedTreeMedusaDrafter(MedusaDrafter):
+    """Medusa with its original fixed tree, the same every round (method medusa-fixed): beside `medusa` it
+    shows what choosing the tree per position buys and costs."""
+
+    name = "medusa-fixed"
+
+    def __init__(self, target, heads: MedusaHeads, nodes: int | None = None):
+        super().__init__(target, heads, nodes, dynamic=False)
