@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="k-sweep: the K values to measure")
     bench.add_argument("--ls", default="", help="layerskip: draft layer counts L (default: 1 .. layers-1)")
     bench.add_argument("--methods", default="none,draft,ngram",
-                       help=f"methods, graphs: comma-separated method specs ({METHOD_HELP})")
+                       help=f"methods, graphs: comma-separated method specs ({METHOD_HELP}), or all: every "
+                            "method of the GUI's Method menu that the pair can run")
     bench.add_argument("--prompts", type=int, default=4,
                        help="methods, k-sweep, graphs: held-out prompts to average over (without --prompt)")
     bench.add_argument("--repeats", type=int, default=1,
@@ -600,8 +601,14 @@ def cmd_bench(args) -> int:
         decoder = load_decoder(args, "layerskip")
         rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats)
     else:
-        specs = [s.strip() for s in args.methods.split(",") if s.strip()]
-        decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
+        if args.methods.strip() == "all":
+            # every method of the Method menu, the draft model's where there is one to load
+            with_draft = args.target is None or args.draft is not None
+            decoder = load_decoder(args, *(name for name in methods.NAMES if with_draft or name != "draft"))
+            specs = runnable_menu_specs(decoder)
+        else:
+            specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+            decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
         run = bench.bench_graphs if args.what == "graphs" else bench.bench_methods
         progress(f"measuring {', '.join(specs)} on {len(prompts)} prompts…")
         rows = run(decoder, prompts, config, specs, args.repeats)
@@ -610,7 +617,25 @@ def cmd_bench(args) -> int:
     print(bench.format_rows(rows, BENCH_COLUMNS[args.what]))
     if args.what != "graphs":
         print(ALPHA_DEFINITION, file=sys.stderr)
+    if args.what == "methods" and len(rows) > 1:
+        best = max(rows, key=lambda r: r["speedup"])
+        print(f"fastest measured method: {best['method']} ({best['speedup']:.2f}x over plain decoding)",
+              file=sys.stderr)
     return 0
+
+
+def runnable_menu_specs(decoder) -> list:
+    """The Method menu's specs (engine.methods.MENU_SPECS) this pair can run; each one left out is named on
+    stderr with the reason."""
+    reasons = decoder.method_availability()
+    specs = []
+    for spec in methods.MENU_SPECS:
+        reason = reasons[methods.parse_spec(spec).name]
+        if reason is None:
+            specs.append(spec)
+        else:
+            print(f"left out {spec}: {reason}", file=sys.stderr)
+    return specs
 
 
 def _bench_runtimes(args) -> int:

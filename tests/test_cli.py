@@ -362,6 +362,25 @@ def test_bench_methods_takes_specs(pair, capsys):
     assert code == 2 and "unknown method" in err
 
 
+def test_bench_methods_all_runs_every_menu_method_the_pair_can(pair, capsys):
+    """--methods all: the Method menu's methods in its order, those the pair cannot run named on stderr with
+    the reason (no heads here; no draft model without --draft), and the fastest one named."""
+    from engine import methods
+
+    target, draft = pair
+    for extra, without in ((["--draft", draft], set()), ([], {"draft"})):
+        code, out, err = run_cli(capsys, "bench", "methods", "--target", target, *extra, "--prompt", PROMPT,
+                                 "--max-new-tokens", "6", "--methods", "all")
+        assert code == 0, err
+        measured = [line.split("|")[0].strip() for line in out.splitlines()[3:]]
+        headless = {"medusa", "medusa-fixed", "eagle", "eagle:8", "eagle3", "eagle3:8"} | without
+        assert measured == [s for s in methods.MENU_SPECS if s not in headless]
+        for spec in headless:
+            assert f"left out {spec}: " in err
+        assert "no draft model loaded" in err if without else "left out draft" not in err
+        assert "fastest measured method: " in err
+
+
 @pytest.fixture
 def shown_progress(monkeypatch):
     """Progress lines as a terminal shows them (pytest's stderr is no terminal)."""
