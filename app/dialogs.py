@@ -1,4 +1,5 @@
-"""Small dialogs: sampling parameters, the analytic-model help page, the K sweep and the lossless check."""
+"""Small dialogs: sampling parameters, the analytic-model help page, the K and method sweeps and the lossless
+check."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -202,6 +203,7 @@ EAGLE-3, EAGLE-3 tree, Lookahead</td></tr>
 <tr><td><b>Ctrl+T</b></td><td>round view / clean text</td></tr>
 <tr><td><b>Ctrl+C</b></td><td>copy the selection as clean text</td></tr>
 <tr><td><b>Ctrl+K</b></td><td>find the fastest K</td></tr>
+<tr><td><b>Ctrl+M</b></td><td>find the fastest method</td></tr>
 <tr><td><b>Ctrl+B</b></td><td>batch regime: the speedup against the batch size</td></tr>
 <tr><td><b>Ctrl+L</b></td><td>check lossless</td></tr>
 <tr><td><b>Ctrl+Shift+Enter</b></td><td>run N times</td></tr>
@@ -268,20 +270,8 @@ class SweepDialog(QDialog):
         rows = sorted(rows, key=lambda row: row["k"])
         self.best = fastest_k(rows)
         best_row = next(row for row in rows if row["k"] == self.best)
-        columns = sweep_columns(rows)
-        table = QTableWidget(len(rows), len(columns))
-        table.setHorizontalHeaderLabels([label for _, label, _ in columns])
-        table.verticalHeader().setVisible(False)
-        for r, row in enumerate(rows):
-            for c, (key, _, fmt) in enumerate(columns):
-                item = QTableWidgetItem(fmt.format(row[key]))
-                if complete and row["k"] == self.best:
-                    font = item.font()
-                    font.setBold(True)
-                    item.setFont(font)
-                table.setItem(r, c, item)
-        table.resizeColumnsToContents()
-        self.table = table
+        bold = next(r for r, row in enumerate(rows) if row["k"] == self.best) if complete else None
+        self.table = table = measured_table(rows, sweep_columns(rows), bold)
         if complete:
             verdict = (f"Fastest measured: <b>K = {self.best}</b>, {best_row['speedup']:.2f}× the tokens/s "
                        "of plain decoding on this machine.")
@@ -307,6 +297,83 @@ class SweepDialog(QDialog):
         layout.addWidget(table)
         layout.addWidget(buttons)
         self.resize(900, 140 + 30 * len(rows))
+
+
+def measured_table(rows: list, columns, bold_row=None) -> QTableWidget:
+    """A read-only table of measured rows: columns are (key, header, format); a value a row lacks (or None)
+    shows as a dash; the row bold_row in bold."""
+    table = QTableWidget(len(rows), len(columns))
+    table.setHorizontalHeaderLabels([label for _, label, _ in columns])
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QTableWidget.NoEditTriggers)
+    for r, row in enumerate(rows):
+        for c, (key, _, fmt) in enumerate(columns):
+            value = row.get(key)
+            item = QTableWidgetItem("–" if value is None else fmt.format(value))
+            if r == bold_row:
+                font = item.font()
+                font.setBold(True)
+                item.setFont(font)
+            table.setItem(r, c, item)
+    table.resizeColumnsToContents()
+    return table
+
+
+METHOD_SWEEP_COLUMNS = (("label", "method", "{}"), ("alpha", "α", "{:.3f}"),
+                        ("tokens_per_forward", "tokens / forward", "{:.2f}"),
+                        ("tokens_per_s", "tokens/s", "{:.0f}"), ("speedup", "measured speedup", "{:.2f}×"),
+                        ("textbook_speedup", "textbook E/(1+cK)", "{:.2f}×"))
+
+
+class MethodSweepDialog(QDialog):
+    """Method → Find the fastest method: every method of the menu that the pair can run, measured on the
+    prompt beside plain decoding (round-robin, one process); the fastest, and a button that makes it the
+    method of the next runs. rows: engine.bench.bench_methods' (plain decoding's first); left_out: {spec: why
+    it could not run}."""
+
+    def __init__(self, parent, rows: list, title: str, left_out: dict):
+        from engine.methods import spec_label
+
+        super().__init__(parent)
+        self.setWindowTitle("Fastest method")
+        rows = [dict(row, label=spec_label(*_spec_parts(row["method"]))) for row in rows]
+        for row in rows[:1]:  # plain decoding drafts nothing: no α
+            row["alpha"] = None
+        drafting = rows[1:]
+        best_row = max(drafting, key=lambda row: row["speedup"]) if drafting else None
+        self.best = None if best_row is None else best_row["method"]
+        self.table = measured_table(rows, METHOD_SWEEP_COLUMNS,
+                                    None if best_row is None else rows.index(best_row))
+        if best_row is None:
+            verdict = "No drafting method can run on this pair."
+        elif best_row["speedup"] > 1.0:
+            verdict = (f"Fastest measured: <b>{best_row['label']}</b>, {best_row['speedup']:.2f}× the "
+                       "tokens/s of plain decoding on this machine.")
+        else:
+            verdict = ("No method beat plain decoding on this machine; the fastest, "
+                       f"<b>{best_row['label']}</b>, reached {best_row['speedup']:.2f}×.")
+        skipped = "".join(f"<br><i>Not measured: {spec_label(*_spec_parts(spec))}: {_escape(why)}</i>"
+                          for spec, why in left_out.items())
+        self.summary = QLabel(f"{title}<br>{verdict}{skipped}")
+        self.summary.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        self.use_button = None
+        if best_row is not None:
+            self.use_button = buttons.addButton(f"Use {best_row['label']}", QDialogButtonBox.AcceptRole)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.table)
+        layout.addWidget(buttons)
+        self.resize(820, 160 + 30 * len(rows))
+
+
+def _spec_parts(spec: str) -> tuple:
+    from engine.methods import parse_spec
+
+    parsed = parse_spec(spec)
+    return parsed.name, parsed.tree_nodes
 
 
 def _from_run_line(rows: list) -> str:

@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from app import autosave, backend, batch_dialog, exports, gc_guard, style
 from app.compare import CompareTable, plain_reference
 from app.diagnosis_view import CalibrateWorker, DiagnosisView
-from app.dialogs import HelpDialog, LosslessDialog, SamplingDialog, SweepDialog
+from app.dialogs import HelpDialog, LosslessDialog, MethodSweepDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
 from app.menus import Menus
 from app.plot_data import PlotBuffers
@@ -48,10 +48,18 @@ from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
 from app.widgets import PromptEdit, SteadyLabel, ask_path, settle_clipboard
-from app.workers import BatchWorker, GenerationWorker, Job, LoadWorker, LosslessWorker, SweepWorker
+from app.workers import (
+    BatchWorker,
+    GenerationWorker,
+    Job,
+    LoadWorker,
+    LosslessWorker,
+    MethodSweepWorker,
+    SweepWorker,
+)
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
-from engine.methods import parse_spec
+from engine.methods import parse_spec, runnable_menu_specs
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
@@ -91,12 +99,15 @@ class MainWindow(QMainWindow):
         self.models = "none"
         self.load_slot = JobSlot("model loading")
         self.gen_slot = JobSlot("generation")
-        self.sweep_slot = JobSlot("K sweep")  # "Find the fastest K" (uses the decoder like a generation)
+        # "Find the fastest K" and "Find the fastest method" (they use the decoder like a generation)
+        self.sweep_slot = JobSlot("sweep")
         self.check_slot = JobSlot("lossless check")  # "Check lossless" (uses the decoder like a generation)
         self.calibrate_slot = JobSlot("calibration")  # K → Recalibrate costs (times the decoder's models)
         self.batch_slot = JobSlot("batch regime")  # K → Batch regime (batches the decoder's models)
         self.sweep_rows: list = []
         self.sweep_dialog = None
+        self.method_sweep_rows: list = []
+        self.method_dialog = None
         self.batch_rows: list = []
         self.batch_dialog = None
         self.batch_sizes: Optional[tuple] = None  # what K → Batch regime measures; None: by the device
@@ -230,6 +241,7 @@ class MainWindow(QMainWindow):
         self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
         self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
         self.check_action, self.sweep_action = m.check_action, m.sweep_action
+        self.method_sweep_action = m.method_sweep_action
         self.batch_action = m.batch_action
 
     def _build_status(self) -> None:
@@ -514,24 +526,31 @@ class MainWindow(QMainWindow):
 
     # ========================================================================================== generation
     def generate(self) -> None:
+        inputs = self._run_inputs()
+        if inputs is not None:
+            self._start_generation(*inputs)
+
+    def _run_inputs(self) -> Optional[tuple]:
+        """(prompt, config) for a run of the menus' settings on the prompt, or None after a dialog has said
+        what is wrong (no prompt or model, bad sampling settings, too long for the context)."""
         if self.running:
-            return
+            return None
         prompt = self.prompt.toPlainText()
         problem = self._generation_problem(prompt)
         if problem:
             self.show_error(*problem)
-            return
+            return None
         config = self.settings.config()
         try:
             config.sampling.validate()
         except SpecplayError as exc:
             self.show_error("Bad sampling settings", str(exc))
-            return
+            return None
         problem = self._length_problem(prompt, config)
         if problem:
             self.show_error("Too long for the model", problem)
-            return
-        self._start_generation(prompt, config)
+            return None
+        return prompt, config
 
     def _limit_max_tokens(self, limit: Optional[int]) -> None:
         """max-new-tokens can never exceed what the loaded pair's context holds."""
@@ -653,6 +672,31 @@ class MainWindow(QMainWindow):
                         f"Measuring K = {SWEEP_KS[0]}…", row=self._on_sweep_row, again=self._on_sweep_again,
                         steadiest=self._on_sweep_steadiest, failed=self._fail_later("K sweep failed"),
                         done=self._on_sweep_done)
+
+    def find_fastest_method(self) -> None:
+        """Measure every method of the Method menu that the pair can run on the prompt, at the current K and
+        sampling, round-robin with plain decoding, off the GUI thread; then show the table and offer the
+        fastest."""
+        inputs = self._run_inputs()
+        if inputs is None:
+            return
+        specs, left_out = runnable_menu_specs(self.decoder.method_availability())
+        self.method_sweep_rows = []
+        worker = MethodSweepWorker(self.decoder, *inputs, specs)
+        self._start_job(self.sweep_slot, worker, "Method sweep: warming up each method…",
+                        rows=self.method_sweep_rows.extend,
+                        failed=self._fail_later("Method sweep failed"),
+                        done=lambda job: self._on_method_sweep_done(job, left_out))
+
+    def _on_method_sweep_done(self, job: Job, left_out: dict) -> None:
+        self._task_ended()
+        if self.method_sweep_rows:
+            config = job.worker.config  # as measured, whatever the menus say now
+            title = (f"K = {config.k}, {sampling_label(config.sampling, config.seed)}, "
+                     f"{config.max_new_tokens} new tokens, on the prompt")
+            self.method_dialog = MethodSweepDialog(self, self.method_sweep_rows, title, left_out)
+            self.method_dialog.accepted.connect(lambda: self.set_method(self.method_dialog.best))
+            self.method_dialog.show()
 
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)

@@ -55,6 +55,11 @@ class Menus:
         self.check_action.setShortcut("Ctrl+L")
         self.check_action.setToolTip("Prove on the prompt that the method did not change the output; "
                                      "Esc stops")
+        self.method_sweep_action = menu.addAction("Find the fastest method…", w.find_fastest_method)
+        self.method_sweep_action.setShortcut("Ctrl+M")
+        self.method_sweep_action.setToolTip("Measure every method above that the models can run on the "
+                                            "prompt, beside plain decoding, at this K and sampling; "
+                                            "Esc stops")
 
     def _k_menu(self, menu, sweep_ks: tuple) -> None:
         w = self.window
@@ -137,8 +142,8 @@ class Menus:
 
     def set_busy(self, running: bool, loading: bool) -> None:
         """While the decoder runs a job or models load, nothing may start another one or swap the models."""
-        for action in self.model_actions + [self.sweep_action, self.check_action, self.repeat_action,
-                                            self.recalibrate_action, self.batch_action]:
+        for action in self.model_actions + [self.sweep_action, self.method_sweep_action, self.check_action,
+                                            self.repeat_action, self.recalibrate_action, self.batch_action]:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
         self.open_trace_action.setEnabled(not running)  # a replay needs no model

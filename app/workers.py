@@ -105,6 +105,27 @@ class SweepWorker(DecoderWorker):
             self.post("steadiest", rows)
 
 
+class MethodSweepWorker(DecoderWorker):
+    """Measures the given method specs on the prompt, round-robin with plain decoding (engine.bench's
+    bench_methods): ("progress", done, total, text) after each generation, then ("rows", rows) unless
+    stopped."""
+
+    def __init__(self, decoder, prompt: str, config, specs):
+        super().__init__(decoder, prompt, config)
+        self.specs = tuple(specs)
+
+    def _report(self, done: int, total: int) -> bool:
+        self.post("progress", done, total, "Method sweep: %v of %m generations")
+        return not self._stop.is_set()
+
+    def work(self) -> None:
+        from engine.bench import bench_methods
+
+        rows = bench_methods(self.decoder, [self.prompt], self.config, self.specs, progress=self._report)
+        if rows:
+            self.post("rows", rows)
+
+
 class BatchWorker(DecoderWorker):
     """The batch regime (engine.batch_bench.bench_batch): a BatchDecoder over the loaded decoder's models (no
     reload) decodes the prompt at each batch size, plainly and speculatively; one ("row", BatchRow) per batch

@@ -46,23 +46,29 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
     return totals
 
 
-def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1) -> dict:
+def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1,
+                        after=None) -> Optional[dict]:
     """Every configuration on every prompt, round-robin (prompt by prompt, each configuration in turn), added
     up per configuration: {label: RunTotals}. A slow stretch of the machine (an H200 host ran host-bound
     plain rounds at up to 1.7x their time after it had waited or idled) then slows every configuration
-    alike, where timed one after another it would land on one configuration and skew every ratio to it."""
+    alike, where timed one after another it would land on one configuration and skew every ratio to it.
+    after: called after each generation; when it returns False the measurement stops and gives None."""
     totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
     for _ in range(repeats):
         for prompt in prompts:
             for label, config in configs.items():
                 totals[label].add(final_metrics(list(decoder.generate(prompt, config))))
+                if after is not None and not after():
+                    return None
     return totals
 
 
-def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) -> list:
+def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, progress=None) -> list:
     """Each method on the same prompts, timed round-robin (measure_interleaved); speedup = tokens/s over
     `none`'s, measured in this run.
-    methods: specs, NAME or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped."""
+    methods: specs, NAME or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped.
+    progress(done, total): called after each generation (the warm-ups' included); returning False stops the
+    run, which then gives no rows."""
     availability = decoder.method_availability()
     specs = [parse_spec(m) for m in methods]
     for spec in specs:
@@ -71,10 +77,21 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1) 
     specs = [MethodSpec("none")] + [s for s in specs if availability.get(s.name) is None and s.name != "none"]
     configs = {str(spec): replace(base, method=spec.name, tree_nodes=spec.tree_nodes) for spec in specs}
     trees = {label: method_registry.get(c.method).is_tree(c) for label, c in configs.items()}
+    total, done = len(configs) * (1 + repeats * len(prompts)), 0
+
+    def after() -> bool:
+        nonlocal done
+        done += 1
+        return progress is None or progress(done, total) is not False
+
     for config in configs.values():
         measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
+        if not after():
+            return []
     _forget_session(decoder)  # suffix decoding would otherwise recall the warm-ups' output
-    results = measure_interleaved(decoder, prompts, configs, repeats)
+    results = measure_interleaved(decoder, prompts, configs, repeats, after)
+    if results is None:
+        return []
     plain = results["none"]
     rows = []
     for label, r in results.items():

@@ -605,7 +605,9 @@ def cmd_bench(args) -> int:
             # every method of the Method menu, the draft model's where there is one to load
             with_draft = args.target is None or args.draft is not None
             decoder = load_decoder(args, *(name for name in methods.NAMES if with_draft or name != "draft"))
-            specs = runnable_menu_specs(decoder)
+            specs, left_out = methods.runnable_menu_specs(decoder.method_availability())
+            for spec, reason in left_out.items():
+                print(f"left out {spec}: {reason}", file=sys.stderr)
         else:
             specs = [s.strip() for s in args.methods.split(",") if s.strip()]
             decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
@@ -622,20 +624,6 @@ def cmd_bench(args) -> int:
         print(f"fastest measured method: {best['method']} ({best['speedup']:.2f}x over plain decoding)",
               file=sys.stderr)
     return 0
-
-
-def runnable_menu_specs(decoder) -> list:
-    """The Method menu's specs (engine.methods.MENU_SPECS) this pair can run; each one left out is named on
-    stderr with the reason."""
-    reasons = decoder.method_availability()
-    specs = []
-    for spec in methods.MENU_SPECS:
-        reason = reasons[methods.parse_spec(spec).name]
-        if reason is None:
-            specs.append(spec)
-        else:
-            print(f"left out {spec}: {reason}", file=sys.stderr)
-    return specs
 
 
 def _bench_runtimes(args) -> int:

@@ -209,6 +209,19 @@ def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: boo
     return None
 
 
+def runnable_menu_specs(availability: dict) -> tuple:
+    """(the Method menu's specs that can run, {each other spec: why not}) for a decoder's method_availability,
+    in MENU_SPECS' order; a method the availability does not list is left out."""
+    runnable, left_out = [], {}
+    for spec in MENU_SPECS:
+        reason = availability.get(parse_spec(spec).name, "not offered by the engine")
+        if reason is None:
+            runnable.append(spec)
+        else:
+            left_out[spec] = reason
+    return runnable, left_out
+
+
 def availability(has_draft_model: bool, supports_tree: bool, target_dir: Optional[str],
                  llama_target: Optional[bool] = None) -> dict:
     """Method name -> None when available, else the reason it is not."""

@@ -333,6 +333,45 @@ def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_wind
     assert window.settings.get("decode/k") == best and window.k_actions[best].isChecked()
 
 
+def test_find_the_fastest_method_measures_each_runnable_method_and_offers_the_best(qtbot, make_window):
+    """Method → Find the fastest method: every menu method the decoder can run, at the menus' K, beside plain
+    decoding; the others named with their reason; the fastest offered."""
+    from app.settings import METHOD_KEY
+
+    window = make_window()
+    window.prompt.setPlainText("def f(x):")
+    window.max_tokens.setValue(12)
+    window.k_actions[3].trigger()
+    window.method_sweep_action.trigger()
+    assert window.running and not window.method_sweep_action.isEnabled()
+    assert not window.sweep_action.isEnabled()
+    qtbot.waitUntil(lambda: window.method_dialog is not None, timeout=20000)
+    assert not window.running and window.errors == []
+    rows = window.method_sweep_rows
+    assert [row["method"] for row in rows] == ["none", "draft", "ngram"]  # what the fake decoder offers
+    assert {c.method for c in window.fake.configs} == {"none", "draft", "ngram"}
+    assert {c.k for c in window.fake.configs} == {3}
+    dialog = window.method_dialog
+    best = max(rows[1:], key=lambda row: row["speedup"])["method"]
+    assert dialog.best == best and dialog.table.rowCount() == 3
+    assert dialog.table.item(0, 0).text() == "Off (plain autoregressive)"
+    assert dialog.table.item(0, 1).text() == "–"  # plain decoding drafts nothing: no α
+    assert "Not measured: Medusa: no Medusa heads in this model" in dialog.summary.text()
+    dialog.use_button.click()
+    assert window.settings.get(METHOD_KEY) == best and window.method_actions[best].isChecked()
+
+
+def test_a_stopped_method_sweep_shows_no_verdict(qtbot, make_window):
+    window = make_window(FakeDecoder(rounds=40, delay=0.01))
+    window.prompt.setPlainText("def f(x):")
+    window.method_sweep_action.trigger()
+    qtbot.waitUntil(lambda: len(window.fake.configs) >= 2, timeout=10000)
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    assert window.method_dialog is None and window.method_sweep_rows == [] and window.errors == []
+    assert len(window.fake.configs) < 6  # 3 warm-ups and 3 measured generations when not stopped
+
+
 def test_a_k_sweep_on_a_drifting_machine_sweeps_again_and_shows_the_steadiest(qtbot, make_window,
                                                                               monkeypatch):
     """The first sweep's plain runs drift (the steadiness warning): the window clears its rows, sweeps again,

@@ -176,8 +176,8 @@ def test_bench_methods_rows_read_run_totals(decoder, monkeypatch):
     recorded = {}
     measure = bench.measure_interleaved
 
-    def spy(dec, prompts, configs, repeats=1):
-        totals = measure(dec, prompts, configs, repeats)
+    def spy(dec, prompts, configs, repeats=1, after=None):
+        totals = measure(dec, prompts, configs, repeats, after)
         recorded.update(totals)
         return totals
 
@@ -191,6 +191,24 @@ def test_bench_methods_rows_read_run_totals(decoder, monkeypatch):
         assert row["analytic_tokens_per_forward"] == totals.analytic_tokens_per_forward
         assert row["speedup"] == totals.tokens_per_s / recorded["none"].tokens_per_s
     assert rows[0]["k"] == 0 and rows[0]["analytic_tokens_per_forward"] == 1.0
+
+
+def test_bench_methods_reports_progress_and_stops_when_told(decoder):
+    """progress(done, total) after every generation, the warm-ups' included; False stops the run, which then
+    gives no rows."""
+    calls = []
+    rows = bench.bench_methods(decoder, PROMPTS[:2], CONFIGS["ngram"], ["ngram"],
+                               progress=lambda done, total: calls.append((done, total)))
+    assert len(rows) == 2 and calls == [(i, 6) for i in range(1, 7)]  # 2 warm-ups, 2 methods x 2 prompts
+    for stop_after in (1, 4):
+        calls.clear()
+
+        def until(done, total, last=stop_after):
+            calls.append(done)
+            return done < last
+
+        stopped = bench.bench_methods(decoder, PROMPTS[:2], CONFIGS["ngram"], ["ngram"], progress=until)
+        assert stopped == [] and calls == list(range(1, stop_after + 1))
 
 
 def test_bench_methods_takes_specs_and_labels_them(decoder):
