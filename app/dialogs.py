@@ -194,8 +194,8 @@ after the batch it is measuring; a stopped run shows what it measured and sugges
 <h2>Shortcuts</h2>
 <table cellpadding="2">
 <tr><td><b>Ctrl+Enter</b></td><td>generate (anywhere in the window)</td></tr>
-<tr><td><b>Esc</b></td><td>stop whatever runs: a generation, a K sweep, a lossless check, Run N
-times, the batch regime (after the batch it is measuring)</td></tr>
+<tr><td><b>Esc</b></td><td>stop whatever runs: a generation, a K or method sweep, a lossless check,
+Run N times, the batch regime (after the batch it is measuring)</td></tr>
 <tr><td><b>Ctrl+1 … Ctrl+9</b></td><td>method: Off, Draft model, N-gram, Medusa, EAGLE, EAGLE tree,
 EAGLE-3, EAGLE-3 tree, Lookahead</td></tr>
 <tr><td><b>Ctrl+] / Ctrl+[</b></td><td>K + 1 / K − 1</td></tr>
