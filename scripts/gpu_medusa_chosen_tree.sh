@@ -5,8 +5,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi -L; date
 echo "== bench greedy"; date
-M=none,ngram,suffix,medusa,medusa-fixed,medusa:16,eagle,eagle3,eagle3:8,draft
-timeout 150 python3 main.py bench methods --device cuda --methods $M --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee $OUT/bench_gpu_medusa_trees.txt | grep -v Warn | tail -13
+timeout 180 python3 main.py bench methods --device cuda --methods all --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee $OUT/bench_gpu_medusa_trees.txt | grep -v Warn | tail -16
 echo "== GPU tests"; date
 SPECPLAY_FUZZ_CASES=2000 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(ls tests/*_gpu.py) tests/test_timing.py > $OUT/gpu_tests_medusa_trees.log 2>&1; echo "tests rc $?" >> $OUT/gpu_tests_medusa_trees.log
 tail -4 $OUT/gpu_tests_medusa_trees.log; grep -E "^FAILED|^ERROR" $OUT/gpu_tests_medusa_trees.log | head
