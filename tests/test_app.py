@@ -585,6 +585,9 @@ def test_method_menu_comes_from_the_registry(make_window):
     for spec, action in window.method_actions.items():
         parsed = parse_spec(spec)
         assert action.text() == spec_label(parsed.name, parsed.tree_nodes) and action.data() == spec
+    # Ctrl+1 .. Ctrl+9 for the first nine (Ctrl+10 is no key sequence), none for the rest
+    shortcuts = [action.shortcut().toString() for action in window.method_actions.values()]
+    assert shortcuts == [f"Ctrl+{n}" for n in range(1, 10)] + [""] * (len(MENU_SPECS) - 9)
     window.method_actions["eagle:8"].trigger()
     assert AppSettings().get("decode/method") == "eagle:8"
     assert "EAGLE, dynamic tree of 8 nodes, K=4" in window.status_labels["method"].text()
