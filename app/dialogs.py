@@ -287,6 +287,7 @@ class SweepDialog(QDialog):
         summary.setWordWrap(True)
         self.summary = summary
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        self.save_button = save_table_button(self, buttons, rows, "Save the K sweep")
         self.use_button = None
         if complete:
             self.use_button = buttons.addButton(f"Use K = {self.best}", QDialogButtonBox.AcceptRole)
@@ -297,6 +298,19 @@ class SweepDialog(QDialog):
         layout.addWidget(table)
         layout.addWidget(buttons)
         self.resize(900, 140 + 30 * len(rows))
+
+
+def save_table_button(dialog, buttons, rows: list, title: str):
+    """A "Save CSV…" button that writes the measured rows (every measured and predicted figure) where the
+    user picks (app.exports.export_table, the window as host); None where the dialog has no window."""
+    host = dialog.parentWidget()
+    if host is None or not hasattr(host, "ask_save_path"):
+        return None
+    from app import exports
+
+    button = buttons.addButton("Save CSV…", QDialogButtonBox.ActionRole)
+    button.clicked.connect(lambda: exports.export_table(host, title, rows))
+    return button
 
 
 def measured_table(rows: list, columns, bold_row=None) -> QTableWidget:
@@ -357,6 +371,7 @@ class MethodSweepDialog(QDialog):
         self.summary = QLabel(f"{title}<br>{verdict}{skipped}")
         self.summary.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        self.save_button = save_table_button(self, buttons, rows, "Save the method sweep")
         self.use_button = None
         if best_row is not None:
             self.use_button = buttons.addButton(f"Use {best_row['label']}", QDialogButtonBox.AcceptRole)

@@ -1,5 +1,6 @@
 """The Session menu's exports and import: every round as metrics CSV or a JSONL trace (engine.metrics,
-engine.trace) that reproduces the run, a saved trace read back for replay, and the plots as PNG (2x) or SVG.
+engine.trace) that reproduces the run, a saved trace read back for replay, the plots as PNG (2x) or SVG; and
+a K or method sweep's table as CSV.
 
 Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter)`, reports a
 problem with `host.show_error(title, message)` and success with `host.show_status(message, timeout_ms)`;
@@ -43,6 +44,25 @@ def export_rounds(host, runs: list, fmt: str) -> None:
         host.show_error(title, str(exc))
         return
     host.show_status(f"Wrote {rows} rounds of {len(runs)} generations to {path}", NOTICE_MS)
+
+
+TABLE_FILTER = "CSV (*.csv)"
+
+
+def export_table(host, title: str, rows: list) -> None:
+    """Write a sweep's measured rows (engine.exports.export_table) to a CSV path the user picks."""
+    path = host.ask_save_path(title, TABLE_FILTER)
+    if not path:
+        return
+    path = with_suffix(path, ".csv")
+    from engine.exports import export_table as write
+
+    try:
+        written = write(path, rows)
+    except SpecplayError as exc:
+        host.show_error(title, str(exc))
+        return
+    host.show_status(f"Wrote {written} rows to {path}", NOTICE_MS)
 
 
 def read_trace(host, path: str):

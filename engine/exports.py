@@ -367,3 +367,19 @@ def export_events(path, fmt: str, events, finish: Optional[str] = None) -> int:
             export.add(event, generation)
         export.close(finish)
     return export.rows
+
+
+def export_table(path, rows: list) -> int:
+    """Measured rows (dicts: a K or method sweep's) as CSV, crash-safe as every export: one column per key in
+    the order the rows first give them, a value a row lacks (or None) left empty. Returns the rows written."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+
+    def write(handle: IO) -> None:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerows([["" if row.get(key) is None else row[key] for key in columns] for row in rows])
+
+    with StreamingExport(path, ExportFormat(begin=write, header=lambda handle, run_header: None,
+                                            row=lambda handle, event, generation, run_header: None)):
+        pass
+    return len(rows)

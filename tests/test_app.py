@@ -310,7 +310,7 @@ def test_eagle_tree_entry_runs_eagle_with_a_tree_of_8_nodes(qtbot, make_window):
     assert "dynamic tree of 8 nodes" in window.history.item(window.history.count() - 1).text()
 
 
-def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_window):
+def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_window, tmp_path):
     from app.main_window import SWEEP_KS
 
     window = make_window()
@@ -329,11 +329,16 @@ def test_find_the_fastest_k_measures_each_k_and_offers_the_best(qtbot, make_wind
     best = max(rows, key=lambda row: row["speedup"])["k"]
     assert dialog.best == best and dialog.table.rowCount() == len(SWEEP_KS)
     assert dialog.table.item(0, 0).text() == "1"
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / "ks.csv")
+    dialog.save_button.click()
+    with open(tmp_path / "ks.csv", newline="") as handle:
+        assert [int(row["k"]) for row in csv.DictReader(handle)] == list(SWEEP_KS)
     dialog.use_button.click()
     assert window.settings.get("decode/k") == best and window.k_actions[best].isChecked()
 
 
-def test_find_the_fastest_method_measures_each_runnable_method_and_offers_the_best(qtbot, make_window):
+def test_find_the_fastest_method_measures_each_runnable_method_and_offers_the_best(qtbot, make_window,
+                                                                                   tmp_path):
     """Method → Find the fastest method: every menu method the decoder can run, at the menus' K, beside plain
     decoding; the others named with their reason; the fastest offered."""
     from app.settings import METHOD_KEY
@@ -357,6 +362,13 @@ def test_find_the_fastest_method_measures_each_runnable_method_and_offers_the_be
     assert dialog.table.item(0, 0).text() == "Off (plain autoregressive)"
     assert dialog.table.item(0, 1).text() == "–"  # plain decoding drafts nothing: no α
     assert "Not measured: Medusa: no Medusa heads in this model" in dialog.summary.text()
+    window.ask_save_path = lambda title, file_filter: str(tmp_path / "methods")  # the suffix is added
+    dialog.save_button.click()
+    with open(tmp_path / "methods.csv", newline="") as handle:
+        saved = list(csv.DictReader(handle))
+    assert [row["method"] for row in saved] == ["none", "draft", "ngram"]
+    assert [float(row["speedup"]) for row in saved] == pytest.approx([row["speedup"] for row in rows])
+    assert window.errors == [] and dialog.isVisible()  # saving keeps the dialog open
     dialog.use_button.click()
     assert window.settings.get(METHOD_KEY) == best and window.method_actions[best].isChecked()
 

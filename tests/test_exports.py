@@ -245,3 +245,20 @@ def test_a_header_that_cannot_be_written_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
     export_events(target, "csv", [])  # and the path is free
     assert target.read_text().startswith("generation")
+
+
+def test_a_sweep_table_is_written_whole_with_every_key_as_a_column(tmp_path):
+    """export_table: one column per key in first-seen order, missing and None values empty, the old file
+    replaced whole; a folder that does not exist is one clear error."""
+    from engine.exports import export_table
+
+    path = tmp_path / "sweep.csv"
+    path.write_text("an older table\n")
+    rows = [{"method": "none", "alpha": None, "speedup": 1.0},
+            {"method": "ngram", "alpha": 0.6, "speedup": 1.82, "textbook_speedup": 2.1}]
+    assert export_table(path, rows) == 2
+    assert list(csv.reader(path.open())) == [["method", "alpha", "speedup", "textbook_speedup"],
+                                             ["none", "", "1.0", ""], ["ngram", "0.6", "1.82", "2.1"]]
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.csv"]  # no temporary or lock file left
+    with pytest.raises(SpecplayError, match="does not exist"):
+        export_table(tmp_path / "missing" / "t.csv", rows)
