@@ -14,7 +14,7 @@ A path that exists and is not a regular file (a pipe, /dev/stdout, /dev/full) is
 lock file beside the target (`.NAME.lock`, held with fcntl.flock) refuses a second writer of one path.
 
 The formats come from engine.metrics (csv_header, csv_row) and engine.trace (the header record, round_record):
-their columns and records live there.
+their columns and records live there. export_table writes a K or method sweep's table the same way.
 """
 from __future__ import annotations
 
