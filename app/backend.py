@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from engine.errors import SpecplayError
+
 SHIPPED_LABEL = "shipped pair"
 THREADS: Optional[int] = None  # `main.py gui --threads N`; None: engine.threads chooses for the models
 
@@ -66,6 +68,17 @@ def count_tokens(decoder, text: str) -> int:
     """The prompt's length in tokens (0 when the decoder has no tokenizer)."""
     tokenizer = getattr(decoder, "tokenizer", None)
     return len(tokenizer.encode(text)) if tokenizer is not None else 0
+
+
+def prompt_ids(decoder, text: str) -> Optional[list]:
+    """The prompt's token ids as the decoder reads them, for the trace header (None where it cannot say)."""
+    encode = getattr(decoder, "prompt_ids", None)
+    if encode is None:
+        return None
+    try:
+        return encode(text)
+    except SpecplayError:
+        return None
 
 
 def dtype_name(decoder):

@@ -3,6 +3,7 @@ engine.diagnose, each naming the figure it rests on. Also the worker that recali
 from __future__ import annotations
 
 import html
+from typing import Optional
 
 from PySide6.QtWidgets import QTextBrowser
 
@@ -22,8 +23,9 @@ class DiagnosisView(QTextBrowser):
         self.setPlaceholderText("Generate with a drafting method: this view says where each round's time "
                                 "goes and why the run is as fast as it is.")
 
-    def show_generation(self, events: list, calibration=None) -> None:
-        """Diagnose a generation's events with the calibrated cost model (refitted on them)."""
+    def show_generation(self, events: list, calibration=None, header: Optional[dict] = None) -> None:
+        """Diagnose a generation's events with the calibrated cost model (refitted on them). header: the
+        generation's trace header (its settings and prompt ids make the prediction exact where it can be)."""
         from engine.diagnose import diagnose
         from engine.predict import trace_from_events
 
@@ -31,6 +33,7 @@ class DiagnosisView(QTextBrowser):
             return
         try:
             trace = trace_from_events(events)
+            trace.header = dict(header or {})
             self.diagnosis = diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS)
         except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
             self.diagnosis = None

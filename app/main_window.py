@@ -585,7 +585,8 @@ class MainWindow(QMainWindow):
         origin = {"target": self.target_path or "shipped", "draft": self.draft_path or
                   ("shipped" if self.target_path is None else None),
                   "device": getattr(self.decoder, "device_name", None),
-                  "dtype": backend.dtype_name(self.decoder)}
+                  "dtype": backend.dtype_name(self.decoder),
+                  "prompt_ids": backend.prompt_ids(self.decoder, prompt)}
         self.current = self.session.new(prompt, config, self.models, self.calibration, origin)
         self._pending_error = None
         self.history.addItem(QListWidgetItem(self.current.summary()))
@@ -628,7 +629,7 @@ class MainWindow(QMainWindow):
         if self.shown is gen:
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
-        self.diagnosis.show_generation(gen.events, gen.calibration)
+        self.diagnosis.show_generation(gen.events, gen.calibration, gen.header())
         self._job_ended()
         self.compare.refresh(self.session.generations, self._selected_generations())
         self.keep_session()

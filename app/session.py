@@ -48,7 +48,7 @@ class Generation:
     events: list = field(default_factory=list)
     finish: Optional[str] = None  # "eos" | "length" | "stopped" | "error" | None while running
     error: Optional[str] = None
-    origin: dict = field(default_factory=dict)  # target, draft, device, dtype (a trace's header fields)
+    origin: dict = field(default_factory=dict)  # target, draft, device, dtype, prompt_ids (header fields)
     replayed_from: Optional[str] = None  # the trace file it was read from
     kept: bool = False  # written to the kept session (app.autosave)
 
@@ -82,7 +82,7 @@ class Generation:
         """This generation's trace header (engine.trace): prompt, settings, models, device, versions."""
         o, cal = self.origin, self.calibration
         header = make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
-                             o.get("dtype"), self.index)
+                             o.get("dtype"), self.index, o.get("prompt_ids"))
         if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
             header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
         return header
@@ -120,7 +120,8 @@ class Session:
         """A generation read back from a trace: every round added as if it had just arrived."""
         models = run.models
         origin = {"target": models.get("target"), "draft": models.get("draft"),
-                  "device": run.header.get("device"), "dtype": run.header.get("dtype")}
+                  "device": run.header.get("device"), "dtype": run.header.get("dtype"),
+                  "prompt_ids": run.header.get("prompt_ids")}
         label = " + ".join(str(m) for m in (models.get("target"), models.get("draft")) if m) or "from a trace"
         saved = run.header.get("calibration")
         if isinstance(saved, dict) and saved.get("target_step_ms"):

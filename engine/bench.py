@@ -196,8 +196,21 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
                          calibrated_plain_ms=None if costs is None else costs.t_plain))
         if progress is not None and progress(rows[-1]) is False:
             break
-    _add_from_run(rows, traces, costs)
+    _add_from_run(rows, traces, costs, _generation_headers(decoder, prompts, base, repeats))
     return rows
+
+
+def _generation_headers(decoder, prompts, config: GenerationConfig, repeats: int) -> list:
+    """A trace header per run of _paired_runs, in its order (settings, device, the prompt's ids), so that the
+    prediction from a run replays a lookup drafter exactly; [] where the decoder cannot encode prompts."""
+    encode = getattr(decoder, "prompt_ids", None)
+    if encode is None:
+        return []
+    from engine.trace import make_header
+
+    device = getattr(decoder, "device_name", None)
+    return [make_header(prompt, config, device=device, prompt_ids=encode(prompt))
+            for _ in range(repeats) for prompt in prompts]
 
 
 UNSTEADY = 0.10  # plain decoding's speed moving this much during a sweep makes its predictions suspect
@@ -390,10 +403,11 @@ def _block(events) -> int:
     return sizes[len(sizes) // 2]
 
 
-def _add_from_run(rows: list, traces: dict, costs) -> None:
+def _add_from_run(rows: list, traces: dict, costs, headers: list = ()) -> None:
     """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run: its
     rounds and the plain runs paired with it (the plain round timed in the same stretch as that run's rounds,
-    not at calibration: a machine that sped up in between had put every from-run speedup 16-30% high)."""
+    not at calibration: a machine that sped up in between had put every from-run speedup 16-30% high).
+    headers: each generation's trace header (_generation_headers)."""
     if costs is None or not rows:
         return
     from engine.costmodel import timing_of
@@ -403,6 +417,8 @@ def _add_from_run(rows: list, traces: dict, costs) -> None:
     events, plain_events = traces[source]
     try:
         trace = trace_from_events(events)
+        if headers and len(headers) == len(trace.generations):
+            trace.header, trace.headers = headers[0], list(headers)
         plain = [timing_of(e) for e in plain_events if e.round > 0]  # the first waits for the prefill
     except (AttributeError, TypeError, KeyError):  # stand-in decoders without full events
         return

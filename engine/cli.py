@@ -487,7 +487,8 @@ def run_header(args, prompt: str, config: GenerationConfig, decoder) -> dict:
     uses_draft = methods.get(config.method).needs_draft_model  # else no draft model was loaded
     draft = (args.draft or ("shipped" if args.target is None else None)) if uses_draft else None
     return make_header(prompt, config, args.target or "shipped", draft, decoder.device_name,
-                       None if dtype is None else str(dtype).removeprefix("torch."))
+                       None if dtype is None else str(dtype).removeprefix("torch."),
+                       prompt_ids=decoder.prompt_ids(prompt))
 
 
 def summarize(events: list, config: GenerationConfig) -> dict:

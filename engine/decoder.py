@@ -347,6 +347,11 @@ class SpeculativeDecoder:
             self.target.reset()
         return curve
 
+    def prompt_ids(self, prompt: str) -> list:
+        """The prompt's token ids as generate() reads them (a trace header records them, so that a
+        prediction can replay a lookup drafter on the very context it had)."""
+        return self._encode(prompt)
+
     # ------------------------------------------------------------------------------------------ internals
     def _encode(self, prompt: str) -> list:
         if not prompt or not prompt.strip():

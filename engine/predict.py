@@ -15,6 +15,7 @@ output is a backward recursion over positions. The cost model (engine.costmodel)
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence
 
@@ -58,7 +59,13 @@ class TraceRound:
 @dataclass
 class Trace:
     generations: list  # [[TraceRound]]
-    header: dict = field(default_factory=dict)
+    header: dict = field(default_factory=dict)  # a generation's header (engine.trace.make_header); {} if none
+    headers: list = field(default_factory=list)  # each generation's own header where a file had several
+
+    @property
+    def settings(self) -> dict:
+        """The run's GenerationConfig as its header records it ("settings"; "config" in older traces)."""
+        return self.header.get("settings") or self.header.get("config") or {}
 
     @property
     def rounds(self) -> list:
@@ -74,7 +81,7 @@ class Trace:
 
     @property
     def greedy(self) -> bool:
-        temperature = (self.header.get("config") or {}).get("sampling", {}).get("temperature")
+        temperature = (self.settings.get("sampling") or {}).get("temperature")
         if temperature is not None:
             return float(temperature) == 0.0
         return not any(r.sampled for r in self.rounds)
@@ -85,7 +92,7 @@ class Trace:
         records none."""
         from engine.config import SamplingParams
 
-        recorded = (self.header.get("config") or {}).get("sampling") or {}
+        recorded = self.settings.get("sampling") or {}
         known = {name: recorded[name] for name in ("temperature", "top_k", "top_p") if name in recorded}
         if not known:
             return SamplingParams() if self.greedy else SamplingParams(temperature=1.0)
@@ -100,18 +107,27 @@ class Trace:
 
     @property
     def prompt_ids(self) -> Optional[list]:
-        ids = self.header.get("prompt_ids")
-        return list(ids) if ids else None
+        """Each generation's prompt token ids (its header's "prompt_ids"), or None where one lacks them."""
+        headers = self.headers or [self.header]
+        if len(headers) != len(self.generations):
+            return None
+        ids = [h.get("prompt_ids") for h in headers]
+        return [list(i) for i in ids] if all(ids) else None
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the run's header says it ran on the CPU."""
+        return "cpu" in str(self.header.get("device") or "").lower()
 
     @property
     def ngram_n(self) -> int:
-        return int((self.header.get("config") or {}).get("ngram_n", 3))
+        return int(self.settings.get("ngram_n", 3))  # 3: traces from before the setting was recorded
 
     @property
     def uses_ngram_table(self) -> bool:
         """Whether the run's n-gram drafter filled its proposals from the target's corpus table (a trace
         from before the table records no such setting, and had none)."""
-        settings = self.header.get("config") or self.header.get("settings") or {}
+        settings = self.settings
         if "ngram_corpus" not in settings:
             return False
         used = settings["ngram_corpus"]  # None: on the GPU only
@@ -134,7 +150,7 @@ class Trace:
 
     @property
     def batch(self) -> int:
-        return int(self.header.get("batch", (self.header.get("config") or {}).get("batch", 1)) or 1)
+        return int(self.header.get("batch", self.settings.get("batch", 1)) or 1)
 
     def acceptance(self) -> DepthAcceptance:
         return DepthAcceptance.from_rounds(r.shape for r in self.rounds if r.method != "none")
@@ -192,7 +208,7 @@ def trace_from_events(events: Iterable) -> Trace:
 def load_trace(path) -> Trace:
     """Read `main.py run --trace` JSONL: one record per round; a {"type": "header"} record (if any) is kept as
     the header, records of other non-round types are skipped, records without a type are rounds."""
-    header, records = {}, []
+    header, headers, records = {}, {}, []
     try:
         with open(path, encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
@@ -205,6 +221,7 @@ def load_trace(path) -> Trace:
                 kind = record.get("type", "round")
                 if kind == "header":
                     header = record
+                    headers[record.get("generation")] = record
                 elif kind == "round":
                     records.append((record["generation"], record) if "generation" in record else record)
     except OSError as exc:
@@ -213,6 +230,8 @@ def load_trace(path) -> Trace:
         raise SpecplayError(f"{path} holds no rounds")
     trace = trace_from_events(records)
     trace.header = header
+    if len(headers) > 1 and all(isinstance(record, tuple) for record in records):  # several generations
+        trace.headers = [headers.get(number, {}) for number in sorted({record[0] for record in records})]
     return trace
 
 
@@ -318,9 +337,13 @@ def exact_applies(trace: Trace) -> bool:
     return trace.method in EXACT_METHODS
 
 
-def ngram_rounds(prompt_ids: list, output: list, k: int, n: int, table=None) -> int:
-    """Rounds the n-gram drafter needs for `output` with K (see ngram_replay)."""
-    return len(ngram_replay(prompt_ids, output, k, n, table))
+def ngram_trace_replay(trace: Trace, k: int) -> list:
+    """ngram_replay of each generation of the trace from its own prompt: (proposed, accepted) a round."""
+    table, rounds = trace.ngram_table(), []
+    for prompt_ids, generation in zip(trace.prompt_ids, trace.generations):
+        output = [t for r in generation for t in r.emitted]
+        rounds += ngram_replay(prompt_ids, output, k, trace.ngram_n, table)
+    return rounds
 
 
 def ngram_replay(prompt_ids: list, output: list, k: int, n: int, table=None) -> list:
@@ -351,10 +374,9 @@ def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
                      for n, gen in zip(lengths, trace.generations))
         basis = "per-depth model" + (", extrapolated" if extrapolated else "")
         return (sum(lengths) / rounds if rounds else 1.0), basis
-    if trace.method == "ngram":  # one generation's prompt in the header
-        output = [t for r in trace.generations[0] for t in r.emitted]
-        rounds = ngram_rounds(trace.prompt_ids, output, k, trace.ngram_n, trace.ngram_table())
-        return len(output) / max(1, rounds), "exact (replayed)"
+    if trace.method == "ngram":
+        rounds = ngram_trace_replay(trace, k)
+        return trace.emitted / max(1, len(rounds)), "exact (replayed)"
     alphas = acceptance.alphas_for(k)
     rounds, tokens, shares = 0.0, 0, []
     for generation in trace.generations:
@@ -376,8 +398,7 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
     for k in ks:
         expected, basis = predict_tokens_per_forward(trace, k)
         uniform = acceptance.uniform_expected(k)
-        block = _block_size(trace, k)
-        round_ms = costs.t_round(method, k, block)
+        round_ms = _round_ms(trace, k, costs)
         tpot = round_ms / max(expected, 1e-9)
         out.append(KPrediction(k=k, tokens_per_forward=expected, basis=basis,
                                uniform_tokens_per_forward=uniform,
@@ -385,6 +406,16 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
                                speedup=costs.t_plain / tpot if tpot > 0 else 0.0,
                                textbook_speedup=uniform / (1 + c * k)))
     return out
+
+
+def _round_ms(trace: Trace, k: int, costs: CostModel) -> float:
+    """A round's predicted time for K. Where n-gram is replayed on the CPU, each round verifies only what it
+    proposed (a short match, a short block), so its rounds are timed block by block; on a GPU a round has its
+    K + 1 rows whatever it drafts."""
+    if trace.method == "ngram" and exact_applies(trace) and trace.on_cpu:
+        return statistics.fmean(costs.t_round("ngram", k, proposed + 1)
+                                for proposed, _ in ngram_trace_replay(trace, k))
+    return costs.t_round(trace.method, k, _block_size(trace, k))
 
 
 def _block_size(trace: Trace, k: int) -> int:

@@ -4,13 +4,14 @@ A trace is one header record per generation, each followed by that generation's 
 
     {"type": "header", "format": "specplay-trace/1", "generation": 1, "prompt": ..., "settings": {...},
      "spec": "eagle:8", "models": {"target": ..., "draft": ...}, "device": ..., "dtype": ...,
-     "versions": {"specplay": ..., "torch": ..., "transformers": ...}}
+     "versions": {"specplay": ..., "torch": ..., "transformers": ...}, "prompt_ids": [...]}
     {"type": "round", "generation": 1, **RoundEvent.to_dict()}
 
-`settings` is GenerationConfig.to_dict(). The last round of a generation carries how it ended in
-`finish_reason` ("eos", "length", "stopped", "error"). `read_trace` gives back a `Run` per generation with
-RoundEvents rebuilt, so the window and the CLI replay a trace as if it ran live. Older traces (rounds only, no
-header) read too, with an empty header.
+`settings` is GenerationConfig.to_dict(); `prompt_ids` (the prompt's token ids) is there where the writer knew
+them (engine.predict replays n-gram lookup exactly from them). The last round of a generation carries how it
+ended in `finish_reason` ("eos", "length", "stopped", "error"). `read_trace` gives back a `Run` per generation
+with RoundEvents rebuilt, so the window and the CLI replay a trace as if it ran live. Older traces (rounds
+only, no header) read too, with an empty header.
 """
 from __future__ import annotations
 
@@ -63,12 +64,16 @@ def versions() -> dict:
 
 
 def make_header(prompt: str, config: GenerationConfig, target=None, draft=None, device=None, dtype=None,
-                generation: int = 1) -> dict:
-    """The header record of one generation."""
-    return {"type": "header", "format": FORMAT, "generation": generation, "prompt": prompt,
-            "settings": config.to_dict(), "spec": config.spec,
-            "models": {"target": _text(target), "draft": _text(draft)},
-            "device": _text(device), "dtype": _text(dtype), "versions": versions()}
+                generation: int = 1, prompt_ids: Optional[list] = None) -> dict:
+    """The header record of one generation. prompt_ids: the prompt's token ids, where known (engine.predict
+    replays n-gram lookup exactly from them)."""
+    header = {"type": "header", "format": FORMAT, "generation": generation, "prompt": prompt,
+              "settings": config.to_dict(), "spec": config.spec,
+              "models": {"target": _text(target), "draft": _text(draft)},
+              "device": _text(device), "dtype": _text(dtype), "versions": versions()}
+    if prompt_ids:
+        header["prompt_ids"] = [int(i) for i in prompt_ids]
+    return header
 
 
 def _text(value) -> Optional[str]:

@@ -1,6 +1,6 @@
 """n-gram's tokens per forward with and without the target's corpus table, replayed exactly on plain greedy
 outputs (greedy verification accepts a proposal's prefix that matches the output, so the rounds follow from
-the output alone: engine.predict.ngram_rounds).
+the output alone: engine.predict.ngram_replay).
 
     python scripts/ngram_table_replay.py [--prompts 32] [--max-new-tokens 128] [--ks 4,8] [--dtype bfloat16]
 

@@ -172,7 +172,8 @@ def shot_diagnosis(app, window, args, path) -> bool:
     dock.raise_()
     window.compare_dock.hide()
     window.tree_dock.hide()
-    window.resizeDocks([dock], [760], Qt.Horizontal)  # the diagnosis gets the right half
+    # the History narrow again (the comparison widened it), the diagnosis about half the width
+    window.resizeDocks([window.history_dock, dock], [300, 700], Qt.Horizontal)
     window.resizeDocks([dock], [560], Qt.Vertical)
     return save(app, window, path)
 

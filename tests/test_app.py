@@ -102,6 +102,9 @@ class FakeDecoder:
     def calibrate(self, k, sampling=None):
         return FakeCalibration()
 
+    def prompt_ids(self, prompt):
+        return [ord(c) for c in prompt]
+
     def generate(self, prompt, config, should_stop=None):
         self.configs.append(config)
         events = []
@@ -1061,6 +1064,10 @@ def test_jsonl_trace_has_a_header_per_generation(qtbot, make_window, tmp_path):
     assert set(head["models"]) == {"target", "draft"} and head["device"] == "FakeGPU 9000"
     assert {"specplay", "torch", "transformers"} <= set(head["versions"])
     assert headers[1]["spec"] == "ngram" and headers[1]["prompt"] == "y = 2"
+    assert [h["prompt_ids"] for h in headers] == [[ord(c) for c in p] for p in ("x = <1>", "y = 2")]
+    # the diagnosis of the last generation read its header: settings and the prompt's ids
+    trace = window.diagnosis.diagnosis.report.trace
+    assert trace.prompt_ids == [headers[1]["prompt_ids"]] and trace.settings["method"] == "ngram"
     rounds = [r for r in records if r["type"] == "round"]
     assert len(rounds) == 2 * window.fake.rounds and rounds[0]["generation"] == 1 and rounds[0]["round"] == 0
 

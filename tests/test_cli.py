@@ -64,6 +64,8 @@ def test_run_writes_csv_and_trace(pair, capsys, tmp_path):
     assert header["type"] == "header" and header["prompt"] == PROMPT and header["spec"] == "draft"
     assert header["settings"]["sampling"]["top_p"] == 0.9 and header["settings"]["seed"] == 3
     assert header["models"] == {"target": target, "draft": draft} and header["device"] == "CPU"
+    from transformers import AutoTokenizer
+    assert header["prompt_ids"] == AutoTokenizer.from_pretrained(target).encode(PROMPT)
     assert all(r["type"] == "round" for r in trace)
     assert len(rows) - 1 == len(trace) >= 1
     assert sum(len(e["emitted_ids"]) for e in trace) == 16

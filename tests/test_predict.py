@@ -168,6 +168,61 @@ def test_ngram_counterfactual_replays_the_lookup_exactly(close_decoder):
     assert "per-depth" in predict_tokens_per_forward(trace, 4)[1]
 
 
+def test_a_saved_ngram_trace_of_two_generations_replays_each_from_its_own_prompt(close_decoder, tmp_path):
+    """What the window and `run --trace` write (a header per generation with its settings and prompt ids)
+    is what the prediction replays: every K's tokens per forward equals a real run's."""
+    from engine.config import GenerationConfig
+    from engine.exports import export_runs
+    from engine.trace import Run, make_header
+
+    prompts = (PROMPT, "a b c d a b c d a b")
+    source = GenerationConfig(method="ngram", k=8, max_new_tokens=40)
+    runs = [Run(header=make_header(prompt, source, generation=number,
+                                   prompt_ids=close_decoder.prompt_ids(prompt)),
+                events=list(close_decoder.generate(prompt, source)), finish="length")
+            for number, prompt in enumerate(prompts, 1)]
+    export_runs(tmp_path / "two.jsonl", "jsonl", runs)
+    trace = load_trace(tmp_path / "two.jsonl")
+    assert len(trace.generations) == 2 and trace.ngram_n == source.ngram_n
+    for k in (1, 4):
+        config = GenerationConfig(method="ngram", k=k, max_new_tokens=40)
+        real = [e for prompt in prompts for e in close_decoder.generate(prompt, config)]
+        tpf, basis = predict_tokens_per_forward(trace, k)
+        assert basis == "exact (replayed)"
+        assert tpf == pytest.approx(sum(len(e.emitted_ids) for e in real) / len(real))
+
+
+def test_a_k_sweep_of_ngram_predicts_every_k_exactly_from_its_largest_k_run(close_decoder):
+    from engine.bench import bench_k_sweep
+    from engine.config import GenerationConfig
+
+    prompts = [PROMPT, "a b c d a b c d a b"]
+    rows = bench_k_sweep(close_decoder, prompts, GenerationConfig(method="ngram", k=4, max_new_tokens=30),
+                         (1, 2, 4))
+    for row in rows:
+        assert row["from_run_k"] == 4 and row["from_run_basis"] == "exact (replayed)"
+        assert row["from_run_tokens_per_forward"] == pytest.approx(row["tokens_per_forward"])
+
+
+def test_replayed_ngram_rounds_on_the_cpu_cost_what_they_propose(close_decoder):
+    """On the CPU a round verifies only what n-gram proposed, so a K past the matches' length costs little
+    more; on a GPU every round has its K + 1 rows."""
+    from engine.config import GenerationConfig
+    from engine.predict import ngram_trace_replay, predict_ks
+
+    config = GenerationConfig(method="ngram", k=4, max_new_tokens=40)
+    trace = trace_from_events(list(close_decoder.generate(PROMPT, config)))
+    costs = CostModel(verify={1: Measured(1.0), 33: Measured(33.0)}, overhead={"ngram": Measured(0.0)})
+    for device, cpu in (("CPU", True), ("NVIDIA H200", False)):
+        trace.header = {"prompt_ids": close_decoder.prompt_ids(PROMPT), "settings": config.to_dict(),
+                        "device": device}
+        (p16,) = predict_ks(trace, [16], costs)
+        blocks = [proposed + 1 for proposed, _ in ngram_trace_replay(trace, 16)]
+        assert min(blocks) < 17  # some matches end before K = 16
+        expected = sum(blocks) / len(blocks) if cpu else 17.0  # t_verify(n) = n ms on this curve
+        assert p16.round_ms == pytest.approx(expected + costs.t_draft("ngram", 16))
+
+
 def test_rounds_to_a_token_budget_count_the_cut_last_round():
     from engine.acceptance import DepthAcceptance
 
