@@ -53,7 +53,11 @@ class TraceRound:
 
     @property
     def shape(self) -> RoundShape:
-        return RoundShape(self.depth, self.accepted)
+        """A draft shallower than K whose every depth was accepted reached its next depth and failed there:
+        the drafter proposed nothing more (a short match, an n-gram miss). Counted so, the per-depth model
+        gives the run's own tokens per forward back, as RoundMetrics' per-position figures do."""
+        depth = self.depth + 1 if self.accepted == self.depth < self.k else self.depth
+        return RoundShape(depth, self.accepted)
 
 
 @dataclass

@@ -52,6 +52,14 @@ def test_k_past_optimum():
     assert found.report.best.k < 8
 
 
+def test_a_best_k_past_the_runs_own_k_is_called_extrapolated():
+    # every round accepts all K = 2: the model extends that past K, which this run never drafted
+    records = [chain_round(i, 2, 2, draft_ms=0.02, verify_ms=2.05, overhead_ms=0.1) for i in range(20)]
+    found = diagnose(trace_from_events(records), costs(), range(1, 9))
+    advice = next(f.advice for f in found.findings if f.rule == "k_past_optimum")
+    assert found.report.best.k > 2 and "extrapolated past this run's K = 2" in advice
+
+
 def test_large_batch(tmp_path):
     records = [healthy(i) for i in range(20)]
     path = write_trace(tmp_path / "b.jsonl", records, header={"batch": 16})

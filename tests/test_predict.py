@@ -223,6 +223,19 @@ def test_replayed_ngram_rounds_on_the_cpu_cost_what_they_propose(close_decoder):
         assert p16.round_ms == pytest.approx(expected + costs.t_draft("ngram", 16))
 
 
+def test_short_drafts_count_as_stopping_so_the_model_gives_the_runs_own_tokens_per_forward(tmp_path):
+    """A lookup drafter proposes what its match holds: a round may draft fewer than K (or nothing) and
+    accept all of it. The per-depth model must count where it stopped, or it predicts its own K too high."""
+    lengths = [4, 2, 0, 1, 4, 3, 0, 2]  # drafted a round, every one accepted
+    records = [chain_round(i, 4, n, method="ngram", drafted_ids=[100 + d for d in range(n)])
+               for i, n in enumerate(lengths)]
+    trace = load_trace(write_trace(tmp_path / "short.jsonl", records))
+    tpf, basis = predict_tokens_per_forward(trace, 4)
+    assert basis == "per-depth model"
+    assert tpf == pytest.approx(measured_tpf(records)) == pytest.approx(1 + sum(lengths) / len(lengths))
+    assert trace.acceptance().alphas[0] == pytest.approx(6 / 8)  # the two empty rounds stopped at depth 1
+
+
 def test_rounds_to_a_token_budget_count_the_cut_last_round():
     from engine.acceptance import DepthAcceptance
 
