@@ -136,7 +136,8 @@ def _k_past_optimum(trace, report, bars) -> Optional[Finding]:
     advice = f"{direction} K to {best.k}: predicted {best.speedup:.2f}x against {current.speedup:.2f}x"
     if best.k > trace.k and best.basis not in ("exact", "exact (replayed)"):  # depths it never drafted
         advice += f" (extrapolated past this run's K = {trace.k}: Find the fastest K measures it)"
-    return Finding("k_past_optimum", f"K = {trace.k} is off its optimum (predicted best K = {best.k})", advice,
+    title = f"K = {trace.k} is off its optimum (predicted best K = {best.k})"
+    return Finding("k_past_optimum", title, advice,
                    f"counterfactual K curve: speedup({best.k}) = {best.speedup:.2f}x, "
                    f"speedup({trace.k}) = {current.speedup:.2f}x")
 
