@@ -40,7 +40,11 @@ def preload_engine() -> None:
     # transformers resolves its modules lazily on first attribute access: do it here, not in the loader thread
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
+    # with the decoder, what the end of every generation uses on the GUI thread (the kept session, the
+    # diagnosis): imported there the first time, they stalled the event loop ~20 ms
     import engine.decoder  # noqa: F401
+    import engine.diagnose  # noqa: F401
+    import engine.exports  # noqa: F401
     import engine.models  # noqa: F401
 
 

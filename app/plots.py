@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QGraphicsItem,
     QGridLayout,
     QLabel,
+    QScrollArea,
     QSizePolicy,
     QStackedLayout,
     QTabWidget,
@@ -73,18 +74,19 @@ def clip_outliers(y: np.ndarray, top: float) -> tuple:
     return np.where(over, np.nan, y), over
 
 
-class SummaryLabel(QLabel):
-    """The summary text beside the plots. Its text changes on every redraw; a label that asked for a new
-    size each time (word wrap asks for a height for its width) would relayout, and so repaint, all five
-    plots. This one takes the cell the grid gives it."""
+class SummaryArea(QScrollArea):
+    """The summary text beside the plots, scrolled where it is taller than its cell. Its text changes on
+    every redraw; a label in the grid that asked for a new size each time (word wrap asks for a height for
+    its width) would relayout, and so repaint, all five plots. Inside a scroll area its new height only
+    moves the scroll bar: the area takes the cell the grid gives it."""
 
-    def __init__(self):
+    def __init__(self, label: QLabel):
         super().__init__()
-        self.setWordWrap(True)
+        self.setWidget(label)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Ignored)
-
-    def hasHeightForWidth(self) -> bool:
-        return False
 
 
 class PlotPanel(QWidget):
@@ -165,10 +167,12 @@ class PlotPanel(QWidget):
         for plot in (self.alpha_plot, self.tpf_plot, self.tpot_plot, self.hist_plot, self.pos_plot,
                      self.tps_plot):
             self._cache_static_items(plot)
-        self.summary = SummaryLabel()
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
         self.summary.setAlignment(Qt.AlignTop | Qt.AlignLeft)
         self.summary.setStyleSheet(f"background:{c.plot_bg}; color:{c.plot_fg}; padding:8px")
-        self._widgets.append(self.summary)
+        self.summary_area = SummaryArea(self.summary)
+        self._widgets.append(self.summary_area)
         self._place_widgets()
         self._painters = [
             lambda: self._draw_curves(self.alpha_plot, "alpha", "round_alpha", "running_alpha"),
@@ -230,7 +234,7 @@ class PlotPanel(QWidget):
         """The plots and the summary in the grid (a large panel) or in tabs (compact)."""
         for widget in self._widgets:
             if self.compact:
-                title = widget.getPlotItem().titleLabel.text if widget is not self.summary else "Summary"
+                title = "Summary" if widget is self.summary_area else widget.getPlotItem().titleLabel.text
                 self.tabs.addTab(widget, title)
             else:
                 self.grid.addWidget(widget, *getattr(widget, "grid_cell", (1, 9, 1, 3)))

@@ -1,7 +1,7 @@
 """The RoundEvent stream: one event per decoding round, read alike by the GUI, the CLI and the exporters."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -78,4 +78,18 @@ class RoundEvent:
         return self.draft_ms + self.verify_ms + self.overhead_ms
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """As dataclasses.asdict (which walks and deep-copies every value: 0.2 ms a round, at the end of each
+        generation on the window's thread), field by field: the drafted tokens and metrics as dicts, their
+        lists copied."""
+        out = {name: _copy(value) for name, value in vars(self).items()}
+        out["drafted"] = [{name: _copy(value) for name, value in vars(token).items()}
+                          for token in self.drafted]
+        out["metrics"] = {name: _copy(value) for name, value in vars(self.metrics).items()}
+        return out
+
+
+def _copy(value):
+    """A list of plain values, or of pairs (the top alternatives), copied as asdict copies them."""
+    if isinstance(value, list):
+        return [type(item)(item) if isinstance(item, (tuple, list)) else item for item in value]
+    return value

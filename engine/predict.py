@@ -14,6 +14,7 @@ output is a backward recursion over positions. The cost model (engine.costmodel)
 """
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from dataclasses import dataclass, field, replace
@@ -47,8 +48,8 @@ class TraceRound:
     def depth(self) -> int:
         return 1 + max(self.depths, default=-1)
 
-    @property
-    def is_tree(self) -> bool:
+    @functools.cached_property
+    def is_tree(self) -> bool:  # asked for every K of a prediction: counted once
         return any(parent != i - 1 for i, parent in enumerate(self.parents))
 
     @property
@@ -368,9 +369,9 @@ def ngram_replay(prompt_ids: list, output: list, k: int, n: int, table=None) -> 
     return rounds
 
 
-def predict_tokens_per_forward(trace: Trace, k: int) -> tuple:
-    """(tokens per forward, basis) for K from the trace."""
-    acceptance = trace.acceptance()
+def predict_tokens_per_forward(trace: Trace, k: int, acceptance: Optional[DepthAcceptance] = None) -> tuple:
+    """(tokens per forward, basis) for K from the trace; acceptance: trace.acceptance() if counted."""
+    acceptance = acceptance or trace.acceptance()
     if not exact_applies(trace):
         extrapolated = k > acceptance.extrapolated_from()
         lengths = [sum(len(r.emitted) for r in gen) for gen in trace.generations]
@@ -400,7 +401,7 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
     c = costs.c(method)
     out = []
     for k in ks:
-        expected, basis = predict_tokens_per_forward(trace, k)
+        expected, basis = predict_tokens_per_forward(trace, k, acceptance)
         uniform = acceptance.uniform_expected(k)
         round_ms = _round_ms(trace, k, costs)
         tpot = round_ms / max(expected, 1e-9)

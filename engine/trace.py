@@ -15,6 +15,7 @@ only, no header) read too, with an empty header.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, fields
 from importlib import metadata
@@ -52,15 +53,22 @@ class Run:
         return dict(self.header.get("models") or {})
 
 
-def versions() -> dict:
-    """Versions of specplay, torch and transformers (None when one is not installed)."""
-    found = {}
+@functools.lru_cache(maxsize=1)
+def _installed_versions() -> tuple:
+    """(name, version) of specplay, torch and transformers, looked up once: the metadata scan costs
+    milliseconds, and every header (the end of every generation in the window) asks."""
+    found = []
     for name in ("specplay", "torch", "transformers"):
         try:
-            found[name] = metadata.version(name)
+            found.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+            found.append((name, None))
+    return tuple(found)
+
+
+def versions() -> dict:
+    """Versions of specplay, torch and transformers (None when one is not installed)."""
+    return dict(_installed_versions())
 
 
 def make_header(prompt: str, config: GenerationConfig, target=None, draft=None, device=None, dtype=None,

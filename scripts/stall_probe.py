@@ -2,9 +2,10 @@
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/stall_probe.py [--tiny] [--max-new-tokens 120]
 
-Prints the worst gap, the 99th percentile and the five largest gaps, and where the GUI thread was during gaps
-longer than --dump-ms (a watchdog thread samples its stack). Offscreen Qt paints in software, so absolute
-figures there are pessimistic for a desktop with a GPU compositor.
+Uses throwaway settings, never the user's. Prints the worst gap, the 99th percentile and the five largest
+gaps, and where the GUI thread was during gaps longer than --dump-ms (a watchdog thread samples its stack).
+Offscreen Qt paints in software, so absolute figures there are pessimistic for a desktop with a GPU
+compositor.
 """
 from __future__ import annotations
 
@@ -60,10 +61,13 @@ def main() -> int:
     parser.add_argument("--warm", action="store_true", help="generate once before measuring a second run")
     args = parser.parse_args()
 
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     app = QApplication([])
+    # throwaway settings: the user's kept session would be read back (and end the probe at once) and the
+    # probe's generation would be kept into it
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, tempfile.mkdtemp(prefix="specplay-probe-"))
     from app import backend
     from app.main_window import GIL_SWITCH_INTERVAL_S, MainWindow
 

@@ -659,6 +659,9 @@ def test_new_summary_text_never_relayouts_the_plots(qtbot, make_window):
     qtbot.wait(50)
     assert [widget.size() for widget in widgets] == sizes
     assert counter.painted() == [0] * 5
+    # the text taller than its cell scrolls there, none of it cut off
+    assert plots.summary_area.verticalScrollBar().maximum() > 0
+    assert plots.summary.height() > plots.summary_area.viewport().height()
 
 
 def test_redrawing_one_plot_repaints_only_that_plot(qtbot, make_window):
