@@ -95,10 +95,11 @@ def diagnose(trace: Trace, costs: Optional[CostModel] = None, ks: Sequence[int] 
 
 
 def _low_alpha(trace, report, bars) -> Optional[Finding]:
-    alphas = report.acceptance.alphas
+    drafted = trace.drafted_acceptance()  # where the drafter proposed something: a miss is no rejection
+    alphas = drafted.alphas
     if trace.method == "none" or not alphas or alphas[0] >= LOW_ALPHA:
         return None
-    lo, hi = report.acceptance.intervals()[0]
+    lo, hi = drafted.intervals()[0]
     return Finding("low_alpha", f"low acceptance: α₁ = {alphas[0]:.2f}",
                    "the draft is misaligned with the target: distill the draft on the target's outputs, "
                    "switch to EAGLE, or lower K",

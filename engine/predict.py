@@ -158,7 +158,14 @@ class Trace:
         return int(self.header.get("batch", self.settings.get("batch", 1)) or 1)
 
     def acceptance(self) -> DepthAcceptance:
+        """Per-depth acceptance for the predictions: a draft that stopped short counts as a failure there."""
         return DepthAcceptance.from_rounds(r.shape for r in self.rounds if r.method != "none")
+
+    def drafted_acceptance(self) -> DepthAcceptance:
+        """Per-depth acceptance of the drafted tokens alone (a round that drafted nothing is left out), as
+        the product's α is: how often the drafter agreed with the target where it proposed something."""
+        return DepthAcceptance.from_rounds(RoundShape(r.depth, r.accepted) for r in self.rounds
+                                           if r.method != "none")
 
     def timings(self) -> list:
         return [r.timing for r in self.rounds]

@@ -31,6 +31,16 @@ def test_low_alpha():
     assert "low_alpha" in rules(records)
 
 
+def test_lookup_misses_are_not_low_acceptance():
+    # n-gram found no match in half its rounds, and was right where it found one: no "misaligned draft"
+    records = [chain_round(i, 4, 4 if i % 2 else 0, method="ngram", draft_ms=0.01, verify_ms=2.1,
+                           overhead_ms=0.1, drafted_ids=[100, 101, 102, 103] if i % 2 else [])
+               for i in range(20)]
+    found = diagnose(trace_from_events(records), costs(), range(1, 5))
+    assert "low_alpha" not in found.rules()
+    assert found.report.acceptance.alphas[0] == pytest.approx(0.5)  # the predictions count the misses
+
+
 def test_c_too_high():
     records = [chain_round(i, 4, 4, draft_ms=4 * 1.2, verify_ms=2.1, overhead_ms=0.1) for i in range(20)]
     found = diagnose(trace_from_events(records), costs(), range(1, 5))
