@@ -324,6 +324,8 @@ def measured_table(rows: list, columns, bold_row=None) -> QTableWidget:
         for c, (key, _, fmt) in enumerate(columns):
             value = row.get(key)
             item = QTableWidgetItem("–" if value is None else fmt.format(value))
+            if isinstance(value, (int, float)) or value is None:  # figures line up on their last digit
+                item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
             if r == bold_row:
                 font = item.font()
                 font.setBold(True)
