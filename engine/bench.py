@@ -4,7 +4,9 @@ Speed is always reported as ratios measured in one run (every method against pla
 prompts, same machine, same process), never as a lone absolute figure."""
 from __future__ import annotations
 
+import contextlib
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -47,14 +49,17 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
 
 
 def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1,
-                        after=None) -> Optional[dict]:
+                        after=None, before_repeat=None) -> Optional[dict]:
     """Every configuration on every prompt, round-robin (prompt by prompt, each configuration in turn), added
     up per configuration: {label: RunTotals}. A slow stretch of the machine (an H200 host ran host-bound
     plain rounds at up to 1.7x their time after it had waited or idled) then slows every configuration
     alike, where timed one after another it would land on one configuration and skew every ratio to it.
-    after: called after each generation; when it returns False the measurement stops and gives None."""
+    after: called after each generation; when it returns False the measurement stops and gives None.
+    before_repeat: called before each pass over the prompts (a session reset: no pass recalls the last)."""
     totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
     for _ in range(repeats):
+        if before_repeat is not None:
+            before_repeat()
         for prompt in prompts:
             for label, config in configs.items():
                 totals[label].add(final_metrics(list(decoder.generate(prompt, config))))
@@ -84,12 +89,12 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, 
         done += 1
         return progress is None or progress(done, total) is not False
 
-    for config in configs.values():
-        measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
-        if not after():
-            return []
-    _forget_session(decoder)  # suffix decoding would otherwise recall the warm-ups' output
-    results = measure_interleaved(decoder, prompts, configs, repeats, after)
+    with kept_session(decoder) as reset:  # suffix decoding would otherwise recall the warm-ups' output
+        for config in configs.values():
+            measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
+            if not after():
+                return []
+        results = measure_interleaved(decoder, prompts, configs, repeats, after, before_repeat=reset)
     if results is None:
         return []
     plain = results["none"]
@@ -121,10 +126,21 @@ def textbook(r: RunTotals, plain: RunTotals, tree: bool) -> dict:
     return {"c": c, "textbook_speedup": r.tokens_per_forward / (1.0 + c * r.k)}
 
 
-def _forget_session(decoder) -> None:
-    """Clear the session memory of suffix decoding, when the decoder has one (a warm-up must not feed it)."""
-    if hasattr(decoder, "suffix_memory"):
-        decoder.suffix_memory().clear()
+@contextlib.contextmanager
+def kept_session(decoder):
+    """Measurement runs leave the decoder's session (suffix decoding's memory of earlier generations) as they
+    found it; the context gives reset(), which forgets what they added so far, so that each measured setting
+    starts where the session was. Stand-in decoders without a session pass through."""
+    state = decoder.session_state() if hasattr(decoder, "session_state") else None
+
+    def reset() -> None:
+        if hasattr(decoder, "restore_session"):
+            decoder.restore_session(state)
+
+    try:
+        yield reset
+    finally:
+        reset()
 
 
 def _method_row(label: str, r: RunTotals, plain_tokens_per_s: float) -> dict:
@@ -179,23 +195,25 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
         c = draft_cost(decoder, base, max(ks))
     else:
         c = calibration.c_for(base.method) if hasattr(calibration, "c_for") else calibration.c
-    measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
     # TPOT_plain of the predictions stays the calibrated one: taking this run's plain rounds would make the
     # prediction this run's own ratio. The measured speedup pairs each K with plain runs of the same prompts
-    # taken between its own: a slow stretch of the machine then slows both sides
+    # taken between its own: a slow stretch of the machine then slows both sides. Every pass starts from the
+    # session as it was (suffix decoding would recall the last K's outputs of the same prompts)
     plain_config = replace(base, method="none")
     rows, traces = [], {}
-    for k in ks:
-        if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
-            measure(decoder, prompts[:1], replace(base, k=k))
-        plain, r, events, plain_events = _paired_runs(decoder, prompts, plain_config, replace(base, k=k),
-                                                      repeats)
-        traces[k] = (events, plain_events)
-        rows.append(dict(_sweep_row(k, r, plain.tokens_per_s, c, costs, events),
-                         plain_tokens_per_s=plain.tokens_per_s,
-                         calibrated_plain_ms=None if costs is None else costs.t_plain))
-        if progress is not None and progress(rows[-1]) is False:
-            break
+    with kept_session(decoder) as reset:
+        measure(decoder, prompts[:1], replace(base, max_new_tokens=8))  # warm-up
+        for k in ks:
+            if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
+                measure(decoder, prompts[:1], replace(base, k=k))
+            runs = _paired_runs(decoder, prompts, plain_config, replace(base, k=k), repeats, reset)
+            plain, r, events, plain_events = runs
+            traces[k] = (events, plain_events)
+            rows.append(dict(_sweep_row(k, r, plain.tokens_per_s, c, costs, events),
+                             plain_tokens_per_s=plain.tokens_per_s,
+                             calibrated_plain_ms=None if costs is None else costs.t_plain))
+            if progress is not None and progress(rows[-1]) is False:
+                break
     _add_from_run(rows, traces, costs, _generation_headers(decoder, prompts, base, repeats))
     return rows
 
@@ -365,11 +383,13 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
     return rows
 
 
-def _paired_runs(decoder, prompts, plain_config, config, repeats) -> tuple:
-    """Each prompt decoded plainly, then with config (repeats times): (plain RunTotals, config's RunTotals,
-    config's events as (generation, event) pairs for the predictions, the plain runs' events)."""
+def _paired_runs(decoder, prompts, plain_config, config, repeats, reset) -> tuple:
+    """Each prompt decoded plainly, then with config (repeats times, each pass after reset(): the session as
+    it was): (plain RunTotals, config's RunTotals, config's events as (generation, event) pairs for the
+    predictions, the plain runs' events)."""
     plain, totals, events, plain_events, index = RunTotals(0), RunTotals(config.drafts), [], [], 0
     for _ in range(repeats):
+        reset()
         for prompt in prompts:
             plain_generation = list(decoder.generate(prompt, plain_config))
             plain.add(final_metrics(plain_generation))
@@ -394,13 +414,12 @@ def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
 
         method = events[0][1].method
         refitted = costs.refit(timing_of(e) for _, e in events)
-        row["predicted_speedup"] = refitted.speedup(method, k, r.tokens_per_forward, _block(events))
+        # each round at the block it verified: a lookup drafter's short proposals (and misses) verify fewer
+        # rows, which one typical block size misstated by up to 30% on the CPU
+        round_ms = statistics.fmean(refitted.t_round(method, k, len(e.drafted) + 1) for _, e in events)
+        tpot = round_ms / max(r.tokens_per_forward, 1e-9)
+        row["predicted_speedup"] = refitted.t_plain / tpot if tpot > 0 else 0.0
     return row
-
-
-def _block(events) -> int:
-    sizes = sorted(len(e.drafted) + 1 for _, e in events)
-    return sizes[len(sizes) // 2]
 
 
 def _add_from_run(rows: list, traces: dict, costs, headers: list = ()) -> None:

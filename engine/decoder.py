@@ -275,6 +275,18 @@ class SpeculativeDecoder:
             self._suffix_memory = SuffixMemory()
         return self._suffix_memory
 
+    def session_state(self):
+        """A checkpoint of what the session remembers (suffix decoding's memory), for restore_session."""
+        return None if self._suffix_memory is None else self._suffix_memory.checkpoint()
+
+    def restore_session(self, state) -> None:
+        """Forget what generations since session_state() added: measurement runs (calibration, sweeps, the
+        lossless check) are no one's history, and each measured setting must start where the session was."""
+        if state is None:
+            self._suffix_memory = None
+        else:
+            self._suffix_memory.restore(state)
+
     def available_methods(self) -> tuple:
         return tuple(m for m, reason in self.method_availability().items() if reason is None)
 
@@ -313,7 +325,11 @@ class SpeculativeDecoder:
 
         available = self.available_methods()
         chosen = [m for m in (methods_to_time or available) if m in available and m != "none"]
-        costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats, sampling=sampling)
+        session = self.session_state()
+        try:
+            costs = calibrate_costs(self, prompt, chosen, k=k, repeats=repeats, sampling=sampling)
+        finally:
+            self.restore_session(session)  # calibration's generations are not the session's
         draft_ms = costs.t_draft("draft", 1) if "draft" in chosen else 0.0
         return Calibration(target_step_ms=costs.t_plain, draft_step_ms=draft_ms, costs=costs)
 

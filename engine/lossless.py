@@ -4,12 +4,14 @@ Greedy: speculative output equals plain greedy token for token. Sampling: the fi
 over many seeds, follow the target's exact joint distribution p(x1) p(x2 | x1) (a chi-squared test)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
 
 from engine.analytic import chi2_sf
+from engine.bench import kept_session
 from engine.config import GenerationConfig, SamplingParams
 from engine.decoder import SpeculativeDecoder
 
@@ -38,6 +40,18 @@ class ChiSquareReport:
     observed: dict = field(default_factory=dict)
 
 
+def _leaves_the_session(check):
+    """A check's generations are no one's history: it leaves the decoder's session (suffix decoding's memory)
+    as it found it."""
+    @functools.wraps(check)
+    def checked(decoder, *args, **kwargs):
+        with kept_session(decoder):
+            return check(decoder, *args, **kwargs)
+
+    return checked
+
+
+@_leaves_the_session
 def check_greedy(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig) -> GreedyReport:
     greedy = replace(config, sampling=SamplingParams())
     plain = decoder.generate_ids(prompt, replace(greedy, method="none"))
@@ -90,6 +104,7 @@ def exact_two_token_distribution(decoder: SpeculativeDecoder, prompt: str, sampl
     return joint
 
 
+@_leaves_the_session
 def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig, samples: int = 2000,
                    significance: float = 0.001,
                    should_stop: Optional[Callable[[], bool]] = None,

@@ -175,3 +175,25 @@ def test_calibration_times_every_configuration_round_robin_with_the_runs_samplin
     assert timed[spun:] == [("none", 4), ("draft", 1), ("draft", 4)] * 2
     assert {run[3] for run in decoder.runs} == {0.8}
     assert costs.draft_step["draft"].median == pytest.approx(0.1)
+
+
+def test_a_k_sweeps_live_prediction_times_each_round_at_the_block_it_verified():
+    """n-gram drafts as far as its match goes: rounds of 1 and of K + 1 rows. The row's predicted speedup
+    takes each round at its own block, not one typical block for all."""
+    from engine.bench import RunTotals, _sweep_row
+    from engine.metrics import MetricsAccumulator
+
+    def round_event(drafted: int, verify_ms: float):
+        tokens = [SimpleNamespace(depth=d) for d in range(drafted)]
+        return SimpleNamespace(method="ngram", k=4, drafted=tokens, draft_ms=0.1, verify_ms=verify_ms,
+                               overhead_ms=0.2)
+
+    costs = CostModel(verify={1: Measured(1.0), 5: Measured(2.0)}, overhead={"none": Measured(0.2)},
+                      draft_fixed={"ngram": Measured(0.1)})
+    events = list(enumerate([round_event(0, 1.0), round_event(4, 2.0)] * 5))  # misses, then whole chains
+    totals = RunTotals(4)
+    totals.add(MetricsAccumulator(4).add_round(4, 4, 5, 4, 0.1, 2.0, 0.2))  # 3 tokens a round, say
+    totals.add(MetricsAccumulator(4).add_round(0, 0, 1, 0, 0.1, 1.0, 0.2))
+    row = _sweep_row(4, totals, 100.0, 0.1, costs, events)
+    mean_round = (1.0 + 2.0) / 2 + 0.1 + 0.2  # verify at its own block, the draft and the overhead
+    assert row["predicted_speedup"] == pytest.approx(costs.t_plain / (mean_round / totals.tokens_per_forward))

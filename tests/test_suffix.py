@@ -129,6 +129,64 @@ def test_memory_is_bounded_and_clears():
     assert len(memory.index) == 0 and memory.documents == 0
 
 
+def index_state(index: SuffixIndex) -> tuple:
+    return list(index.tokens), {k: list(v) for k, v in index._ends1.items()}, \
+        {k: list(v) for k, v in index._ends2.items()}
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_checkpoint_restores_the_memory_exactly(evicted):
+    """What generations add after checkpoint() is forgotten by restore(): the index cut back (or rebuilt,
+    where the budget evicted documents meanwhile) to what a memory that never saw them holds."""
+    def session(memory):
+        memory.add([5, 6, 7, 5, 6])
+        memory.begin([1, 2, 3, 1, 2])  # the session's last generation, still open
+        return memory
+
+    memory, untouched = session(SuffixMemory(max_tokens=40)), session(SuffixMemory(max_tokens=40))
+    saved = memory.checkpoint()
+    for i in range(12 if evicted else 2):  # measurement runs
+        memory.begin([9, i, 9, i, 5, 6])
+    memory.finish()
+    assert (memory.documents > 2) or evicted
+    memory.restore(saved)
+    for m in (memory, untouched):
+        m.begin([4, 4])  # the next generation indexes the open one
+    assert index_state(memory.index) == index_state(untouched.index)
+    assert memory.documents == untouched.documents == 2
+
+
+def test_measurement_runs_leave_the_session_as_they_found_it(decoder, target_dir):
+    """Calibration, a K sweep, a method sweep and the lossless check decode the prompt many times; none of
+    it may become the session's memory, and no K or repeat of a sweep may recall another's output."""
+    from dataclasses import replace
+
+    from engine.bench import bench_k_sweep, bench_methods
+    from engine.lossless import check_greedy
+
+    config = suffix(k=4, max_new_tokens=24, stop_at_eos=False)
+    own = "the mat. the cat sat"  # the user's own generation, the session's memory
+    decoder.generate_ids(own, config)
+    documents, open_document, _, _, length = decoder.session_state()
+    decoder.calibrate(4, repeats=1)
+    check_greedy(decoder, PROMPT, config)
+    methods = bench_methods(decoder, [PROMPT], config, ["suffix"], repeats=2)
+    rows = bench_k_sweep(decoder, [PROMPT], config, (2, 8), repeats=2)
+    memory = decoder.suffix_memory()
+    assert memory.documents == len(documents) and memory._open is open_document
+    assert len(memory.index) == length
+
+    def next_generation(k: int) -> float:
+        """Tokens per forward of PROMPT as the session's next generation (a decoder that saw only `own`)."""
+        fresh = SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+        fresh.generate_ids(own, config)
+        return final_metrics(list(fresh.generate(PROMPT, replace(config, k=k)))).tokens_per_forward
+
+    suffix_row = next(row for row in methods if row["method"] == "suffix")
+    assert suffix_row["tokens_per_forward"] == pytest.approx(next_generation(4))  # both repeats alike
+    assert [row["tokens_per_forward"] for row in rows] == pytest.approx([next_generation(2), next_generation(8)])
+
+
 class CharTokenizer:
     def encode(self, text):
         return [ord(c) for c in text]

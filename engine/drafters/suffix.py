@@ -66,6 +66,19 @@ class SuffixIndex:
         if self.tokens and self.tokens[-1] != SEPARATOR:
             self.tokens.append(SEPARATOR)
 
+    def truncate(self, length: int) -> None:
+        """Forget every token from position `length` on (the n-gram lists hold positions in order: the ones
+        to drop are at their ends)."""
+        seq = self.tokens
+        for i in range(len(seq) - 1, length - 1, -1):
+            token = seq[i]
+            if token == SEPARATOR:
+                continue
+            _drop_last(self._ends1, token)
+            if i and seq[i - 1] != SEPARATOR:
+                _drop_last(self._ends2, (seq[i - 1], token))
+        del seq[length:]
+
     def occurrences(self, context: list) -> list:
         """[(i, n)]: positions i, each followed by a token, where a suffix of `context` of length n ends (n as
         long as the match goes, <= MAX_MATCH). Occurrences of the last two tokens if there are any (every
@@ -108,6 +121,13 @@ class SuffixIndex:
                 break
             out.append(token)
         return out
+
+
+def _drop_last(ends: dict, key) -> None:
+    positions = ends[key]
+    positions.pop()
+    if not positions:
+        del ends[key]
 
 
 def counted_trie(sequences) -> dict:
@@ -224,6 +244,24 @@ class SuffixMemory:
         self._documents = kept
         self.index = SuffixIndex()
         for document, _ in kept:
+            self.index.extend(document)
+            self.index.end_document()
+
+    def checkpoint(self) -> tuple:
+        """The memory as it is now, for restore(): measurement runs (calibration, sweeps, the lossless check)
+        must leave the session's memory as they found it."""
+        return list(self._documents), self._open, set(self._corpora), self.index, len(self.index)
+
+    def restore(self, checkpoint: tuple) -> None:
+        """Forget what was remembered since checkpoint() (the index cut back, or rebuilt where documents
+        were evicted meanwhile)."""
+        documents, open_document, corpora, index, length = checkpoint
+        self._documents, self._open, self._corpora = deque(documents), open_document, set(corpora)
+        if self.index is index and len(index) >= length:
+            index.truncate(length)
+            return
+        self.index = SuffixIndex()
+        for document, _ in self._documents:
             self.index.extend(document)
             self.index.end_document()
 
