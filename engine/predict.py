@@ -421,13 +421,18 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
 
 
 def _round_ms(trace: Trace, k: int, costs: CostModel) -> float:
-    """A round's predicted time for K. Where n-gram is replayed on the CPU, each round verifies only what it
-    proposed (a short match, a short block), so its rounds are timed block by block; on a GPU a round has its
-    K + 1 rows whatever it drafts."""
-    if trace.method == "ngram" and exact_applies(trace) and trace.on_cpu:
-        return statistics.fmean(costs.t_round("ngram", k, proposed + 1)
-                                for proposed, _ in ngram_trace_replay(trace, k))
-    return costs.t_round(trace.method, k, _block_size(trace, k))
+    """A round's predicted time for K. On the CPU a round verifies only what it drafted (a lookup drafter's
+    short match or miss is a short block), so rounds are timed block by block: n-gram's as replayed, the
+    others' as the run drafted them, scaled by K / the run's K. On a GPU a round has its K + 1 rows (a tree
+    its nodes) whatever it drafts."""
+    if not trace.on_cpu:
+        return costs.t_round(trace.method, k, _block_size(trace, k))
+    if trace.method == "ngram" and exact_applies(trace):
+        drafted = [proposed for proposed, _ in ngram_trace_replay(trace, k)]
+    else:
+        scale = k / max(1, trace.k)
+        drafted = [round(len(r.drafted) * scale) for r in trace.rounds]
+    return statistics.fmean(costs.t_round(trace.method, k, n + 1) for n in drafted or [k])
 
 
 def _block_size(trace: Trace, k: int) -> int:
