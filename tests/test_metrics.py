@@ -176,8 +176,8 @@ def test_bench_methods_rows_read_run_totals(decoder, monkeypatch):
     recorded = {}
     measure = bench.measure_interleaved
 
-    def spy(dec, prompts, configs, repeats=1, after=None):
-        totals = measure(dec, prompts, configs, repeats, after)
+    def spy(dec, prompts, configs, repeats=1, after=None, before_repeat=None):
+        totals = measure(dec, prompts, configs, repeats, after, before_repeat)
         recorded.update(totals)
         return totals
 
