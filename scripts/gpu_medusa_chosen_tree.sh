@@ -1,5 +1,6 @@
 # The GPU checks of Medusa's tree chosen every round (`medusa`) beside its fixed tree (`medusa-fixed`): a bench,
-# every GPU test, lossless, where a round's time goes (both trees), a second bench, T = 0.8; the checks first.
+# every GPU test, lossless, where a round's time goes (both trees), a second bench, T = 0.8, then n-gram's K sweep
+# (its from-run column replayed exactly on the GPU); the checks first.
 # Run on the device from the repository root with OUT set: bash scripts/gpu_medusa_chosen_tree.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -19,4 +20,6 @@ echo "== bench both trees again"; date
 timeout 90 python3 main.py bench methods --device cuda --methods none,medusa,medusa-fixed,medusa:16,medusa-fixed:16 --k 4 --prompts 8 --max-new-tokens 128 2>&1 | tee $OUT/bench_gpu_medusa_trees_again.txt | grep -v Warn | tail -7
 echo "== bench T=0.8"; date
 timeout 60 python3 main.py bench methods --device cuda --methods none,medusa,medusa-fixed --k 4 --prompts 8 --max-new-tokens 128 --temperature 0.8 2>&1 | tee $OUT/bench_gpu_medusa_trees_t08.txt | grep -v Warn | tail -5
+echo "== n-gram K sweep (from-run column replayed)"; date
+timeout 120 python3 main.py bench k-sweep --device cuda --method ngram --ks 1,2,3,4,6,8 --prompts 4 --max-new-tokens 128 2>&1 | tee $OUT/ksweep_gpu_ngram_replayed.txt | grep -v Warn | tail -12
 date
