@@ -227,7 +227,8 @@ def _generation_headers(decoder, prompts, config: GenerationConfig, repeats: int
     from engine.trace import make_header
 
     device = getattr(decoder, "device_name", None)
-    return [make_header(prompt, config, device=device, prompt_ids=encode(prompt))
+    target = getattr(getattr(decoder, "pair", None), "target_name", None)  # whose n-gram table it used
+    return [make_header(prompt, config, target, device=device, prompt_ids=encode(prompt))
             for _ in range(repeats) for prompt in prompts]
 
 

@@ -202,6 +202,11 @@ def test_a_k_sweep_of_ngram_predicts_every_k_exactly_from_its_largest_k_run(clos
     for row in rows:
         assert row["from_run_k"] == 4 and row["from_run_basis"] == "exact (replayed)"
         assert row["from_run_tokens_per_forward"] == pytest.approx(row["tokens_per_forward"])
+    from engine.bench import _generation_headers
+
+    headers = _generation_headers(close_decoder, prompts, GenerationConfig(method="ngram"), 2)
+    assert [h["prompt_ids"] for h in headers] == [close_decoder.prompt_ids(p) for p in prompts] * 2
+    assert {h["models"]["target"] for h in headers} == {close_decoder.pair.target_name}  # whose table
 
 
 def test_replayed_ngram_rounds_on_the_cpu_cost_what_they_propose(close_decoder):
