@@ -15,13 +15,19 @@ DIAGNOSIS_KS = tuple(range(1, 17))
 
 
 class DiagnosisView(QTextBrowser):
-    """Shows the diagnosis of the last finished generation."""
+    """Shows the diagnosis of the generation shown: the one that just ended, or a finished one picked in the
+    History."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.diagnosis = None
         self.setPlaceholderText("Generate with a drafting method: this view says where each round's time "
                                 "goes and why the run is as fast as it is.")
+
+    def clear_generation(self) -> None:
+        """Nothing to diagnose (a cleared session): the placeholder again."""
+        self.diagnosis = None
+        self.clear()
 
     def show_generation(self, events: list, calibration=None, header: Optional[dict] = None) -> None:
         """Diagnose a generation's events with the calibrated cost model (refitted on them). header: the

@@ -847,6 +847,8 @@ class MainWindow(QMainWindow):
         self.view.show_generation(gen.prompt, gen.events, gen.finish)
         self._render_plots(gen)
         self.tree_panel.set_events(gen.events)
+        if not gen.running:  # a finished or replayed run: why it was as fast as it was (live: once it ends)
+            self.diagnosis.show_generation(gen.events, gen.calibration, gen.header())
 
     def _render_plots(self, gen: Generation) -> None:
         """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""
@@ -873,6 +875,7 @@ class MainWindow(QMainWindow):
         self.plots.set_reference(None)
         self.inspector.clear()
         self.tree_panel.set_events([])
+        self.diagnosis.clear_generation()
         self.compare.refresh([], [])
 
     def _show_token(self, info) -> None:

@@ -1075,6 +1075,19 @@ def test_jsonl_trace_has_a_header_per_generation(qtbot, make_window, tmp_path):
     assert len(rounds) == 2 * window.fake.rounds and rounds[0]["generation"] == 1 and rounds[0]["round"] == 0
 
 
+def test_the_diagnosis_follows_the_generation_shown(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window, prompt="x = 1")
+    window.method_actions["ngram"].trigger()
+    generate(qtbot, window, prompt="y = 2")
+    assert window.diagnosis.diagnosis.report.trace.method == "ngram"  # the run that just ended
+    window.history.setCurrentRow(0)  # an earlier run picked in the History
+    assert window.diagnosis.diagnosis.report.trace.method == "draft"
+    assert window.diagnosis.diagnosis.report.trace.prompt_ids == [[ord(c) for c in "x = 1"]]
+    window.clear_session()
+    assert window.diagnosis.diagnosis is None and window.errors == []
+
+
 def test_replay_of_a_saved_trace_reproduces_views_and_plots(qtbot, make_window, tmp_path):
     window = make_window()
     window.apply_sampling({"decode/greedy": False, "decode/temperature": 0.7, "decode/seed": 5})
