@@ -160,6 +160,43 @@ target's eagle3_head.safetensors.</li>
 tree; no extra model.</li>
 </ul>
 
+<h3>Suffix decoding and layer skip</h3>
+<p><b>Suffix decoding</b> is model-free (c ≈ 0): it finds the longest ending of the text so far that occurred
+before, in this prompt and output or in the session's earlier prompts and outputs (and a corpus file, from the
+command line's --suffix-corpus), and drafts a tree of what most often came next there, the most frequent
+continuations first, within the tree's node budget. A long, often-seen match drafts deep; a short or
+ambiguous one drafts little. It shines when a task repeats: the second run of a similar prompt is mostly
+drafted from the first.</p>
+<p><b>Layer skip</b> drafts with the target itself: its first L layers (--draft-layers), then its own final
+norm and output head, with no extra weights, and the draft reads the target's own cache for those layers. c
+is about L divided by the number of layers; α depends on how well the early layers already predict the next
+token, which is low for models not trained for early exit.</p>
+
+<h2>Measuring on your machine</h2>
+<h3>Model vs measurement</h3>
+<p>The panel beside the plots sets the run's measured tokens per forward against the per-position form and
+the chain formula, gives α per node and α<sub>d</sub> by draft position with 95% intervals, tests whether one
+α fits every position (χ²), and compares the measured TPOT with the cost model's prediction. It scrolls when
+it is longer than its cell.</p>
+<h3>Why is it slow?</h3>
+<p>For the run that just ended, or the one picked in the History: a bar of where a round's time goes
+(drafting, verification, bookkeeping) against a plain round, the measured costs with their spread, the best K predicted
+from this very run, and findings that each name the figure they rest on (low acceptance, expensive drafting,
+host-bound rounds, K off its optimum, compute-bound verification, changed output). The run is re-scored for
+other K exactly where greedy decoding determines it (the draft model's and n-gram's rounds), from the
+per-position acceptance elsewhere; a best K past the run's own K is an extrapolation and says so.</p>
+<h3>Find the fastest K and method</h3>
+<p><b>K → Find the fastest K…</b> (<b>Ctrl+K</b>) measures K = 1, 2, 3, 4, 6, 8 on the prompt with the current
+method, each K paired with plain runs of the same prompt, and shows measured against predicted speedup; one
+click sets the fastest K. <b>Method → Find the fastest method…</b> (<b>Ctrl+M</b>) measures every method the
+models can run, round-robin with plain decoding, and offers the fastest. Both keep their table as CSV
+(<b>Save CSV…</b>) and leave the session as they found it: what they decode is not remembered by suffix
+decoding.</p>
+<h3>Check lossless</h3>
+<p><b>Method → Check lossless…</b> (<b>Ctrl+L</b>) proves on the prompt that the method did not change the
+output: its greedy output against plain greedy decoding token for token, then a χ² test of the first two
+sampled tokens over 1,000 seeds against the target's exact distribution.</p>
+
 <h2>The analytic model</h2>
 <p>Each round the drafter guesses <b>K</b> tokens and the target model checks all of them, plus one more
 position, in a single forward pass. A guessed token survives with probability min(1, p(x)/q(x)); the first
@@ -211,17 +248,6 @@ EAGLE-3, EAGLE-3 tree, Lookahead</td></tr>
 <tr><td><b>Ctrl+S / Ctrl+Shift+S / Ctrl+E</b></td><td>export metrics CSV / trace JSONL / plots</td></tr>
 <tr><td><b>F1</b></td><td>this page</td></tr>
 </table>
-<h3>Suffix decoding and layer skip</h3>
-<p><b>Suffix decoding</b> is model-free (c ≈ 0): it finds the longest ending of the text so far that occurred
-before, in this prompt and output or in the session's earlier prompts and outputs (and a corpus file, from the
-command line's --suffix-corpus), and drafts a tree of what most often came next there, the most frequent
-continuations first, within the tree's node budget. A long, often-seen match drafts deep; a short or
-ambiguous one drafts little. It shines when a task repeats: the second run of a similar prompt is mostly
-drafted from the first.</p>
-<p><b>Layer skip</b> drafts with the target itself: its first L layers (--draft-layers), then its own final
-norm and output head, with no extra weights, and the draft reads the target's own cache for those layers. c
-is about L divided by the number of layers; α depends on how well the early layers already predict the next
-token, which is low for models not trained for early exit.</p>
 """
 
 

@@ -1368,7 +1368,8 @@ def test_help_explains_views_numbers_methods_and_shortcuts():
 
     for topic in ("Round view", "Clean text", "Draft tree", "Compare", "greedy", "Medusa", "EAGLE", "EAGLE-3",
                   "Suffix decoding", "Layer skip", "Lookahead", "N-gram", "Esc", "Ctrl+Enter", "Ctrl+1",
-                  "count from 1", "The session is kept"):
+                  "count from 1", "The session is kept", "Why is it slow?", "Find the fastest K",
+                  "Find the fastest method", "Check lossless", "Model vs measurement"):
         assert topic in HELP_HTML, topic
 
 
