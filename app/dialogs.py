@@ -181,10 +181,11 @@ it is longer than its cell.</p>
 <h3>Why is it slow?</h3>
 <p>For the run that just ended, or the one picked in the History: a bar of where a round's time goes
 (drafting, verification, bookkeeping) against a plain round, the measured costs with their spread, the best K
-predicted from this very run, and findings that each name the figure they rest on (low acceptance, expensive
-drafting, host-bound rounds, K off its optimum, compute-bound verification, changed output). The run is
-re-scored for other K exactly where greedy decoding determines it (the draft model's and n-gram's rounds),
-from the per-position acceptance elsewhere; a best K past the run's own K is an extrapolation and says so.</p>
+predicted from this very run, and findings that each name the figure they rest on (low acceptance, a lookup
+drafter that often found nothing to draft, expensive drafting, host-bound rounds, K off its optimum,
+compute-bound verification, changed output). The run is re-scored for other K exactly where greedy decoding
+determines it (the draft model's and n-gram's rounds), from the per-position acceptance elsewhere; a best K
+past the run's own K is an extrapolation and says so.</p>
 <h3>Find the fastest K and method</h3>
 <p><b>K → Find the fastest K…</b> (<b>Ctrl+K</b>) measures K = 1, 2, 3, 4, 6, 8 on the prompt with the current
 method, each K paired with plain runs of the same prompt, and shows measured against predicted speedup; one

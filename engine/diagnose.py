@@ -17,6 +17,17 @@ HIGH_C = 0.3  # one draft step costs more than this share of a plain verificatio
 OVERHEAD_SHARE = 0.35  # host bookkeeping above this share of a round
 K_MARGIN = 1.05  # another K predicted at least 5 % faster
 COMPUTE_BOUND = 2.5  # verifying K + 1 tokens costs this many one-token forwards or more
+MISS_SHARE = 0.2  # a lookup drafter that proposed nothing in more than this share of its rounds
+LOOKUP_ADVICE = {  # what fills a lookup drafter's empty rounds
+    "ngram": "the context repeats itself too little for prompt lookup: suffix decoding also searches the "
+             "session's earlier outputs and a corpus",
+    "ngram, no table": "the context repeats itself too little for prompt lookup: the target's corpus "
+                       "table (--ngram-corpus on, the GPU's default) fills its empty slots, or suffix "
+                       "decoding also searches the session's earlier outputs and a corpus",
+    "suffix": "neither the context nor the session holds a match: give it a corpus of similar text "
+              "(--suffix-corpus), or run similar prompts in the same session",
+    "lookahead": "its n-gram pool has nothing for this context yet: it fills as the generation goes on",
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,8 @@ class PhaseBar:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # low_alpha | c_too_high | overhead | k_past_optimum | large_batch | output_changed | slower
+    rule: str  # low_alpha, lookup_misses, c_too_high, overhead, k_past_optimum, large_batch, output_changed,
+    # slower
     title: str
     advice: str
     figure: str  # the figure it rests on, with its value
@@ -81,7 +93,7 @@ def diagnose(trace: Trace, costs: Optional[CostModel] = None, ks: Sequence[int] 
     report = predict_from_trace(trace, sorted(set(ks) | {trace.k}), costs)
     bars, round_bars = phase_bars(trace, report.costs)
     findings = []
-    for rule in (_low_alpha, _c_too_high, _overhead, _k_past_optimum, _large_batch):
+    for rule in (_low_alpha, _lookup_misses, _c_too_high, _overhead, _k_past_optimum, _large_batch):
         finding = rule(trace, report, bars)
         if finding is not None:
             findings.append(finding)
@@ -104,6 +116,19 @@ def _low_alpha(trace, report, bars) -> Optional[Finding]:
                    "the draft is misaligned with the target: distill the draft on the target's outputs, "
                    "switch to EAGLE, or lower K",
                    f"per-depth acceptance α₁ = {alphas[0]:.2f} [{lo:.2f}, {hi:.2f}]")
+
+
+def _lookup_misses(trace, report, bars) -> Optional[Finding]:
+    """A lookup drafter (n-gram, suffix, lookahead) that often found nothing to propose: those rounds are
+    plain decoding steps, whatever its acceptance where it did propose."""
+    key = "ngram, no table" if trace.method == "ngram" and not trace.uses_ngram_table else trace.method
+    advice = LOOKUP_ADVICE.get(key)
+    rounds = trace.rounds
+    missed = sum(1 for r in rounds if not r.drafted)
+    if advice is None or not rounds or missed <= MISS_SHARE * len(rounds):
+        return None
+    return Finding("lookup_misses", f"nothing drafted in {100 * missed / len(rounds):.0f} % of the rounds",
+                   advice, f"rounds that drafted nothing: {missed} of {len(rounds)}")
 
 
 def _c_too_high(trace, report, bars) -> Optional[Finding]:

@@ -41,6 +41,23 @@ def test_lookup_misses_are_not_low_acceptance():
     assert found.report.acceptance.alphas[0] == pytest.approx(0.5)  # the predictions count the misses
 
 
+@pytest.mark.parametrize("method, header, advice", [
+    ("ngram", {}, "corpus table"),
+    ("ngram", {"settings": {"ngram_corpus": True}}, "suffix decoding"),
+    ("suffix", {}, "--suffix-corpus"),
+])
+def test_a_lookup_drafter_that_often_proposed_nothing(tmp_path, method, header, advice):
+    records = [chain_round(i, 4, 2 if i % 3 == 0 else 0, method=method, draft_ms=0.01, verify_ms=2.1,
+                           overhead_ms=0.1, drafted_ids=[100, 101, 102] if i % 3 == 0 else [])
+               for i in range(30)]
+    trace = load_trace(write_trace(tmp_path / "t.jsonl", records, header=header))
+    found = diagnose(trace, costs(), range(1, 5))
+    finding = next(f for f in found.findings if f.rule == "lookup_misses")
+    assert "67 %" in finding.title and advice in finding.advice and finding.figure.endswith("20 of 30")
+    assert "lookup_misses" not in rules([chain_round(i, 4, 2, method=method) for i in range(20)])
+    assert "lookup_misses" not in rules([dict(r, method="draft") for r in records])  # not a lookup drafter
+
+
 def test_c_too_high():
     records = [chain_round(i, 4, 4, draft_ms=4 * 1.2, verify_ms=2.1, overhead_ms=0.1) for i in range(20)]
     found = diagnose(trace_from_events(records), costs(), range(1, 5))
