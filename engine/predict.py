@@ -117,7 +117,9 @@ class Trace:
         if len(headers) != len(self.generations):
             return None
         ids = [h.get("prompt_ids") for h in headers]
-        return [list(i) for i in ids] if all(ids) else None
+        if not all(isinstance(i, list) and i and all(type(t) is int for t in i) for i in ids):
+            return None  # missing, or not token ids (a hand-edited file): no exact replay
+        return [list(i) for i in ids]
 
     @property
     def on_cpu(self) -> bool:

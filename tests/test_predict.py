@@ -164,8 +164,9 @@ def test_ngram_counterfactual_replays_the_lookup_exactly(close_decoder):
         tpf, basis = predict_tokens_per_forward(trace, k)
         assert basis == "exact (replayed)"
         assert tpf == pytest.approx(sum(len(e.emitted_ids) for e in real) / len(real))
-    trace.header = {}
-    assert "per-depth" in predict_tokens_per_forward(trace, 4)[1]
+    for broken in ({}, {"prompt_ids": "abc"}, {"prompt_ids": [1, "2"]}, {"prompt_ids": [True, 2]}):
+        trace.header = broken  # no ids, or not token ids: the model, never a replay of garbage
+        assert "per-depth" in predict_tokens_per_forward(trace, 4)[1]
 
 
 def test_a_saved_ngram_trace_of_two_generations_replays_each_from_its_own_prompt(close_decoder, tmp_path):
