@@ -268,11 +268,11 @@ class HelpDialog(QDialog):
 
 SWEEP_COLUMNS = (("k", "K", "{}"), ("alpha", "α", "{:.3f}"),
                  ("tokens_per_forward", "tokens / forward", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
-                 ("speedup", "measured speedup", "{:.2f}×"),
-                 ("predicted_speedup", "predicted (measured costs)", "{:.2f}×"),
-                 ("from_run_tokens_per_forward", "tokens / forward predicted from this run", "{:.2f}"),
-                 ("from_run_speedup", "predicted from this run", "{:.2f}×"),
-                 ("textbook_speedup", "textbook E/(1+cK)", "{:.2f}×"))
+                 ("speedup", "measured\nspeedup", "{:.2f}×"),
+                 ("predicted_speedup", "predicted\n(measured costs)", "{:.2f}×"),
+                 ("from_run_tokens_per_forward", "tokens / forward\nfrom this run", "{:.2f}"),
+                 ("from_run_speedup", "predicted\nfrom this run", "{:.2f}×"),
+                 ("textbook_speedup", "textbook\nE/(1+cK)", "{:.2f}×"))  # two-line headers: the table fits
 
 
 def fastest_k(rows: list) -> int:
@@ -324,7 +324,7 @@ class SweepDialog(QDialog):
         layout.addWidget(summary)
         layout.addWidget(table)
         layout.addWidget(buttons)
-        self.resize(900, 140 + 30 * len(rows))
+        self.resize(*fitting_size(table, summary, len(rows)))
 
 
 def save_table_button(dialog, buttons, rows: list, title: str):
@@ -338,6 +338,14 @@ def save_table_button(dialog, buttons, rows: list, title: str):
     button = buttons.addButton("Save CSV…", QDialogButtonBox.ActionRole)
     button.clicked.connect(lambda: exports.export_table(host, title, rows))
     return button
+
+
+def fitting_size(table: QTableWidget, summary: QLabel, rows: int) -> tuple:
+    """A dialog size that shows the summary and every column and row of the table without scroll bars
+    (within reason)."""
+    width = min(1400, max(560, table.horizontalHeader().length() + 48))
+    height = summary.heightForWidth(width - 24) + table.horizontalHeader().sizeHint().height() + 30 * rows
+    return width, min(900, height + 90)
 
 
 def measured_table(rows: list, columns, bold_row=None) -> QTableWidget:
@@ -364,8 +372,8 @@ def measured_table(rows: list, columns, bold_row=None) -> QTableWidget:
 
 METHOD_SWEEP_COLUMNS = (("label", "method", "{}"), ("alpha", "α", "{:.3f}"),
                         ("tokens_per_forward", "tokens / forward", "{:.2f}"),
-                        ("tokens_per_s", "tokens/s", "{:.0f}"), ("speedup", "measured speedup", "{:.2f}×"),
-                        ("textbook_speedup", "textbook E/(1+cK)", "{:.2f}×"))
+                        ("tokens_per_s", "tokens/s", "{:.0f}"), ("speedup", "measured\nspeedup", "{:.2f}×"),
+                        ("textbook_speedup", "textbook\nE/(1+cK)", "{:.2f}×"))
 
 
 class MethodSweepDialog(QDialog):
@@ -410,7 +418,7 @@ class MethodSweepDialog(QDialog):
         layout.addWidget(self.summary)
         layout.addWidget(self.table)
         layout.addWidget(buttons)
-        self.resize(820, 160 + 30 * len(rows))
+        self.resize(*fitting_size(self.table, self.summary, len(rows)))
 
 
 def _spec_parts(spec: str) -> tuple:

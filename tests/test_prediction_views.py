@@ -117,12 +117,13 @@ def test_sweep_dialog_shows_predictions_from_this_run(qtbot):
     dialog = SweepDialog(None, rows, "Draft model")
     qtbot.addWidget(dialog)
     headers = [dialog.table.horizontalHeaderItem(i).text() for i in range(dialog.table.columnCount())]
-    assert "predicted from this run" in headers and "textbook E/(1+cK)" in headers
+    assert "predicted\nfrom this run" in headers and "textbook\nE/(1+cK)" in headers
+    assert dialog.width() >= dialog.table.horizontalHeader().length() + 40  # every column in sight
     assert dialog.table.item(0, 0).text() == "1"  # sorted by K
     assert dialog.best == 4
     stopped = SweepDialog(None, [{k: v for k, v in rows[0].items() if not k.startswith("from_run")}], "x")
     qtbot.addWidget(stopped)
-    assert "predicted from this run" not in [stopped.table.horizontalHeaderItem(i).text()
+    assert "predicted\nfrom this run" not in [stopped.table.horizontalHeaderItem(i).text()
                                              for i in range(stopped.table.columnCount())]
 
 
