@@ -207,15 +207,39 @@ def bench_k_sweep(decoder, prompts, base: GenerationConfig, ks, repeats=1, progr
             if captures_graphs(decoder):  # each K has its own block sizes: capture their graphs before timing
                 measure(decoder, prompts[:1], replace(base, k=k))
             runs = _paired_runs(decoder, prompts, plain_config, replace(base, k=k), repeats, reset)
-            plain, r, events, plain_events = runs
-            traces[k] = (events, plain_events)
+            plain, r, events, plain_events, memories = runs
+            traces[k] = (events, plain_events, memories)
             rows.append(dict(_sweep_row(k, r, plain.tokens_per_s, c, costs, events),
                              plain_tokens_per_s=plain.tokens_per_s,
                              calibrated_plain_ms=None if costs is None else costs.t_plain))
             if progress is not None and progress(rows[-1]) is False:
                 break
-    _add_from_run(rows, traces, costs, _generation_headers(decoder, prompts, base, repeats))
+    _add_from_run(rows, traces, costs, _generation_headers(decoder, prompts, base, repeats),
+                  _suffix_replayer(decoder, base))
     return rows
+
+
+def _suffix_replayer(decoder, config: GenerationConfig):
+    """replayer(trace, memories) -> the trace's replay (engine.predict.Trace.replay) of suffix decoding, each
+    generation from the documents the session's memory held as it began; None for other methods."""
+    if config.method != "suffix" or not hasattr(decoder, "vocab_size"):
+        return None
+    from engine.drafters.suffix import replay
+
+    def replayer(trace, memories):
+        outputs = [[t for r in generation for t in r.emitted] for generation in trace.generations]
+        if trace.prompt_ids is None or len(memories) != len(outputs):
+            return None
+        budget = {}  # K -> the node budget a generation at K drafts with
+
+        def rounds(k: int) -> list:
+            nodes = budget.setdefault(k, method_registry.get("suffix").tree_nodes_for(replace(config, k=k)))
+            return [r for documents, ids, output in zip(memories, trace.prompt_ids, outputs)
+                    for r in replay(documents, ids, output, k, nodes, decoder.vocab_size)]
+
+        return rounds
+
+    return replayer
 
 
 def _generation_headers(decoder, prompts, config: GenerationConfig, repeats: int) -> list:
@@ -387,8 +411,10 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
 def _paired_runs(decoder, prompts, plain_config, config, repeats, reset) -> tuple:
     """Each prompt decoded plainly, then with config (repeats times, each pass after reset(): the session as
     it was): (plain RunTotals, config's RunTotals, config's events as (generation, event) pairs for the
-    predictions, the plain runs' events)."""
+    predictions, the plain runs' events, and for suffix decoding the documents its memory held as each
+    generation began, for the replay)."""
     plain, totals, events, plain_events, index = RunTotals(0), RunTotals(config.drafts), [], [], 0
+    memories = []
     for _ in range(repeats):
         reset()
         for prompt in prompts:
@@ -399,7 +425,9 @@ def _paired_runs(decoder, prompts, plain_config, config, repeats, reset) -> tupl
             totals.add(final_metrics(generation))
             events += [(index, e) for e in generation]
             index += 1
-    return plain, totals, events, plain_events
+            if config.method == "suffix" and hasattr(decoder, "suffix_memory"):
+                memories.append(list(decoder.suffix_memory().begun_with))
+    return plain, totals, events, plain_events, memories
 
 
 def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
@@ -423,22 +451,24 @@ def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
     return row
 
 
-def _add_from_run(rows: list, traces: dict, costs, headers: list = ()) -> None:
+def _add_from_run(rows: list, traces: dict, costs, headers: list = (), replayer=None) -> None:
     """Fill from_run_speedup / from_run_tokens_per_forward / from_run_basis from the largest K's run: its
     rounds and the plain runs paired with it (the plain round timed in the same stretch as that run's rounds,
     not at calibration: a machine that sped up in between had put every from-run speedup 16-30% high).
-    headers: each generation's trace header (_generation_headers)."""
+    headers: each generation's trace header (_generation_headers); replayer: _suffix_replayer's."""
     if costs is None or not rows:
         return
     from engine.costmodel import timing_of
     from engine.predict import predict_from_trace, trace_from_events
 
     source = max(r["k"] for r in rows)
-    events, plain_events = traces[source]
+    events, plain_events, memories = traces[source]
     try:
         trace = trace_from_events(events)
         if headers and len(headers) == len(trace.generations):
             trace.header, trace.headers = headers[0], list(headers)
+        if replayer is not None:
+            trace.replay = replayer(trace, memories)
         plain = [timing_of(e) for e in plain_events if e.round > 0]  # the first waits for the prefill
     except (AttributeError, TypeError, KeyError):  # stand-in decoders without full events
         return

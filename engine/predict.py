@@ -18,7 +18,7 @@ import functools
 import json
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from engine.acceptance import DepthAcceptance, RoundShape
 from engine.costmodel import CostModel, Measured, RoundTiming, timing_of
@@ -26,7 +26,8 @@ from engine.errors import SpecplayError
 
 EXACT_METHODS = ("draft",)  # greedy drafters whose next token depends only on the context (see the docstring)
 # n-gram lookup is a pure function of the context too, but its later proposals are not the tail of its first
-# one; it is replayed exactly when the trace's header carries the prompt's token ids ("prompt_ids").
+# one; it is replayed exactly when the trace's header carries the prompt's token ids ("prompt_ids"). Suffix
+# decoding also reads the session's memory: a K sweep, which knows it, hands the trace a replay.
 
 
 # ------------------------------------------------------------------------------------------------ traces
@@ -66,6 +67,9 @@ class Trace:
     generations: list  # [[TraceRound]]
     header: dict = field(default_factory=dict)  # a generation's header (engine.trace.make_header); {} if none
     headers: list = field(default_factory=list)  # each generation's own header where a file had several
+    # K -> (drafted, accepted) of each round a greedy lookup drafter runs, where the one who recorded the run
+    # can replay it (engine.bench: suffix decoding, whose drafts also read the session's memory)
+    replay: Optional[Callable[[int], list]] = None
 
     @property
     def settings(self) -> dict:
@@ -343,12 +347,24 @@ class KPrediction:
 
 
 def exact_applies(trace: Trace) -> bool:
+    if trace.replay is not None:
+        return trace.greedy
     if not trace.greedy or trace.is_tree:
         return False
     if trace.method == "ngram":  # replayed: it needs the prompt, and the table where the run used one
         table_ok = not trace.uses_ngram_table or trace.ngram_table() is not None
         return trace.prompt_ids is not None and table_ok
     return trace.method in EXACT_METHODS
+
+
+def replayed_rounds(trace: Trace, k: int) -> Optional[list]:
+    """(drafted, accepted) of each round a lookup drafter runs with K, replayed exactly (exact_applies); None
+    for the drafters that are not replayed."""
+    if not exact_applies(trace):
+        return None
+    if trace.replay is not None:
+        return trace.replay(k)
+    return ngram_trace_replay(trace, k) if trace.method == "ngram" else None
 
 
 def ngram_trace_replay(trace: Trace, k: int) -> list:
@@ -388,8 +404,8 @@ def predict_tokens_per_forward(trace: Trace, k: int, acceptance: Optional[DepthA
                      for n, gen in zip(lengths, trace.generations))
         basis = "per-depth model" + (", extrapolated" if extrapolated else "")
         return (sum(lengths) / rounds if rounds else 1.0), basis
-    if trace.method == "ngram":
-        rounds = ngram_trace_replay(trace, k)
+    rounds = replayed_rounds(trace, k)
+    if rounds is not None:
         return trace.emitted / max(1, len(rounds)), "exact (replayed)"
     alphas = acceptance.alphas_for(k)
     rounds, tokens, shares = 0.0, 0, []
@@ -424,13 +440,14 @@ def predict_ks(trace: Trace, ks: Sequence[int], costs: CostModel) -> list:
 
 def _round_ms(trace: Trace, k: int, costs: CostModel) -> float:
     """A round's predicted time for K. On the CPU a round verifies only what it drafted (a lookup drafter's
-    short match or miss is a short block), so rounds are timed block by block: n-gram's as replayed, the
-    others' as the run drafted them, scaled by K / the run's K. On a GPU a round has its K + 1 rows (a tree
-    its nodes) whatever it drafts."""
+    short match or miss is a short block), so rounds are timed block by block: a replayed drafter's as
+    replayed, the others' as the run drafted them, scaled by K / the run's K. On a GPU a round has its K + 1
+    rows (a tree its nodes) whatever it drafts."""
     if not trace.on_cpu:
         return costs.t_round(trace.method, k, _block_size(trace, k))
-    if trace.method == "ngram" and exact_applies(trace):
-        drafted = [proposed for proposed, _ in ngram_trace_replay(trace, k)]
+    replayed = replayed_rounds(trace, k)
+    if replayed is not None:
+        drafted = [proposed for proposed, _ in replayed]
     else:
         scale = k / max(1, trace.k)
         drafted = [round(len(r.drafted) * scale) for r in trace.rounds]

@@ -188,6 +188,42 @@ def test_measurement_runs_leave_the_session_as_they_found_it(decoder, target_dir
     assert swept == pytest.approx([next_generation(2), next_generation(8)])
 
 
+def test_a_replay_gives_the_rounds_of_a_real_run_at_every_k(decoder):
+    """Greedy suffix decoding is a function of the session's index and the context: replayed from the
+    documents the index held when the generation began, its rounds are the real ones, at the run's K and at
+    any other."""
+    from dataclasses import replace
+
+    from engine.drafters.suffix import replay
+    from engine.methods import METHODS
+
+    config = suffix(k=4, max_new_tokens=40, stop_at_eos=False)
+    decoder.generate_ids("the mat. the cat sat", config)  # the session remembers one generation
+    before = decoder.session_state()
+    ids = decoder.prompt_ids(PROMPT)
+    for k in (4, 2, 8):
+        decoder.restore_session(before)
+        run = replace(config, k=k)
+        events = list(decoder.generate(PROMPT, run))
+        documents = decoder.suffix_memory().begun_with
+        assert documents and len(documents) == 1  # the earlier generation, indexed when this one began
+        output = [t for e in events for t in e.emitted_ids]
+        nodes = METHODS["suffix"].tree_nodes_for(run)
+        replayed = replay(documents, ids, output, k, nodes, decoder.vocab_size)
+        assert replayed == [(len(e.drafted), e.accepted_count) for e in events], k
+
+
+def test_a_k_sweep_of_suffix_predicts_every_k_exactly_from_its_largest_k_run(decoder):
+    from engine.bench import bench_k_sweep
+
+    decoder.generate_ids("the mat. the cat sat", suffix(k=4, max_new_tokens=24))  # the session so far
+    rows = bench_k_sweep(decoder, [PROMPT, "on the mat the cat"], suffix(k=4, max_new_tokens=30), (1, 2, 4),
+                         repeats=2)
+    for row in rows:
+        assert row["from_run_k"] == 4 and row["from_run_basis"] == "exact (replayed)"
+        assert row["from_run_tokens_per_forward"] == pytest.approx(row["tokens_per_forward"])
+
+
 class CharTokenizer:
     def encode(self, text):
         return [ord(c) for c in text]

@@ -205,14 +205,17 @@ class SuffixMemory:
         self._documents: deque = deque()  # (tokens, pinned): pinned = a corpus, never forgotten
         self._open = None
         self._corpora: set = set()
+        self.begun_with: list = []  # the documents indexed when the last generation began
 
     @property
     def documents(self) -> int:
         return len(self._documents)
 
     def begin(self, tokens: list) -> None:
-        """A generation starts: index the previous one, and hold this one's (growing) token list."""
+        """A generation starts: index the previous one, and hold this one's (growing) token list.
+        begun_with keeps the documents the index then held, in order (what replay() needs)."""
         self.finish()
+        self.begun_with = [document for document, _ in self._documents]
         self._open = tokens
 
     def finish(self) -> None:
@@ -271,6 +274,7 @@ class SuffixMemory:
         self._documents.clear()
         self._open = None
         self._corpora.clear()
+        self.begun_with = []
 
     def load_corpus(self, path: str, tokenizer) -> None:
         """Index a text file once per session (tokenized by the target's tokenizer; the corpora's share of the
@@ -304,13 +308,8 @@ class SuffixDrafter(Drafter):
         self.memory.begin(self.own.tokens)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
-        context = state.tokens[-MAX_MATCH:]
-        best = ([], [], 0.0)
-        for index in (self.own, self.memory.index):
-            for tree in candidate_trees(index, context, k, self.budget, state.vocab_size):
-                if tree[2] > best[2]:
-                    best = tree
-        tokens, parents, _ = best
+        tokens, parents = best_draft((self.own, self.memory.index), state.tokens, k, self.budget,
+                                     state.vocab_size)
         if not tokens:
             return Draft(tokens=torch.empty(0, dtype=torch.long))  # on the host, as a tree's (see Draft)
         tokens, parents = as_tensors(tokens, parents)
@@ -318,3 +317,47 @@ class SuffixDrafter(Drafter):
 
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         self.own.extend(state.tokens[len(self.own):])
+
+
+def best_draft(indexes, tokens: list, k: int, budget: int, vocab: int) -> tuple:
+    """The draft for the context `tokens`: of every index's candidate trees, the one that expects the most
+    accepted tokens, as (tokens, parents); ([], []) when no index has a match."""
+    context = tokens[-MAX_MATCH:]
+    best = ([], [], 0.0)
+    for index in indexes:
+        for tree in candidate_trees(index, context, k, budget, vocab):
+            if tree[2] > best[2]:
+                best = tree
+    return best[0], best[1]
+
+
+def replay(documents: list, prompt_ids: list, output: list, k: int, budget: int, vocab: int) -> list:
+    """(drafted nodes, accepted) of each round suffix decoding runs for `output` with K, greedy: the session's
+    index held `documents` when the generation began (SuffixMemory.begun_with), its own index the prompt and
+    the output so far, and greedy verification accepts the tree's path that the output follows."""
+    memory = SuffixIndex()
+    for document in documents:
+        memory.extend(document)
+        memory.end_document()
+    own = SuffixIndex()
+    own.extend(prompt_ids)
+    position, rounds = 0, []
+    while position < len(output):
+        tokens, parents = best_draft((own, memory), own.tokens, k, budget, vocab)
+        accepted = _path_followed(tokens, parents, output[position:])
+        own.extend(output[position:position + accepted + 1])
+        position += accepted + 1
+        rounds.append((len(tokens), accepted))
+    return rounds
+
+
+def _path_followed(tokens: list, parents: list, text: list) -> int:
+    """How far `text` follows a path of the tree from its root (siblings are distinct tokens)."""
+    node, depth = -1, 0
+    while depth < len(text):
+        token = text[depth]
+        node = next((i for i, parent in enumerate(parents) if parent == node and tokens[i] == token), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
