@@ -318,7 +318,8 @@ def sweep_steadiness(rows: list) -> Optional[str]:
 COLUMN_UNITS = {  # the unit each bench column is in, shown in its header
     "k": "tokens", "alpha": "ratio", "mean_acceptance_length": "tokens", "tokens_per_forward": "tokens",
     "analytic_tokens_per_forward": "tokens", "tokens_per_s": "tok/s", "speedup": "x",
-    "predicted_speedup": "x", "from_run_speedup": "x", "textbook_speedup": "x", "eager_tokens_per_s": "tok/s",
+    "predicted_speedup": "x", "from_run_speedup": "x", "from_run_tokens_per_forward": "tokens",
+    "textbook_speedup": "x", "eager_tokens_per_s": "tok/s",
     "graph_tokens_per_s": "tok/s", "graph_gain": "x",
     "eager_speedup": "x", "graph_speedup": "x", "c": "ratio", "textbook_share": "ratio",
     "plain_tokens_per_s": "tok/s",

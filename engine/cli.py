@@ -555,7 +555,7 @@ BENCH_COLUMNS = {
     "graphs": ["method", "k", "alpha", "eager_tokens_per_s", "graph_tokens_per_s", "graph_gain",
                "eager_speedup", "graph_speedup"],
     "k-sweep": ["k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "tokens_per_s", "speedup",
-                "predicted_speedup", "from_run_speedup", "textbook_speedup"],
+                "predicted_speedup", "from_run_tokens_per_forward", "from_run_speedup", "textbook_speedup"],
     "layerskip": ["layers", "k", "alpha", "tokens_per_forward", "analytic_tokens_per_forward", "c",
                   "tokens_per_s", "speedup", "predicted_speedup"],
 }
