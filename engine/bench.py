@@ -445,7 +445,7 @@ def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
         method = events[0][1].method
         refitted = costs.refit(timing_of(e) for _, e in events)
         # each round at the block it verified: a lookup drafter's short proposals (and misses) verify fewer
-        # rows, which one typical block size misstated by up to 30% on the CPU
+        # rows on the CPU, which one typical block size misstated
         round_ms = statistics.fmean(refitted.t_round(method, k, len(e.drafted) + 1) for _, e in events)
         tpot = round_ms / max(r.tokens_per_forward, 1e-9)
         row["predicted_speedup"] = refitted.t_plain / tpot if tpot > 0 else 0.0
