@@ -85,6 +85,14 @@ def prompt_ids(decoder, text: str) -> Optional[list]:
         return None
 
 
+def suffix_replay(decoder, config) -> Optional[tuple]:
+    """(documents, vocab) that replay the suffix generation that just ended (app.session.Generation.replay):
+    what the session's memory held as it began; None for other methods or stand-in decoders."""
+    if getattr(config, "method", None) != "suffix" or not hasattr(decoder, "suffix_memory"):
+        return None
+    return list(decoder.suffix_memory().begun_with), decoder.vocab_size
+
+
 def dtype_name(decoder):
     """'float32', 'bfloat16', ... of the target's weights, or None."""
     dtype = getattr(getattr(decoder, "target", None), "dtype", None)

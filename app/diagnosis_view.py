@@ -29,9 +29,11 @@ class DiagnosisView(QTextBrowser):
         self.diagnosis = None
         self.clear()
 
-    def show_generation(self, events: list, calibration=None, header: Optional[dict] = None) -> None:
+    def show_generation(self, events: list, calibration=None, header: Optional[dict] = None,
+                        replay=None) -> None:
         """Diagnose a generation's events with the calibrated cost model (refitted on them). header: the
-        generation's trace header (its settings and prompt ids make the prediction exact where it can be)."""
+        generation's trace header (its settings and prompt ids make the prediction exact where it can be);
+        replay: its rounds replayed at any K (engine.predict.Trace.replay), where the window can."""
         from engine.diagnose import diagnose
         from engine.predict import trace_from_events
 
@@ -40,6 +42,7 @@ class DiagnosisView(QTextBrowser):
         try:
             trace = trace_from_events(events)
             trace.header = dict(header or {})
+            trace.replay = replay
             self.diagnosis = diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS)
         except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
             self.diagnosis = None

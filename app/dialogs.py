@@ -184,8 +184,9 @@ it is longer than its cell.</p>
 predicted from this very run, and findings that each name the figure they rest on (low acceptance, a lookup
 drafter that often found nothing to draft, expensive drafting, host-bound rounds, K off its optimum,
 compute-bound verification, changed output). The run is re-scored for other K exactly where greedy decoding
-determines it (the draft model's and n-gram's rounds), from the per-position acceptance elsewhere; a best K
-past the run's own K is an extrapolation and says so.</p>
+determines it (the draft model's and n-gram's rounds; suffix decoding's from what the session's memory held as
+the run began), from the per-position acceptance elsewhere; a best K past the run's own K is an extrapolation
+and says so.</p>
 <h3>Find the fastest K and method</h3>
 <p><b>K → Find the fastest K…</b> (<b>Ctrl+K</b>) measures K = 1, 2, 3, 4, 6, 8 on the prompt with the current
 method, each K paired with plain runs of the same prompt, and shows measured against predicted speedup; one

@@ -629,7 +629,8 @@ class MainWindow(QMainWindow):
         if self.shown is gen:
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
-        self.diagnosis.show_generation(gen.events, gen.calibration, gen.header())
+        gen.suffix_replay = backend.suffix_replay(self.decoder, gen.config)
+        self.diagnosis.show_generation(gen.events, gen.calibration, gen.header(), gen.replay())
         self._job_ended()
         self.compare.refresh(self.session.generations, self._selected_generations())
         self.keep_session()
@@ -848,7 +849,7 @@ class MainWindow(QMainWindow):
         self._render_plots(gen)
         self.tree_panel.set_events(gen.events)
         if not gen.running:  # a finished or replayed run: why it was as fast as it was (live: once it ends)
-            self.diagnosis.show_generation(gen.events, gen.calibration, gen.header())
+            self.diagnosis.show_generation(gen.events, gen.calibration, gen.header(), gen.replay())
 
     def _render_plots(self, gen: Generation) -> None:
         """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""

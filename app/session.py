@@ -51,6 +51,9 @@ class Generation:
     origin: dict = field(default_factory=dict)  # target, draft, device, dtype, prompt_ids (header fields)
     replayed_from: Optional[str] = None  # the trace file it was read from
     kept: bool = False  # written to the kept session (app.autosave)
+    # suffix decoding: the documents the session's memory held as it began, and the vocabulary, so that its
+    # diagnosis replays it exactly (not kept in traces)
+    suffix_replay: Optional[tuple] = None
 
     def __post_init__(self):
         self.buffers = PlotBuffers(self.calibration)
@@ -86,6 +89,16 @@ class Generation:
         if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
             header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
         return header
+
+    def replay(self):
+        """K -> this generation's rounds replayed (engine.predict.Trace.replay), or None."""
+        if self.suffix_replay is None or not self.origin.get("prompt_ids") or not self.finished_ok:
+            return None
+        from engine.drafters.suffix import generations_replay
+
+        documents, vocab = self.suffix_replay
+        output = [t for e in self.events for t in e.emitted_ids]
+        return generations_replay([(documents, self.origin["prompt_ids"], output)], self.config, vocab)
 
     def to_run(self) -> Run:
         return Run(header=self.header(), events=list(self.events), finish=self.finish or "running")

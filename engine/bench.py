@@ -224,20 +224,13 @@ def _suffix_replayer(decoder, config: GenerationConfig):
     generation from the documents the session's memory held as it began; None for other methods."""
     if config.method != "suffix" or not hasattr(decoder, "vocab_size"):
         return None
-    from engine.drafters.suffix import replay
+    from engine.drafters.suffix import generations_replay
 
     def replayer(trace, memories):
         outputs = [[t for r in generation for t in r.emitted] for generation in trace.generations]
         if trace.prompt_ids is None or len(memories) != len(outputs):
             return None
-        budget = {}  # K -> the node budget a generation at K drafts with
-
-        def rounds(k: int) -> list:
-            nodes = budget.setdefault(k, method_registry.get("suffix").tree_nodes_for(replace(config, k=k)))
-            return [r for documents, ids, output in zip(memories, trace.prompt_ids, outputs)
-                    for r in replay(documents, ids, output, k, nodes, decoder.vocab_size)]
-
-        return rounds
+        return generations_replay(list(zip(memories, trace.prompt_ids, outputs)), config, decoder.vocab_size)
 
     return replayer
 

@@ -930,6 +930,24 @@ def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
     assert worst < 0.25, f"event loop stalled for {worst * 1000:.0f} ms"
 
 
+def test_a_suffix_generations_diagnosis_replays_it_from_the_sessions_memory(qtbot, real_window):
+    """The window knows what suffix decoding's memory held as a generation began: the diagnosis predicts
+    every K by replaying the generation, and at the run's own K it gives the run's tokens per forward."""
+    window = real_window
+    window.method_actions["suffix"].trigger()
+    window.max_tokens.setValue(40)
+    for _ in range(2):  # the second generation drafts from the first, in the session's memory
+        generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    gen = window.session.generations[-1]
+    report = window.diagnosis.diagnosis.report
+    assert gen.suffix_replay is not None and len(gen.suffix_replay[0]) == 1
+    assert {p.basis for p in report.predictions} == {"exact (replayed)"}
+    own = next(p for p in report.predictions if p.k == gen.config.k)
+    assert own.tokens_per_forward == pytest.approx(gen.tokens / len(gen.events))
+    window.history.setCurrentRow(0)  # the first generation, picked again: its own replay
+    assert window.diagnosis.diagnosis.report.predictions[0].basis == "exact (replayed)"
+
+
 def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
     window = real_window
     window.method_actions["ngram"].trigger()

@@ -331,6 +331,22 @@ def best_draft(indexes, tokens: list, k: int, budget: int, vocab: int) -> tuple:
     return best[0], best[1]
 
 
+def generations_replay(generations: list, config, vocab: int):
+    """K -> (drafted nodes, accepted) of every round greedy suffix decoding runs over `generations`, each
+    (documents its session's index held as it began, prompt ids, output) replayed with the node budget a
+    generation at K drafts with (engine.predict.Trace.replay)."""
+    from dataclasses import replace
+
+    from engine.methods import METHODS
+
+    def rounds(k: int) -> list:
+        nodes = METHODS["suffix"].tree_nodes_for(replace(config, k=k))
+        return [r for documents, ids, output in generations
+                for r in replay(documents, ids, output, k, nodes, vocab)]
+
+    return rounds
+
+
 def replay(documents: list, prompt_ids: list, output: list, k: int, budget: int, vocab: int) -> list:
     """(drafted nodes, accepted) of each round suffix decoding runs for `output` with K, greedy: the session's
     index held `documents` when the generation began (SuffixMemory.begun_with), its own index the prompt and
