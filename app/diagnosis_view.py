@@ -31,24 +31,48 @@ class DiagnosisView(QTextBrowser):
 
     def show_generation(self, events: list, calibration=None, header: Optional[dict] = None,
                         replay=None) -> None:
-        """Diagnose a generation's events with the calibrated cost model (refitted on them). header: the
-        generation's trace header (its settings and prompt ids make the prediction exact where it can be);
-        replay: its rounds replayed at any K (engine.predict.Trace.replay), where the window can."""
-        from engine.diagnose import diagnose
-        from engine.predict import trace_from_events
+        """Diagnose a generation's events here, on the calling thread (see DiagnosisWorker for the window)."""
+        self.show_diagnosis(*diagnose_generation(events, calibration, header, replay))
 
-        if not events:
-            return
-        try:
-            trace = trace_from_events(events)
-            trace.header = dict(header or {})
-            trace.replay = replay
-            self.diagnosis = diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS)
-        except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
-            self.diagnosis = None
-            self.setHtml(f"<b>No diagnosis</b>: {html.escape(str(exc))}")
-            return
-        self.setHtml(diagnosis_html(self.diagnosis))
+    def show_diagnosis(self, diagnosis, problem: Optional[str] = None) -> None:
+        """Show a diagnosis (engine.diagnose), or why there is none."""
+        self.diagnosis = diagnosis
+        if diagnosis is not None:
+            self.setHtml(diagnosis_html(diagnosis))
+        elif problem:
+            self.setHtml(f"<b>No diagnosis</b>: {html.escape(problem)}")
+
+
+def diagnose_generation(events: list, calibration=None, header: Optional[dict] = None, replay=None) -> tuple:
+    """(Diagnosis, None), or (None, why not): a generation's events diagnosed with the calibrated cost model
+    (refitted on them). header: the generation's trace header (its settings and prompt ids make the
+    prediction exact where it can be); replay: its rounds replayed at any K (engine.predict.Trace.replay).
+    No Qt: runs on a worker thread too."""
+    from engine.diagnose import diagnose
+    from engine.predict import trace_from_events
+
+    if not events:
+        return None, None
+    try:
+        trace = trace_from_events(events)
+        trace.header = dict(header or {})
+        trace.replay = replay
+        return diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS), None
+    except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
+        return None, str(exc)
+
+
+class DiagnosisWorker(Worker):
+    """Diagnoses a generation off the GUI thread: replaying a lookup drafter at every K of the prediction is
+    pure Python that grows with the run (tens of ms for 160 tokens, more for long runs). Posts
+    ("diagnosis", Diagnosis or None, problem)."""
+
+    def __init__(self, events: list, calibration=None, header: Optional[dict] = None, replay=None):
+        super().__init__()
+        self.request = (list(events), calibration, header, replay)
+
+    def work(self) -> None:
+        self.post("diagnosis", *diagnose_generation(*self.request))
 
 
 def diagnosis_html(d) -> str:

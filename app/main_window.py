@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 
 from app import autosave, backend, batch_dialog, exports, gc_guard, style
 from app.compare import CompareTable, plain_reference
-from app.diagnosis_view import CalibrateWorker, DiagnosisView
+from app.diagnosis_view import CalibrateWorker, DiagnosisView, DiagnosisWorker
 from app.dialogs import HelpDialog, LosslessDialog, MethodSweepDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
 from app.menus import Menus
@@ -104,6 +104,9 @@ class MainWindow(QMainWindow):
         self.check_slot = JobSlot("lossless check")  # "Check lossless" (uses the decoder like a generation)
         self.calibrate_slot = JobSlot("calibration")  # K → Recalibrate costs (times the decoder's models)
         self.batch_slot = JobSlot("batch regime")  # K → Batch regime (batches the decoder's models)
+        self.diagnosis_slot = JobSlot("diagnosis")  # Why is it slow? for the generation shown (no decoder)
+        self._diagnosing: Optional[Generation] = None  # the generation whose diagnosis is being made
+        self._diagnosis_wanted: Optional[Generation] = None  # the next one, asked while that runs
         self.sweep_rows: list = []
         self.sweep_dialog = None
         self.method_sweep_rows: list = []
@@ -365,7 +368,7 @@ class MainWindow(QMainWindow):
         """Take the workers' messages, then draw. Ticks alternate between the text view and one plot, so one
         event-loop pass never paints both: together they made the longest gaps (~35 ms on a 2-core machine,
         scripts/stall_probe.py)."""
-        for slot in (self.load_slot,) + self._decoder_slots:
+        for slot in (self.load_slot, self.diagnosis_slot) + self._decoder_slots:
             slot.deliver()
         gc_guard.collect_young()
         self._ticks += 1
@@ -630,7 +633,7 @@ class MainWindow(QMainWindow):
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
         gen.suffix_replay = backend.suffix_replay(self.decoder, gen.config)
-        self.diagnosis.show_generation(gen.events, gen.calibration, gen.header(), gen.replay())
+        self._diagnose(gen)
         self._job_ended()
         self.compare.refresh(self.session.generations, self._selected_generations())
         self.keep_session()
@@ -849,7 +852,7 @@ class MainWindow(QMainWindow):
         self._render_plots(gen)
         self.tree_panel.set_events(gen.events)
         if not gen.running:  # a finished or replayed run: why it was as fast as it was (live: once it ends)
-            self.diagnosis.show_generation(gen.events, gen.calibration, gen.header(), gen.replay())
+            self._diagnose(gen)
 
     def _render_plots(self, gen: Generation) -> None:
         """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""
@@ -857,6 +860,31 @@ class MainWindow(QMainWindow):
         self.plots.set_buffers(gen.buffers, [(f"#{g.index} {g.config.spec}", g.buffers) for g in others])
         reference = plain_reference(self.session.generations, gen)
         self.plots.set_reference(*reference if reference else (None,))
+
+    def _diagnose(self, gen: Generation) -> None:
+        """Why is it slow? for this generation, off the GUI thread (DiagnosisWorker); asked again while one
+        runs, the latest request waits for it and the one running is not shown."""
+        if self.diagnosis_slot.busy:
+            self._diagnosis_wanted = gen
+            return
+        self._diagnosing = gen
+        worker = DiagnosisWorker(gen.events, gen.calibration, gen.header(), gen.replay())
+        self.diagnosis_slot.start(worker, diagnosis=self._on_diagnosis, done=self._on_diagnosis_done)
+
+    def _on_diagnosis(self, diagnosis, problem) -> None:
+        if self._diagnosing is not None and self._diagnosis_wanted is None:  # not superseded, not cleared
+            self.diagnosis.show_diagnosis(diagnosis, problem)
+
+    def _on_diagnosis_done(self, job) -> None:
+        wanted, self._diagnosis_wanted = self._diagnosis_wanted, None
+        self._diagnosing = None
+        if wanted is not None:
+            self._diagnose(wanted)
+
+    @property
+    def diagnosing(self) -> bool:
+        """A diagnosis is being made or waits (tests and scripts wait for False)."""
+        return self.diagnosis_slot.busy or self._diagnosis_wanted is not None
 
     def _update_history_item(self, gen: Generation) -> None:
         item = self.history.item(gen.index - 1)
@@ -876,6 +904,7 @@ class MainWindow(QMainWindow):
         self.plots.set_reference(None)
         self.inspector.clear()
         self.tree_panel.set_events([])
+        self._diagnosing = self._diagnosis_wanted = None  # a diagnosis on its way is of a forgotten run
         self.diagnosis.clear_generation()
         self.compare.refresh([], [])
 
@@ -1047,7 +1076,7 @@ class MainWindow(QMainWindow):
         self.settings.set("view/plots", not self.plots_dock.isHidden())
         self.settings.sync()
         running, self.current = self.current, None
-        for slot in self._decoder_slots + (self.load_slot,):
+        for slot in self._decoder_slots + (self.load_slot, self.diagnosis_slot):
             slot.stop()
             job = slot.finish()  # joined here: its "done" handler never runs
             if slot is self.gen_slot and job is not None and running is not None:

@@ -70,6 +70,7 @@ class Trace:
     # K -> (drafted, accepted) of each round a greedy lookup drafter runs, where the one who recorded the run
     # can replay it (engine.bench: suffix decoding, whose drafts also read the session's memory)
     replay: Optional[Callable[[int], list]] = None
+    replayed: dict = field(default_factory=dict, repr=False)  # K -> replayed_rounds' answer, counted once
 
     @property
     def settings(self) -> dict:
@@ -362,9 +363,12 @@ def replayed_rounds(trace: Trace, k: int) -> Optional[list]:
     for the drafters that are not replayed."""
     if not exact_applies(trace):
         return None
-    if trace.replay is not None:
-        return trace.replay(k)
-    return ngram_trace_replay(trace, k) if trace.method == "ngram" else None
+    if k not in trace.replayed:  # the count and the timing of a K both ask
+        if trace.replay is not None:
+            trace.replayed[k] = trace.replay(k)
+        else:
+            trace.replayed[k] = ngram_trace_replay(trace, k) if trace.method == "ngram" else None
+    return trace.replayed[k]
 
 
 def ngram_trace_replay(trace: Trace, k: int) -> list:

@@ -175,6 +175,7 @@ def shot_diagnosis(app, window, args, path) -> bool:
     # the History narrow again (the comparison widened it), the diagnosis about half the width
     window.resizeDocks([window.history_dock, dock], [300, 700], Qt.Horizontal)
     window.resizeDocks([dock], [560], Qt.Vertical)
+    wait_until(app, lambda: not getattr(window, "diagnosing", False), 10.0)  # made off the GUI thread
     return save(app, window, path)
 
 

@@ -743,6 +743,7 @@ def test_garbage_is_collected_on_the_gui_thread_only(qtbot, make_window):
         window.generate()
         assert dead_menu() is None  # collected on this (the GUI) thread before the worker started
         qtbot.waitUntil(lambda: not window.running, timeout=10000)
+        qtbot.waitUntil(lambda: not window.diagnosing, timeout=10000)  # the diagnosis is a worker too
     finally:
         gc.callbacks.remove(on_gc)
     assert len(window.session.generations[0].events) == 40
@@ -939,12 +940,14 @@ def test_a_suffix_generations_diagnosis_replays_it_from_the_sessions_memory(qtbo
     for _ in range(2):  # the second generation drafts from the first, in the session's memory
         generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
     gen = window.session.generations[-1]
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
     report = window.diagnosis.diagnosis.report
     assert gen.suffix_replay is not None and len(gen.suffix_replay[0]) == 1
     assert {p.basis for p in report.predictions} == {"exact (replayed)"}
     own = next(p for p in report.predictions if p.k == gen.config.k)
     assert own.tokens_per_forward == pytest.approx(gen.tokens / len(gen.events))
     window.history.setCurrentRow(0)  # the first generation, picked again: its own replay
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
     assert window.diagnosis.diagnosis.report.predictions[0].basis == "exact (replayed)"
 
 
@@ -1087,6 +1090,7 @@ def test_jsonl_trace_has_a_header_per_generation(qtbot, make_window, tmp_path):
     assert headers[1]["spec"] == "ngram" and headers[1]["prompt"] == "y = 2"
     assert [h["prompt_ids"] for h in headers] == [[ord(c) for c in p] for p in ("x = <1>", "y = 2")]
     # the diagnosis of the last generation read its header: settings and the prompt's ids
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=5000)
     trace = window.diagnosis.diagnosis.report.trace
     assert trace.prompt_ids == [headers[1]["prompt_ids"]] and trace.settings["method"] == "ngram"
     rounds = [r for r in records if r["type"] == "round"]
@@ -1098,12 +1102,28 @@ def test_the_diagnosis_follows_the_generation_shown(qtbot, make_window):
     generate(qtbot, window, prompt="x = 1")
     window.method_actions["ngram"].trigger()
     generate(qtbot, window, prompt="y = 2")
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=5000)  # made off the GUI thread
     assert window.diagnosis.diagnosis.report.trace.method == "ngram"  # the run that just ended
     window.history.setCurrentRow(0)  # an earlier run picked in the History
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=5000)
     assert window.diagnosis.diagnosis.report.trace.method == "draft"
     assert window.diagnosis.diagnosis.report.trace.prompt_ids == [[ord(c) for c in "x = 1"]]
     window.clear_session()
     assert window.diagnosis.diagnosis is None and window.errors == []
+
+
+def test_only_the_latest_diagnosis_asked_for_is_shown(qtbot, make_window):
+    window = make_window()
+    generate(qtbot, window, prompt="x = 1")
+    window.method_actions["ngram"].trigger()
+    generate(qtbot, window, prompt="y = 2")
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=5000)
+    window.history.setCurrentRow(0)
+    assert window.diagnosis_slot.busy  # made off the GUI thread, delivered on a UI tick
+    window.history.setCurrentRow(1)  # asked while the first runs: it waits, and the first is not shown
+    assert window.diagnosing
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=5000)
+    assert window.diagnosis.diagnosis.report.trace.method == "ngram"  # row 1, the last asked for
 
 
 def test_replay_of_a_saved_trace_reproduces_views_and_plots(qtbot, make_window, tmp_path):
