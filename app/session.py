@@ -95,10 +95,12 @@ class Generation:
         if self.suffix_replay is None or not self.origin.get("prompt_ids") or not self.finished_ok:
             return None
         from engine.drafters.suffix import generations_replay
+        from engine.methods import node_budget
 
         documents, vocab = self.suffix_replay
         output = [t for e in self.events for t in e.emitted_ids]
-        return generations_replay([(documents, self.origin["prompt_ids"], output)], self.config, vocab)
+        return generations_replay([(documents, self.origin["prompt_ids"], output)], node_budget(self.config),
+                                  vocab)
 
     def to_run(self) -> Run:
         return Run(header=self.header(), events=list(self.events), finish=self.finish or "running")

@@ -230,7 +230,8 @@ def _suffix_replayer(decoder, config: GenerationConfig):
         outputs = [[t for r in generation for t in r.emitted] for generation in trace.generations]
         if trace.prompt_ids is None or len(memories) != len(outputs):
             return None
-        return generations_replay(list(zip(memories, trace.prompt_ids, outputs)), config, decoder.vocab_size)
+        return generations_replay(list(zip(memories, trace.prompt_ids, outputs)),
+                                  method_registry.node_budget(config), decoder.vocab_size)
 
     return replayer
 

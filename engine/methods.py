@@ -6,7 +6,7 @@ shape.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -129,6 +129,12 @@ NAMES = tuple(METHODS)
 # default K's 2K nodes. The first nine have the shortcuts Ctrl+1 .. Ctrl+9.
 MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3", "eagle3:8", "lookahead",
               "suffix", "layerskip", "medusa-fixed")
+
+
+def node_budget(config):
+    """K -> the node budget a generation of config's method drafts with at K (0 = a chain)."""
+    method = get(config.method)
+    return lambda k: method.tree_nodes_for(replace(config, k=k))
 
 
 def get(name: str) -> Method:

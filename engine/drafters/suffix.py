@@ -331,16 +331,12 @@ def best_draft(indexes, tokens: list, k: int, budget: int, vocab: int) -> tuple:
     return best[0], best[1]
 
 
-def generations_replay(generations: list, config, vocab: int):
+def generations_replay(generations: list, nodes_for, vocab: int):
     """K -> (drafted nodes, accepted) of every round greedy suffix decoding runs over `generations`, each
-    (documents its session's index held as it began, prompt ids, output) replayed with the node budget a
-    generation at K drafts with (engine.predict.Trace.replay)."""
-    from dataclasses import replace
-
-    from engine.methods import METHODS
-
+    (documents its session's index held as it began, prompt ids, output) replayed with the node budget
+    nodes_for(K) (engine.methods.node_budget) (engine.predict.Trace.replay)."""
     def rounds(k: int) -> list:
-        nodes = METHODS["suffix"].tree_nodes_for(replace(config, k=k))
+        nodes = nodes_for(k)
         return [r for documents, ids, output in generations
                 for r in replay(documents, ids, output, k, nodes, vocab)]
 
