@@ -162,6 +162,8 @@ def main() -> int:
             row = {"method": method, "raw_calls": raw, "rounds": rounds,
                    "wall_us_per_round": round(1e6 * wall / rounds, 1)}
             row.update({name: round(1e6 * sum(v) / rounds, 1) for name, v in costs.items()})
+            row["calls"] = {name: len(v) for name, v in costs.items()}  # a step called on some rounds only
+            row["longest_us"] = {name: round(1e6 * max(v), 1) for name, v in costs.items()}
             print(json.dumps(row), flush=True)
     finally:
         for owner, name, original in originals:

@@ -16,6 +16,7 @@ from engine.config import GenerationConfig  # noqa: E402
 from engine.cuda_calls import StreamCalls  # noqa: E402
 from engine.decoder import SpeculativeDecoder  # noqa: E402
 from engine.models import load_pair  # noqa: E402
+from engine.runner import graph_capture, warm_up_stream  # noqa: E402
 from engine.timing import RoundClock  # noqa: E402
 
 
@@ -53,13 +54,10 @@ def test_events_time_the_queued_work_and_come_back_in_turn(calls):
 
 def test_raw_launch_runs_the_captured_work(calls):
     x = torch.zeros(64, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    with warm_up_stream(x.device):
         x.add_(1)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph, None, x.device):  # the product's guards (no cyclic collection inside)
         x.mul_(2).add_(1)
     x.zero_()
     for _ in range(3):

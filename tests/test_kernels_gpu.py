@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.kernels import reference as ref
+from engine.runner import graph_capture, warm_up_stream
 
 pytestmark = pytest.mark.gpu
 
@@ -475,14 +476,11 @@ def test_greedy_readout_flags_nan_and_replays_its_eager_results():
     x = torch.randn(6, 8192, device=DEV).to(torch.bfloat16)
     draft, limit = x.float().argmax(-1)[:5], torch.tensor([3], device=DEV)
     eager = kc.greedy_readout(x, draft, 8, limit=limit)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        kc.greedy_readout(x, draft, 8, limit=limit)  # warm-up off the capture: its workspace exists
-        with torch.cuda.graph(graph, stream=stream):
-            captured = kc.greedy_readout(x, draft, 8, limit=limit)
-    torch.cuda.current_stream().wait_stream(stream)
+    with warm_up_stream(x.device):  # the capture's stream: its workspace exists before the capture
+        kc.greedy_readout(x, draft, 8, limit=limit)
+    with graph_capture(graph, None, x.device):  # the product's guards (no cyclic collection inside)
+        captured = kc.greedy_readout(x, draft, 8, limit=limit)
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(eager[0], captured[0]))

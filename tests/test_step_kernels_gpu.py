@@ -26,6 +26,7 @@ from engine.kernels.step import (  # noqa: E402
     tree_choose_reference,
     tree_level_reference,
 )
+from engine.runner import graph_capture, warm_up_stream  # noqa: E402
 
 CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -976,13 +977,10 @@ def test_verification_and_readout_launched_programmatically_behind_the_lm_head(k
         inputs = (kernels, x, head, chain, parents)
         eager = _chained_round(*inputs)
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            _chained_round(*inputs)  # warm-up off the capture
-            with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream: its workspaces exist
-                captured = _chained_round(*inputs)
-        torch.cuda.current_stream().wait_stream(stream)
+        with warm_up_stream(x.device):  # the capture's stream: its workspaces exist before the capture
+            _chained_round(*inputs)
+        with graph_capture(graph, None, x.device):  # the product's guards (no cyclic collection inside)
+            captured = _chained_round(*inputs)
         graph.replay()
         torch.cuda.synchronize()
         for got in (eager, captured):
