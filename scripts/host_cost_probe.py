@@ -134,6 +134,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--raw-ab", action="store_true",
                         help="each method with torch's CUDA calls, then the raw ones (engine.cuda_calls)")
     args = parser.parse_args()
@@ -149,7 +150,7 @@ def main() -> int:
         settings = (False, True) if args.raw_ab else (cuda_calls.RAW_CALLS,)
         for method, raw in ((m, r) for m in methods for r in settings):
             cuda_calls.RAW_CALLS, decoder._calls = raw, None
-            config = GenerationConfig(k=4, max_new_tokens=args.tokens, stop_at_eos=False).with_spec(method)
+            config = GenerationConfig(k=args.k, max_new_tokens=args.tokens, stop_at_eos=False).with_spec(method)
             for prompt in prompts[:1]:  # captures and warm-up
                 for _ in decoder.generate(prompt, config):
                     pass
@@ -159,7 +160,7 @@ def main() -> int:
                 for _ in decoder.generate(prompt, config):
                     rounds += 1
             wall = time.perf_counter() - start
-            row = {"method": method, "raw_calls": raw, "rounds": rounds,
+            row = {"method": method, "k": args.k, "raw_calls": raw, "rounds": rounds,
                    "wall_us_per_round": round(1e6 * wall / rounds, 1)}
             row.update({name: round(1e6 * sum(v) / rounds, 1) for name, v in costs.items()})
             row["calls"] = {name: len(v) for name, v in costs.items()}  # a step called on some rounds only
