@@ -150,7 +150,8 @@ def main() -> int:
         settings = (False, True) if args.raw_ab else (cuda_calls.RAW_CALLS,)
         for method, raw in ((m, r) for m in methods for r in settings):
             cuda_calls.RAW_CALLS, decoder._calls = raw, None
-            config = GenerationConfig(k=args.k, max_new_tokens=args.tokens, stop_at_eos=False).with_spec(method)
+            config = GenerationConfig(k=args.k, max_new_tokens=args.tokens,
+                                      stop_at_eos=False).with_spec(method)
             for prompt in prompts[:1]:  # captures and warm-up
                 for _ in decoder.generate(prompt, config):
                     pass
