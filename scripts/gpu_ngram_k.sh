@@ -1,5 +1,6 @@
 # Why an n-gram round's time jumps between K = 3 and K = 4 on some GPUs: the target's replayed forward by block
-# size, n-gram's replayed round on the GPU alone and the host's steps, each at K = 3 and 4. Run on the device from the repository root with OUT set: bash scripts/gpu_ngram_k.sh
+# size, n-gram's replayed round on the GPU alone and the host's steps, each at K = 3 and 4.
+# Run on the device from the repository root with OUT set: bash scripts/gpu_ngram_k.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi -L; date
@@ -9,6 +10,4 @@ echo "== replayed n-gram round, GPU alone"
 for k in 3 4; do timeout 40 python3 scripts/round_replay_probe.py --methods ngram --k $k --passes 1 2>&1 | grep '^{' | sed "s/^{/{\"k\": $k, /"; done | tee $OUT/round_replay_ngram_k.txt
 echo "== host steps"
 for k in 3 4; do timeout 40 python3 scripts/host_cost_probe.py --methods ngram --prompts 8 --k $k 2>&1 | grep '"method"'; done | tee $OUT/host_cost_ngram_k.txt
-date
-timeout 100 python3 main.py bench k-sweep --device cuda --method ngram --ks 2,3,4,5,8 --prompts 8 --max-new-tokens 128 2>&1 | grep -v Warn | tee $OUT/ksweep_ngram_8_prompts.txt | tail -10
 date
