@@ -437,10 +437,11 @@ def _sweep_row(k, r: RunTotals, plain: float, c: float, costs, events) -> dict:
         from engine.costmodel import timing_of
 
         method = events[0][1].method
-        refitted = costs.refit(timing_of(e) for _, e in events)
+        timings = [timing_of(e) for _, e in events]
+        refitted = costs.refit(timings)
         # each round at the block it verified: a lookup drafter's short proposals (and misses) verify fewer
-        # rows on the CPU, which one typical block size misstated
-        round_ms = statistics.fmean(refitted.t_round(method, k, len(e.drafted) + 1) for _, e in events)
+        # rows on the CPU, which one typical block size misstated (on the GPU n-gram verifies K + 1 rows)
+        round_ms = statistics.fmean(refitted.t_round(method, k, t.block) for t in timings)
         tpot = round_ms / max(r.tokens_per_forward, 1e-9)
         row["predicted_speedup"] = refitted.t_plain / tpot if tpot > 0 else 0.0
     return row

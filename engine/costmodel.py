@@ -66,7 +66,7 @@ class RoundTiming:
 
     method: str
     k: int
-    block: int  # tokens in the verification forward: drafted + 1
+    block: int  # tokens in the verification forward (RoundEvent.verified_tokens): mostly drafted + 1
     depth: int  # draft positions (a tree's depth)
     draft_ms: float
     verify_ms: float
@@ -382,14 +382,16 @@ def _spin_up(decoder, prompt: str, config, min_ms: float = SPIN_UP_MS) -> None:
 
 
 def timing_of(event) -> RoundTiming:
-    """The phase times of a RoundEvent or of a trace record (a dict)."""
+    """The phase times of a RoundEvent or of a trace record (a dict), at the block the round verified."""
     if isinstance(event, dict):
         drafted = event.get("drafted", [])
         depth = 1 + max((d["depth"] for d in drafted), default=-1)
-        return RoundTiming(event["method"], event["k"], len(drafted) + 1, depth, event["draft_ms"],
-                           event["verify_ms"], event["overhead_ms"])
+        block = event.get("verified_tokens") or len(drafted) + 1
+        return RoundTiming(event["method"], event["k"], block, depth, event["draft_ms"], event["verify_ms"],
+                           event["overhead_ms"])
     depth = 1 + max((d.depth for d in event.drafted), default=-1)
-    return RoundTiming(event.method, event.k, len(event.drafted) + 1, depth, event.draft_ms, event.verify_ms,
+    block = getattr(event, "verified_tokens", None) or len(event.drafted) + 1
+    return RoundTiming(event.method, event.k, block, depth, event.draft_ms, event.verify_ms,
                        event.overhead_ms)
 
 

@@ -132,28 +132,33 @@ class _RoundReadout:
     top_i: list  # [N+1][T] token ids
 
     @classmethod
-    def unpack(cls, values: list, n: int, width: int) -> "_RoundReadout":
-        """values: the flat copy _read_round makes (ids travel as float32: exact below 2**24)."""
+    def unpack(cls, values: list, n: int, width: int, keep: Optional[int] = None) -> "_RoundReadout":
+        """values: the flat copy _read_round makes (ids travel as float32: exact below 2**24): accepted, next
+        token, then path, draft tokens, p, q, accept_prob and tested [n each], next_p [n+1], top_p and top_i
+        [(n+1) * width each]. keep: the readout of the first `keep` drafted tokens only (a chain cut at its
+        real drafts; its accepted path lies within them). Read by offsets, with no intermediate lists: this
+        runs on the host every round."""
         accepted, next_token = int(values[0]), int(values[1])
         if accepted < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
             raise SpecplayError(NAN_MESSAGE)
-        rows, rest, part = n + 1, values[2:], {}
-        for name, size in (("path", n), ("draft_tokens", n), ("p", n), ("q", n), ("accept_prob", n),
-                           ("tested", n), ("next_p", rows), ("top_p", rows * width), ("top_i", rows * width)):
-            part[name], rest = rest[:size], rest[size:]
-        path = [int(i) for i in part["path"][:accepted]]
-        next_row = path[-1] + 1 if path else 0  # the block row whose distribution gave the next token
-        return cls(next_token=next_token, path=path,
-                   draft_tokens=[int(t) for t in part["draft_tokens"]], p=part["p"], q=part["q"],
-                   accept_prob=part["accept_prob"], tested=part["tested"], next_p=part["next_p"][next_row],
-                   top_p=[part["top_p"][r * width:(r + 1) * width] for r in range(rows)],
-                   top_i=[[int(i) for i in part["top_i"][r * width:(r + 1) * width]] for r in range(rows)])
+        kept = n if keep is None else keep
+        at, rows = 2, kept + 1
 
-    def trimmed(self, n: int) -> "_RoundReadout":
-        """The readout of the first n drafted tokens of a chain (its accepted path lies within them)."""
-        return replace(self, draft_tokens=self.draft_tokens[:n], p=self.p[:n], q=self.q[:n],
-                       accept_prob=self.accept_prob[:n], tested=self.tested[:n], top_p=self.top_p[:n + 1],
-                       top_i=self.top_i[:n + 1])
+        def piece(size: int, stride: int) -> list:
+            nonlocal at
+            start, at = at, at + stride
+            return values[start:start + size]
+
+        path = list(map(int, piece(min(accepted, n), n)))
+        draft_tokens = list(map(int, piece(kept, n)))
+        p, q, accept_prob, tested = (piece(kept, n) for _ in range(4))
+        next_p = piece(rows, n + 1)
+        next_row = path[-1] + 1 if path else 0  # the block row whose distribution gave the next token
+        top_p = [values[at + r * width:at + (r + 1) * width] for r in range(rows)]
+        at += (n + 1) * width
+        top_i = [list(map(int, values[at + r * width:at + (r + 1) * width])) for r in range(rows)]
+        return cls(next_token=next_token, path=path, draft_tokens=draft_tokens, p=p, q=q,
+                   accept_prob=accept_prob, tested=tested, next_p=next_p[next_row], top_p=top_p, top_i=top_i)
 
 
 class SpeculativeDecoder:
@@ -606,7 +611,8 @@ class SpeculativeDecoder:
             next_token_p=details["next_p"], next_top=details["next_top"], emitted_ids=list(outcome.emitted),
             emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
             overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
-            finish_reason=outcome.finish_reason, metrics=round_metrics)
+            finish_reason=outcome.finish_reason, metrics=round_metrics,
+            verified_tokens=config.k + 1 if launched.counted else draft.size + 1)
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
                 first_token: Optional[torch.Tensor] = None):
@@ -696,8 +702,8 @@ class SpeculativeDecoder:
             launched.draft.parents = launched.readout.parents
         if not launched.counted:
             return _RoundReadout.unpack(values, launched.draft.size, launched.readout.width)
-        count = int(values[-1])
-        round_ = _RoundReadout.unpack(values[:-1], launched.draft.size, launched.readout.width).trimmed(count)
+        count = int(values[-1])  # the chain's real drafts (after the values)
+        round_ = _RoundReadout.unpack(values, launched.draft.size, launched.readout.width, keep=count)
         launched.draft = Draft(tokens=launched.draft.tokens[:count])
         return round_
 

@@ -170,7 +170,7 @@ def _k_past_optimum(trace, report, bars) -> Optional[Finding]:
 
 def _large_batch(trace, report, bars) -> Optional[Finding]:
     costs = report.costs
-    block = max((len(r.drafted) + 1 for r in trace.rounds), default=1)
+    block = max((r.timing.block for r in trace.rounds), default=1)
     ratio = costs.t_verify(block) / costs.t_verify(1) if costs.t_verify(1) > 0 else 1.0
     if trace.batch <= 1 and ratio < COMPUTE_BOUND:
         return None

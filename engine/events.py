@@ -72,6 +72,10 @@ class RoundEvent:
     finished: bool
     finish_reason: Optional[str]  # "eos" | "length" | "stopped" | None
     metrics: RoundMetrics
+    # tokens in the round's verification forward: the last committed token and the drafts, except where a
+    # round verifies a fixed block whatever it drafted (n-gram's replayed GPU round: all K slots, K + 1);
+    # None (traces from before it): len(drafted) + 1
+    verified_tokens: Optional[int] = None
 
     @property
     def round_ms(self) -> float:

@@ -85,6 +85,19 @@ def test_ngram_without_its_table_equals_plain_on_cuda(decoder, k):
     assert decoder.generate_ids(PROMPT, config) == plain
 
 
+def test_ngram_replayed_rounds_record_the_block_they_verified(tmp_path_factory):
+    """n-gram's replayed GPU round (bf16: the decode path) verifies all K slots whatever its lookup found:
+    its event says K + 1, where a round launched apart (a generation's first) verified what it drafted (the
+    cost model's refit bins rounds by this block)."""
+    decoder = build(tmp_path_factory.mktemp("gpu_ngram_blocks"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
+    k = 8
+    config = GenerationConfig(method="ngram", k=k, max_new_tokens=48, stop_at_eos=False)
+    events = list(decoder.generate(PROMPT, config))
+    assert events[0].verified_tokens == len(events[0].drafted) + 1
+    assert all(e.verified_tokens in (k + 1, len(e.drafted) + 1) for e in events)
+    assert any(e.verified_tokens == k + 1 and len(e.drafted) < k for e in events[1:])
+
+
 @pytest.mark.parametrize("method,nodes", [("draft", 0), ("eagle", 0), ("eagle", 8), ("eagle3", 0),
                                           ("medusa", 0), ("medusa-fixed", 0), ("layerskip", 0), ("suffix", 0),
                                           ("lookahead", 0)])
