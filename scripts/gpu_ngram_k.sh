@@ -4,6 +4,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi -L; date
+# On a fresh machine the CUDA kernels compile first (cached on disk after); run with short timeouts, every probe
+# of this script ran out of time on one such machine and returned nothing, so one short generation compiles
+# them first
+echo "== compile"
+timeout 240 python3 main.py bench methods --device cuda --methods none,ngram --k 4 --prompts 1 --max-new-tokens 8 2>&1 | tail -2
 echo "== forward by block size"
 timeout 60 python3 scripts/step_timing.py --sizes 1,2,3,4,5,6,7,9 2>&1 | grep -v Warn | tee $OUT/step_timing_sizes.txt
 echo "== replayed n-gram round, GPU alone"
