@@ -183,7 +183,8 @@ SETTINGS_COLUMNS = [
     ("tree_nodes", "nodes"), ("target", ""), ("draft", ""), ("device", ""), ("dtype", ""),
 ]
 ROUND_COLUMNS = [
-    ("drafted", "tokens"), ("accepted", "tokens"), ("emitted", "tokens"), ("next_is_bonus", "bool"),
+    ("drafted", "tokens"), ("verified", "tokens"), ("accepted", "tokens"), ("emitted", "tokens"),
+    ("next_is_bonus", "bool"),
     ("draft_ms", "ms"), ("verify_ms", "ms"), ("overhead_ms", "ms"), ("round_ms", "ms"),
 ]
 RUNNING_COLUMNS = [  # the generation's running aggregates after this round
@@ -225,7 +226,8 @@ def csv_row(event: RoundEvent, generation: int = 0, header: dict | None = None,
         "method": event.method, "k": "" if event.method == "none" else event.k}
     values.update({
         "generation": generation, "round": event.round + 1,
-        "drafted": len(event.drafted), "accepted": event.accepted_count, "emitted": len(event.emitted_ids),
+        "drafted": len(event.drafted), "verified": event.verified_tokens or len(event.drafted) + 1,
+        "accepted": event.accepted_count, "emitted": len(event.emitted_ids),
         "next_is_bonus": int(event.next_is_bonus), "draft_ms": event.draft_ms, "verify_ms": event.verify_ms,
         "overhead_ms": event.overhead_ms, "round_ms": event.round_ms,
         "running_acceptance_rate": m.acceptance_rate if m.drafted else "",

@@ -11,6 +11,7 @@ from trace_fixtures import chain_round, write_trace
 from engine.config import GenerationConfig
 from engine.costmodel import CostModel, Measured, timing_of
 from engine.decoder import SpeculativeDecoder
+from engine.metrics import csv_header, csv_row
 from engine.models import load_pair
 from engine.predict import load_trace, predict_from_trace
 from engine.trace import event_from_dict
@@ -40,6 +41,8 @@ def test_timing_of_reads_the_verified_block_and_falls_back_for_older_traces(deco
     assert timing_of(event).block == 3
     assert timing_of(replace(event, verified_tokens=9)).block == 9
     assert timing_of(replace(event, verified_tokens=None)).block == 3
+    column = csv_header().index("verified [tokens]")  # the CSV export says it too
+    assert csv_row(event)[column] == 3 and csv_row(replace(event, verified_tokens=9))[column] == 9
 
 
 def _gpu_ngram_trace(tmp_path, verified: bool):
