@@ -88,6 +88,10 @@ class Generation:
                              o.get("dtype"), self.index, o.get("prompt_ids"))
         if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
             header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
+        if self.suffix_replay is not None:  # what suffix decoding's memory held: a reader may rebuild it
+            from engine.drafters.suffix import memory_fingerprint
+
+            header["suffix_memory"] = memory_fingerprint(*self.suffix_replay)
         return header
 
     def replay(self):
@@ -147,7 +151,21 @@ class Session:
         for event in run.events:
             gen.add(event)
         gen.finish = run.finish or "ended"
+        gen.suffix_replay = self._suffix_memory_of(gen, run.header.get("suffix_memory"))
         return gen
+
+    def _suffix_memory_of(self, gen: Generation, fingerprint) -> Optional[tuple]:
+        """(documents, vocab) of a suffix generation read back from a trace, where its header's fingerprint of
+        the session's memory is rebuilt by the History's earlier suffix generations (the last ones, in
+        order); None otherwise. Its diagnosis then replays every K exactly, as for a live run."""
+        if gen.config.method != "suffix" or not isinstance(fingerprint, dict):
+            return None
+        from engine.drafters.suffix import memory_from_generations
+
+        earlier = [(g.origin.get("prompt_ids"), [t for e in g.events for t in e.emitted_ids])
+                   for g in self.generations if g is not gen and g.config.method == "suffix"]
+        documents = memory_from_generations(earlier, fingerprint)
+        return None if documents is None else (documents, fingerprint["vocab"])
 
     def runs(self) -> list:
         """Every generation as an engine.trace.Run: what the exporters take."""

@@ -486,9 +486,14 @@ def run_header(args, prompt: str, config: GenerationConfig, decoder) -> dict:
     dtype = getattr(getattr(decoder, "target", None), "dtype", None)
     uses_draft = methods.get(config.method).needs_draft_model  # else no draft model was loaded
     draft = (args.draft or ("shipped" if args.target is None else None)) if uses_draft else None
-    return make_header(prompt, config, args.target or "shipped", draft, decoder.device_name,
-                       None if dtype is None else str(dtype).removeprefix("torch."),
-                       prompt_ids=decoder.prompt_ids(prompt))
+    header = make_header(prompt, config, args.target or "shipped", draft, decoder.device_name,
+                         None if dtype is None else str(dtype).removeprefix("torch."),
+                         prompt_ids=decoder.prompt_ids(prompt))
+    if config.method == "suffix" and not config.suffix_corpus and hasattr(decoder, "suffix_memory"):
+        from engine.drafters.suffix import memory_fingerprint  # what the memory holds as the run begins
+
+        header["suffix_memory"] = memory_fingerprint(decoder.suffix_memory().held(), decoder.vocab_size)
+    return header
 
 
 def summarize(events: list, config: GenerationConfig) -> dict:

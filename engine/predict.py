@@ -251,7 +251,37 @@ def load_trace(path) -> Trace:
     trace.header = header
     if len(headers) > 1 and all(isinstance(record, tuple) for record in records):  # several generations
         trace.headers = [headers.get(number, {}) for number in sorted({record[0] for record in records})]
+    trace.replay = suffix_replay_from_headers(trace)
     return trace
+
+
+def suffix_replay_from_headers(trace: Trace) -> Optional[Callable[[int], list]]:
+    """Trace.replay for a saved greedy suffix-decoding trace whose headers fingerprint what the session's
+    memory held as each generation began (engine.drafters.suffix.memory_fingerprint): each generation's
+    memory rebuilt from the trace's earlier generations, or None where any one's cannot be (a corpus file in
+    the memory, generations the file lacks, headers without the fingerprint)."""
+    from engine.drafters.suffix import generations_replay, memory_from_generations
+    from engine.methods import node_budget
+    from engine.trace import config_from_dict
+
+    if not trace.rounds or any(r.method != "suffix" for r in trace.rounds) or not trace.greedy:
+        return None
+    headers, prompts = trace.headers or [trace.header], trace.prompt_ids
+    if prompts is None or len(headers) != len(trace.generations):
+        return None
+    generations, earlier = [], []
+    for header, prompt_ids, rounds in zip(headers, prompts, trace.generations):
+        output = [t for r in rounds for t in r.emitted]
+        documents = memory_from_generations(earlier, header.get("suffix_memory"))
+        if documents is None:
+            return None
+        generations.append((documents, prompt_ids, output))
+        earlier.append((prompt_ids, output))
+    try:
+        config = config_from_dict(trace.settings)
+    except (TypeError, ValueError, SpecplayError):
+        return None
+    return generations_replay(generations, node_budget(config), headers[-1]["suffix_memory"]["vocab"])
 
 
 # -------------------------------------------------------------------------------------------- the exact part

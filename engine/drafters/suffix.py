@@ -16,11 +16,14 @@ output exactly the target's.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import math
+from array import array
 from collections import deque
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -218,6 +221,12 @@ class SuffixMemory:
         self.begun_with = [document for document, _ in self._documents]
         self._open = tokens
 
+    def held(self) -> list:
+        """The documents a generation beginning now would find (begun_with): those indexed, and the open one,
+        which begin() indexes first."""
+        documents = [document for document, _ in self._documents]
+        return documents + ([list(self._open)] if self._open else [])
+
     def finish(self) -> None:
         if self._open is not None:
             document, self._open = self._open, None
@@ -341,6 +350,38 @@ def generations_replay(generations: list, nodes_for, vocab: int):
                 for r in replay(documents, ids, output, k, nodes, vocab)]
 
     return rounds
+
+
+def memory_fingerprint(documents: list, vocab: int) -> dict:
+    """What a trace header keeps of the documents a suffix generation's memory held as it began (their count,
+    their tokens' count and a digest, and the vocabulary its drafts were cut to), so that whoever holds the
+    session's earlier generations can tell whether they rebuild that memory exactly (memory_from_generations)
+    without the header carrying up to a million tokens."""
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(len(document).to_bytes(8, "little"))
+        digest.update(array("q", document).tobytes())
+    return {"documents": len(documents), "tokens": sum(len(d) for d in documents),
+            "sha256": digest.hexdigest(), "vocab": int(vocab)}
+
+
+def memory_from_generations(earlier: list, fingerprint) -> Optional[list]:
+    """The documents a suffix generation began with, rebuilt from the session's earlier suffix generations
+    (each a (prompt ids, output) pair, in the order they ran): the last ones, as many as the header's
+    fingerprint counts, where their digest is the fingerprint's. None where the memory held anything else (a
+    corpus file, generations before these, a document cut to the memory's budget) or the header has no
+    fingerprint."""
+    if not isinstance(fingerprint, dict):
+        return None
+    count, vocab = fingerprint.get("documents"), fingerprint.get("vocab")
+    if not (isinstance(count, int) and isinstance(vocab, int) and 0 <= count <= len(earlier)):
+        return None
+    try:
+        documents = [[int(t) for t in list(ids) + list(output)]
+                     for ids, output in earlier[len(earlier) - count:]]
+    except (TypeError, ValueError):
+        return None
+    return documents if memory_fingerprint(documents, vocab) == fingerprint else None
 
 
 def replay(documents: list, prompt_ids: list, output: list, k: int, budget: int, vocab: int) -> list:
