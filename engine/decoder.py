@@ -136,8 +136,8 @@ class _RoundReadout:
         """values: the flat copy _read_round makes (ids travel as float32: exact below 2**24): accepted, next
         token, then path, draft tokens, p, q, accept_prob and tested [n each], next_p [n+1], top_p and top_i
         [(n+1) * width each]. keep: the readout of the first `keep` drafted tokens only (a chain cut at its
-        real drafts; its accepted path lies within them). Read by offsets, with no intermediate lists: this
-        runs on the host every round."""
+        real drafts; its accepted path lies within them). Read by offsets, each field sliced once: this runs
+        on the host every round."""
         accepted, next_token = int(values[0]), int(values[1])
         if accepted < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
             raise SpecplayError(NAN_MESSAGE)
