@@ -97,3 +97,11 @@ def dtype_name(decoder):
     """'float32', 'bfloat16', ... of the target's weights, or None."""
     dtype = getattr(getattr(decoder, "target", None), "dtype", None)
     return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def forget_session(decoder) -> None:
+    """Session → Clear: suffix decoding's memory of the session's generations goes too (a corpus file is read
+    again by the next suffix generation that names it)."""
+    restore = getattr(decoder, "restore_session", None)
+    if restore is not None:
+        restore(None)

@@ -897,6 +897,8 @@ class MainWindow(QMainWindow):
             return
         self.session.clear()
         autosave.forget(self.settings.session_path())  # the user asked for a fresh session
+        if self.decoder is not None:
+            backend.forget_session(self.decoder)
         self.shown = None
         self.history.clear()
         self.view.clear_view()

@@ -951,6 +951,21 @@ def test_a_suffix_generations_diagnosis_replays_it_from_the_sessions_memory(qtbo
     assert window.diagnosis.diagnosis.report.predictions[0].basis == "exact (replayed)"
 
 
+def test_clearing_the_session_clears_suffix_decodings_memory(qtbot, real_window):
+    """Session → Clear forgets the generations for suffix decoding too: the next one begins with an empty
+    memory, as the first of a session does."""
+    window = real_window
+    window.method_actions["suffix"].trigger()
+    window.max_tokens.setValue(24)
+    for _ in range(2):
+        generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    assert len(window.session.generations[-1].suffix_replay[0]) == 1  # the first generation, remembered
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
+    window.clear_session()
+    generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    assert len(window.session.generations) == 1 and window.session.generations[0].suffix_replay[0] == []
+
+
 def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
     window = real_window
     window.method_actions["ngram"].trigger()
