@@ -163,11 +163,11 @@ tree; no extra model.</li>
 
 <h3>Suffix decoding and layer skip</h3>
 <p><b>Suffix decoding</b> is model-free (c ≈ 0): it finds the longest ending of the text so far that occurred
-before, in this prompt and output or in the session's earlier prompts and outputs (and a corpus file, from the
-command line's --suffix-corpus), and drafts a tree of what most often came next there, the most frequent
-continuations first, within the tree's node budget. A long, often-seen match drafts deep; a short or
-ambiguous one drafts little. It shines when a task repeats: the second run of a similar prompt is mostly
-drafted from the first.</p>
+before, in this prompt and output or in the session's earlier suffix-decoding prompts and outputs (and a
+corpus file, from the command line's --suffix-corpus), and drafts a tree of what most often came next there,
+the most frequent continuations first, within the tree's node budget. A long, often-seen match drafts deep; a
+short or ambiguous one drafts little. It shines when a task repeats: the second run of a similar prompt is
+mostly drafted from the first.</p>
 <p><b>Layer skip</b> drafts with the target itself: its first L layers (--draft-layers), then its own final
 norm and output head, with no extra weights, and the draft reads the target's own cache for those layers. c
 is about L divided by the number of layers; α depends on how well the early layers already predict the next

@@ -1,12 +1,12 @@
 """Suffix decoding: draft a tree of what most often followed the longest suffix of the context seen before.
 
 Two indexes are searched every round: the generation's own tokens (prompt and output so far) and the
-session's memory (earlier prompts and outputs on this decoder, and an optional corpus file). In each, the
-occurrences of the context's last two tokens (or last one) are extended backwards to their match length, so
-the longest matching suffix and all of its occurrences come out of one scan. The continuations of those
-occurrences, merged into a counted trie, give every node an empirical probability: the product, along its
-path, of each token's count over its siblings' counts. The draft takes the most probable nodes best-first
-within the node budget.
+session's memory (the prompts and outputs of earlier suffix generations on this decoder, and an optional
+corpus file). In each, the occurrences of the context's last two tokens (or last one) are extended backwards
+to their match length, so the longest matching suffix and all of its occurrences come out of one scan. The
+continuations of those occurrences, merged into a counted trie, give every node an empirical probability: the
+product, along its path, of each token's count over its siblings' counts. The draft takes the most probable
+nodes best-first within the node budget.
 
 Draft length adapts to the match: the tree is at most K deep and at most SPEC_FACTOR times the match length
 (a long match is a confident one), and nodes below MIN_PROB are left out, so a rare or split continuation
