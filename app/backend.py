@@ -105,3 +105,12 @@ def forget_session(decoder) -> None:
     restore = getattr(decoder, "restore_session", None)
     if restore is not None:
         restore(None)
+
+
+def remember_generations(decoder, generations: list) -> None:
+    """Suffix decoding's memory takes the session's suffix generations read back or made on another load of
+    these models ((prompt ids, output) each, in order; those without prompt ids are left out)."""
+    memory = getattr(decoder, "suffix_memory", None)
+    documents = [list(ids) + list(output) for ids, output in generations if ids]
+    if memory is not None and documents:
+        memory().remember(documents)

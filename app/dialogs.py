@@ -124,8 +124,8 @@ Export trace JSONL writes a header per generation (prompt, settings, models, dev
 round; <b>Session → Open trace…</b> (or <code>python main.py gui --open-trace FILE</code>) replays it into
 the window. Plots export as PNG at twice the screen resolution or as plain SVG.</p>
 <p>The session is kept: after every generation and when the window closes it is written beside the settings
-file, and the next window puts it back in the History. Session → Clear forgets it, and suffix decoding
-forgets its prompts and outputs too.</p>
+file, and the next window puts it back in the History, where suffix decoding goes on from it. Session →
+Clear forgets it, and suffix decoding forgets its prompts and outputs too.</p>
 
 <h2>The methods</h2>
 <ul>

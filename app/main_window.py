@@ -413,6 +413,8 @@ class MainWindow(QMainWindow):
         self.availability = dict(decoder.method_availability())
         self._limit_max_tokens(backend.context_limit(decoder))
         self.target_path, self.draft_path = target, draft
+        # suffix decoding goes on from the session's suffix generations on this target (kept ones too)
+        backend.remember_generations(decoder, self.session.suffix_generations(target or "shipped"))
         self.models = backend.models_label(target, draft)
         self.settings.set("models/target", target or "")
         self.settings.set("models/draft", draft or "")
@@ -942,10 +944,16 @@ class MainWindow(QMainWindow):
         return True
 
     def _add_runs(self, runs: list, source: str) -> None:
-        """Saved runs as History entries, each with every view and plot as if it had run live."""
+        """Saved runs as History entries, each with every view and plot as if it had run live; suffix
+        decoding's memory takes those on the loaded target, as the session's own."""
+        added = []
         for run in runs:
             gen = self.session.add_run(run, source, self.calibration)
             self.history.addItem(QListWidgetItem(gen.summary()))
+            added.append(gen)
+        if self.decoder is not None:
+            target = self.target_path or "shipped"
+            backend.remember_generations(self.decoder, self.session.suffix_generations(target, added))
         self.history.clearSelection()
         self.history.setCurrentRow(self.history.count() - 1)
         if runs[-1].prompt:

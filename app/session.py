@@ -156,16 +156,22 @@ class Session:
 
     def _suffix_memory_of(self, gen: Generation, fingerprint) -> Optional[tuple]:
         """(documents, vocab) of a suffix generation read back from a trace, where its header's fingerprint of
-        the session's memory is rebuilt by the History's earlier suffix generations (the last ones, in
-        order); None otherwise. Its diagnosis then replays every K exactly, as for a live run."""
+        the session's memory is rebuilt by the History's earlier suffix generations on its target (the last
+        ones, in order); None otherwise. Its diagnosis then replays every K exactly, as for a live run."""
         if gen.config.method != "suffix" or not isinstance(fingerprint, dict):
             return None
         from engine.drafters.suffix import memory_from_generations
 
-        earlier = [(g.origin.get("prompt_ids"), [t for e in g.events for t in e.emitted_ids])
-                   for g in self.generations if g is not gen and g.config.method == "suffix"]
+        earlier = self.suffix_generations(gen.origin.get("target"), self.generations[:gen.index - 1])
         documents = memory_from_generations(earlier, fingerprint)
         return None if documents is None else (documents, fingerprint["vocab"])
+
+    def suffix_generations(self, target, generations: Optional[list] = None) -> list:
+        """(prompt ids, output) of each suffix generation on `target` (of `generations`, default all), in
+        order: what suffix decoding's memory holds of the session on that target."""
+        return [(g.origin.get("prompt_ids"), [t for e in g.events for t in e.emitted_ids])
+                for g in (self.generations if generations is None else generations)
+                if g.config.method == "suffix" and g.origin.get("target") == target and g.events]
 
     def runs(self) -> list:
         """Every generation as an engine.trace.Run: what the exporters take."""

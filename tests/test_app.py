@@ -966,6 +966,39 @@ def test_clearing_the_session_clears_suffix_decodings_memory(qtbot, real_window)
     assert len(window.session.generations) == 1 and window.session.generations[0].suffix_replay[0] == []
 
 
+def test_suffix_decoding_goes_on_from_an_opened_or_reloaded_session(qtbot, real_window, tmp_path):
+    """The session's suffix generations stay suffix decoding's memory: opened from a trace after a Clear, and
+    again when the same models load anew; each later generation's diagnosis replays it exactly."""
+    window = real_window
+    window.method_actions["suffix"].trigger()
+    window.max_tokens.setValue(24)
+    generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
+    path = _export(window, tmp_path, "trace")
+    first = window.session.generations[0]
+    document = first.origin["prompt_ids"] + [t for e in first.events for t in e.emitted_ids]
+    window.clear_session()
+    assert window.open_trace(str(path)) and window.errors == []
+    generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    assert window.session.generations[-1].suffix_replay[0] == [document]  # remembered from the trace
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
+    window.load_models(window.target_path, window.draft_path)  # a new decoder, a new memory
+    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
+    generate(qtbot, window, prompt="def add(a, b):\n    return a + b\n")
+    gen = window.session.generations[-1]
+    assert len(gen.suffix_replay[0]) == 2 and gen.suffix_replay[0][0] == document
+    qtbot.waitUntil(lambda: not window.diagnosing, timeout=20000)
+    assert {p.basis for p in window.diagnosis.diagnosis.report.predictions} == {"exact (replayed)"}
+    from app.session import Session
+
+    history = Session()  # the session read back (the next window's kept session): each memory rebuilt
+    for kept in window.session.generations:
+        history.add_run(kept.to_run(), "kept")
+    rebuilt = [g.suffix_replay for g in history.generations]
+    assert rebuilt == [g.suffix_replay for g in window.session.generations]
+    assert history.generations[0].suffix_replay[0] == []  # the first began a session: nothing remembered
+
+
 def test_real_decoder_method_switch_sampling_and_stop(qtbot, real_window):
     window = real_window
     window.method_actions["ngram"].trigger()

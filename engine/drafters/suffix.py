@@ -221,6 +221,13 @@ class SuffixMemory:
         self.begun_with = [document for document, _ in self._documents]
         self._open = tokens
 
+    def remember(self, documents) -> None:
+        """Index earlier generations (prompt ids and output each, in the order they ran) after what is held:
+        a session read back (the window's kept session, an opened trace) continues where it was."""
+        self.finish()
+        for document in documents:
+            self.add(document)
+
     def held(self) -> list:
         """The documents a generation beginning now would find (begun_with): those indexed, and the open one,
         which begin() indexes first."""
