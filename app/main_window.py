@@ -367,7 +367,7 @@ class MainWindow(QMainWindow):
     def _ui_tick(self) -> None:
         """Take the workers' messages, then draw. Ticks alternate between the text view and one plot, so one
         event-loop pass never paints both: together they made the longest gaps (~35 ms on a 2-core machine,
-        scripts/stall_probe.py)."""
+        scripts/stall_probe.py, at tag before-house-cleanup)."""
         for slot in (self.load_slot, self.diagnosis_slot) + self._decoder_slots:
             slot.deliver()
         gc_guard.collect_young()
@@ -1113,7 +1113,7 @@ def _take_waiting_rounds(worker, gen: Generation) -> None:
 # The decoding thread shares the GIL with this one. Qt calls release the GIL, and taking it back waits up to
 # the switch interval while the decoder runs Python. With the default 5 ms, a plot repaint next to a busy
 # Python thread took a median 34 ms instead of 2.4 ms; 0.5 ms brings it to 7.6 ms
-# (scripts/plot_paint_bench.py).
+# (scripts/plot_paint_bench.py, at tag before-house-cleanup).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

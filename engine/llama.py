@@ -58,7 +58,7 @@ LLAMA_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
 TREE_SHAPES_KEPT = 512  # tree masks kept on the device, by shape
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 # Rows up to which the decode path multiplies with sp_gemv (norms and residuals fused in) rather than cuBLAS:
-# one-token steps (plain decoding, the draft model's and EAGLE's steps). scripts/profile_step.py measures both
+# one-token steps (plain decoding, the draft model's and EAGLE's steps). scripts/profile_step.py (removed; at tag before-house-cleanup) measures both
 # for a block of K + 1 rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not. With whole
 # rounds replayed, 8 rows were 2-6% faster on the shipped pair and no slower on the 1B and 7B shapes
 # (docs/measurements/bench_gpu_gemv_rows_*_replays.txt). sp_gemv sums each row in the same order whatever

@@ -924,7 +924,7 @@ def test_real_decoder_renders_rounds_without_stalling(qtbot, real_window):
     assert all(e.k == 3 and e.method == "draft" for e in gen.events)
     assert window.view.rendered_spans()[:-1] == expected_spans(gen.prompt, gen.events)
     # The bound is 50 ms; alone on a 2-core machine this test measured 28-46 ms
-    # (scripts/stall_probe.py: 27-37 ms). The decoder thread shares the GIL and the cores with the GUI thread,
+    # (scripts/stall_probe.py, at tag before-house-cleanup: 27-37 ms). The decoder thread shares the GIL and the cores with the GUI thread,
     # and with another test run beside it the same machine measured 142 ms, so this asserts only a gross
     # stall, to stay stable on CI. The measured worst gap is printed for the record (run with -s).
     print(f"worst event-loop gap while decoding: {worst * 1000:.0f} ms")

@@ -487,7 +487,7 @@ def test_refit_script_refits_a_saved_report_and_refuses_a_bad_one(tmp_path):
                        "per_position_acceptance": [0.7, 0.6, 0.5, 0.5]} for b in (1, 8, 64, 256, 1024)]}
     source, target = tmp_path / "in.json", tmp_path / "out.json"
     source.write_text(json.dumps(saved))
-    script = Path(__file__).resolve().parents[1] / "scripts" / "refit_batch.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "docs" / "refit_batch.py"
     done = subprocess.run([sys.executable, script, source, target], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -570,7 +570,7 @@ def test_plot_script_writes_an_svg(tmp_path):
     import xml.dom.minidom
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_batch.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "docs" / "plot_batch.py"
     spec = importlib.util.spec_from_file_location("plot_batch", script)
     plot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot)

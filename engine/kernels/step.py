@@ -48,7 +48,7 @@ GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 GEMV_TILE = min(2048, max(256, int(os.environ.get("SPECPLAY_GEMV_TILE", "2048")) // 256 * 256))
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
 # the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
-# SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py)
+# SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py, at tag before-house-cleanup)
 GEMV_BLOCKS_PER_SM = int(os.environ.get("SPECPLAY_GEMV_BLOCKS", "2"))
 # blocks per SM a launch's grid holds (default: as many as the launch bounds let reside); SPECPLAY_GEMV_GRID=1
 # leaves room on every SM for the next kernel's blocks to start while this one finishes (for comparisons)

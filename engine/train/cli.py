@@ -6,13 +6,13 @@
     python main.py train --evaluate assets/models --limit 50      # plausibility + held-out perplexity only
     python main.py train --ngram-table assets/models/target       # n-gram's corpus table for its tokenizer
 
-Retrain only the Medusa heads of an exported family (scripts/train_medusa_gpu.sh on a GPU):
+Retrain only the Medusa heads of an exported family (scripts/training/train_medusa_gpu.sh on a GPU):
 
     python main.py train --from-family assets/models --out runs/medusa --medusa-budget-s 150 \\
         --medusa-steps 20000 --export-medusa runs/medusa/heads
     cp runs/medusa/heads/medusa_heads.safetensors runs/medusa/heads/medusa_config.json assets/models/target/
 
-or only the EAGLE-3 head (scripts/train_eagle3_gpu.sh):
+or only the EAGLE-3 head (scripts/training/train_eagle3_gpu.sh):
 
     python main.py train --from-family assets/models --out runs/eagle3 \\
         --stages tokenizer,target,selfgen,eagle3 --eagle3-budget-s 200 --eagle3-steps 20000 \\

@@ -119,7 +119,7 @@ class Preset:
 def full() -> Preset:
     """The shipped family: target ~7.4M params (<15 MB fp16), draft ~1.9M params (<4 MB fp16), trained on the
     standard library and permissively licensed installed packages within ~8 minutes on one H200 (corpus and
-    evaluation included: see scripts/train_family_gpu.sh)."""
+    evaluation included: see scripts/training/train_family_gpu.sh)."""
     return Preset(
         name="full",
         vocab_size=8192,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Retrain the whole shipped family on one CUDA GPU (about 8 minutes on an H200, corpus and evaluation
 # included) and pack it for the trip back:
-#   OUT=/some/dir bash scripts/train_family_gpu.sh
+#   OUT=/some/dir bash scripts/training/train_family_gpu.sh
 # Run from the repository root. Stages (engine/train, preset `full`): corpus + tokenizer, target, draft,
 # distill, the target's own text, Medusa, EAGLE, EAGLE-3, export, then the held-out evaluation of the new
 # family and of the shipped one (assets/models) for the before/after; then, if time is left, a short
@@ -15,7 +15,10 @@
 #   family_rest.tar         everything else of the exported family (assets/models layout, without the target
 #                           weights); if the export did not finish: the finished stages' checkpoints instead
 #   bench.txt               the bench's table, when it ran
-# Unpack here with: bash scripts/unpack_family.sh <folder with those files> [assets/models]
+# Unpack here with: bash scripts/training/unpack_family.sh <folder with those files> [assets/models]
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=true
@@ -26,7 +29,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run of this script on a CPU machine (DEVICE=cpu)
 BUDGET_S=${BUDGET_S:-510}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
 
 pack() {
   if [ -f "$EXPORT/target/model.safetensors" ] && [ -f "$EXPORT/README.md" ]; then

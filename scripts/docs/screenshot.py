@@ -3,8 +3,8 @@
 runs (docs/screenshot-compare.png) and, where the window has one, the diagnosis view
 (docs/screenshot-diagnosis.png).
 
-    python scripts/screenshot.py                          # shipped models, else tiny random ones
-    python scripts/screenshot.py --target DIR --draft DIR --out-dir docs --only mid
+    python scripts/docs/screenshot.py                          # shipped models, else tiny random ones
+    python scripts/docs/screenshot.py --target DIR --draft DIR --out-dir docs --only mid
 
 Runs offscreen when there is no display; uses throwaway settings, never the user's.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """Load a JSON config file and return it as a dict."""'
@@ -64,7 +64,7 @@ def pick_models(args, scratch: Path):
         return args.target, args.draft
     if not args.tiny:
         from engine.errors import SpecplayError
-        from engine.models import shipped_pair
+        from engine.models.loading import shipped_pair
 
         try:
             shipped_pair()

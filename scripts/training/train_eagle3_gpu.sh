@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Retrain only the EAGLE-3 head of the shipped family (assets/models) on one CUDA GPU (about 6 minutes on an
 # H200) and bring back the new head, small files only:
-#   OUT=/some/dir bash scripts/train_eagle3_gpu.sh
+#   OUT=/some/dir bash scripts/training/train_eagle3_gpu.sh
 # Run from the repository root. Stages (engine/train, preset `full`, --from-family assets/models): corpus +
 # encoding with the shipped tokenizer, the shipped target copied as the target checkpoint, the target's own
 # text (selfgen: the head trains half on it), EAGLE-3 with a longer budget (EAGLE3_BUDGET_S, default 200 s);
@@ -18,6 +18,9 @@
 # Ship with:
 #   cp $OUT/eagle3_head.safetensors $OUT/eagle3_config.json assets/models/target/
 #   python -m engine.train.export assets/models --eagle3-report $OUT/eagle3_report.json   # card, sha256 table
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=true
@@ -30,7 +33,7 @@ TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVI
 EAGLE3_BUDGET_S=${EAGLE3_BUDGET_S:-200}
 EAGLE3_STEPS=${EAGLE3_STEPS:-20000}   # above what the budget allows (~18 steps/s on an H200): time ends it
 BUDGET_S=${BUDGET_S:-420}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
 
 trap 'collect; ls -la "$OUT"' EXIT
 trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT

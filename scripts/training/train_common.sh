@@ -1,11 +1,17 @@
-# Shared by scripts/train_family_gpu.sh, scripts/train_medusa_gpu.sh and scripts/train_eagle3_gpu.sh
-# (sourced; they set PY, RUN and OUT).
+#!/usr/bin/env bash
+# The training scripts' shared helpers: sourced by scripts/training/train_family_gpu.sh,
+# scripts/training/train_medusa_gpu.sh and scripts/training/train_eagle3_gpu.sh (they set PY, RUN and OUT),
+# not run on its own.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then   # run, not sourced: the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+  [[ "${1:-}" == -h || "${1:-}" == --help ]] && exit 0; exit 2
+fi
 mkdir -p "$OUT"
 LOG="$OUT/train_log.txt"
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }   # seconds since the script started
 collect() {   # the finished stages' metrics, one JSON object (cheap; run after the pipeline and on exit)
-  $PY scripts/stage_metrics.py "$RUN" "$OUT/stage_metrics.json" 2>/dev/null || true
+  $PY scripts/training/stage_metrics.py "$RUN" "$OUT/stage_metrics.json" 2>/dev/null || true
 }
 
 bench_new_head() {   # $1: the methods; the rest: files in $OUT to copy over the shipped target/ (BUDGET_S's rest)

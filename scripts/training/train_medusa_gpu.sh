@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Retrain only the Medusa heads of the shipped family (assets/models) on one CUDA GPU and bring back the new
-# heads, small files only (scripts/train_medusa_cpu.sh: the same on the CPU):
-#   OUT=/some/dir bash scripts/train_medusa_gpu.sh
+# heads, small files only (scripts/training/train_medusa_cpu.sh: the same on the CPU):
+#   OUT=/some/dir bash scripts/training/train_medusa_gpu.sh
 # Run from the repository root. Stages (engine/train, preset `full`, --from-family assets/models): corpus +
 # encoding with the shipped tokenizer (no BPE training), the shipped target copied as the target checkpoint
 # (its validation loss measured), Medusa (the preset's greedy-text recipe, presets.MedusaGreedy) with a
@@ -21,6 +21,9 @@
 # Ship with:
 #   cp $OUT/medusa_heads.safetensors $OUT/medusa_config.json assets/models/target/
 #   python -m engine.train.export assets/models --medusa-report $OUT/medusa_report.json   # the card, its file table
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=true
@@ -33,7 +36,7 @@ TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVI
 MEDUSA_BUDGET_S=${MEDUSA_BUDGET_S:-150}
 MEDUSA_STEPS=${MEDUSA_STEPS:-20000}   # above what the budget allows (~35 steps/s on an H200): time ends it
 BUDGET_S=${BUDGET_S:-390}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
 
 keep_heads() {   # the export writes straight into $OUT; if it did not run, the medusa stage's own files
   if [ ! -f "$OUT/medusa_heads.safetensors" ] && [ -f "$RUN/medusa/done.json" ]; then

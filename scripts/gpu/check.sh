@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Everything a CUDA machine must confirm (GPU tests and benchmarks), run from the repo root; logs to $OUT.
-# STAGES picks parts (default: all): tests bench runtimes synthetic lossless kernels steps
+# Everything a CUDA machine must confirm (GPU tests and benchmarks), run from the repo root; logs to $OUT:
+#   OUT=/some/dir bash scripts/gpu/check.sh
+# STAGES picks parts (default: all): tests bench runtimes synthetic lossless kernels
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STAGES=${STAGES:-tests bench runtimes synthetic lossless kernels steps}
+STAGES=${STAGES:-tests bench runtimes synthetic lossless kernels}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi -L
 python3 -c "import torch, transformers, cupy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cupy', cupy.__version__)"
@@ -46,8 +50,4 @@ fi
 if has kernels; then
   echo "== bench kernels"
   python3 main.py bench kernels 2>&1 | tee "$OUT/bench_kernels.txt"
-fi
-if has steps; then
-  echo "== one target step: kernels, eager vs CUDA graph"
-  python3 scripts/step_timing.py 2>&1 | grep -v -i warn | tee "$OUT/step_timing.txt"
 fi

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Unpack what scripts/train_family_gpu.sh brought back into the shipped layout and refresh the model card:
-#   bash scripts/unpack_family.sh <folder with target_model.safetensors and family_rest.tar> [assets/models]
+# Unpack what scripts/training/train_family_gpu.sh brought back into the shipped layout and refresh the model card:
+#   bash scripts/training/unpack_family.sh <folder with target_model.safetensors and family_rest.tar> [assets/models]
 # The destination is replaced (its old files are removed first). The card's file table (sizes, sha256) is
 # rewritten by engine.train.export's refresh (held-out sample losses re-measured on the CPU), keeping the
 # card's measured-speculation section as the export wrote it.
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -euo pipefail
 SRC=${1:?usage: unpack_family.sh SRC_DIR [DEST]}
 DEST=${2:-assets/models}

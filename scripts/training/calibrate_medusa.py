@@ -1,11 +1,11 @@
 """Measure how often each path of Medusa head candidates is right all the way; save it in medusa_config.json.
 
-    .venv/bin/python scripts/calibrate_medusa.py [--model assets/models/target] [--device cpu]
+    .venv/bin/python scripts/training/calibrate_medusa.py [--model assets/models/target] [--device cpu]
 
-The drafter builds its tree from these path accuracies (engine/drafters/medusa.py). New training runs save
-them (the medusa stage); this script adds them to heads trained before that, measured the way the stage does:
-on the `full` preset's validation windows (64 x 1024 tokens of this interpreter's standard-library files that
-the models never trained on).
+The drafter builds its tree from these path accuracies (engine/methods/medusa/drafter.py). New training runs
+save them (the medusa stage); this script adds them to heads trained before that, measured the way the stage
+does: on the `full` preset's validation windows (64 x 1024 tokens of this interpreter's standard-library files
+that the models never trained on).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call, most important first (a run cut short keeps what came first); logs to $OUT.
-# PART picks parts (default: all, in this order):
+# A GPU measurement session in one device call: GPU tests, benches and profiles, most important first (a run
+# cut short keeps what came first); run from the repo root, logs to $OUT:
+#   OUT=/some/dir PART="tests methods" bash scripts/gpu/session.sh
+# PART picks parts (default: tests tests-pdl runtimes methods batch ksweep pdl-ab host, in this order):
 #   tests     every GPU test, 10,000 fuzz cases per kernel (programmatic launch on: the default)
 #   tests-pdl the engine, drafter and batch GPU tests again with SPECPLAY_PDL=0 (programmatic launch off)
 #   engine    the engine, drafter and batch GPU tests alone (the defaults)
@@ -12,29 +14,25 @@
 #   batch     bench batch on the synthetic llama-8b at B = 1 and 64 (once per setting of BATCH_AB, if set, e.g.
 #             BATCH_AB="SPECPLAY_NORM_KERNEL=0 SPECPLAY_NORM_KERNEL=1")
 #   ksweep    bench k-sweep of the shipped pair (measured beside predicted)
-#   predictions  the K sweep twice greedy and once at T = 0.8, then calibration five times (c's spread)
-#   pdl-ab    scripts/profile_e2e.py on the 1B shape with programmatic launch on, then off
-#   profile7b scripts/profile_e2e.py on the 7B shape with programmatic launch off (each kernel's own time)
-#   host      scripts/profile_e2e.py on the shipped pair: where a round's host time goes, per method
+#   predictions  the K sweep twice greedy and once at T = 0.8
+#   pdl-ab    scripts/profiling/profile_e2e.py on the 1B shape with programmatic launch on, then off
+#   profile7b scripts/profiling/profile_e2e.py on the 7B shape with programmatic launch off (each kernel's own time)
+#   host      scripts/profiling/profile_e2e.py on the shipped pair: where a round's host time goes, per method
 #   kernels   the step kernels' GPU tests (KERNEL_FUZZ cases, default 2,000)
-#   gemv      scripts/gemv_probe.py: sp_gemv against cuBLAS per matrix shape, once per setting of GEMV_ENV
 #   gemv-tile runtimes with sp_gemv's segment, blocks and grid of TILE_ENV beside the default, then the step
 #             kernels' and bf16 engine GPU tests with TILE_ENV (kernels/NOTES.md's next comparison)
 #   shipped-runtimes  bench runtimes on the shipped pair (end to end, TTFT apart), specplay methods only
-#   batch-profile  scripts/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
-#   gap       scripts/round_gap_probe.py on the 1B shape, programmatic launch off and on: the step against
-#             end-to-end time per token, and the host's time per round against its wait for the GPU
-#   ttft      scripts/ttft_probe.py: the first event taken apart (1B shape with programmatic launch on and off,
-#             7B shape on); TTFT_SHAPES / TTFT_PDL pick others
+#   batch-profile  scripts/profiling/profile_e2e.py's batched step of 64 on the synthetic llama-8b: its kernels
 #   round-graphs  the engine's GPU tests with EAGLE's and the draft model's round graphs on, then bench methods
 #             (none,draft,eagle,eagle3,medusa) with them off and on
-#   round-replay  scripts/round_replay_probe.py: each method's round graph replayed back to back on the GPU,
-#             this build's round changes off and on, interleaved (REPLAY_METHODS picks the methods)
-#   host-cost scripts/host_cost_probe.py: each host step of a round, timed apart (HOST_COST_METHODS;
-#             HOST_COST_ARGS=--raw-ab: torch's CUDA calls, then the raw ones, per method)
 #   replays   the replays still off by default: the sampled K sweep with sampled chain and plain replays (and
 #             SPECPLAY_GEMV_ROWS=8), then bench methods (none,ngram,eagle:8,eagle3:8) with n-gram's and the
 #             EAGLE trees' round graphs off and on
+# The parts that ran one-off probes (gemv, gap, ttft, round-replay, host-cost, and predictions' calibration
+# spread) were removed with those probes: scripts/gpu_session.sh, at tag before-house-cleanup.
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
+fi
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -102,21 +100,19 @@ if has predictions; then
   done
   timeout 160 python3 main.py bench k-sweep --device cuda --method draft --ks 1,2,3,4,6,8 --prompts 4 \
     --max-new-tokens 128 --temperature 0.8 2>&1 | grep -v "compiling" | tee "$OUT/ksweep_gpu_t08.txt" | tail -11
-  timeout 100 python3 scripts/calibration_spread.py --device cuda --repeats 5 2>&1 | grep -v "compiling" \
-    | tee "$OUT/calibration_spread_gpu.txt" | tail -5
 fi
 if has pdl-ab; then
   for pdl in 1 0; do
-    SPECPLAY_PDL=$pdl timeout 40 python3 scripts/profile_e2e.py --synthetic llama-1b --methods none --top 4 2>&1 \
+    SPECPLAY_PDL=$pdl timeout 40 python3 scripts/profiling/profile_e2e.py --synthetic llama-1b --methods none --top 4 2>&1 \
       | grep -v "compiling\|USDT" > "$OUT/e2e_llama-1b_pdl$pdl.txt"; grep "^==\|GPU busy" "$OUT/e2e_llama-1b_pdl$pdl.txt"
   done
 fi
 if has profile7b; then
-  SPECPLAY_PDL=0 timeout 90 python3 scripts/profile_e2e.py --synthetic llama-7b --no-prefill --methods ${PROFILE_METHODS:-none} \
+  SPECPLAY_PDL=0 timeout 90 python3 scripts/profiling/profile_e2e.py --synthetic llama-7b --no-prefill --methods ${PROFILE_METHODS:-none} \
     --tokens 32 --top 16 2>&1 | grep -v "compiling\|USDT" > "$OUT/e2e_llama-7b_pdl0.txt"; grep "^==\|GPU busy" "$OUT/e2e_llama-7b_pdl0.txt"
 fi
 if has host; then
-  timeout 90 python3 scripts/profile_e2e.py --synthetic shipped --no-prefill --methods ${HOST_METHODS:-none,draft,ngram,eagle3,medusa,eagle3:8} \
+  timeout 90 python3 scripts/profiling/profile_e2e.py --synthetic shipped --no-prefill --methods ${HOST_METHODS:-none,draft,ngram,eagle3,medusa,eagle3:8} \
     --top 30 2>&1 | grep -v "compiling\|USDT" > "$OUT/host_shipped.txt"; grep "^==" "$OUT/host_shipped.txt"
 fi
 if has kernels; then
@@ -141,42 +137,13 @@ if has gemv-tile; then  # sp_gemv's 1024-column segment, built for 4 blocks an S
   env ${TILE_ENV//,/ } timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_engine_gpu.py -k bf16 2>&1 \
     | grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn" | tee "$OUT/gpu_tests_engine_gemv_tile.log" | tail -4
 fi
-if has gemv; then  # once per setting of GEMV_ENV (e.g. GEMV_ENV="SPECPLAY_GEMV_AHEAD=0 SPECPLAY_GEMV_AHEAD=2")
-  for setting in ${GEMV_ENV:-SPECPLAY_GEMV_BLOCKS=2}; do
-    env $setting timeout 120 python3 scripts/gemv_probe.py --rows 1 2>&1 | grep -v "compiling" \
-      | tee "$OUT/gemv_probe_${setting//[^A-Za-z0-9]/_}.txt"
-  done
-fi
-if has gap; then
-  for pdl in ${GAP_PDL:-0 1}; do
-    SPECPLAY_PDL=$pdl timeout 100 python3 scripts/round_gap_probe.py --synthetic llama-1b 2>&1 \
-      | grep -v "compiling" | tee "$OUT/round_gap_llama-1b_pdl$pdl.txt"
-  done
-fi
 if has batch-profile; then
-  timeout 120 python3 scripts/profile_e2e.py --synthetic llama-8b --no-prefill --methods none --tokens 16 --batch 64 \
+  timeout 120 python3 scripts/profiling/profile_e2e.py --synthetic llama-8b --no-prefill --methods none --tokens 16 --batch 64 \
     --top 24 2>&1 | grep -v "compiling\|USDT" > "$OUT/e2e_batch_llama-8b.txt"; grep "^==\|GPU busy" "$OUT/e2e_batch_llama-8b.txt"
 fi
 if has shipped-runtimes; then
   timeout 120 python3 main.py bench runtimes --device cuda --methods none,draft,ngram,eagle,eagle3,eagle3:8 --k 4 \
     --prompts 8 --max-new-tokens 128 --hf none 2>&1 | grep -v "compiling" | tee "$OUT/runtimes_shipped.txt" | tail -9
-fi
-if has ttft; then
-  for shape in ${TTFT_SHAPES:-llama-1b llama-7b}; do
-    for pdl in ${TTFT_PDL:-1 0}; do
-      [[ $shape == llama-7b && $pdl == 0 && -z "${TTFT_PDL:-}" ]] && continue
-      SPECPLAY_PDL=$pdl timeout 120 python3 scripts/ttft_probe.py --synthetic $shape 2>&1 | grep -v "compiling\|USDT" \
-        > "$OUT/ttft_${shape}_pdl$pdl.txt"; head -5 "$OUT/ttft_${shape}_pdl$pdl.txt"
-    done
-  done
-fi
-if has round-replay; then
-  timeout 200 python3 scripts/round_replay_probe.py --methods "${REPLAY_METHODS:-none,ngram,draft,eagle,eagle3,eagle3:8}" \
-    2>&1 | grep -v "compiling" | tee "$OUT/round_replay.txt" | tail -30
-fi
-if has host-cost; then
-  timeout 200 python3 scripts/host_cost_probe.py --methods "${HOST_COST_METHODS:-none,ngram,draft,eagle3,medusa}" ${HOST_COST_ARGS:-} \
-    2>&1 | grep -v "compiling" | tee "$OUT/host_cost.txt" | tail -8
 fi
 if has replays; then
   SPECPLAY_SAMPLED_ROUND_GRAPHS=1 SPECPLAY_GEMV_ROWS=8 timeout 120 python3 main.py bench k-sweep --device cuda \

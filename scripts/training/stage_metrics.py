@@ -1,8 +1,9 @@
 """The finished stages' metrics of a training run directory, as one JSON object (the GPU training scripts keep
 it current while they run, so that a run stopped at its limit still brings them back):
 
-    python scripts/stage_metrics.py RUN_DIR OUT.json
+    python scripts/training/stage_metrics.py RUN_DIR OUT.json
 """
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -19,5 +20,16 @@ def main(run: Path, out: Path) -> None:
     out.write_text(json.dumps(found, indent=1))
 
 
+def cli(argv: list) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, metavar="RUN_DIR",
+                        help="a training run directory (one folder a stage)")
+    parser.add_argument("out", type=Path, metavar="OUT.json", help="where the metrics go")
+    args = parser.parse_args(argv)
+    main(args.run, args.out)
+    return 0
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    sys.exit(cli(sys.argv[1:]))

@@ -2,7 +2,7 @@
 before, and a method's decode loop as wall clock per round beside the GPU's busy time per round (the kernels
 that ran and the host functions that took longest).
 
-    python scripts/profile_e2e.py --synthetic llama-1b|shipped [--methods none,draft] [--tokens 128]
+    python scripts/profiling/profile_e2e.py --synthetic llama-1b|shipped [--methods none,draft] [--tokens 128]
 
 GPU busy below the wall clock means the host is the bound; equal means the kernels are.
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PROMPT = "import os\n\n\ndef walk(path):\n    "
 
@@ -68,12 +68,12 @@ def _print_profile(prof, per: int, top: int, what: str) -> None:
 
 
 def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10) -> None:
-    """One batched step (engine.batch_runner) of `batch` sequences, blocks of 1 and of 5 tokens: its time
-    (graph replay, wall clock) and its kernels."""
+    """One batched step (engine.models.batch_runner) of `batch` sequences, blocks of 1 and of 5 tokens: its
+    time (graph replay, wall clock) and its kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.batch_runner import BatchRunner
+    from engine.models.batch_runner import BatchRunner
 
     runner = BatchRunner(target, batch, max_length=prompt + 128)
     device = target.device
@@ -107,7 +107,7 @@ def report_loop(decoder, method: str, tokens: int, top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from engine.config import GenerationConfig
-    from engine.methods import parse_spec
+    from engine.methods.registry import parse_spec
 
     spec = parse_spec(method)  # a name, or NAME:N for a tree of N nodes
     config = GenerationConfig(method=spec.name, tree_nodes=spec.tree_nodes, k=4, max_new_tokens=tokens,
@@ -138,14 +138,8 @@ def report_loop(decoder, method: str, tokens: int, top: int) -> None:
 
 
 def main() -> int:
-    import warnings
-
-    import torch
-
-    from engine.decoder import SpeculativeDecoder
-    from engine.synthetic import build_synthetic_pair
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--synthetic", default="llama-1b", help="a synthetic shape, or 'shipped' for the "
                         "shipped pair")
     parser.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip the prefill report")
@@ -155,12 +149,19 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=0, help="also profile one batched step of this many")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of this script")
     args = parser.parse_args()
+    import warnings
+
+    import torch
+
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.synthetic import build_synthetic_pair
+
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: profile_e2e needs a CUDA GPU (or --device cpu)", file=sys.stderr)
         return 2
     if args.synthetic == "shipped":  # the shipped pair, as the app loads it
-        from engine.models import load_pair
+        from engine.models.loading import load_pair
 
         pair = load_pair(None, None, device=args.device, dtype="bfloat16")
     else:

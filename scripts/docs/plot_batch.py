@@ -2,10 +2,11 @@
 crossover marked. Plain SVG, no plotting library needed.
 
     python main.py bench batch --synthetic llama-8b --batches 1,2,4,8,16,32,64,128,256 --json > batch.json
-    python scripts/plot_batch.py batch.json docs/batch_regime.svg
+    python scripts/docs/plot_batch.py batch.json docs/batch_regime.svg
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -92,11 +93,13 @@ def render(report: dict) -> str:
 
 
 def main(argv: list) -> int:
-    if len(argv) != 2:
-        print("usage: plot_batch.py BENCH.json OUT.svg", file=sys.stderr)
-        return 2
-    report = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    Path(argv[1]).write_text(render(report), encoding="utf-8")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", type=Path, metavar="BENCH.json", help="`bench batch --json` output")
+    parser.add_argument("out", type=Path, metavar="OUT.svg", help="where the SVG plot goes")
+    args = parser.parse_args(argv)
+    report = json.loads(args.report.read_text(encoding="utf-8"))
+    args.out.write_text(render(report), encoding="utf-8")
     return 0
 
 
