@@ -7,7 +7,7 @@ from typing import Optional
 from engine.errors import SpecplayError
 
 SHIPPED_LABEL = "shipped pair"
-THREADS: Optional[int] = None  # `main.py gui --threads N`; None: engine.threads chooses for the models
+THREADS: Optional[int] = None  # `main.py gui --threads N`; None: engine.core.threads chooses for the models
 
 
 def load_decoder(target: Optional[str], draft: Optional[str], device: str = "auto"):
@@ -15,8 +15,8 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     alone: the draft-model method is then unavailable, the model-free ones still work.
 
     The engine is imported here, off the GUI thread, so the window opens whatever the engine's state."""
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
 
     need_draft = target is None or draft is not None
     pair = load_pair(target, draft, device=device, need_draft=need_draft)
@@ -26,10 +26,20 @@ def load_decoder(target: Optional[str], draft: Optional[str], device: str = "aut
     return decoder
 
 
+def shipped_draft() -> Optional[str]:
+    """The shipped draft model's folder (None where the project ships none)."""
+    from engine.models.loading import shipped_pair
+
+    try:
+        return str(shipped_pair()[1])
+    except SpecplayError:
+        return None
+
+
 def set_threads(pair) -> int:
-    """torch's CPU threads for the loaded pair: THREADS, else engine.threads' choice (a small model one
+    """torch's CPU threads for the loaded pair: THREADS, else engine.core.threads' choice (a small model one
     thread, a larger one the physical cores less one, which leaves a core for the window to draw on)."""
-    from engine.threads import apply_threads
+    from engine.core.threads import apply_threads
 
     return apply_threads((pair.target, pair.draft), THREADS)
 
@@ -42,10 +52,10 @@ def preload_engine() -> None:
 
     # with the decoder, what the end of every generation uses on the GUI thread (the kept session, the
     # diagnosis): imported there the first time, they stalled the event loop ~20 ms
-    import engine.decoder  # noqa: F401
-    import engine.diagnose  # noqa: F401
-    import engine.exports  # noqa: F401
-    import engine.models  # noqa: F401
+    import engine.analysis.diagnose  # noqa: F401
+    import engine.core.decoder  # noqa: F401
+    import engine.files.exports  # noqa: F401
+    import engine.models.loading  # noqa: F401
 
 
 def models_label(target: Optional[str], draft: Optional[str]) -> str:

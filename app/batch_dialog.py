@@ -1,6 +1,6 @@
 """K → Batch regime: speculation's measured gain against the batch size, beside the roofline's prediction.
 
-The dialog shows what app.workers.BatchWorker measured (engine.batch_bench's BatchReport): the measured
+The dialog shows what app.workers.BatchWorker measured (engine.bench.batch's BatchReport): the measured
 speedup per batch on a log2 axis, the fitted roofline's predicted curve, a line at 1× and the crossover
 (where the speedup falls below 1) when the measurements reach it, a table of the rows and one suggested
 operating point (speculation on below the crossover, off above it). A stopped or one-batch run shows what it
@@ -20,7 +20,7 @@ CPU_BATCHES = (1, 2, 4, 8, 16, 32)  # what K → Batch regime measures on the CP
 GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_KS = (1, 2, 3, 4, 6, 8)  # the Ks whose best one is predicted per batch
 BATCH_NEW_TOKENS = 32  # new tokens per sequence (B x context bounds the caches' memory)
-# the batched drafting methods (engine.batch.BATCH_METHODS less "none"; EAGLE as its chain)
+# the batched drafting methods (engine.core.batch.BATCH_METHODS less "none"; EAGLE as its chain)
 BATCH_METHODS = ("draft", "ngram", "eagle")
 
 COLUMNS = (("B", "{}", lambda r: r.batch), ("plain tokens/s", "{:.0f}", lambda r: r.plain_tokens_per_s),
@@ -138,7 +138,7 @@ class BatchDialog(QDialog):
         return widget
 
     def _predicted(self, plot):
-        from engine.batch_bench import predicted_curve
+        from engine.bench.batch import predicted_curve
 
         report = self.report
         high = max(r.batch for r in self.rows)

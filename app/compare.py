@@ -1,5 +1,5 @@
 """Comparing runs: the History's selected runs grouped by settings, with the spread of their tokens/s and the
-speedup over plain decoding of the same prompt; and the plain run the TPOT plot draws as its reference line.
+speedup over TPOT_plain (app.figures); and the TPOT_plain the TPOT plot draws as its reference line.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Optional
 
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
+from app import figures
 from app.session import method_label, sampling_label
 
 COLUMNS = ("runs", "method", "K", "speedup", "tokens/s (mean ± sd)", "α", "tokens / forward", "sampling")
@@ -18,47 +19,37 @@ def _key(gen) -> tuple:
     return gen.prompt, gen.models, c.spec, c.k if c.method != "none" else 0, c.sampling, c.seed
 
 
-def _finished(generations) -> list:
-    return [g for g in generations if g.events and g.finish in ("eos", "length")]
-
-
 def _speeds(gens) -> list:
     return [g.events[-1].metrics.tokens_per_s for g in gens]
 
 
-def plain_speed(generations, prompt: str, models: str) -> Optional[float]:
-    """Mean tokens/s of the finished plain runs of this prompt on these models, or None."""
-    plain = [g for g in _finished(generations)
-             if g.config.method == "none" and g.prompt == prompt and g.models == models]
-    return statistics.fmean(_speeds(plain)) if plain else None
-
-
-def plain_reference(generations, gen) -> Optional[tuple]:
-    """(TPOT ms, label) of the latest finished plain run of gen's prompt, for the TPOT plot's reference line;
-    None when the session has none (or gen is one)."""
-    if gen is None or gen.config.method == "none":
+def plain_reference(generations, gen, calibration=None) -> Optional[tuple]:
+    """(TPOT_plain ms, label) for the TPOT and tokens/s plots' reference lines (app.figures: a plain run of
+    the same prompt and settings, else the calibration, labelled so); None for a plain run itself or
+    without either."""
+    if gen is None or figures.is_plain(gen):
         return None
-    plain = [g for g in _finished(generations)
-             if g.config.method == "none" and g.prompt == gen.prompt and g.models == gen.models]
-    if not plain:
+    reference = figures.plain_tpot(generations, gen, calibration)
+    if reference is None:
         return None
-    return plain[-1].events[-1].metrics.tpot_ms, f"plain decoding (#{plain[-1].index})"
+    name = "plain decoding" if reference.measured else "TPOT_plain"
+    return reference.ms, f"{name} ({reference.source})"
 
 
-def compare_rows(selected, generations) -> list:
+def compare_rows(selected, generations, calibration=None) -> list:
     """One row per group of equal settings among `selected` (finished runs only), in first-run order."""
     groups: dict = {}
-    for gen in _finished(selected):
+    for gen in figures.finished(selected):
         groups.setdefault(_key(gen), []).append(gen)
-    return [_row(gens, generations) for gens in groups.values()]
+    return [_row(gens, generations, calibration) for gens in groups.values()]
 
 
-def _row(gens: list, generations) -> dict:
+def _row(gens: list, generations, calibration=None) -> dict:
     first = gens[0]
     c = first.config
     metrics = [g.events[-1].metrics for g in gens]
     speeds = _speeds(gens)
-    plain = plain_speed(generations, first.prompt, first.models)
+    reference = figures.plain_tpot(generations, first, calibration)
     drafted = sum(m.drafted for m in metrics)
     return {
         "runs": ", ".join(f"#{g.index}" for g in gens), "count": len(gens), "method": method_label(c),
@@ -67,17 +58,27 @@ def _row(gens: list, generations) -> dict:
         "tokens_per_forward": statistics.fmean(m.tokens_per_forward for m in metrics),
         "tokens_per_s": statistics.fmean(speeds),
         "tokens_per_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else None,
-        "speedup": statistics.fmean(speeds) / plain if plain else None,
+        "speedup": figures.speedup(statistics.fmean(speeds), reference),
+        "speedup_source": reference.source if reference is not None else None,
     }
 
 
 def row_cells(row: dict) -> list:
     spread = f" ± {row['tokens_per_s_sd']:.1f}" if row["tokens_per_s_sd"] is not None else ""
     return [row["runs"], row["method"], "—" if row["k"] is None else str(row["k"]),
-            "no plain run" if row["speedup"] is None else f"{row['speedup']:.2f}×",
+            _speedup_cell(row),
             f"{row['tokens_per_s']:.1f}{spread} (n={row['count']})",
             "—" if row["alpha"] is None else f"{row['alpha']:.3f}", f"{row['tokens_per_forward']:.2f}",
             row["sampling"]]
+
+
+def _speedup_cell(row: dict) -> str:
+    """'1.80×' over measured plain runs; '1.80× (vs calibration)' over the calibration's TPOT_plain."""
+    if row["speedup"] is None:
+        return "no TPOT_plain"
+    if row["speedup_source"] == figures.CALIBRATION:
+        return f"{row['speedup']:.2f}× (vs calibration)"
+    return f"{row['speedup']:.2f}×"
 
 
 class CompareTable(QTableWidget):
@@ -95,9 +96,9 @@ class CompareTable(QTableWidget):
                         "deviation.")
         self.rows: list = []
 
-    def refresh(self, generations, selected) -> None:
+    def refresh(self, generations, selected, calibration=None) -> None:
         chosen = selected if len(selected) > 1 else generations
-        self.rows = compare_rows(chosen, generations)
+        self.rows = compare_rows(chosen, generations, calibration)
         self.setRowCount(len(self.rows))
         for r, row in enumerate(self.rows):
             for c, text in enumerate(row_cells(row)):

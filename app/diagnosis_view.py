@@ -1,5 +1,6 @@
 """The "Why is it slow?" dock: phase bars of the run against a plain round, and the findings of
-engine.diagnose, each naming the figure it rests on. Also the worker that recalibrates the cost model."""
+engine.analysis.diagnose, each naming the figure it rests on. Also the worker that recalibrates the cost
+model."""
 from __future__ import annotations
 
 import html
@@ -30,12 +31,12 @@ class DiagnosisView(QTextBrowser):
         self.clear()
 
     def show_generation(self, events: list, calibration=None, header: Optional[dict] = None,
-                        replay=None) -> None:
+                        replay=None, plain=None) -> None:
         """Diagnose a generation's events here, on the calling thread (see DiagnosisWorker for the window)."""
-        self.show_diagnosis(*diagnose_generation(events, calibration, header, replay))
+        self.show_diagnosis(*diagnose_generation(events, calibration, header, replay, plain))
 
     def show_diagnosis(self, diagnosis, problem: Optional[str] = None) -> None:
-        """Show a diagnosis (engine.diagnose), or why there is none."""
+        """Show a diagnosis (engine.analysis.diagnose), or why there is none."""
         self.diagnosis = diagnosis
         if diagnosis is not None:
             self.setHtml(diagnosis_html(diagnosis))
@@ -43,13 +44,15 @@ class DiagnosisView(QTextBrowser):
             self.setHtml(f"<b>No diagnosis</b>: {html.escape(problem)}")
 
 
-def diagnose_generation(events: list, calibration=None, header: Optional[dict] = None, replay=None) -> tuple:
+def diagnose_generation(events: list, calibration=None, header: Optional[dict] = None, replay=None,
+                        plain=None) -> tuple:
     """(Diagnosis, None), or (None, why not): a generation's events diagnosed with the calibrated cost model
     (refitted on them). header: the generation's trace header (its settings and prompt ids make the
-    prediction exact where it can be); replay: its rounds replayed at any K (engine.predict.Trace.replay).
+    prediction exact where it can be); replay: its rounds replayed at any K
+    (engine.analysis.predict.Trace.replay); plain: TPOT_plain (app.figures.PlainTpot) as every view shows it.
     No Qt: runs on a worker thread too."""
-    from engine.diagnose import diagnose
-    from engine.predict import trace_from_events
+    from engine.analysis.diagnose import diagnose
+    from engine.analysis.predict import trace_from_events
 
     if not events:
         return None, None
@@ -57,7 +60,8 @@ def diagnose_generation(events: list, calibration=None, header: Optional[dict] =
         trace = trace_from_events(events)
         trace.header = dict(header or {})
         trace.replay = replay
-        return diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS), None
+        where = {} if plain is None else {"plain_ms": plain.ms, "plain_source": plain.source}
+        return diagnose(trace, getattr(calibration, "costs", None), DIAGNOSIS_KS, **where), None
     except (ValueError, ZeroDivisionError, KeyError, AttributeError) as exc:
         return None, str(exc)
 
@@ -67,18 +71,25 @@ class DiagnosisWorker(Worker):
     pure Python that grows with the run (tens of ms for 160 tokens, more for long runs). Posts
     ("diagnosis", Diagnosis or None, problem)."""
 
-    def __init__(self, events: list, calibration=None, header: Optional[dict] = None, replay=None):
+    def __init__(self, events: list, calibration=None, header: Optional[dict] = None, replay=None,
+                 plain=None):
         super().__init__()
-        self.request = (list(events), calibration, header, replay)
+        self.request = (list(events), calibration, header, replay, plain)
 
     def work(self) -> None:
         self.post("diagnosis", *diagnose_generation(*self.request))
 
 
 def diagnosis_html(d) -> str:
-    """Phase bars (ms a round and ms a token) and the findings, as rich text."""
+    """The verdict, phase bars (ms a round and ms a token) and the findings, as rich text."""
     scale = BAR_PX / max(max(b.total_ms for b in d.bars), 1e-9)
-    parts = ["<b>Where a round's time goes</b> (draft / verify / overhead)",
+    parts = []
+    if d.verdict is not None:
+        color = "#1a7f37" if d.verdict.rule == "faster" else "#b42318"
+        parts.append(f"<p style='font-size:large'><font color='{color}'><b>{html.escape(d.verdict.title)}"
+                     f"</b></font>: {html.escape(d.verdict.advice)}<br><i>figure: "
+                     f"{html.escape(d.verdict.figure)}</i></p>")
+    parts += ["<b>Where a round's time goes</b> (draft / verify / overhead)",
              "<table cellspacing='0' cellpadding='1'>"]
     for bar in d.bars:
         cells = "".join(f"<td bgcolor='{color}' width='{max(1, int(getattr(bar, name + '_ms') * scale))}'>"
@@ -91,12 +102,13 @@ def diagnosis_html(d) -> str:
     parts.append(legend)
     best = d.report.best
     parts.append(f"<br>Predicted best K from this run: <b>{best.k}</b> ({best.speedup:.2f}×, {best.basis}); "
-                 f"costs: {html.escape(d.report.costs.describe(d.report.trace.method))}")
-    if not d.findings:
+                 f"costs: {html.escape(d.report.costs.describe(d.report.trace.method, plain=False))}")
+    findings = [f for f in d.findings if f.rule != "slower"]  # the verdict says it first
+    if not findings:
         parts.append("<br><b>Findings</b>: none, the run looks healthy.")
     else:
         parts.append("<br><b>Findings</b><ul>")
-        for f in d.findings:
+        for f in findings:
             parts.append(f"<li><b>{html.escape(f.title)}</b>: {html.escape(f.advice)}<br>"
                          f"<i>figure: {html.escape(f.figure)}</i></li>")
         parts.append("</ul>")

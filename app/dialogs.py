@@ -84,7 +84,7 @@ engine's 0-based <code>round</code>).</p>
 where they were proposed (paler when never reached, because an earlier one was rejected); the target's
 <i>correction</i> (after a rejection) and <i>bonus</i> token (after a fully accepted round) have their own
 colours; thin bars separate rounds. Tree methods (Medusa, lookahead, EAGLE with a tree) show only the accepted
-path inline; the rejected branches fold into one ⑂N mark: hover it to list them, click it to see the tree.</p>
+path inline; the rejected branches fold into one ⋔N mark: hover it to list them, click it to see the tree.</p>
 <h3>Clean text</h3>
 <p><b>Ctrl+T</b> (or the <i>Clean text</i> box) shows only what the model produced, as plain text. Copy
 (<b>Ctrl+C</b>) always gives the clean text, in either view: never rejected drafts, never ↵ marks.</p>
@@ -308,7 +308,7 @@ class SweepDialog(QDialog):
             measured = ", ".join(str(row["k"]) for row in rows)
             verdict = (f"Stopped after K = {measured}: the sweep did not measure every K, so it recommends "
                        "none.")
-        from engine.bench import sweep_steadiness
+        from engine.bench.suite import sweep_steadiness
 
         unsteady = sweep_steadiness(rows)
         summary = QLabel(f"{title}<br>{verdict}" + (_from_run_line(rows) if complete else "")
@@ -381,11 +381,12 @@ METHOD_SWEEP_COLUMNS = (("label", "method", "{}"), ("alpha", "α", "{:.3f}"),
 class MethodSweepDialog(QDialog):
     """Method → Find the fastest method: every method of the menu that the pair can run, measured on the
     prompt beside plain decoding (round-robin, one process); the fastest, and a button that makes it the
-    method of the next runs. rows: engine.bench.bench_methods' (plain decoding's first); left_out: {spec: why
+    method of the next runs. rows: engine.bench.suite.bench_methods' (plain decoding's first); left_out:
+    {spec: why
     it could not run}."""
 
     def __init__(self, parent, rows: list, title: str, left_out: dict):
-        from engine.methods import spec_label
+        from engine.methods.registry import spec_label
 
         super().__init__(parent)
         self.setWindowTitle("Fastest method")
@@ -424,7 +425,7 @@ class MethodSweepDialog(QDialog):
 
 
 def _spec_parts(spec: str) -> tuple:
-    from engine.methods import parse_spec
+    from engine.methods.registry import parse_spec
 
     parsed = parse_spec(spec)
     return parsed.name, parsed.tree_nodes
@@ -443,7 +444,7 @@ class LosslessDialog(QDialog):
     FAIL."""
 
     def __init__(self, parent, title: str, greedy, sampling, sampled_params: SamplingParams, describe_token):
-        from engine.lossless import greedy_summary, sampling_summary
+        from engine.analysis.lossless import greedy_summary, sampling_summary
 
         super().__init__(parent)
         self.setWindowTitle("Lossless check")

@@ -1,5 +1,6 @@
-"""The Session menu's exports and import: every round as metrics CSV or a JSONL trace (engine.metrics,
-engine.trace) that reproduces the run, a saved trace read back for replay, the plots as PNG (2x) or SVG; and
+"""The Session menu's exports and import: every round as metrics CSV or a JSONL trace (engine.core.metrics,
+engine.files.trace) that reproduces the run, a saved trace read back for replay, the plots as PNG (2x) or
+SVG; and
 a K or method sweep's table as CSV.
 
 Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter)`, reports a
@@ -27,7 +28,7 @@ def with_suffix(path: str, suffix: str) -> str:
 
 
 def export_rounds(host, runs: list, fmt: str) -> None:
-    """Write runs (engine.trace.Run) in `fmt` ('csv' or 'jsonl') to a path the user picks."""
+    """Write runs (engine.files.trace.Run) in `fmt` ('csv' or 'jsonl') to a path the user picks."""
     title, file_filter, suffix = ROUND_EXPORTS[fmt]
     if not runs:
         host.show_error(title, "Nothing to export yet: generate something first.")
@@ -36,7 +37,7 @@ def export_rounds(host, runs: list, fmt: str) -> None:
     if not path:
         return
     path = with_suffix(path, suffix)
-    from engine.exports import export_runs
+    from engine.files.exports import export_runs
 
     try:  # whole or not at all: a temporary file renamed into place; a path another run writes is refused
         rows = export_runs(path, fmt, runs)
@@ -50,12 +51,12 @@ TABLE_FILTER = "CSV (*.csv)"
 
 
 def export_table(host, title: str, rows: list) -> None:
-    """Write a sweep's measured rows (engine.exports.export_table) to a CSV path the user picks."""
+    """Write a sweep's measured rows (engine.files.exports.export_table) to a CSV path the user picks."""
     path = host.ask_save_path(title, TABLE_FILTER)
     if not path:
         return
     path = with_suffix(path, ".csv")
-    from engine.exports import export_table as write
+    from engine.files.exports import export_table as write
 
     try:
         written = write(path, rows)
@@ -70,7 +71,7 @@ def read_trace(host, path: str):
     import os
     import stat
 
-    from engine.trace import read_trace as read
+    from engine.files.trace import read_trace as read
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block the GUI thread

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Optional
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QFontDatabase, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -35,12 +35,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import autosave, backend, batch_dialog, exports, gc_guard, style
+from app import autosave, backend, batch_dialog, exports, figures, gc_guard, style
+from app.banner import Banner
 from app.compare import CompareTable, plain_reference
 from app.diagnosis_view import CalibrateWorker, DiagnosisView, DiagnosisWorker
 from app.dialogs import HelpDialog, LosslessDialog, MethodSweepDialog, SamplingDialog, SweepDialog
 from app.jobs import JobSlot
-from app.menus import Menus
+from app.menus import Menus, spec_text
 from app.plot_data import PlotBuffers
 from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
@@ -59,7 +60,7 @@ from app.workers import (
 )
 from engine.config import SamplingParams
 from engine.errors import SpecplayError
-from engine.methods import parse_spec, runnable_menu_specs
+from engine.methods.registry import parse_spec, runnable_menu_specs
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
@@ -93,6 +94,7 @@ class MainWindow(QMainWindow):
         self.session = Session()
         self.decoder = None
         self.calibration = None
+        self._wanted_method: Optional[str] = None  # the method a load switched away from (it comes back)
         self.availability: dict = {}
         self.target_path: Optional[str] = None
         self.draft_path: Optional[str] = None
@@ -191,6 +193,8 @@ class MainWindow(QMainWindow):
     def _output_area(self) -> QWidget:
         column = QVBoxLayout()
         column.setContentsMargins(0, 0, 0, 0)
+        self.banner = Banner()  # what the app changed on its own (a dropped draft, a switched method)
+        column.addWidget(self.banner)
         top = QHBoxLayout()
         top.addWidget(self.legend, 1)
         top.addWidget(self.clean_toggle)
@@ -229,6 +233,26 @@ class MainWindow(QMainWindow):
         self.diagnosis_dock = self._dock("Why is it slow?", "diagnosisDock", self.diagnosis,
                                          Qt.RightDockWidgetArea)
 
+    def _raising_action(self, dock: QDockWidget) -> QAction:
+        """A View menu entry that brings a dock into sight: one that is open but hidden behind a tab is
+        raised (a toggle would close it on the first click); one in sight is closed."""
+        action = QAction(dock.windowTitle(), self)
+        action.setCheckable(True)
+        action.setChecked(dock.isVisible())
+        dock.visibilityChanged.connect(lambda _: action.setChecked(not dock.isHidden()))
+
+        def bring() -> None:
+            in_sight = dock.isVisible() and not dock.visibleRegion().isEmpty()
+            if in_sight:
+                dock.hide()
+            else:
+                dock.show()
+                dock.raise_()
+            action.setChecked(not dock.isHidden())
+
+        action.triggered.connect(bring)
+        return action
+
     def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
         dock.setObjectName(name)
@@ -239,7 +263,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         view_actions = [self.plots_action, self.tree_action, self.compare_action,
                         self.history_dock.toggleViewAction(), self.inspector_dock.toggleViewAction(),
-                        self.diagnosis_dock.toggleViewAction()]
+                        self._raising_action(self.diagnosis_dock)]
         m = self.menus = Menus(self, view_actions, SWEEP_KS)
         self.method_actions, self.k_actions = m.method_actions, m.k_actions  # keyed by spec string and by K
         self.theme_actions, self.greedy_action = m.theme_actions, m.greedy_action
@@ -396,14 +420,19 @@ class MainWindow(QMainWindow):
             self.load_models(self.settings.optional_path("models/target"),
                              self.settings.optional_path("models/draft"), quiet=True)
 
-    def load_models(self, target: Optional[str], draft: Optional[str], quiet: bool = False) -> bool:
+    def load_models(self, target: Optional[str], draft: Optional[str], quiet: bool = False,
+                    draft_optional: bool = False) -> bool:
+        """Load a pair off the GUI thread. draft_optional: a draft kept from the last pair, loaded with the
+        new target where it fits it, dropped (with a banner) where it does not."""
         if self.load_slot.busy or self.running:
             self.show_error("Busy", "Wait for the current generation or model load to finish.")
             return False
         self._pending = (target, draft, quiet)
-        worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"))
+        worker = LoadWorker(self.loader, target, draft, self.device, self.settings.get("decode/k"),
+                            draft_optional)
         self._start_job(self.load_slot, worker, f"Loading {backend.models_label(target, draft)}…",
-                        loaded=self._models_loaded, failed=self._models_failed, done=self._load_done)
+                        loaded=self._models_loaded, failed=self._models_failed, done=self._load_done,
+                        draft_dropped=self._draft_dropped)
         self.set_progress(0, 2, "Loading the models (1 of 2)…")
         return True
 
@@ -421,8 +450,14 @@ class MainWindow(QMainWindow):
         self._fall_back_if_unavailable()
         if self.shown is None:
             self.view.show_message(f"Loaded {self.models} on {decoder.device_name}. Type a prompt and press "
-                                   "Ctrl+Enter.")
+                                   "Ctrl+Enter. F1 opens Help: what every view and number means.")
         self.show_status(f"Loaded {self.models}", 5000)
+
+    def _draft_dropped(self, draft: str, why: str) -> None:
+        target, _, quiet = self._pending
+        self._pending = (target, None, quiet)
+        self.banner.notify(f"The draft model {draft} does not fit the target {target}, so the target loaded "
+                           f"alone: {why}")
 
     def _models_failed(self, message: str) -> None:
         quiet = self._pending[2]
@@ -439,15 +474,30 @@ class MainWindow(QMainWindow):
         self._job_ended()
 
     def _fall_back_if_unavailable(self) -> None:
-        method = parse_spec(self.settings.get(METHOD_KEY)).name
-        if self.availability.get(method, "unknown") is not None:
+        """A method the new models cannot run gives way to one they can, with a banner; the method the user
+        chose comes back, with a banner too, once a later pair runs it."""
+        wanted = self._wanted_method
+        if wanted and self.availability.get(parse_spec(wanted).name) is None:
+            self._wanted_method = None
+            if wanted != self.settings.get(METHOD_KEY):
+                self.settings.set(METHOD_KEY, wanted)
+                self.banner.notify(f"Method back to {spec_text(wanted)}: these models run it.")
+            return
+        spec = self.settings.get(METHOD_KEY)
+        why = self.availability.get(parse_spec(spec).name, "unknown to these models")
+        if why is not None:
             fallback = "draft" if self.availability.get("draft", "x") is None else "none"
             self.settings.set(METHOD_KEY, fallback)
+            self._wanted_method = self._wanted_method or spec
+            self.banner.notify(f"Method switched from {spec_text(spec)} to {spec_text(fallback)}: {why}. "
+                               "It comes back when models that run it are loaded.")
 
     def open_target_folder(self) -> None:
+        """A new target keeps the draft in use (the shipped draft too) where it fits it."""
         path = self.ask_directory("Open target model folder")
         if path:
-            self.load_models(path, self.draft_path)
+            draft = self.draft_path or (backend.shipped_draft() if self.target_path is None else None)
+            self.load_models(path, draft, draft_optional=True)
 
     def open_draft_folder(self) -> None:
         path = self.ask_directory("Open draft model folder")
@@ -461,6 +511,7 @@ class MainWindow(QMainWindow):
     def set_method(self, spec: str) -> None:
         """Pick a method spec of the Method menu ('draft', 'eagle:8')."""
         self.settings.set(METHOD_KEY, spec)
+        self._wanted_method = None  # the user's own choice: nothing to bring back
         self._refresh_all()
 
     def set_k(self, k: int) -> None:
@@ -637,7 +688,7 @@ class MainWindow(QMainWindow):
         gen.suffix_replay = backend.suffix_replay(self.decoder, gen.config)
         self._diagnose(gen)
         self._job_ended()
-        self.compare.refresh(self.session.generations, self._selected_generations())
+        self._refresh_figures(diagnosed=gen)
         self.keep_session()
         self._next_repeat(gen)
 
@@ -834,7 +885,7 @@ class MainWindow(QMainWindow):
     def _selection_changed(self) -> None:
         """Several runs selected: overlay them on the plots and list them in the Compare table."""
         selected = self._selected_generations()
-        self.compare.refresh(self.session.generations, selected)
+        self.compare.refresh(self.session.generations, selected, self.calibration)
         if len(selected) > 1:
             self.compare_dock.show()
         if self.shown is not None:
@@ -860,8 +911,28 @@ class MainWindow(QMainWindow):
         """The shown run's plots; the other selected runs overlaid; a plain run's TPOT as reference."""
         others = [g for g in self._selected_generations() if g is not gen]
         self.plots.set_buffers(gen.buffers, [(f"#{g.index} {g.config.spec}", g.buffers) for g in others])
-        reference = plain_reference(self.session.generations, gen)
+        gen.buffers.set_plain(self.plain_tpot(gen))
+        reference = plain_reference(self.session.generations, gen, self.calibration)
         self.plots.set_reference(*reference if reference else (None,))
+        self._refresh_status()
+
+    def plain_tpot(self, gen: Optional[Generation]):
+        """TPOT_plain for gen (app.figures): its plain runs', else the calibration's; the one value every view
+        shows."""
+        return figures.plain_tpot(self.session.generations, gen, self.calibration)
+
+    def _refresh_figures(self, diagnosed: Optional[Generation] = None) -> None:
+        """A run ended: TPOT_plain may now be measured. Every generation's plots, the Compare table, the
+        status bar and the shown run's plots and diagnosis (unless it is `diagnosed`, just asked for) take
+        the new value at once."""
+        for gen in self.session.generations:
+            gen.buffers.set_plain(self.plain_tpot(gen))
+        self.compare.refresh(self.session.generations, self._selected_generations(), self.calibration)
+        if self.shown is not None:
+            self._render_plots(self.shown)
+            if not self.shown.running and self.shown is not diagnosed:
+                self._diagnose(self.shown)
+        self._refresh_status()
 
     def _diagnose(self, gen: Generation) -> None:
         """Why is it slow? for this generation, off the GUI thread (DiagnosisWorker); asked again while one
@@ -870,7 +941,8 @@ class MainWindow(QMainWindow):
             self._diagnosis_wanted = gen
             return
         self._diagnosing = gen
-        worker = DiagnosisWorker(gen.events, gen.calibration, gen.header(), gen.replay())
+        worker = DiagnosisWorker(gen.events, gen.calibration, gen.header(), gen.replay(),
+                                 self.plain_tpot(gen))
         self.diagnosis_slot.start(worker, diagnosis=self._on_diagnosis, done=self._on_diagnosis_done)
 
     def _on_diagnosis(self, diagnosis, problem) -> None:
@@ -963,15 +1035,16 @@ class MainWindow(QMainWindow):
     def restore_session(self) -> int:
         """The generations of the window's last life (app.autosave), back in the History; returns how many."""
         runs, problem = autosave.load(self.settings.session_path())
-        if problem:
+        if problem:  # the window opens anyway, and says what it set aside
             self.show_status(problem, SESSION_NOTICE_MS)
         if not runs:
             return 0
         self._add_runs(runs, LAST_SESSION)
         for gen in self.session.generations:
             gen.kept = True  # already in the folder
-        self.show_status(f"Restored {len(runs)} generations of the last session (Session → Clear session "
-                         f"starts afresh)", SESSION_NOTICE_MS)
+        restored = (f"Restored {len(runs)} generations of the last session (Session → Clear session "
+                    f"starts afresh)")
+        self.show_status(f"{restored}. {problem}" if problem else restored, SESSION_NOTICE_MS)
         return len(runs)
 
     def keep_session(self) -> None:
@@ -1069,11 +1142,23 @@ class MainWindow(QMainWindow):
         config = s.config()
         k = "" if config.method == "none" else f", K={config.k}"  # plain decoding has no K
         labels["method"].setText(f"{method_label(config)}{k}, {sampling_label(config.sampling, config.seed)}")
-        cal = self.calibration
-        labels["calibration"].setText(f"TPOT_plain {cal.target_step_ms:.2f} ms · c {cal.c:.2f}" if cal else
-                                      "TPOT_plain — · c —")
+        labels["calibration"].setText(self._figures_text(config))
         if not labels["live"].text():
             labels["live"].setText("α — · — tok/s")
+
+    def _figures_text(self, config) -> str:
+        """The status bar's TPOT_plain (for the run shown, as every view has it) and c of the method."""
+        shown = self.shown if self.shown is not None and self.shown.events else None
+        plain = self.plain_tpot(shown)
+        text = plain.label() if plain is not None else "TPOT_plain —"
+        method = shown.config.method if shown is not None else config.method
+        c = figures.c_of(self.calibration, method)
+        if c is not None:
+            text += f" · c {c:.2f} ({method})"
+        speedup = figures.run_speedup(self.session.generations, shown, self.calibration)
+        if speedup is not None and method != "none":
+            text += f" · speedup {speedup:.2f}×"
+        return text
 
     def _refresh_live(self, event) -> None:
         m = event.metrics

@@ -1,13 +1,13 @@
 """The window's menu bar. `Menus` builds it from the window's commands and keeps the actions the window
 checks, enables and disables. The Method menu's entries come from the method registry
-(engine.methods.MENU_SPECS), keyed by their spec string ('draft', 'eagle:8')."""
+(engine.methods.registry.MENU_SPECS), keyed by their spec string ('draft', 'eagle:8')."""
 from __future__ import annotations
 
 from typing import Optional
 
 from PySide6.QtGui import QActionGroup, QKeySequence
 
-from engine.methods import MENU_SPECS, parse_spec
+from engine.methods.registry import MENU_SPECS, parse_spec
 
 K_CHOICES = range(1, 17)
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
@@ -71,6 +71,10 @@ class Menus:
             action.triggered.connect(lambda _=False, value=k: w.set_k(value))
             group.addAction(action)
             self.k_actions[k] = action
+        menu.addSeparator()
+        # the shortcuts are the window's (they work wherever the focus is); the menu names them
+        self.k_up_action = menu.addAction("Larger K\tCtrl+]", lambda: w.step_k(1))
+        self.k_down_action = menu.addAction("Smaller K\tCtrl+[", lambda: w.step_k(-1))
         menu.addSeparator()
         self.sweep_action = menu.addAction("Find the fastest K…", w.find_fastest_k)
         self.sweep_action.setShortcut("Ctrl+K")

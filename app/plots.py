@@ -238,6 +238,7 @@ class PlotPanel(QWidget):
                 self.tabs.addTab(widget, title)
             else:
                 self.grid.addWidget(widget, *getattr(widget, "grid_cell", (1, 9, 1, 3)))
+                widget.show()  # the tabs hid every page but the current one: back in the grid, all show
         self.stack.setCurrentIndex(1 if self.compact else 0)
 
     def set_compact(self, compact: bool) -> None:

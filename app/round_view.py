@@ -80,7 +80,7 @@ def round_tokens(event, clean: bool = False) -> list:
              for i, d in enumerate(accepted) if i < emitted]
     rejected = [drafted_info(event, d, REJECTED if d.tested else UNTESTED, None) for d in rest]
     if not clean and rejected and is_tree(event):
-        infos.append(TokenInfo(BRANCHES, event.round, f"⑂{len(rejected)}", branches=rejected))
+        infos.append(TokenInfo(BRANCHES, event.round, f"⋔{len(rejected)}", branches=rejected))
     elif not clean:
         infos += rejected
     if emitted > len(accepted):

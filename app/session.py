@@ -5,8 +5,8 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from app.plot_data import PlotBuffers
-from engine.methods import spec_label
-from engine.trace import Run, make_header
+from engine.files.trace import Run, make_header
+from engine.methods.registry import spec_label
 
 
 def method_label(config) -> str:
@@ -28,7 +28,7 @@ def sampling_label(sampling, seed: int) -> str:
 
 @dataclass(frozen=True)
 class SavedCalibration:
-    """A trace's calibration (engine.decoder.Calibration's fields), for its replay's TPOT prediction."""
+    """A trace's calibration (engine.core.decoder.Calibration's fields), for its replay's TPOT prediction."""
 
     target_step_ms: float
     draft_step_ms: float
@@ -82,24 +82,24 @@ class Generation:
         return self.finish in ("eos", "length")
 
     def header(self) -> dict:
-        """This generation's trace header (engine.trace): prompt, settings, models, device, versions."""
+        """This generation's trace header (engine.files.trace): prompt, settings, models, device, versions."""
         o, cal = self.origin, self.calibration
         header = make_header(self.prompt, self.config, o.get("target"), o.get("draft"), o.get("device"),
                              o.get("dtype"), self.index, o.get("prompt_ids"))
         if cal is not None:  # an extra key: the TPOT prediction of a replay uses the machine that ran it
             header["calibration"] = {"target_step_ms": cal.target_step_ms, "draft_step_ms": cal.draft_step_ms}
         if self.suffix_replay is not None:  # what suffix decoding's memory held: a reader may rebuild it
-            from engine.drafters.suffix import memory_fingerprint
+            from engine.methods.suffix.drafter import memory_fingerprint
 
             header["suffix_memory"] = memory_fingerprint(*self.suffix_replay)
         return header
 
     def replay(self):
-        """K -> this generation's rounds replayed (engine.predict.Trace.replay), or None."""
+        """K -> this generation's rounds replayed (engine.analysis.predict.Trace.replay), or None."""
         if self.suffix_replay is None or not self.origin.get("prompt_ids") or not self.finished_ok:
             return None
-        from engine.drafters.suffix import generations_replay
-        from engine.methods import node_budget
+        from engine.methods.registry import node_budget
+        from engine.methods.suffix.drafter import generations_replay
 
         documents, vocab = self.suffix_replay
         output = [t for e in self.events for t in e.emitted_ids]
@@ -160,7 +160,7 @@ class Session:
         ones, in order); None otherwise. Its diagnosis then replays every K exactly, as for a live run."""
         if gen.config.method != "suffix" or not isinstance(fingerprint, dict):
             return None
-        from engine.drafters.suffix import memory_from_generations
+        from engine.methods.suffix.drafter import memory_from_generations
 
         earlier = self.suffix_generations(gen.origin.get("target"), self.generations[:gen.index - 1])
         documents = memory_from_generations(earlier, fingerprint)
@@ -174,7 +174,7 @@ class Session:
                 if g.config.method == "suffix" and g.origin.get("target") == target and g.events]
 
     def runs(self) -> list:
-        """Every generation as an engine.trace.Run: what the exporters take."""
+        """Every generation as an engine.files.trace.Run: what the exporters take."""
         return [g.to_run() for g in self.generations if g.events]
 
     def clear(self) -> None:

@@ -9,12 +9,12 @@ from PySide6.QtCore import QByteArray, QSettings
 
 from engine.config import MAX_K, MAX_TEMPERATURE, MIN_TEMPERATURE, GenerationConfig, SamplingParams
 from engine.errors import SpecplayError
-from engine.methods import parse_spec
+from engine.methods.registry import parse_spec
 
 ORGANIZATION = "specplay"
 APPLICATION = "specplay"
 
-METHOD_KEY = "decode/method"  # a method spec of engine.methods: 'draft', 'eagle:8'
+METHOD_KEY = "decode/method"  # a method spec of engine.methods.registry: 'draft', 'eagle:8'
 DEFAULTS = {
     "models/target": "",
     "models/draft": "",

@@ -300,5 +300,6 @@ class TreePanel(QWidget):
 
     def _label(self) -> None:
         total = len(self.events)
-        self.position.setText(f"round {self.index + 1} of {total}" + (" (live)" if self.following else "")
+        live = self.following and total and not getattr(self.events[-1], "finished", True)
+        self.position.setText(f"round {self.index + 1} of {total}" + (" (live)" if live else "")
                               if self.index >= 0 else "no round")

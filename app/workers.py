@@ -82,7 +82,8 @@ class GenerationWorker(DecoderWorker):
 
 
 class SweepWorker(DecoderWorker):
-    """Measures the speedup of each K on the prompt (engine.bench.steadiest_k_sweep); one ("row", dict) per
+    """Measures the speedup of each K on the prompt (engine.bench.suite.steadiest_k_sweep); one ("row", dict)
+    per
     K. While the machine's speed moved during a sweep it sweeps again, once: ("again", n) before sweep n,
     and at the end ("steadiest", rows) with the sweep kept."""
 
@@ -97,7 +98,7 @@ class SweepWorker(DecoderWorker):
         return not self._stop.is_set()
 
     def work(self) -> None:
-        from engine.bench import steadiest_k_sweep
+        from engine.bench.suite import steadiest_k_sweep
 
         rows, swept = steadiest_k_sweep(self.decoder, [self.prompt], self.config, self.ks, passes=self.passes,
                                         progress=self._report, again=lambda n: self.post("again", n))
@@ -106,7 +107,7 @@ class SweepWorker(DecoderWorker):
 
 
 class MethodSweepWorker(DecoderWorker):
-    """Measures the given method specs on the prompt, round-robin with plain decoding (engine.bench's
+    """Measures the given method specs on the prompt, round-robin with plain decoding (engine.bench.suite's
     bench_methods): ("progress", done, total, text) after each generation, then ("rows", rows) unless
     stopped."""
 
@@ -119,7 +120,7 @@ class MethodSweepWorker(DecoderWorker):
         return not self._stop.is_set()
 
     def work(self) -> None:
-        from engine.bench import bench_methods
+        from engine.bench.suite import bench_methods
 
         rows = bench_methods(self.decoder, [self.prompt], self.config, self.specs, progress=self._report)
         if rows:
@@ -127,7 +128,7 @@ class MethodSweepWorker(DecoderWorker):
 
 
 class BatchWorker(DecoderWorker):
-    """The batch regime (engine.batch_bench.bench_batch): a BatchDecoder over the loaded decoder's models (no
+    """The batch regime (engine.bench.batch.bench_batch): a BatchDecoder over the loaded decoder's models (no
     reload) decodes the prompt at each batch size, plainly and speculatively; one ("row", BatchRow) per batch
     (the stop flag is read after each, so a stop ends the run after the batch it is measuring), then
     ("report", BatchReport) of the measured batches with the roofline fit."""
@@ -142,7 +143,7 @@ class BatchWorker(DecoderWorker):
         return not self._stop.is_set()
 
     def work(self) -> None:
-        from engine.batch_bench import bench_batch
+        from engine.bench.batch import bench_batch
 
         report = bench_batch(batch_decoder(self.decoder), [self.prompt], self.config, self.batches, self.ks,
                              progress=self._report)
@@ -152,7 +153,7 @@ class BatchWorker(DecoderWorker):
 def batch_decoder(decoder):
     """A BatchDecoder sharing the loaded decoder's model pair (weights used as they are), kernels and EAGLE
     head (loaded on first use)."""
-    from engine.batch import BatchDecoder
+    from engine.core.batch import BatchDecoder
 
     pair = getattr(decoder, "pair", None)
     if pair is None:
@@ -162,7 +163,8 @@ def batch_decoder(decoder):
 
 
 class LosslessWorker(DecoderWorker):
-    """Checks that the method did not change the output (engine.lossless): posts ("greedy", GreedyReport),
+    """Checks that the method did not change the output (engine.analysis.lossless): posts ("greedy",
+    GreedyReport),
     then ("sampling", ChiSquareReport, or None when stopped) for `sampled_config` over `samples` seeds."""
 
     def __init__(self, decoder, prompt: str, config, sampled_config, samples: int):
@@ -171,7 +173,7 @@ class LosslessWorker(DecoderWorker):
         self.samples = samples
 
     def work(self) -> None:
-        from engine.lossless import check_greedy, check_sampling
+        from engine.analysis.lossless import check_greedy, check_sampling
 
         self.post("greedy", check_greedy(self.decoder, self.prompt, self.config))
         self.post("sampling", check_sampling(self.decoder, self.prompt, self.sampled_config, self.samples,
@@ -186,16 +188,30 @@ class LoadWorker(Worker):
     """Loads a decoder with `loader(target, draft, device)`, calibrates it for K and posts
     ("loaded", decoder, calibration); calibration is None when it failed. Loading cannot be interrupted."""
 
-    def __init__(self, loader, target, draft, device: str, k: int):
+    def __init__(self, loader, target, draft, device: str, k: int, draft_optional: bool = False):
         super().__init__()
         self.loader = loader
         self.args = (target, draft, device)
         self.k = k
+        self.draft_optional = draft_optional  # a draft kept from the last pair: dropped if it does not fit
 
     def work(self) -> None:
-        decoder = self.loader(*self.args)
+        decoder = self._load()
         self.post("progress", 1, 2, "Calibrating: timing one target and one draft step (2 of 2)…")
         self.post("loaded", decoder, self._calibrate(decoder))
+
+    def _load(self):
+        """The pair; with draft_optional, the target alone when the draft does not fit it (posts
+        ("draft_dropped", draft, why))."""
+        target, draft, device = self.args
+        if not (self.draft_optional and draft):
+            return self.loader(*self.args)
+        try:
+            return self.loader(target, draft, device)
+        except SpecplayError as exc:
+            decoder = self.loader(target, None, device)
+            self.post("draft_dropped", draft, str(exc))
+            return decoder
 
     def _calibrate(self, decoder):
         try:

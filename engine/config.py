@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from engine import methods
 from engine.errors import SpecplayError
+from engine.methods import registry as methods
 
 MAX_K = 32
 MIN_TEMPERATURE = 1e-4  # below it (but above 0) logits / T overflows; 0 is greedy
@@ -119,6 +119,11 @@ class GenerationConfig:
         """This config with the method (and tree size) of a spec such as 'eagle:8'."""
         parsed = methods.parse_spec(spec)
         return replace(self, method=parsed.name, tree_nodes=parsed.tree_nodes)
+
+    def plain(self) -> "GenerationConfig":
+        """The plain decoding run this config is compared with: the same prompt settings, no drafting method
+        and so no tree size (a tree method's reference run would otherwise be refused)."""
+        return replace(self, method="none", tree_nodes=0)
 
     def to_dict(self) -> dict:
         return asdict(self)

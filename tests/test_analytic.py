@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from engine import analytic
+from engine.analysis import analytic
 
 
 @pytest.mark.parametrize("alpha,k,expected", [(0.7, 4, 2.77), (0.8, 4, 3.36), (0.4, 4, 1.65)])

@@ -31,9 +31,9 @@ from app.round_view import (
 )
 from app.settings import AppSettings
 from app.workers import Worker
+from engine.core.metrics import MetricsAccumulator
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent, RoundMetrics
-from engine.metrics import MetricsAccumulator
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
 backend.preload_engine()  # as run_gui does: torch is imported once, on the main thread
@@ -392,7 +392,7 @@ def test_a_k_sweep_on_a_drifting_machine_sweeps_again_and_shows_the_steadiest(qt
     """The first sweep's plain runs drift (the steadiness warning): the window clears its rows, sweeps again,
     and the dialog shows the second, steady sweep without the warning."""
     from app.main_window import SWEEP_KS
-    from engine import bench
+    from engine.bench import suite as bench
 
     def sweep(plain, speedup):
         calibrated_ms = 1000 / plain[0]
@@ -593,7 +593,7 @@ def test_an_unknown_stored_method_reads_as_the_default():
 
 
 def test_method_menu_comes_from_the_registry(make_window):
-    from engine.methods import MENU_SPECS, parse_spec, spec_label
+    from engine.methods.registry import MENU_SPECS, parse_spec, spec_label
 
     window = make_window(start=False)
     assert list(window.method_actions) == list(MENU_SPECS)
@@ -1284,7 +1284,7 @@ def test_tree_rounds_keep_the_accepted_path_inline_and_fold_the_branches(qtbot, 
     event = tree_round()
     window.view.show_generation("p", [event])
     spans = [(k, t) for k, t, _ in window.view.rendered_spans()]
-    assert spans[1:] == [(ACCEPTED, "t0"), (ACCEPTED, "t2"), (BRANCHES, "⑂3"), (CORRECTION, "Z")]
+    assert spans[1:] == [(ACCEPTED, "t0"), (ACCEPTED, "t2"), (BRANCHES, "⋔3"), (CORRECTION, "Z")]
     marker = next(i for i in window.view.tokens if i.kind == BRANCHES)
     assert [b.text for b in marker.branches] == ["t1", "t3", "t4"] and "t3" in describe(marker)
 

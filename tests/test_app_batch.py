@@ -11,8 +11,9 @@ from app import backend
 from app.batch_dialog import BatchDialog, suggestion
 from app.dialogs import HELP_HTML
 from app.main_window import MainWindow
-from engine import batch_bench, roofline
-from engine.batch_bench import BatchReport, BatchRow
+from engine.bench import batch as batch_bench
+from engine.bench import roofline
+from engine.bench.batch import BatchReport, BatchRow
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
 backend.preload_engine()

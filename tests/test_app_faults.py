@@ -8,7 +8,7 @@ import pytest
 from test_app import FakeDecoder, generate, make_window  # noqa: F401 - make_window is a fixture
 
 from app.settings import DEFAULTS, AppSettings
-from engine.metrics import csv_header
+from engine.core.metrics import csv_header
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
 FINISH = csv_header().index("finish_reason")

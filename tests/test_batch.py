@@ -9,18 +9,18 @@ import torch
 from spec_fixtures import make_perturbed_copy
 from tiny_models import make_tiny_llama
 
-from engine import roofline
-from engine.analytic import chi2_sf
-from engine.batch import BATCH_METHODS, BatchDecoder, BatchDraft, pad_for_verify
-from engine.batch_cli import read_prompts_file
-from engine.batch_runner import BatchRunner
-from engine.cli import main
+from engine.analysis.analytic import chi2_sf
+from engine.analysis.lossless import chi_square, exact_two_token_distribution
+from engine.bench import roofline
+from engine.cli.batch import read_prompts_file
+from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
+from engine.core.batch import BATCH_METHODS, BatchDecoder, BatchDraft, pad_for_verify
+from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
 from engine.kernels import reference
-from engine.lossless import chi_square, exact_two_token_distribution
-from engine.models import load_pair
+from engine.models.batch_runner import BatchRunner
+from engine.models.loading import load_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a", "def f(x):\n    return x + 1\n\ndef g(x):\n",
            "hello hello hello world"]
@@ -296,7 +296,7 @@ def test_batched_eagle_needs_a_head_and_a_chain(pair, eagle_pair):
 @pytest.fixture
 def padded_rounds(monkeypatch):
     """Counts the rounds whose drafts were ragged (padded with the impossible column)."""
-    import engine.batch as batch_module
+    import engine.core.batch as batch_module
 
     count = [0]
     original = batch_module.pad_for_verify
@@ -462,7 +462,7 @@ def test_bench_batch_json(dirs, capsys):
                 "measured_bandwidth", "fit_bandwidth"):
         assert key in report
     # a saved report refitted from its own measurements gives its predictions back
-    from engine.batch_bench import refit_report
+    from engine.bench.batch import refit_report
 
     again = refit_report(json.loads(json.dumps(report)))
     assert again["fit"] == pytest.approx(report["fit"])
@@ -587,7 +587,7 @@ def test_plot_script_writes_an_svg(tmp_path):
 
 
 def test_per_position_acceptance_from_outcomes():
-    from engine.batch import BatchResult
+    from engine.core.batch import BatchResult
 
     result = BatchResult([], "draft", 3, outcomes={(3, 0): 2, (3, 3): 1, (3, 1): 1, (1, 1): 1})
     # depth 0: tested 5, accepted 3; depth 1: tested 2 ((3,3), (3,1)), accepted 1; depth 2: 1 of 1
@@ -597,7 +597,7 @@ def test_per_position_acceptance_from_outcomes():
 def test_every_batch_size_decodes_the_whole_prompt_pool():
     """bench batch's prompt groups: B = 1 decodes every prompt of the pool, not the first alone, so the
     tokens per round of each batch size come from the same prompts."""
-    from engine.batch_bench import prompt_groups
+    from engine.bench.batch import prompt_groups
 
     pool = ["a", "b", "c", "d"]
     assert prompt_groups(pool, 1) == [["a"], ["b"], ["c"], ["d"]]
@@ -610,7 +610,8 @@ def test_every_batch_size_decodes_the_whole_prompt_pool():
 def test_timed_runs_of_every_group_reuse_the_warmed_caches(pair, monkeypatch):
     """B = 1 over a pool of prompts of different lengths: the warm-up takes the longest prompt's group, so no
     timed run allocates a batched cache (nor captures its steps) for a longer context."""
-    from engine import batch, batch_bench
+    from engine.bench import batch as batch_bench
+    from engine.core import batch
 
     built = []
     real = batch.BatchRunner
@@ -643,7 +644,7 @@ def test_timed_runs_of_every_group_reuse_the_warmed_caches(pair, monkeypatch):
 
 
 def test_merged_results_sum_batches_run_one_after_another():
-    from engine.batch import BatchResult, SequenceResult, merged_results
+    from engine.core.batch import BatchResult, SequenceResult, merged_results
 
     def result(tokens: list, rounds: int, seconds: float, outcomes: dict) -> BatchResult:
         seqs = [SequenceResult(i, 5, ids=list(range(t))) for i, t in enumerate(tokens)]
@@ -663,15 +664,15 @@ def test_merged_results_sum_batches_run_one_after_another():
 
 
 def test_cli_glue_stays_light():
-    """engine.cli imports the glue at start-up: it must not pull in torch (every CLI call would pay)."""
+    """engine.cli.main imports the glue at start-up: it must not pull in torch (every CLI call would pay)."""
     import subprocess
     import sys
 
-    code = "import sys, engine.cli; print('torch' in sys.modules)"
+    code = "import sys, engine.cli.main; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert out.stdout.strip() == "False"
-    from engine import batch_cli
+    from engine.cli import batch as batch_cli
 
     assert batch_cli.BATCH_METHODS == BATCH_METHODS
 
@@ -739,7 +740,7 @@ def test_roofline_fit_joins_the_roofs_smoothly_where_the_steps_turn_gradually():
 
 
 def test_bench_batch_stops_when_progress_says_so_and_reports_what_it_measured(pair):
-    from engine import batch_bench
+    from engine.bench import batch as batch_bench
 
     seen = []
 

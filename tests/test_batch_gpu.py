@@ -11,10 +11,10 @@ from spec_fixtures import make_perturbed_copy  # noqa: E402
 from test_batch import BUDGETS, PROMPTS  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402
 
-from engine.batch import BatchDecoder  # noqa: E402
 from engine.config import GenerationConfig  # noqa: E402
-from engine.decoder import SpeculativeDecoder  # noqa: E402
-from engine.models import load_pair  # noqa: E402
+from engine.core.batch import BatchDecoder  # noqa: E402
+from engine.core.decoder import SpeculativeDecoder  # noqa: E402
+from engine.models.loading import load_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_batched_eagle_greedy_equals_plain_on_cuda(tmp_path):
 
 
 def test_bench_batch_on_a_synthetic_pair_in_bf16():
-    from engine import batch_bench
-    from engine.synthetic import build_synthetic_pair
+    from engine.bench import batch as batch_bench
+    from engine.models.synthetic import build_synthetic_pair
 
     built = build_synthetic_pair("tiny", "cuda", torch.bfloat16, max_length=512)
     decoder = BatchDecoder(built.pair)
@@ -84,7 +84,7 @@ def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path, monkeypatc
     lengths, a chain block and single tokens. Three sequences of head dim 16 take the split per-head attention
     kernel; of head dim 32, unsplit (as a batch of many sequences is), sp_attention_wide."""
     import engine.kernels.step as step
-    from engine.batch_runner import BatchRunner
+    from engine.models.batch_runner import BatchRunner
 
     if unsplit:
         monkeypatch.setattr(step, "ATTENTION_SPLIT_PAIRS", 1)

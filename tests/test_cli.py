@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from tiny_models import make_tiny_llama, make_tiny_pair
 
-from engine.cli import main
-from engine.metrics import csv_header
+from engine.cli.main import main
+from engine.core.metrics import csv_header
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "the cat sat on the mat. the cat"
@@ -93,6 +93,23 @@ def test_check_lossless_passes(pair, capsys):
                              "--max-new-tokens", "24", "--samples", "300")
     assert code == 0, out + err
     assert "greedy: PASS" in out and "sampling" in out and "PASS" in out.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def eagle_target(tmp_path_factory):
+    from test_tree_methods import add_random_eagle_head
+
+    target = make_tiny_llama(tmp_path_factory.mktemp("eagle") / "target", hidden=64, layers=2, seed=0)
+    add_random_eagle_head(target, 64)
+    return str(target)
+
+
+def test_check_lossless_of_a_tree_method_runs_its_plain_reference_without_the_tree(eagle_target, capsys):
+    """eagle:8 drafts a tree; the plain run it is compared with takes no tree size (issue 52, item 2)."""
+    code, out, err = run_cli(capsys, "check-lossless", "--target", eagle_target, "--method", "eagle:8",
+                             "--k", "3", "--max-new-tokens", "16", "--samples", "100")
+    assert code == 0, out + err
+    assert "greedy: PASS (16 generated" in out and "method=eagle:8" in out
 
 
 @pytest.fixture(scope="module")
@@ -192,12 +209,12 @@ class RecordingDecoder:
         self.runs = []
 
     def calibrate(self, k, sampling=None):
-        from engine.decoder import Calibration
+        from engine.core.decoder import Calibration
 
         return Calibration(target_step_ms=2.0, draft_step_ms=0.5)
 
     def generate(self, prompt, config, should_stop=None):
-        from engine.metrics import MetricsAccumulator
+        from engine.core.metrics import MetricsAccumulator
 
         k = config.drafts
         self.runs.append(k)
@@ -208,7 +225,7 @@ class RecordingDecoder:
 @pytest.mark.parametrize("device, warmed", [("cuda", True), ("cpu", False)])
 def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
     """On CUDA a K's first run captures graphs for its block sizes, which must not be timed."""
-    from engine.bench import bench_k_sweep
+    from engine.bench.suite import bench_k_sweep
     from engine.config import GenerationConfig
 
     decoder = RecordingDecoder(device)
@@ -225,7 +242,7 @@ def test_k_sweep_warms_up_each_k_where_graphs_are_captured(device, warmed):
 def test_bench_methods_times_the_methods_round_robin():
     """After one warm-up each, the timed runs go prompt by prompt, every method in turn, so that a slow
     stretch of the machine slows them alike (plain decoding timed alone in one once doubled every speedup)."""
-    from engine.bench import bench_methods
+    from engine.bench.suite import bench_methods
     from engine.config import GenerationConfig
 
     decoder = RecordingDecoder("cpu")
@@ -242,7 +259,7 @@ def test_bench_graphs_needs_a_gpu(pair, capsys):
 
 
 def test_heldout_prompts_are_real_code_prompts():
-    from engine.bench import heldout_prompts
+    from engine.bench.suite import heldout_prompts
 
     prompts = heldout_prompts(8)
     assert len(prompts) == 8 and all(isinstance(p, str) and len(p) >= 50 for p in prompts)
@@ -282,7 +299,7 @@ def test_main_py_chooses_the_gui_only_without_a_command(monkeypatch):
 
 
 def test_the_engine_cli_alone_starts_no_gui(capsys):
-    """engine.cli never imports the app: without main.py's launcher `gui` is a clear error."""
+    """engine.cli.main never imports the app: without main.py's launcher `gui` is a clear error."""
     code, out, err = run_cli(capsys, "gui")
     assert code == 2 and "main.py" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(capsys)
@@ -290,7 +307,7 @@ def test_the_engine_cli_alone_starts_no_gui(capsys):
 
 
 def parse_config(*argv):
-    from engine.cli import build_parser, config_from_args
+    from engine.cli.main import build_parser, config_from_args
 
     return config_from_args(build_parser().parse_args(["run", "--prompt", "x", *argv]))
 
@@ -316,7 +333,7 @@ def test_bad_method_specs_give_one_line(capsys, argv, needle):
 
 
 def test_method_help_lists_the_registry(capsys):
-    from engine import methods
+    from engine.methods import registry as methods
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])
@@ -338,7 +355,9 @@ class FakeBackend:
 @pytest.mark.parametrize("compiles", [True, False])
 def test_load_decoder_asks_the_registry_and_warms_up(monkeypatch, capsys, names, need_draft, compiles):
     monkeypatch.setenv("SPECPLAY_PROGRESS", "1")  # the lines a terminal shows
-    from engine import cli, decoder, models
+    from engine.cli import main as cli
+    from engine.core import decoder
+    from engine.models import loading as models
 
     asked = []
     backend = FakeBackend(compiles)
@@ -367,7 +386,7 @@ def test_bench_methods_takes_specs(pair, capsys):
 def test_bench_methods_all_runs_every_menu_method_the_pair_can(pair, capsys):
     """--methods all: the Method menu's methods in its order, those the pair cannot run named on stderr with
     the reason (no heads here; no draft model without --draft), and the fastest one named."""
-    from engine import methods
+    from engine.methods import registry as methods
 
     target, draft = pair
     for extra, without in ((["--draft", draft], set()), ([], {"draft"})):
@@ -443,7 +462,7 @@ def test_help_shows_defaults_and_a_line_per_option(capsys):
 def test_every_option_has_help():
     import argparse
 
-    from engine.cli import build_parser
+    from engine.cli.main import build_parser
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -463,7 +482,7 @@ def test_gui_takes_open_trace(monkeypatch):
 def test_a_cli_trace_reads_back_into_the_same_events(pair, capsys, tmp_path):
     from dataclasses import asdict
 
-    from engine.trace import read_trace
+    from engine.files.trace import read_trace
 
     target, draft = pair
     path = tmp_path / "t.jsonl"
@@ -480,9 +499,10 @@ def test_a_cli_trace_reads_back_into_the_same_events(pair, capsys, tmp_path):
 
 
 def test_a_sweep_whose_plain_runs_drift_is_flagged():
-    """engine.bench.sweep_steadiness: silent on a steady sweep; a warning naming the spread when the plain
+    """engine.bench.suite.sweep_steadiness: silent on a steady sweep; a warning naming the spread when the
+    plain
     runs paired with the Ks, or calibration's plain round, are more than 10% apart."""
-    from engine.bench import sweep_steadiness
+    from engine.bench.suite import sweep_steadiness
 
     def rows(plain, calibrated_ms):
         return [{"k": k, "plain_tokens_per_s": p, "calibrated_plain_ms": calibrated_ms}
@@ -497,10 +517,11 @@ def test_a_sweep_whose_plain_runs_drift_is_flagged():
 
 
 def test_a_sweep_is_swept_again_while_the_machine_drifts(monkeypatch):
-    """engine.bench.steadiest_k_sweep: a steady first sweep is the only one; an unsteady one is swept again,
+    """engine.bench.suite.steadiest_k_sweep: a steady first sweep is the only one; an unsteady one is swept
+    again,
     up to `passes` sweeps, and the complete sweep whose plain runs spread least is kept; a stopped sweep
     (fewer rows than Ks) is not repeated, nor kept over a complete one."""
-    from engine import bench
+    from engine.bench import suite as bench
 
     def sweep(plain):
         return [{"k": k, "plain_tokens_per_s": p, "calibrated_plain_ms": 1000 / plain[0], "speedup": 1.5}
@@ -527,7 +548,7 @@ def test_a_sweep_is_swept_again_while_the_machine_drifts(monkeypatch):
 
 
 def test_k_sweep_rows_carry_their_plain_runs():
-    from engine.bench import bench_k_sweep
+    from engine.bench.suite import bench_k_sweep
     from engine.config import GenerationConfig
 
     rows = bench_k_sweep(RecordingDecoder("cpu"), ["p1"], GenerationConfig(method="draft", k=4), (1, 3))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE = str(2**70)  # 1180591620717411303424
@@ -177,7 +177,7 @@ def assert_clean(name, code, err, needle):
 
 @pytest.mark.parametrize("name", list(all_cases()))
 def test_a_hostile_input_ends_in_one_line_and_exit_2(name, pair, files, capsys, monkeypatch):
-    from engine import models
+    from engine.models import loading as models
 
     argv, needle = all_cases()[name]
     argv = fill(argv, pair, files)
@@ -243,7 +243,7 @@ def test_prompt_file_is_read_as_utf8(pair, tmp_path, capsys):
 
 
 def test_one_line_folds_breaks_and_escapes_surrogates():
-    from engine.cli import one_line
+    from engine.cli.main import one_line
 
     assert one_line("a\n  b\r\nc\n") == "a | b | c"
     assert one_line("bad \udcff") == "bad \\udcff"
@@ -252,7 +252,7 @@ def test_one_line_folds_breaks_and_escapes_surrogates():
 def test_third_party_warnings_are_folded_into_the_error_line(pair, capsys, monkeypatch):
     import warnings
 
-    from engine import models
+    from engine.models import loading as models
 
     def noisy_load(*args, **kwargs):
         from transformers.utils import logging as hf_logging
@@ -269,7 +269,7 @@ def test_third_party_warnings_are_folded_into_the_error_line(pair, capsys, monke
 
 
 def test_third_party_warnings_of_a_successful_run_still_show(pair, capsys, monkeypatch):
-    from engine import models
+    from engine.models import loading as models
 
     real = models.load_pair
 
@@ -319,7 +319,8 @@ def test_numpy_numbers_are_numbers():
 
 def test_bad_input_is_refused_without_importing_torch():
     """Fail fast: parsing and checking the arguments imports neither torch nor transformers."""
-    code = (f"import sys; from engine.cli import main; rc = main(['run', '--prompt', 'x', '--seed', '{HUGE}']"
+    code = ("import sys; from engine.cli.main import main; "
+            f"rc = main(['run', '--prompt', 'x', '--seed', '{HUGE}']"
             "); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

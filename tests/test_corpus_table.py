@@ -5,9 +5,9 @@ import torch
 from tiny_models import make_tiny_pair
 
 from engine.config import GenerationConfig
-from engine.decoder import SpeculativeDecoder
-from engine.drafters import corpus_table
-from engine.models import load_pair
+from engine.core.decoder import SpeculativeDecoder
+from engine.methods.ngram import corpus_table
+from engine.models.loading import load_pair
 
 
 def test_build_keeps_the_most_frequent_continuations():

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.costmodel import CostModel, Measured, RoundTiming, calibrate_costs, from_trace
+from engine.analysis.costmodel import CostModel, Measured, RoundTiming, calibrate_costs, from_trace
 
 
 def model() -> CostModel:
@@ -56,8 +56,8 @@ def test_files_round_trip_and_trace_only_model():
 
 
 def test_calibration_on_tiny_models(tiny_pair_dirs):
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
 
     target, draft = tiny_pair_dirs
     decoder = SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
@@ -124,7 +124,7 @@ def test_a_pipelined_model_keeps_its_plain_round_whatever_level_a_run_shows():
 
 def test_calibration_times_plain_rounds_from_the_second_on():
     """The first round of a generation also waits for the prefill on a GPU: TPOT_plain leaves it out."""
-    import engine.costmodel as costmodel
+    import engine.analysis.costmodel as costmodel
 
     class Event:
         def __init__(self, index, ms):
@@ -145,7 +145,7 @@ def test_calibration_times_plain_rounds_from_the_second_on():
 def test_calibration_times_every_configuration_round_robin_with_the_runs_sampling():
     """A slow stretch of the machine must land on every configuration alike: after each one's warm-up and a
     spin-up, the timed generations go plain, draft K=1, draft K=4, plain, ...; all at the given sampling."""
-    import engine.costmodel as costmodel
+    import engine.analysis.costmodel as costmodel
     from engine.config import SamplingParams
 
     class Event:
@@ -180,8 +180,8 @@ def test_calibration_times_every_configuration_round_robin_with_the_runs_samplin
 def test_a_k_sweeps_live_prediction_times_each_round_at_the_block_it_verified():
     """n-gram drafts as far as its match goes: rounds of 1 and of K + 1 rows. The row's predicted speedup
     takes each round at its own block, not one typical block for all."""
-    from engine.bench import RunTotals, _sweep_row
-    from engine.metrics import MetricsAccumulator
+    from engine.bench.suite import RunTotals, _sweep_row
+    from engine.core.metrics import MetricsAccumulator
 
     def round_event(drafted: int, verify_ms: float):
         tokens = [SimpleNamespace(depth=d) for d in range(drafted)]

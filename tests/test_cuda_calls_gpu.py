@@ -1,4 +1,5 @@
-"""engine.cuda_calls: the round loop's raw CUDA calls do what torch's do (copies, events, graph launches), and
+"""engine.kernels.cuda_calls: the round loop's raw CUDA calls do what torch's do (copies, events, graph
+launches), and
 a generation gives the same events with them as with torch's."""
 import pytest
 import torch
@@ -11,13 +12,13 @@ pytest.importorskip("cupy")
 
 from tiny_models import make_tiny_llama  # noqa: E402
 
-from engine import cuda_calls  # noqa: E402
+from engine.bench.timing import RoundClock  # noqa: E402
 from engine.config import GenerationConfig  # noqa: E402
-from engine.cuda_calls import StreamCalls  # noqa: E402
-from engine.decoder import SpeculativeDecoder  # noqa: E402
-from engine.models import load_pair  # noqa: E402
-from engine.runner import graph_capture, warm_up_stream  # noqa: E402
-from engine.timing import RoundClock  # noqa: E402
+from engine.core.decoder import SpeculativeDecoder  # noqa: E402
+from engine.kernels import cuda_calls  # noqa: E402
+from engine.kernels.cuda_calls import StreamCalls  # noqa: E402
+from engine.models.loading import load_pair  # noqa: E402
+from engine.models.runner import graph_capture, warm_up_stream  # noqa: E402
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from spec_fixtures import make_perturbed_copy
 from tiny_models import make_tiny_llama, make_tiny_pair
 
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.ngram import lookup_continuation
-from engine.models import load_pair, load_runner
+from engine.core.decoder import SpeculativeDecoder
+from engine.methods.ngram.drafter import lookup_continuation
+from engine.models.loading import load_pair, load_runner
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -142,7 +142,7 @@ def test_seed_makes_sampling_reproducible(decoder):
 
 def test_stop_at_eos(tmp_path, monkeypatch):
     """A target that always prefers </s> stops after one token, and the EOS is the last emitted token."""
-    from engine.runner import ForwardOutput
+    from engine.models.runner import ForwardOutput
 
     path = make_tiny_llama(tmp_path / "eos", seed=5)
     pair = load_pair(str(path), None, device="cpu", need_draft=False)
@@ -208,7 +208,7 @@ def test_per_position_acceptance_and_histogram(close_decoder):
 
 def test_nan_logits_are_a_clear_error(decoder, monkeypatch):
     from engine.errors import SpecplayError
-    from engine.runner import ForwardOutput
+    from engine.models.runner import ForwardOutput
 
     forward = decoder.target.forward
 

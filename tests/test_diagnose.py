@@ -2,9 +2,9 @@
 import pytest
 from trace_fixtures import chain_round, write_trace
 
-from engine.costmodel import CostModel, Measured
-from engine.diagnose import diagnose, format_diagnosis
-from engine.predict import load_trace, trace_from_events
+from engine.analysis.costmodel import CostModel, Measured
+from engine.analysis.diagnose import diagnose, format_diagnosis
+from engine.analysis.predict import load_trace, trace_from_events
 
 
 def costs(verify9=2.2) -> CostModel:

@@ -10,10 +10,10 @@ if not torch.cuda.is_available():
 
 from tiny_models import make_tiny_llama  # noqa: E402
 
+from engine.analysis.lossless import check_sampling  # noqa: E402
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
-from engine.decoder import SpeculativeDecoder  # noqa: E402
-from engine.lossless import check_sampling  # noqa: E402
-from engine.models import load_pair  # noqa: E402
+from engine.core.decoder import SpeculativeDecoder  # noqa: E402
+from engine.models.loading import load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 METHODS = [("suffix", {}), ("suffix", {"tree_nodes": 16}), ("layerskip", {"draft_layers": 1}),

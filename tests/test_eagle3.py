@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafters.eagle3 import Eagle3Head as EngineHead
-from engine.llama import LlamaRunner
+from engine.methods.eagle3.drafter import Eagle3Head as EngineHead
+from engine.models.llama import LlamaRunner
 from engine.train import eagle3, lm
 from engine.train.presets import ModelShape
 

@@ -15,10 +15,10 @@ from test_tree_methods import (  # noqa: E402
 )
 from tiny_models import make_tiny_llama  # noqa: E402
 
+from engine.analysis.lossless import check_sampling  # noqa: E402
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
-from engine.decoder import SpeculativeDecoder  # noqa: E402
-from engine.lossless import check_sampling  # noqa: E402
-from engine.models import load_pair  # noqa: E402
+from engine.core.decoder import SpeculativeDecoder  # noqa: E402
+from engine.models.loading import load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("medusa-fixed", 0), ("eagle", 0), ("eagle", 8),
@@ -36,9 +36,9 @@ def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
 
 
 def add_random_ngram_table(target, vocab: int, seed: int) -> None:
-    """A corpus table for n-gram (engine.drafters.corpus_table) counted over a random token string: every
+    """A corpus table for n-gram (engine.methods.ngram.corpus_table) counted over a random token string: every
     n-gram test on the GPU drafts with its fill."""
-    from engine.drafters import corpus_table
+    from engine.methods.ngram import corpus_table
 
     ids = torch.randint(0, vocab, (4000,), generator=torch.Generator().manual_seed(seed)).tolist()
     table = corpus_table.build([ids], vocab, pairs=64,
@@ -57,9 +57,10 @@ def test_engine_uses_the_cuda_kernels(decoder):
 
 
 def test_readout_buffers_are_pinned_and_taken_in_turn():
-    """The readouts' host buffers (engine.decoder.PinnedRing): pinned, one ring per shape, each buffer back
+    """The readouts' host buffers (engine.core.decoder.PinnedRing): pinned, one ring per shape, each buffer
+    back
     only after the ring's other buffers."""
-    from engine.decoder import PinnedRing
+    from engine.core.decoder import PinnedRing
 
     ring = PinnedRing()
     first = [ring.take((7,), torch.float32) for _ in range(PinnedRing.RING)]
@@ -103,12 +104,13 @@ def test_ngram_replayed_rounds_record_the_block_they_verified(tmp_path_factory):
                                           ("lookahead", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
     """bf16 on the decode kernels, chi-squared of the first two tokens. The chains' (Medusa's) second round
-    is often a replay of their round graph (engine.round_graph), queued behind the first; suffix decoding's
+    is often a replay of their round graph (engine.core.round_graph), queued behind the first; suffix
+    decoding's
     and lookahead's trees are verified by one upload and one replay (HostTreeRoundGraph)."""
-    import engine.drafters.draft_model as draft_model
-    import engine.drafters.eagle as eagle
-    import engine.drafters.layerskip as layerskip
-    import engine.round_graph as round_graph
+    import engine.core.round_graph as round_graph
+    import engine.methods.draft_model.drafter as draft_model
+    import engine.methods.eagle.drafter as eagle
+    import engine.methods.layerskip.drafter as layerskip
 
     layers = 2 if method == "layerskip" else 1  # layer skip drafts with fewer layers than the target's
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, layers, 11, 0.3, dtype=torch.bfloat16)
@@ -212,8 +214,8 @@ def test_captured_outputs_survive_later_replays(decoder):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_chains_replay_as_one_graph(decoder, method, k, temperature):
     """The draft model's and EAGLE's K-step chains (greedy, or sampled with the round's uniforms) are captured
-    once (engine/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
-    from engine.chain_graph import ChainGraphs
+    once (engine/core/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
+    from engine.core.chain_graph import ChainGraphs
 
     config = GenerationConfig(method=method, k=k, max_new_tokens=40,
                               sampling=SamplingParams(temperature, 0, 0.9), seed=7)
@@ -233,8 +235,8 @@ def test_chains_replay_as_one_graph(decoder, method, k, temperature):
 def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     """Medusa drafts from every block row behind the verification, one graph per block size (medusa_rows);
     with that off, from the accepted row (medusa). Eager or replayed, early or not: the same output."""
-    from engine.chain_graph import ChainGraphs
-    from engine.drafters import medusa
+    from engine.core.chain_graph import ChainGraphs
+    from engine.methods.medusa import drafter as medusa
 
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
     decoder.set_cuda_graphs(False)
@@ -256,7 +258,7 @@ def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatc
     rounds replayed as graphs (counted) and with graphs off, at K = 2 and 4 and a tree of 12 nodes. bf16: the
     round graph needs the decode path, whose blocks of up to 16 rows run every product in sp_gemv, as plain
     decoding's one row does."""
-    from engine.drafters import medusa
+    from engine.methods.medusa import drafter as medusa
 
     monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
     decoder = build(tmp_path_factory.mktemp("gpu_medusa_trees"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
@@ -279,11 +281,11 @@ def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatc
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
     """bf16 on the decode kernels: a Medusa round (a plain step) queued before the last one is read, one
-    replay of the captured round (engine.round_graph) seeded by the first round, gives the rounds of one
+    replay of the captured round (engine.core.round_graph) seeded by the first round, gives the rounds of one
     launched after the read (tokens, verdicts, uniforms); every round after the first goes that way, and the
     next generation seeds the graph again."""
-    from engine import decoder as decoder_module
-    from engine import round_graph
+    from engine.core import decoder as decoder_module
+    from engine.core import round_graph
 
     monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # a sampled plain step replayed (off by default)
     decoder = build(tmp_path_factory.mktemp("gpu_queued_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
@@ -321,10 +323,11 @@ def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> li
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, temperature):
     """On the decode path the draft model's forward over the committed tokens and its chain replay as one
-    graph (engine.chain_graph.draft_model_round): the same drafts, round by round, as the two graphs apart,
+    graph (engine.core.chain_graph.draft_model_round): the same drafts, round by round, as the two graphs
+    apart,
     and greedy output equal to plain decoding."""
-    import engine.drafters.draft_model as draft_model
-    from engine.chain_graph import ChainGraphs
+    import engine.methods.draft_model.drafter as draft_model
+    from engine.core.chain_graph import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method="draft", k=4, max_new_tokens=48, seed=3,
@@ -346,10 +349,11 @@ def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, t
 @pytest.mark.parametrize("k", [1, 4])
 def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature, k):
     """On the decode path EAGLE's step over the committed positions and its chain replay as one graph
-    (engine.chain_graph.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy output
+    (engine.core.chain_graph.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy
+    output
     equal to plain decoding, and every feed length of K (1..K+1) captured when the generation starts."""
-    import engine.drafters.eagle as eagle
-    from engine.chain_graph import ChainGraphs
+    import engine.methods.eagle.drafter as eagle
+    from engine.core.chain_graph import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, max_new_tokens=48, seed=3,
@@ -372,14 +376,14 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
 def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, nodes, k):
     """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's, layer skip's) chain
     round, or EAGLE's tree of 8, queued behind an unread one is a replay of its round graph
-    (engine.round_graph): the drafter reads the last block's rows (n-gram: the committed tokens) on the
+    (engine.core.round_graph): the drafter reads the last block's rows (n-gram: the committed tokens) on the
     device, the chain or tree and the target's block follow the accepted path. Greedy output equals plain
     decoding with the replays and without them, every round after the first two is a replay, and the next
     generation reseeds the graph."""
-    import engine.drafters.draft_model as draft_model
-    import engine.drafters.eagle as eagle
-    import engine.drafters.layerskip as layerskip
-    import engine.drafters.ngram as ngram
+    import engine.methods.draft_model.drafter as draft_model
+    import engine.methods.eagle.drafter as eagle
+    import engine.methods.layerskip.drafter as layerskip
+    import engine.methods.ngram.drafter as ngram
 
     module = {"draft": draft_model, "ngram": ngram, "layerskip": layerskip}.get(method, eagle)
     flag = "TREE_ROUND_GRAPHS" if nodes else "ROUND_GRAPHS"
@@ -404,7 +408,7 @@ def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, m
 def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
     """An EAGLE tree reaches the verification with its parents and block on the device (no mid-round copy),
     and its rounds are the rounds of the tree copied to the host (a target without device trees)."""
-    from engine.llama import LlamaRunner
+    from engine.models.llama import LlamaRunner
 
     config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48)
     seen = []
@@ -433,10 +437,11 @@ def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
     """On the decode path the head's step over the committed positions and the tree's growth replay as one
-    graph (engine.drafters.eagle.tree_round): the same rounds as the step and the growth apart, every feed
+    graph (engine.methods.eagle.drafter.tree_round): the same rounds as the step and the growth apart, every
+    feed
     length 1..K+1 captured when the generation starts, and greedy output equal to plain decoding."""
-    import engine.drafters.eagle as eagle
-    from engine.chain_graph import ChainGraphs
+    import engine.methods.eagle.drafter as eagle
+    from engine.core.chain_graph import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_tree_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48, seed=3,
@@ -453,10 +458,11 @@ def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, me
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypatch, temperature):
     """Every verification and sp_wide workspace is made by a warm-up, on the stream the capture then uses
-    (engine.runner.capture_stream), never inside a capture: made there, its zeroing would be a node of one
+    (engine.models.runner.capture_stream), never inside a capture: made there, its zeroing would be a node of
+    one
     graph and its memory that graph's pool's (an illegal address in a sampled K sweep on an H200). A large
     vocabulary takes sp_wide for chains; the sampled rounds are replayed for the check."""
-    from engine import round_graph
+    from engine.core import round_graph
     from engine.kernels import cuda as kernels_cuda
     from engine.kernels.workspaces import Workspaces
 
@@ -502,12 +508,13 @@ def test_warm_up_captures_every_round_block_size(tmp_path):
 @pytest.mark.parametrize("method", ["suffix", "lookahead"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_host_trees_are_one_upload_and_one_replay_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
-    """bf16 on the decode kernels: a tree drafted on the host (engine.round_graph.HostTreeRoundGraph), one
+    """bf16 on the decode kernels: a tree drafted on the host (engine.core.round_graph.HostTreeRoundGraph),
+    one
     upload and one replay that also keeps the accepted path in the cache, gives the rounds queued op by op
     (tokens, verdicts, uniforms); every round goes that way (an empty draft's too), and greedy output is
     plain decoding's."""
-    from engine import decoder as decoder_module
-    from engine.round_graph import HostTreeRoundGraph
+    from engine.core import decoder as decoder_module
+    from engine.core.round_graph import HostTreeRoundGraph
 
     decoder = build(tmp_path_factory.mktemp(f"gpu_host_tree_{method}"), 96, 64, 2, 0, 0.15,
                     dtype=torch.bfloat16)

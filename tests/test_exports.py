@@ -1,4 +1,4 @@
-"""Streamed, crash-safe exports (engine/exports.py) and the CLI's --csv/--trace through them."""
+"""Streamed, crash-safe exports (engine/files/exports.py) and the CLI's --csv/--trace through them."""
 from __future__ import annotations
 
 import csv
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
+from engine.core.metrics import csv_header
 from engine.errors import SpecplayError
-from engine.exports import ExportFormat, StreamingExport, csv_format, export_events, jsonl_format
-from engine.metrics import csv_header
+from engine.files.exports import ExportFormat, StreamingExport, csv_format, export_events, jsonl_format
 
 PROMPT = "the cat sat on the mat. the cat"
 FINISH = csv_header().index("finish_reason")
@@ -28,8 +28,8 @@ def pair(tmp_path_factory):
 def events(pair):
     """Twelve real rounds of the tiny pair (greedy, one token a round with method none)."""
     from engine.config import GenerationConfig
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
 
     decoder = SpeculativeDecoder(load_pair(pair[0], pair[1], device="cpu"))
     return list(decoder.generate(PROMPT, GenerationConfig(method="none", max_new_tokens=12)))
@@ -141,7 +141,7 @@ def test_the_finished_file_has_the_usual_permissions(tmp_path, events):
 # ------------------------------------------------------------------------------------------------ the CLI
 def interrupt_after(monkeypatch, rounds: int, exc: BaseException):
     """Make SpeculativeDecoder.generate raise `exc` once it has yielded `rounds` rounds."""
-    from engine.decoder import SpeculativeDecoder
+    from engine.core.decoder import SpeculativeDecoder
 
     real = SpeculativeDecoder.generate
 
@@ -203,7 +203,7 @@ def test_sigterm_stops_a_run_and_keeps_its_rounds(pair, tmp_path, capsys, monkey
     import os
     import signal
 
-    from engine.decoder import SpeculativeDecoder
+    from engine.core.decoder import SpeculativeDecoder
 
     real = SpeculativeDecoder.generate
 
@@ -250,7 +250,7 @@ def test_a_header_that_cannot_be_written_leaves_nothing_behind(tmp_path):
 def test_a_sweep_table_is_written_whole_with_every_key_as_a_column(tmp_path):
     """export_table: one column per key in first-seen order, missing and None values empty, the old file
     replaced whole; a folder that does not exist is one clear error."""
-    from engine.exports import export_table
+    from engine.files.exports import export_table
 
     path = tmp_path / "sweep.csv"
     path.write_text("an older table\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.kernels import reference as ref
-from engine.runner import graph_capture, warm_up_stream
+from engine.models.runner import graph_capture, warm_up_stream
 
 pytestmark = pytest.mark.gpu
 

@@ -5,14 +5,15 @@ import pytest
 import torch
 from tiny_models import make_tiny_gpt2, make_tiny_llama
 
-from engine import bench, methods
-from engine.cli import main
+from engine.analysis.lossless import check_sampling
+from engine.bench import suite as bench
+from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.layerskip import LayerSkipRunner, layer_skip_runner, resolve_draft_layers
+from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
-from engine.lossless import check_sampling
-from engine.models import load_pair
+from engine.methods import registry as methods
+from engine.methods.layerskip.drafter import LayerSkipRunner, layer_skip_runner, resolve_draft_layers
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 LAYERS = 4

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.errors import SpecplayError
-from engine.llama import LlamaRunner, is_llama_family
-from engine.runner import tree_ancestor_mask, tree_depths
+from engine.models.llama import LlamaRunner, is_llama_family
+from engine.models.runner import tree_ancestor_mask, tree_depths
 from tests.tiny_models import load_hf_reference, make_tiny_llama
 
 TOL = 1e-4
@@ -143,9 +143,10 @@ def test_compact_keeps_a_path_with_gaps(model_dirs):
 
 
 def test_the_round_graphs_path_keeping_is_the_runners_compact(model_dirs):
-    """engine.round_graph.keep_path (start on the device, in a captured round; the path padded with -1 to the
+    """engine.core.round_graph.keep_path (start on the device, in a captured round; the path padded with -1
+    to the
     tree's depth) keeps the rows that compact keeps: a path with a gap, then a fresh prefill's logits."""
-    from engine.round_graph import keep_path
+    from engine.core.round_graph import keep_path
 
     path = model_dirs["llama"]
     runner = LlamaRunner.from_pretrained(path, max_length=64)
@@ -277,7 +278,7 @@ def test_window_longer_than_the_cache_runs_full_attention(tmp_path):
 
 
 def test_sliding_window_follows_transformers_config_rules():
-    from engine.llama import _sliding_window
+    from engine.models.llama import _sliding_window
 
     assert _sliding_window({"model_type": "llama", "sliding_window": 8}, 2) == (None, (False, False))
     assert _sliding_window({"model_type": "mistral"}, 2) == (4096, (True, True))  # transformers' default

@@ -4,10 +4,10 @@ import pytest
 from spec_fixtures import make_perturbed_copy
 from tiny_models import make_tiny_llama
 
+from engine.analysis.lossless import check_greedy, check_sampling, chi_square
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.lossless import check_greedy, check_sampling, chi_square
-from engine.models import load_pair
+from engine.core.decoder import SpeculativeDecoder
+from engine.models.loading import load_pair
 
 VOCAB = 24  # small, so that the exact two-token distribution is cheap and well covered by samples
 PROMPT = "a tea at the tea at"

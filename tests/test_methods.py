@@ -7,12 +7,12 @@ import pytest
 from test_tree_methods import add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_pair
 
-from engine import methods
 from engine.config import GenerationConfig
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.base import DrafterNeeds
+from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
-from engine.models import load_pair
+from engine.methods import registry as methods
+from engine.methods.base import DrafterNeeds
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 ROOT = Path(__file__).resolve().parents[1]

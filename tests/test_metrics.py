@@ -1,4 +1,5 @@
-"""One source of metrics: plots, bench, the CLI summary and the CSV read RoundMetrics (engine/metrics.py).
+"""One source of metrics: plots, bench, the CLI summary and the CSV read RoundMetrics
+(engine/core/metrics.py).
 
 Each consumer is checked against a run recorded on tiny models, and RoundMetrics itself against a recount."""
 import csv
@@ -9,12 +10,11 @@ import pytest
 from spec_fixtures import make_perturbed_copy
 from tiny_models import make_tiny_pair
 
-from engine import bench
-from engine.cli import summarize
+from engine.bench import suite as bench
+from engine.cli.main import summarize
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.events import RoundMetrics
-from engine.metrics import (
+from engine.core.decoder import SpeculativeDecoder
+from engine.core.metrics import (
     RunTotals,
     csv_header,
     final_metrics,
@@ -25,7 +25,8 @@ from engine.metrics import (
     round_tpot_ms,
     write_csv,
 )
-from engine.models import load_pair
+from engine.events import RoundMetrics
+from engine.models.loading import load_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a b a b a b a"]
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95)

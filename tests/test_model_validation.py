@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import make_tiny_gpt2, make_tiny_llama
 
-from engine import models, validate
 from engine.errors import SpecplayError
-from engine.hf_runner import HFRunner
-from engine.llama import LlamaRunner, LlamaSpec
+from engine.models import loading as models
+from engine.models import validate
+from engine.models.hf_runner import HFRunner
+from engine.models.llama import LlamaRunner, LlamaSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,7 +121,7 @@ def test_inconsistent_config_values(folder, fields, named):
 
 RSS_SCRIPT = r"""
 import json, resource, sys, time
-from engine import models
+from engine.models import loading as models
 from engine.errors import SpecplayError
 
 
@@ -371,7 +372,7 @@ def test_captured_chatter_collects_logs_warnings_and_prints(capfd):
 
 @pytest.mark.parametrize("case", ["hidden", "down_proj", "pickle", "tokenizer", "auto_map"])
 def test_cli_ends_in_one_line_and_exit_code_2(folder, case, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
 
     path = folder("gpt2" if case == "pickle" else "llama")
     if case == "hidden":

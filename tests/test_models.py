@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from engine import models
 from engine.errors import SpecplayError
-from engine.hf_runner import HFRunner, _cache_kwarg, crop_cache
-from engine.llama import LlamaRunner
+from engine.models import loading as models
+from engine.models.hf_runner import HFRunner, _cache_kwarg, crop_cache
+from engine.models.llama import LlamaRunner
 from tests.tiny_models import (
     load_hf_reference,
     make_tiny_gpt2,

@@ -12,11 +12,12 @@ from spec_fixtures import make_perturbed_copy  # noqa: E402
 from test_vocab_and_window import PROMPT, narrow_vocab, set_config, transformers_greedy  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402
 
-from engine import models, validate  # noqa: E402
+from engine.analysis.lossless import check_sampling  # noqa: E402
 from engine.config import GenerationConfig, SamplingParams  # noqa: E402
-from engine.decoder import SpeculativeDecoder  # noqa: E402
+from engine.core.decoder import SpeculativeDecoder  # noqa: E402
 from engine.errors import SpecplayError  # noqa: E402
-from engine.lossless import check_sampling  # noqa: E402
+from engine.models import loading as models  # noqa: E402
+from engine.models import validate  # noqa: E402
 
 
 def cuda_decoder(target, draft):

@@ -2,17 +2,17 @@
 import pytest
 from trace_fixtures import chain_round, tree_round, write_trace
 
-from engine import analytic
-from engine.acceptance import RoundShape, geometric_test, wilson_interval
-from engine.costmodel import CostModel, Measured
-from engine.errors import SpecplayError
-from engine.predict import (
+from engine.analysis import analytic
+from engine.analysis.acceptance import RoundShape, geometric_test, wilson_interval
+from engine.analysis.costmodel import CostModel, Measured
+from engine.analysis.predict import (
     DraftOracle,
     load_trace,
     predict_from_trace,
     predict_tokens_per_forward,
     trace_from_events,
 )
+from engine.errors import SpecplayError
 
 
 def bursty_chain(rounds=40, k=8, every=5) -> list:
@@ -80,7 +80,7 @@ def test_trace_reader_skips_header_and_accepts_untyped_rounds(tmp_path):
     with pytest.raises(SpecplayError, match="no rounds"):
         load_trace(tmp_path / "empty.jsonl")
     (tmp_path / "bad.jsonl").write_text("{nope\n")
-    with pytest.raises(SpecplayError, match="bad.jsonl:1"):
+    with pytest.raises(SpecplayError, match="bad.jsonl, line 1"):
         load_trace(tmp_path / "bad.jsonl")
 
 
@@ -119,8 +119,8 @@ def close_decoder(tmp_path_factory):
     from spec_fixtures import make_perturbed_copy
     from tiny_models import make_tiny_pair
 
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
 
     root = tmp_path_factory.mktemp("close")
     target, _ = make_tiny_pair(root)
@@ -173,8 +173,8 @@ def test_a_saved_ngram_trace_of_two_generations_replays_each_from_its_own_prompt
     """What the window and `run --trace` write (a header per generation with its settings and prompt ids)
     is what the prediction replays: every K's tokens per forward equals a real run's."""
     from engine.config import GenerationConfig
-    from engine.exports import export_runs
-    from engine.trace import Run, make_header
+    from engine.files.exports import export_runs
+    from engine.files.trace import Run, make_header
 
     prompts = (PROMPT, "a b c d a b c d a b")
     source = GenerationConfig(method="ngram", k=8, max_new_tokens=40)
@@ -194,7 +194,7 @@ def test_a_saved_ngram_trace_of_two_generations_replays_each_from_its_own_prompt
 
 
 def test_a_k_sweep_of_ngram_predicts_every_k_exactly_from_its_largest_k_run(close_decoder):
-    from engine.bench import bench_k_sweep
+    from engine.bench.suite import bench_k_sweep
     from engine.config import GenerationConfig
 
     prompts = [PROMPT, "a b c d a b c d a b"]
@@ -203,7 +203,7 @@ def test_a_k_sweep_of_ngram_predicts_every_k_exactly_from_its_largest_k_run(clos
     for row in rows:
         assert row["from_run_k"] == 4 and row["from_run_basis"] == "exact (replayed)"
         assert row["from_run_tokens_per_forward"] == pytest.approx(row["tokens_per_forward"])
-    from engine.bench import _generation_headers
+    from engine.bench.suite import _generation_headers
 
     headers = _generation_headers(close_decoder, prompts, GenerationConfig(method="ngram"), 2)
     assert [h["prompt_ids"] for h in headers] == [close_decoder.prompt_ids(p) for p in prompts] * 2
@@ -213,8 +213,8 @@ def test_a_k_sweep_of_ngram_predicts_every_k_exactly_from_its_largest_k_run(clos
 def test_replayed_ngram_rounds_on_the_cpu_cost_what_they_propose(close_decoder):
     """On the CPU a round verifies only what n-gram proposed, so a K past the matches' length costs little
     more; on a GPU every round has its K + 1 rows."""
+    from engine.analysis.predict import ngram_trace_replay, predict_ks
     from engine.config import GenerationConfig
-    from engine.predict import ngram_trace_replay, predict_ks
 
     config = GenerationConfig(method="ngram", k=4, max_new_tokens=40)
     trace = trace_from_events(list(close_decoder.generate(PROMPT, config)))
@@ -243,7 +243,7 @@ def test_short_drafts_count_as_stopping_so_the_model_gives_the_runs_own_tokens_p
 
 
 def test_rounds_to_a_token_budget_count_the_cut_last_round():
-    from engine.acceptance import DepthAcceptance
+    from engine.analysis.acceptance import DepthAcceptance
 
     a = DepthAcceptance(reached=[10], accepted=[5])  # a round yields 1 or 2 tokens, each with chance 1/2
     assert a.tokens_distribution(1) == pytest.approx([0.5, 0.5])
@@ -252,8 +252,8 @@ def test_rounds_to_a_token_budget_count_the_cut_last_round():
 
 
 def test_live_counts_from_running_metrics_match_the_trace():
-    from engine.acceptance import DepthAcceptance
-    from engine.metrics import MetricsAccumulator
+    from engine.analysis.acceptance import DepthAcceptance
+    from engine.core.metrics import MetricsAccumulator
 
     records = bursty_chain(rounds=20, k=4, every=3)
     acc = MetricsAccumulator(4)
@@ -265,7 +265,7 @@ def test_live_counts_from_running_metrics_match_the_trace():
 
 
 def test_small_bins_merge_into_their_neighbours():
-    from engine.acceptance import _merge_small
+    from engine.analysis.acceptance import _merge_small
 
     assert _merge_small([1, 9, 30, 2, 1], [2, 8, 30, 3, 1], 5) == ([10, 33], [10, 34])
     assert _merge_small([3, 1], [2, 2], 5) == ([4], [4])
@@ -276,7 +276,7 @@ def test_small_bins_merge_into_their_neighbours():
 def test_plain_rounds_timed_beside_the_run_give_tpot_plain(tmp_path):
     """Plain rounds timed in the same stretch as the traced run set TPOT_plain; the curve and the draft terms
     stay those the trace refits."""
-    from engine.costmodel import RoundTiming
+    from engine.analysis.costmodel import RoundTiming
 
     trace = load_trace(write_trace(tmp_path / "t.jsonl", bursty_chain(rounds=6)))
     costs = CostModel(verify={1: Measured(2.0), 5: Measured(3.0)}, plain=Measured(4.0))

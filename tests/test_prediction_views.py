@@ -5,8 +5,8 @@ import json
 import pytest
 from trace_fixtures import chain_round, write_trace
 
-from engine.cli import main
-from engine.costmodel import CostModel, Measured
+from engine.analysis.costmodel import CostModel, Measured
+from engine.cli.main import main
 
 
 def bursty(rounds=30, k=8):
@@ -38,9 +38,9 @@ def test_predict_and_diagnose_commands(tmp_path, capsys):
 
 def test_predict_calibrates_on_the_models(tmp_path, capsys, tiny_pair_dirs):
     from engine.config import GenerationConfig
-    from engine.decoder import SpeculativeDecoder
-    from engine.metrics import write_jsonl
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.core.metrics import write_jsonl
+    from engine.models.loading import load_pair
 
     target, draft = map(str, tiny_pair_dirs)
     decoder = SpeculativeDecoder(load_pair(target, draft, device="cpu"))
@@ -58,7 +58,7 @@ class CostCalibration:
     """A Calibration with a cost model, as decoder.calibrate returns it."""
 
     def __init__(self):
-        from engine.decoder import Calibration
+        from engine.core.decoder import Calibration
 
         self.inner = Calibration(target_step_ms=2.1, draft_step_ms=0.2, costs=costs())
 
@@ -68,8 +68,8 @@ class CostCalibration:
 
 def real_events(n=12, k=4):
     """RoundEvents (objects, not dicts) with running metrics from the engine's accumulator."""
+    from engine.core.metrics import MetricsAccumulator
     from engine.events import DraftedToken, RoundEvent
-    from engine.metrics import MetricsAccumulator
 
     acc, events = MetricsAccumulator(k), []
     for i in range(n):

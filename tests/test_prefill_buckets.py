@@ -1,4 +1,5 @@
-"""Chain blocks padded to a bucket (engine.llama.block_bucket), on the CPU with padding forced on (fp32):
+"""Chain blocks padded to a bucket (engine.models.llama.block_bucket), on the CPU with padding forced on
+(fp32):
 the padded block gives the unpadded block's outputs, leaves the cache at the real length, its padding rows
 stay out of every later step, and generation gives the same tokens."""
 import pytest
@@ -7,11 +8,11 @@ from spec_fixtures import make_perturbed_copy
 from test_tree_methods import add_random_eagle3_head
 from tiny_models import make_tiny_llama
 
-from engine import llama
 from engine.config import GenerationConfig
-from engine.decoder import SpeculativeDecoder
-from engine.llama import LlamaRunner, block_bucket, is_bucket
-from engine.models import load_pair
+from engine.core.decoder import SpeculativeDecoder
+from engine.models import llama
+from engine.models.llama import LlamaRunner, block_bucket, is_bucket
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"  # 42 tokens: a prefill of 41, padded to 64
 SHORT_PROMPT = "a tea at the tea at"  # a prefill of 18, padded to 32

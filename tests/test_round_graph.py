@@ -1,4 +1,5 @@
-"""Round graphs (engine/round_graph.py) on the CPU: there replay() runs the round eagerly, so the decoder's
+"""Round graphs (engine/core/round_graph.py) on the CPU: there replay() runs the round eagerly, so the
+decoder's
 rounds queued behind unread ones (the seeding, the self-fed buffers, the cache's bookkeeping, the drafters'
 host views, the fall back to rounds launched apart) run here as they do on the GPU, against the synchronous
 loop and plain decoding."""
@@ -12,19 +13,17 @@ from spec_fixtures import make_perturbed_copy
 from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_llama
 
-import engine.decoder
-import engine.drafters.draft_model as draft_model
-import engine.drafters.eagle as eagle
-import engine.drafters.layerskip as layerskip
-import engine.drafters.ngram as ngram
-import engine.round_graph
-from engine.chain_graph import chain_sampling
+import engine.core.decoder
+import engine.core.round_graph
+import engine.methods.draft_model.drafter as draft_model
+import engine.methods.eagle.drafter as eagle
+import engine.methods.layerskip.drafter as layerskip
+import engine.methods.ngram.drafter as ngram
+from engine.analysis.lossless import check_sampling
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.medusa import MedusaDrafter
-from engine.lossless import check_sampling
-from engine.models import load_pair
-from engine.round_graph import (
+from engine.core.chain_graph import chain_sampling
+from engine.core.decoder import SpeculativeDecoder
+from engine.core.round_graph import (
     DraftModelRoundGraph,
     EagleRoundGraph,
     EagleTreeRoundGraph,
@@ -36,7 +35,9 @@ from engine.round_graph import (
     _tree_shape,
     ngram_lookup,
 )
-from engine.runner import tree_ancestor_mask, tree_depths
+from engine.methods.medusa.drafter import MedusaDrafter
+from engine.models.loading import load_pair
+from engine.models.runner import tree_ancestor_mask, tree_depths
 
 
 def _decoder(root, vocab=96, hidden=64, layers=2, seed=0, std=0.02):
@@ -147,7 +148,7 @@ def queued(monkeypatch):
     monkeypatch.setattr(eagle, "TREE_ROUND_GRAPHS", True)
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
     monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
-    monkeypatch.setattr(engine.decoder, "plain_round_graph", plain_graph)
+    monkeypatch.setattr(engine.core.decoder, "plain_round_graph", plain_graph)
     monkeypatch.setattr(layerskip.LayerSkipDrafter, "round_graph", layerskip_graph)
     monkeypatch.setattr(layerskip, "ROUND_GRAPHS", True)
     monkeypatch.setattr(ngram.NgramDrafter, "round_graph", ngram_graph)
@@ -214,7 +215,7 @@ def test_plain_replays_give_the_synchronous_rounds(decoder, queued, temperature)
 
 
 def test_plain_rounds_launched_apart_without_the_step_graph(decoder, queued, monkeypatch):
-    monkeypatch.setattr(engine.decoder, "PLAIN_ROUND_GRAPHS", False)
+    monkeypatch.setattr(engine.core.decoder, "PLAIN_ROUND_GRAPHS", False)
     config = GenerationConfig(method="none", max_new_tokens=30, stop_at_eos=False)
     alone = _rounds(decoder, config, pipelined=False)
     assert _rounds(decoder, config, pipelined=True) == alone and not queued
@@ -238,7 +239,7 @@ def test_the_device_lookup_is_the_host_lookup():
 
 def random_table(vocab: int, width: int, pairs: int, generator):
     """A CorpusTable over `vocab` ids with rows cut short at random (-1 past a row's end)."""
-    from engine.drafters.corpus_table import CorpusTable
+    from engine.methods.ngram.corpus_table import CorpusTable
 
     def rows(n: int) -> torch.Tensor:
         out = torch.randint(0, vocab, (n, width), generator=generator)
@@ -266,7 +267,7 @@ def test_the_device_lookup_with_a_corpus_table_is_the_host_lookup():
 
 
 def test_lookup_continuation_fills_from_the_table():
-    from engine.drafters.corpus_table import CorpusTable
+    from engine.methods.ngram.corpus_table import CorpusTable
 
     chain = torch.tensor([[1, 2], [2, -1], [0, 0]])  # after 0: 1 2; after 1: 2; after 2: 0 0
     table = CorpusTable(chain, torch.tensor([1 * 3 + 2]), torch.tensor([[1, 1]]), {})  # after (1, 2): 1 1
@@ -293,7 +294,7 @@ def test_a_capture_that_failed_is_not_tried_again(monkeypatch):
     try costs a warm-up and a capture: n-gram's rounds ran at 230 tokens/s so)."""
     from types import SimpleNamespace
 
-    from engine.chain_graph import ChainGraphs
+    from engine.core.chain_graph import ChainGraphs
 
     tries = []
 
@@ -368,7 +369,7 @@ def test_the_greedy_readout_gives_what_its_parts_give(shipped, queued, monkeypat
 
     joined = figures()
     replayed = sum(queued)
-    monkeypatch.setattr(engine.round_graph, "GREEDY_READOUT", False)
+    monkeypatch.setattr(engine.core.round_graph, "GREEDY_READOUT", False)
     assert figures() == joined and replayed >= len(joined) - 2
 
 
@@ -503,7 +504,7 @@ def host_trees(monkeypatch):
         uploads.append(self.nodes)
         return original(self, *args)
 
-    monkeypatch.setattr(engine.decoder, "host_tree_round_graph", graph)
+    monkeypatch.setattr(engine.core.decoder, "host_tree_round_graph", graph)
     monkeypatch.setattr(HostTreeRoundGraph, "upload", counted)
     return uploads
 

@@ -1,11 +1,12 @@
-"""The host's unpacking of a round's flat readout (engine.decoder._RoundReadout.unpack), against the layout
+"""The host's unpacking of a round's flat readout (engine.core.decoder._RoundReadout.unpack), against the
+layout
 the readout kernels write: accepted, next token, then path, draft tokens, p, q, accept_prob, tested [N each],
 next_p [N+1], top_p and top_i [(N+1) * W each], and a chain's count of real drafts after them."""
 import random
 
 import pytest
 
-from engine.decoder import _RoundReadout
+from engine.core.decoder import _RoundReadout
 from engine.errors import SpecplayError
 
 

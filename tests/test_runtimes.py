@@ -2,11 +2,11 @@
 import pytest
 import torch
 
+from engine.bench.runtimes import DEFAULT_HF, bench_runtimes, floor_ms, format_report
 from engine.config import GenerationConfig
-from engine.decoder import SpeculativeDecoder
+from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
-from engine.runtimes import DEFAULT_HF, bench_runtimes, floor_ms, format_report
-from engine.synthetic import SHAPES, build_synthetic_pair, weight_bytes_per_step
+from engine.models.synthetic import SHAPES, build_synthetic_pair, weight_bytes_per_step
 
 PROMPTS = ["def add(a, b):\n    return", "class Box:\n    def size(self):"]
 

@@ -70,9 +70,9 @@ def test_heldout_prompts():
 
 
 def test_shipped_pair_through_engine_runner():
-    models = pytest.importorskip("engine.models")
+    models = pytest.importorskip("engine.models.loading")
     if not hasattr(models, "load_runner"):
-        pytest.skip("engine.models has no load_runner yet")
+        pytest.skip("engine.models.loading has no load_runner yet")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,7 +95,7 @@ def test_shipped_pair_through_engine_runner():
 @pytest.mark.slow  # a statistical or end-to-end check: `make test-fast` skips it
 def test_shipped_pair_passes_check_lossless(capsys):
     """`check-lossless` on the shipped pair: greedy token equality and the chi-squared test of sampling."""
-    from engine.cli import main
+    from engine.cli.main import main
 
     code = main(["check-lossless", "--method", "draft", "--k", "4", "--max-new-tokens", "48",
                  "--samples", "400", "--device", "cpu"])

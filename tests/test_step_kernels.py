@@ -14,7 +14,7 @@ from engine.kernels.step import (
     topk,
     topk_reference,
 )
-from engine.llama import apply_rope
+from engine.models.llama import apply_rope
 
 
 def test_specs_match_the_cu_signatures():
@@ -58,7 +58,7 @@ def test_every_kernel_is_compiled_for_each_dtype_it_serves():
 
 def test_gemv_twin_is_the_eager_steps_products():
     """The twin's modes are the eager step's ops: F.linear after RMSNorm, SiLU * up, addmm's residual."""
-    from engine.llama import rms_norm
+    from engine.models.llama import rms_norm
 
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 16, generator=g), torch.randn(5, 16, generator=g)
@@ -81,7 +81,7 @@ def test_attention_twin_is_the_eager_steps_attention(tmp_path, tree):
     tree blocks, GQA)."""
     import math
 
-    from engine.runner import tree_ancestor_mask
+    from engine.models.runner import tree_ancestor_mask
 
     heads, kv_heads, d, start, n = 4, 2, 8, 6, 5
     g = torch.Generator().manual_seed(1)
@@ -255,7 +255,7 @@ def test_the_ngram_kernel_takes_every_chain_the_launch_allows():
 def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before(monkeypatch):
     """The round graphs ask the CUDA backend for a programmatic launch only behind a step kernel: never
     without the round kernels, never for a runner that cannot say, and not with SPECPLAY_ROUND_PDL=0."""
-    from engine import round_graph
+    from engine.core import round_graph
 
     class EndsInKernel:
         def step_ends_in_kernel(self, n):

@@ -26,7 +26,7 @@ from engine.kernels.step import (  # noqa: E402
     tree_choose_reference,
     tree_level_reference,
 )
-from engine.runner import graph_capture, warm_up_stream  # noqa: E402
+from engine.models.runner import graph_capture, warm_up_stream  # noqa: E402
 
 CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -241,7 +241,7 @@ def _chain_or_tree(rng, n: int, device: str = "cuda") -> torch.Tensor:
     nodes each see their ancestors and themselves."""
     if rng.random() < 0.5:
         return torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    from engine.runner import tree_ancestor_mask
+    from engine.models.runner import tree_ancestor_mask
 
     parents = torch.tensor([-1] + [rng.randrange(i) for i in range(1, n)])
     return tree_ancestor_mask(parents).to(device, torch.bool).contiguous()
@@ -514,8 +514,8 @@ def test_ngram_lookup_fuzz(kernels):
     """sp_ngram_lookup gives its twin's tokens (stray ones included) and count, and lookup_continuation's
     proposal (every eighth case): random strings over a few symbols (many matches of every length), lengths
     0..M, n 1..6."""
-    from engine.drafters.ngram import lookup_continuation
-    from engine.round_graph import ngram_lookup
+    from engine.core.round_graph import ngram_lookup
+    from engine.methods.ngram.drafter import lookup_continuation
 
     rng = random.Random(11)
     for case in range(CASES):
@@ -537,8 +537,8 @@ def test_ngram_lookup_with_a_corpus_table_fuzz(kernels):
     them too), rows of 1..6 cut short at random, 0..40 pairs; appended or not."""
     from test_round_graph import random_table
 
-    from engine.drafters.ngram import lookup_continuation
-    from engine.round_graph import append_emitted, ngram_lookup
+    from engine.core.round_graph import append_emitted, ngram_lookup
+    from engine.methods.ngram.drafter import lookup_continuation
 
     rng = random.Random(14)
     generator = torch.Generator().manual_seed(14)
@@ -569,7 +569,7 @@ def test_ngram_lookup_with_a_corpus_table_fuzz(kernels):
 def test_ngram_lookup_with_the_append_fuzz(kernels):
     """sp_ngram_lookup with the last round's emitted tokens appended first gives append_emitted's history and
     length, then the lookup's tokens and count."""
-    from engine.round_graph import append_emitted, ngram_lookup
+    from engine.core.round_graph import append_emitted, ngram_lookup
 
     rng = random.Random(12)
     for case in range(CASES):
@@ -597,8 +597,8 @@ def test_ngram_block_fuzz(kernels):
     or not."""
     from test_round_graph import random_table
 
+    from engine.core.round_graph import append_emitted, ngram_lookup
     from engine.kernels.step import chain_block_reference
-    from engine.round_graph import append_emitted, ngram_lookup
 
     rng = random.Random(15)
     generator = torch.Generator().manual_seed(15)
@@ -687,7 +687,7 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
     hidden states (0.072 at one logit of 480 in a 10,000-case run)."""
     from tiny_models import make_tiny_llama
 
-    from engine.models import load_runner
+    from engine.models.loading import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     fast = load_runner(str(path), "cuda", torch.bfloat16)
@@ -711,7 +711,7 @@ def test_tree_level_step_matches_the_masked_step(tmp_path):
     rows, 3 earlier nodes, a level of 4 whose parents are among them."""
     from tiny_models import make_tiny_llama
 
-    from engine.models import load_runner
+    from engine.models.loading import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=4)
     g = torch.Generator().manual_seed(0)
@@ -757,7 +757,7 @@ def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
     from tiny_models import make_tiny_llama
 
     from engine.kernels.pdl import PdlLauncher
-    from engine.models import load_runner
+    from engine.models.loading import load_runner
 
     kernels = StepKernels.load("cuda")
     monkeypatch.setenv("SPECPLAY_PDL", "1")
@@ -787,7 +787,7 @@ def test_graphs_and_eager_steps_agree_with_fused_kernels(tmp_path):
     """The runner uses the fused kernels on CUDA; its fp32 forward stays within rounding of the torch path."""
     from tiny_models import make_tiny_llama
 
-    from engine.models import load_runner
+    from engine.models.loading import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     fused = load_runner(str(path), "cuda", torch.float32)
@@ -810,7 +810,7 @@ def test_padded_prefill_matches_unpadded_and_replays_one_graph_per_bucket(tmp_pa
     bucket, captured on the bucket's first prefill only."""
     from tiny_models import make_tiny_llama
 
-    from engine.models import load_runner
+    from engine.models.loading import load_runner
 
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     padded = load_runner(str(path), "cuda", torch.bfloat16)

@@ -2,14 +2,14 @@
 import pytest
 from tiny_models import make_tiny_llama
 
-from engine.cli import main
+from engine.analysis.lossless import check_sampling
+from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.suffix import MAX_MATCH, SuffixIndex, SuffixMemory, best_tree
+from engine.core.decoder import SpeculativeDecoder
+from engine.core.metrics import final_metrics
 from engine.errors import SpecplayError
-from engine.lossless import check_sampling
-from engine.metrics import final_metrics
-from engine.models import load_pair
+from engine.methods.suffix.drafter import MAX_MATCH, SuffixIndex, SuffixMemory, best_tree
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -162,8 +162,8 @@ def test_measurement_runs_leave_the_session_as_they_found_it(decoder, target_dir
     it may become the session's memory, and no K or repeat of a sweep may recall another's output."""
     from dataclasses import replace
 
-    from engine.bench import bench_k_sweep, bench_methods
-    from engine.lossless import check_greedy
+    from engine.analysis.lossless import check_greedy
+    from engine.bench.suite import bench_k_sweep, bench_methods
 
     config = suffix(k=4, max_new_tokens=24, stop_at_eos=False)
     own = "the mat. the cat sat"  # the user's own generation, the session's memory
@@ -195,8 +195,8 @@ def test_a_replay_gives_the_rounds_of_a_real_run_at_every_k(decoder):
     any other."""
     from dataclasses import replace
 
-    from engine.drafters.suffix import replay
-    from engine.methods import METHODS
+    from engine.methods.registry import METHODS
+    from engine.methods.suffix.drafter import replay
 
     config = suffix(k=4, max_new_tokens=40, stop_at_eos=False)
     decoder.generate_ids("the mat. the cat sat", config)  # the session remembers one generation
@@ -215,7 +215,7 @@ def test_a_replay_gives_the_rounds_of_a_real_run_at_every_k(decoder):
 
 
 def test_a_k_sweep_of_suffix_predicts_every_k_exactly_from_its_largest_k_run(decoder):
-    from engine.bench import bench_k_sweep
+    from engine.bench.suite import bench_k_sweep
 
     decoder.generate_ids("the mat. the cat sat", suffix(k=4, max_new_tokens=24))  # the session so far
     rows = bench_k_sweep(decoder, [PROMPT, "on the mat the cat"], suffix(k=4, max_new_tokens=30), (1, 2, 4),

@@ -1,18 +1,19 @@
 """A saved suffix-decoding trace replays every K exactly where its headers fingerprint the session's memory
-(engine.drafters.suffix.memory_fingerprint) and the trace's own earlier generations rebuild it: `predict
+(engine.methods.suffix.drafter.memory_fingerprint) and the trace's own earlier generations rebuild it:
+`predict
 --trace` and a History generation read back from a trace then predict as a live run does."""
 import json
 
 import pytest
 from tiny_models import make_tiny_llama
 
-from engine.cli import main
+from engine.analysis.predict import load_trace, predict_tokens_per_forward, replayed_rounds
+from engine.cli.main import main
 from engine.config import GenerationConfig
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.suffix import memory_fingerprint, memory_from_generations
-from engine.models import load_pair
-from engine.predict import load_trace, predict_tokens_per_forward, replayed_rounds
-from engine.trace import Run, make_header, trace_records
+from engine.core.decoder import SpeculativeDecoder
+from engine.files.trace import Run, make_header, trace_records
+from engine.methods.suffix.drafter import memory_fingerprint, memory_from_generations
+from engine.models.loading import load_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "the mat. the cat sat", "on the mat the cat sat on"]
 
@@ -102,7 +103,7 @@ def test_a_history_read_back_from_traces_rebuilds_each_suffix_generations_memory
     """The window's kept session and Open trace add generations through Session.add_run: a suffix
     generation's diagnosis then replays it as it did live (app.session.Generation.replay)."""
     from app.session import Session
-    from engine.trace import read_trace
+    from engine.files.trace import read_trace
 
     config = GenerationConfig(method="suffix", k=4, max_new_tokens=24, stop_at_eos=False)
     session = _session(decoder, config)

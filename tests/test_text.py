@@ -4,8 +4,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from engine.models import shipped_pair
-from engine.text import IncrementalText, fast_decoder_of
+from engine.core.text import IncrementalText, fast_decoder_of
+from engine.models.loading import shipped_pair
 
 
 def full_decode(tokenizer, ids):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import threads
+from engine.core import threads
 from engine.errors import SpecplayError
 
 BIG = 10 * threads.SMALL_MODEL_PARAMS
@@ -54,7 +54,7 @@ def test_physical_cores_are_at_most_the_usable_cpus():
 def test_count_weights_counts_the_model_not_its_cache(pair):
     from tiny_models import load_hf_reference
 
-    from engine.models import load_pair
+    from engine.models.loading import load_pair
 
     loaded = load_pair(pair[0], pair[1], device="cpu")
     expected = sum(p.numel() for p in load_hf_reference(pair[0]).parameters())
@@ -65,7 +65,7 @@ def test_count_weights_counts_the_model_not_its_cache(pair):
 
 
 def run_tiny(pair, capsys, *extra):
-    from engine.cli import main
+    from engine.cli.main import main
 
     code = main(["run", "--prompt", "hello", "--target", pair[0], "--draft", pair[1], "--max-new-tokens", "2",
                  *extra])

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from engine.timing import RoundClock
+from engine.bench.timing import RoundClock
 
 
 def test_round_clock_phases_cover_the_round():

@@ -13,13 +13,13 @@ import torch
 from test_tree_methods import add_random_eagle_head, add_random_medusa_heads
 from tiny_models import make_tiny_gpt2, make_tiny_llama
 
-from engine import tp
-from engine.cli import main
+from engine.analysis.lossless import check_sampling
+from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
+from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
-from engine.lossless import check_sampling
-from engine.models import load_pair
+from engine.models import tp
+from engine.models.loading import load_pair
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a tea at the tea at the"
@@ -98,7 +98,7 @@ def test_two_ranks_sample_losslessly(decoders, spec):
 
 
 def test_bench_runtimes_reports_the_all_reduce_time_per_step(decoders):
-    from engine.runtimes import time_specplay
+    from engine.bench.runtimes import time_specplay
 
     _, split = decoders
     row = time_specplay(split, [PROMPT], config_for("none", max_new_tokens=8), "specplay none")

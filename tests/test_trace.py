@@ -1,13 +1,14 @@
-"""The trace format (engine.trace): a header per generation, then its rounds; read back into RoundEvents."""
+"""The trace format (engine.files.trace): a header per generation, then its rounds; read back into
+RoundEvents."""
 import json
 
 import pytest
 
 from engine.config import GenerationConfig, SamplingParams
+from engine.core.metrics import MetricsAccumulator, csv_rows, write_csv, write_jsonl
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
-from engine.metrics import MetricsAccumulator, csv_rows, write_csv, write_jsonl
-from engine.trace import FORMAT, Run, make_header, read_trace, trace_records
+from engine.files.trace import FORMAT, Run, make_header, read_trace, trace_records
 
 
 def event(index: int, last: bool = False, finish=None) -> RoundEvent:
@@ -69,7 +70,7 @@ def test_an_old_headerless_trace_still_reads(tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [("", "no rounds"), ("[1]\n", "not a trace record"),
-                                          ("{oops\n", "not JSON"), ('{"type": "round"}\n', "not a round")])
+                                          ("{oops\n", "not JSON"), ('{"type": "round"}\n', "field method: missing")])
 def test_a_file_that_is_not_a_trace_is_one_clear_error(tmp_path, text, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)

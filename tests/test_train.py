@@ -62,11 +62,11 @@ def test_exported_models_load_with_transformers(tiny_run):
 
 
 def test_exported_models_load_through_engine(tiny_run):
-    if importlib.util.find_spec("engine.models") is None:
-        pytest.skip("engine/models.py not written yet")
-    models = pytest.importorskip("engine.models")
+    if importlib.util.find_spec("engine.models.loading") is None:
+        pytest.skip("engine/models/loading.py not written yet")
+    models = pytest.importorskip("engine.models.loading")
     if not hasattr(models, "load_runner"):
-        pytest.skip("engine.models has no load_runner yet")
+        pytest.skip("engine.models.loading has no load_runner yet")
     from transformers import AutoModelForCausalLM
 
     path = tiny_run / "export" / "target"
@@ -95,7 +95,7 @@ def test_medusa_heads_load_and_predict(tiny_run):
     # parents kept, never less right
     assert all(len(p) == 1 or chances[p[:-1]] >= c for p, c in chances.items())
     assert all(len(p) <= 4 and max(p) < heads.RANKS for p in chances)
-    from engine.drafters.medusa import MedusaHeads
+    from engine.methods.medusa.drafter import MedusaHeads
 
     assert MedusaHeads.load(d, "cpu", torch.float32).path_accuracy is not None  # the drafter reads it back
     keys = set(load_file(str(d / "medusa_heads.safetensors")))  # two blocks a head, int8 (the preset's)
@@ -163,8 +163,8 @@ def test_model_card_and_report(tiny_run):
 def test_exported_eagle3_head_drafts_losslessly_through_the_engine(tiny_run):
     """The trained EAGLE-3 head, exported, drives the eagle3 method: greedy output equals plain decoding."""
     from engine.config import GenerationConfig
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
 
     target = tiny_run / "export" / "target"
     cfg = json.loads((target / "eagle3_config.json").read_text())

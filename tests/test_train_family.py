@@ -79,9 +79,9 @@ def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
     """The heads-only export, copied over the family's target/, is what the engine's Medusa method loads:
     fp16, with the stage's measured path accuracies; greedy decoding with it equals plain decoding."""
     from engine.config import GenerationConfig
-    from engine.decoder import SpeculativeDecoder
-    from engine.drafters.medusa import MedusaHeads
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.methods.medusa.drafter import MedusaHeads
+    from engine.models.loading import load_pair
 
     out = medusa_run / "heads"
     assert sorted(f.name for f in out.iterdir()) == ["medusa_config.json", "medusa_heads.safetensors",
@@ -180,8 +180,8 @@ def test_exported_eagle3_head_drives_the_familys_target_and_its_card(family, eag
     """The head-only export, copied over the family's target/, is what the EAGLE-3 method loads (fp16, the
     stage's weights); greedy decoding with it equals plain decoding; the card's EAGLE-3 section shows it."""
     from engine.config import GenerationConfig
-    from engine.decoder import SpeculativeDecoder
-    from engine.models import load_pair
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
     from engine.train import eagle3, export
 
     out = eagle3_run / "head"

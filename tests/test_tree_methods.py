@@ -8,12 +8,12 @@ import torch
 from safetensors.torch import save_file
 from tiny_models import make_tiny_llama
 
+from engine.analysis.lossless import check_sampling
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.drafters.medusa import assumed_chances, default_choices, medusa_tree
-from engine.drafters.tree import build_trie
-from engine.lossless import check_sampling
-from engine.models import load_pair
+from engine.core.decoder import SpeculativeDecoder
+from engine.methods.medusa.drafter import assumed_chances, default_choices, medusa_tree
+from engine.methods.tree import build_trie
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
@@ -216,12 +216,13 @@ def test_the_next_tokens_figures_come_from_the_row_that_gave_it(decoder, method)
 @pytest.mark.parametrize("head_name", ["eagle", "eagle3"])
 @pytest.mark.parametrize("n, k", [(1, 3), (4, 3), (2, 5)])
 def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_name, n, k):
-    """EAGLE's round graph (engine.chain_graph.eagle_round_body) does what the eager path does: the head's
+    """EAGLE's round graph (engine.core.chain_graph.eagle_round_body) does what the eager path does: the
+    head's
     step over the n committed positions, then a greedy chain of k from its last predicted feature; here run
     eagerly on the CPU."""
     import torch
 
-    from engine.chain_graph import eagle_round_body
+    from engine.core.chain_graph import eagle_round_body
 
     head = decoder.eagle_head() if head_name == "eagle" else decoder.eagle3_head()
     runner = head.runner
@@ -251,7 +252,7 @@ def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(ca
     """A capture invalidated by an earlier operation (seen now and then on an H200) is tried again in a new
     memory pool (the failed capture's pool is dropped); failing twice, the caller gets None and drafts without
     the graph, with a warning, rather than crashing the run."""
-    from engine.chain_graph import ChainGraphs
+    from engine.core.chain_graph import ChainGraphs
 
     runner = type("Runner", (), {"_graph_pool": "pool 1"})()
     graphs, calls = ChainGraphs(runner), []
@@ -286,12 +287,13 @@ def _host_choice(scores: list, parents: list, nodes: int) -> tuple:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_trees_nodes_are_chosen_on_the_device_as_on_the_host(seed):
-    """EAGLE's tree keeps its best nodes without a host copy (engine.drafters.eagle.choose_nodes): the same
+    """EAGLE's tree keeps its best nodes without a host copy (engine.methods.eagle.drafter.choose_nodes): the
+    same
     nodes and parents as choosing them on the host, exactly `nodes` of them closed under ancestors even when a
     child's log-probability is 0 (its score ties its parent's), and the block's depths and visibility equal
     those the runner derives from the parents."""
-    from engine.drafters.eagle import choose_nodes
-    from engine.runner import tree_ancestor_mask, tree_depths
+    from engine.methods.eagle.drafter import choose_nodes
+    from engine.models.runner import tree_ancestor_mask, tree_depths
 
     gen = torch.Generator().manual_seed(seed)
     total, nodes = 15, 8
@@ -315,10 +317,10 @@ def test_the_trees_nodes_are_chosen_on_the_device_as_on_the_host(seed):
 
 
 def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end():
-    """engine.chain_graph.capture_feed_lengths (behind prepare_draft_rounds, prepare_eagle_rounds and
+    """engine.core.chain_graph.capture_feed_lengths (behind prepare_draft_rounds, prepare_eagle_rounds and
     prepare_tree_rounds): every feed length 1..K+1 is asked for, those that exist are counted, and nothing is
     captured when the warm-ups' rows would run past the cache."""
-    from engine.chain_graph import capture_feed_lengths
+    from engine.core.chain_graph import capture_feed_lengths
 
     runner = type("Runner", (), {"length": 10, "max_length": 30})()
     asked = []
@@ -334,7 +336,7 @@ def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end(
 
 def fixed_tree_drafter(target, heads):
     """A Medusa drafter of the fixed tree (SPECPLAY_MEDUSA_DYNAMIC=0's)."""
-    from engine.drafters.medusa import MedusaDrafter
+    from engine.methods.medusa.drafter import MedusaDrafter
 
     drafter = MedusaDrafter(target, heads)
     drafter.dynamic = False
@@ -344,7 +346,7 @@ def fixed_tree_drafter(target, heads):
 def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
     """medusa_draft_rows (every row of a block, the heads stacked into one product) gives row i the tree that
     the one-row proposal drafts from row i's feature."""
-    from engine.chain_graph import medusa_draft_rows
+    from engine.core.chain_graph import medusa_draft_rows
 
     heads = decoder.medusa_heads()
     drafter = fixed_tree_drafter(decoder.target, heads)
@@ -362,7 +364,7 @@ def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
 def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
     """With a verification's accepted count and path, medusa_rows drafts from the one row that gave the next
     token (0 when nothing was accepted, else the path's last node's row): that row of the every-row draft."""
-    from engine.chain_graph import medusa_rows
+    from engine.core.chain_graph import medusa_rows
 
     heads = decoder.medusa_heads()
     drafter = fixed_tree_drafter(decoder.target, heads)
@@ -380,8 +382,8 @@ def test_medusa_candidates_are_scored_by_their_heads_log_probabilities(decoder):
     """The dynamic tree's candidates from every row of a block: each path's token is its last head's rank-r
     token and its score the sum of its heads' log-probabilities of its ranks, as computed from that row alone;
     with an accepted count and path, the one row that gave the next token."""
-    from engine.chain_graph import medusa_candidate_rows, medusa_draft_rows
-    from engine.drafters.medusa import MedusaCandidates, MedusaDrafter
+    from engine.core.chain_graph import medusa_candidate_rows, medusa_draft_rows
+    from engine.methods.medusa.drafter import MedusaCandidates, MedusaDrafter
 
     heads = decoder.medusa_heads()
     drafter = MedusaDrafter(decoder.target, heads)
@@ -408,10 +410,10 @@ def test_medusa_candidate_rows_on_the_kernels_branch_equal_the_torch_branch(deco
     """The decode kernels' branch of medusa_candidate_rows (sp_topk ranking the log-probabilities and taking
     the candidates' tokens, here its twin) gives the torch branch's tokens and scores, from every row and from
     the accepted row alone, and writes the scores into scores_out."""
-    import engine.chain_graph as chain_graph
-    from engine.chain_graph import medusa_candidate_rows
-    from engine.drafters.medusa import MedusaDrafter
+    import engine.core.chain_graph as chain_graph
+    from engine.core.chain_graph import medusa_candidate_rows
     from engine.kernels.step import TopK, topk_reference
+    from engine.methods.medusa.drafter import MedusaDrafter
 
     class TwinKernels:
         calls = 0
@@ -444,8 +446,8 @@ def test_medusa_candidates_tokens_taken_by_the_ranking_launch_are_the_selected_o
     """On the decode kernels the candidates' tokens come from the ranking's launch (sp_topk taking them at
     _medusa_index's flat positions in its head-major [depth * M, width] indices); elsewhere they are selected
     from the ranks laid out per row. Both give each row's candidates the same tokens."""
-    from engine.chain_graph import _medusa_index
-    from engine.drafters.medusa import assumed_chances, medusa_candidates
+    from engine.core.chain_graph import _medusa_index
+    from engine.methods.medusa.drafter import assumed_chances, medusa_candidates
 
     candidates = medusa_candidates(8, assumed_chances(4))
     depth, width = candidates.depth, candidates.width
@@ -466,8 +468,8 @@ def test_medusa_chooses_the_best_scored_paths_as_a_tree():
     """MedusaCandidates.choose keeps the `nodes` candidates of the highest scores (ties to the shallower),
     every kept path's prefixes with it, and gives their parents in the tree and the verification block's
     mask."""
-    from engine.drafters.medusa import assumed_chances, medusa_candidates
-    from engine.runner import tree_ancestor_mask
+    from engine.methods.medusa.drafter import assumed_chances, medusa_candidates
+    from engine.models.runner import tree_ancestor_mask
 
     candidates = medusa_candidates(8, assumed_chances(4))
     count = len(candidates.paths)
@@ -498,7 +500,7 @@ def test_medusa_first_round_drafts_from_the_prompts_features(decoder):
 def test_medusa_greedy_equals_plain_with_either_tree(decoder, monkeypatch, dynamic):
     """Medusa's greedy output is plain decoding's with the tree chosen each round and with the fixed tree
     (SPECPLAY_MEDUSA_DYNAMIC=0), at K = 2 and 4 and a tree of 16 nodes."""
-    from engine.drafters import medusa
+    from engine.methods.medusa import drafter as medusa
 
     monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
@@ -515,7 +517,7 @@ def test_medusa_drafted_behind_the_verification_is_lossless(decoder, monkeypatch
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
     alone = [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
     early_rounds = []
-    from engine.drafters import medusa
+    from engine.methods.medusa import drafter as medusa
 
     original = medusa.MedusaDrafter.verified
 
@@ -587,13 +589,13 @@ def test_every_stored_form_of_the_heads_stays_lossless(tmp_path, layers, int8):
 def test_bad_int8_heads_are_refused_clearly(tmp_path):
     from safetensors.torch import load_file
 
-    from engine.drafters.medusa import MedusaHeads
     from engine.errors import SpecplayError
+    from engine.methods.medusa.drafter import MedusaHeads
 
     target = make_tiny_llama(tmp_path / "target", hidden=32, layers=2, seed=1)
     add_random_medusa_heads(target, 32)
     tensors = load_file(str(target / "medusa_heads.safetensors"))
     tensors["second.2.weight_scale"] = tensors["second.2.weight_scale"][:8].contiguous()
     save_file(tensors, str(target / "medusa_heads.safetensors"))
-    with pytest.raises(SpecplayError, match="second.2: an int8 weight"):
+    with pytest.raises(SpecplayError, match=r"second.2.weight_scale has shape \[8\], expected \[32\]"):
         MedusaHeads.load(target, "cpu", torch.float32)

@@ -8,13 +8,13 @@ import pytest
 from tiny_models import make_tiny_pair
 from trace_fixtures import chain_round, write_trace
 
+from engine.analysis.costmodel import CostModel, Measured, timing_of
+from engine.analysis.predict import load_trace, predict_from_trace
 from engine.config import GenerationConfig
-from engine.costmodel import CostModel, Measured, timing_of
-from engine.decoder import SpeculativeDecoder
-from engine.metrics import csv_header, csv_row
-from engine.models import load_pair
-from engine.predict import load_trace, predict_from_trace
-from engine.trace import event_from_dict
+from engine.core.decoder import SpeculativeDecoder
+from engine.core.metrics import csv_header, csv_row
+from engine.files.trace import event_from_dict
+from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 

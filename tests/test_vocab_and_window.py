@@ -10,10 +10,10 @@ from safetensors.torch import load_file, save_file
 from spec_fixtures import make_perturbed_copy
 from tiny_models import load_hf_reference, make_tiny_llama
 
+from engine.analysis.lossless import check_sampling, exact_two_token_distribution
 from engine.config import GenerationConfig, SamplingParams
-from engine.decoder import SpeculativeDecoder
-from engine.lossless import check_sampling, exact_two_token_distribution
-from engine.models import load_pair, load_tokenizer
+from engine.core.decoder import SpeculativeDecoder
+from engine.models.loading import load_pair, load_tokenizer
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 NEW_TOKENS = 40
@@ -159,7 +159,7 @@ def test_sliding_window_speculation_equals_plain(windowed, method):
 def test_sliding_window_through_transformers_rolls_back(tmp_path):
     """A windowed Mistral the compact forward does not cover (dynamic rope) runs through HFRunner, whose
     cache must roll back past the window: full-length layers, the window applied by the mask."""
-    from engine.hf_runner import HFRunner
+    from engine.models.hf_runner import HFRunner
 
     target = set_config(make_tiny_llama(tmp_path / "target", arch="mistral", seed=5,
                                         rope={"rope_type": "dynamic", "factor": 2.0}), sliding_window=6)

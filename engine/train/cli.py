@@ -32,8 +32,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from engine.core.threads import check_threads, env_threads
 from engine.errors import SpecplayError
-from engine.threads import check_threads, env_threads
 from engine.train.presets import PRESETS, STAGES  # not engine.train.stages: it imports torch
 
 FROM_FAMILY_STAGES = ("tokenizer", "target", "selfgen", "medusa")   # --from-family's default: Medusa only

@@ -15,7 +15,7 @@ what the target would say, not the corpus' next token), weighted by decay^(s-1).
 
 Shapes: B = batch, T = window length, H = hidden size, V = vocabulary, n = number of tap layers.
 The state dict's names follow the shipped head (`proj.weight`, `fc.weight`, `layer.<Llama layer keys>`), so
-that engine/drafters/eagle3.py runs the layer with the engine's Llama runner.
+that engine/methods/eagle3/drafter.py runs the layer with the engine's Llama runner.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class DecoderLayer(nn.Module):
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, h, T, D] with cos/sin [T, D] (the rotate-half convention of Llama and engine.llama)."""
+    """x [B, h, T, D] with cos/sin [T, D] (the rotate-half convention of Llama and engine.models.llama)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)

@@ -290,7 +290,7 @@ def load_medusa(dir_: Path) -> MedusaHeads:
 
     cfg = json.loads((dir_ / "medusa_config.json").read_text())
     heads = MedusaHeads(cfg["hidden_size"], cfg["num_heads"], cfg.get("layers", 1))
-    from engine.drafters.medusa import dequantized_weight
+    from engine.methods.medusa.drafter import dequantized_weight
 
     state = load_file(str(dir_ / "medusa_heads.safetensors"))
     heads.load_state_dict({

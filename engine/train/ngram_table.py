@@ -1,4 +1,5 @@
-"""The corpus table n-gram prompt lookup fills its proposals from (engine.drafters.corpus_table), built for
+"""The corpus table n-gram prompt lookup fills its proposals from (engine.methods.ngram.corpus_table), built
+for
 a model directory's tokenizer from the standard library's training files (the split of engine.train.corpus:
 the held-out prompts' validation files are left out).
 
@@ -21,7 +22,7 @@ def build_ngram_table(model_dir: Path, log=print, root=None):
     (default: the running interpreter's)."""
     from tokenizers import Tokenizer
 
-    from engine.drafters import corpus_table
+    from engine.methods.ngram import corpus_table
     from engine.train.corpus import assign_splits, load_stdlib
 
     model_dir = Path(model_dir)

@@ -1,0 +1,668 @@
+"""Batched speculative decoding: B prompts of different lengths, one target forward verifies B blocks of K+1.
+
+Acceptance is ragged: each sequence accepts its own count, rolls back its own cache rows and finishes on its
+own EOS or budget. A finished sequence stays in the batch as padding (its block is computed and thrown away)
+and stops counting in the figures. Plain decoding ("none") is the same loop with empty drafts, so both sides
+of every comparison are measured alike.
+
+Ragged drafts (n-gram proposals of different lengths; EAGLE's one-token prompts, which draft nothing in
+their first round) are right-padded to the round's longest one. The verification kernels take one N per call,
+so padded positions are made impossible to accept: the logits get one extra column at -inf (p = 0 at every
+row, the other columns' warped distribution unchanged) and a padded draft is that column's token, with one-hot
+q on it. Greedy: the pad never equals the argmax, so verification stops at the first pad and the next token is
+the argmax of row n_b, the bonus row. Sampling: the pad's acceptance probability is min(1, 0/1) = 0, and the
+residual normalize(max(p - e_pad, 0)) is p itself, so the next token is drawn from row n_b's distribution,
+again the bonus. Every real position is tested exactly as without padding (causal attention keeps the pads out
+of rows 0..n_b). See tests/test_batch.py for the check."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from engine.config import GenerationConfig
+from engine.core.decoder import attention_without_plans, eos_ids
+from engine.errors import SpecplayError
+from engine.kernels import select_backend
+from engine.methods.ngram.drafter import lookup_continuation
+from engine.models.batch_runner import BatchRunner
+from engine.models.runner import to_device
+
+BATCH_METHODS = ("none", "draft", "ngram", "eagle")
+
+
+# ------------------------------------------------------------------------------------------------ results
+@dataclass
+class SequenceResult:
+    index: int
+    prompt_len: int
+    ids: list = field(default_factory=list)  # generated token ids
+    text: str = ""
+    finish_reason: Optional[str] = None
+    rounds: int = 0  # rounds in which this sequence was still decoding
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return len(self.ids) / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "prompt_tokens": self.prompt_len, "text": self.text,
+                "tokens": len(self.ids), "finish_reason": self.finish_reason, "rounds": self.rounds,
+                "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+                "tokens_per_round": self.tokens_per_round}
+
+
+@dataclass
+class BatchResult:
+    sequences: List[SequenceResult]
+    method: str
+    k: int
+    rounds: int = 0  # target forwards after the prefill (one per round, the whole batch)
+    seconds: float = 0.0  # decoding rounds, wall clock (the prefill apart)
+    prefill_ms: float = 0.0
+    device: str = "CPU"
+    outcomes: dict = field(default_factory=dict)  # (drafted, accepted) -> sequence-rounds that ended so
+    groups: int = 1  # batches run one after another whose sequences this holds (merged_results)
+
+    @property
+    def per_position_acceptance(self) -> list:
+        """alpha_i: P(draft i accepted | drafts 0..i-1 accepted), over every sequence and round. A round that
+        drafted n and accepted a tested depths 0..min(a, n-1) and accepted depths 0..a-1."""
+        tested, accepted = [0] * self.k, [0] * self.k
+        for (drafted, acc), times in self.outcomes.items():
+            for depth in range(min(drafted, acc + 1, self.k)):
+                tested[depth] += times
+                accepted[depth] += times * (depth < acc)
+        return [a / t if t else 0.0 for a, t in zip(accepted, tested, strict=True)]
+
+    @property
+    def batch(self) -> int:
+        """Sequences per forward."""
+        return len(self.sequences) // self.groups
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.ids) for s in self.sequences)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens per sequence per round, counting finished sequences' padded rounds as idle (what a static
+        batch pays for); 1 for plain decoding with equal budgets."""
+        return self.tokens / (self.rounds * self.batch) if self.rounds else 0.0
+
+    def summary(self) -> dict:
+        drafted = sum(s.drafted for s in self.sequences)
+        accepted = sum(s.accepted for s in self.sequences)
+        return {"method": self.method, "k": self.k, "batch": self.batch, "rounds": self.rounds,
+                "tokens": self.tokens, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
+                "prefill_ms": self.prefill_ms, "tokens_per_round": self.tokens_per_round,
+                "drafted": drafted, "accepted": accepted,
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "per_position_acceptance": self.per_position_acceptance, "device": self.device}
+
+
+def merged_results(results: Sequence[BatchResult]) -> BatchResult:
+    """Batches of the same size and configuration run one after another, as one result: their sequences,
+    rounds, wall time and acceptance outcomes summed (tokens/s over the whole time, tokens per round per
+    sequence over every batch's rounds)."""
+    first = results[0]
+    outcomes: dict = {}
+    for r in results:
+        for key, times in r.outcomes.items():
+            outcomes[key] = outcomes.get(key, 0) + times
+    return BatchResult(sequences=[s for r in results for s in r.sequences], method=first.method, k=first.k,
+                       rounds=sum(r.rounds for r in results), seconds=sum(r.seconds for r in results),
+                       prefill_ms=sum(r.prefill_ms for r in results), device=first.device, outcomes=outcomes,
+                       groups=sum(r.groups for r in results))
+
+
+# ------------------------------------------------------------------------------------------------ drafts
+@dataclass
+class BatchDraft:
+    tokens: torch.Tensor  # [B, N] int64 on the device (rows past counts[b] are padding)
+    counts: List[int]  # real drafts per sequence (0 for finished ones)
+    probs: Optional[torch.Tensor] = None  # [B, N, V] float32: what each draft was drawn from; None = one-hot
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+@dataclass
+class _Seq:
+    """A sequence while it decodes: committed tokens (the last one not yet in the target cache)."""
+
+    tokens: list
+    prompt_len: int
+    budget: int
+    result: SequenceResult
+    done: bool = False
+
+
+class _BatchDrafter:
+    """Drafts for every sequence at once; `commit` gets each sequence's accepted count. A drafter that reads
+    the target's features (EAGLE) gets the prefill's at `start` ([B, P, H], P the longest prompt less one;
+    None for one-token prompts) and the round block's at `commit` ([B, N+1, H])."""
+
+    def start(self, seqs: List[_Seq], max_length: int, features: Optional[torch.Tensor] = None) -> None:
+        pass
+
+    def propose(self, seqs: List[_Seq], k: int, sampler: "_Sampler") -> BatchDraft:
+        raise NotImplementedError
+
+    def commit(self, seqs: List[_Seq], accepted: List[int], features: Optional[torch.Tensor] = None) -> None:
+        pass
+
+
+class _NoDrafts(_BatchDrafter):
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        device = sampler.device
+        return BatchDraft(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
+
+
+class _NgramDrafts(_BatchDrafter):
+    """Prompt lookup on the host, per sequence; proposals are ragged."""
+
+    def __init__(self, max_n: int, table=None):
+        self.max_n, self.table = max_n, table  # table: the target's CorpusTable, or None
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        proposals = [[] if s.done else lookup_continuation(s.tokens, self.max_n, k, self.table) for s in seqs]
+        width = max(len(p) for p in proposals)
+        rows = [p + [0] * (width - len(p)) for p in proposals]
+        tokens = to_device(rows, sampler.device).view(len(seqs), width)
+        return BatchDraft(tokens, [len(p) for p in proposals])
+
+
+class _DraftModelDrafts(_BatchDrafter):
+    """The draft model drafts K tokens for all B sequences at once over its own batched cache (mirrors
+    engine.methods.draft_model.drafter: feed what the cache lacks, 1 or 2 tokens, then K-1 single steps)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.batch: Optional[BatchRunner] = None
+        self.base: List[int] = []
+        self.last_k = 0
+        self.use_graphs = runner.device.type == "cuda"
+
+    def start(self, seqs, max_length, features=None) -> None:
+        if not _fits(self.batch, len(seqs), max_length):
+            self.batch = None  # free the old cache first
+            self.batch = BatchRunner(self.runner, len(seqs), max_length)
+        self.batch.use_graphs = self.use_graphs
+        self.batch.reset()
+        _prefill(self.batch, seqs)
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        runner = self.batch
+        live = [not s.done for s in seqs]
+        feeds = [s.tokens[length:] if ok else []
+                 for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
+        self.base, self.last_k = [len(s.tokens) for s in seqs], k
+        width = 2 if runner.use_graphs else 1  # a fixed width keeps the first step to one captured graph
+        logits = _forward_ragged(runner, feeds, sampler.device, width)  # [B, V]: draft token 0's distribution
+        tokens, probs = [], []
+        ones = [1 if ok else 0 for ok in live]
+        for i in range(k):
+            token, q = sampler.draw(logits)  # [B], [B, V] or None
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:
+                logits = runner.forward(token[:, None], ones)[0][:, 0]
+        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
+        counts = [k if ok else 0 for ok in live]
+        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
+
+    def commit(self, seqs, accepted, features=None) -> None:
+        # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
+        keep = self.last_k - 1
+        self.batch.lengths = [min(length, base + min(acc, keep)) for length, base, acc
+                              in zip(self.batch.lengths, self.base, accepted, strict=True)]
+
+
+class _EagleDrafts(_BatchDrafter):
+    """EAGLE's chain for all B sequences at once (mirrors engine.methods.eagle.drafter.EagleDrafter._chain):
+    the
+    head's one layer runs over its own batched cache, each sequence at its own length.
+
+    Head row r of sequence b is fc([f_r ; e(x_{r+1})]), f_r the target's feature at position r. `true`
+    holds each sequence's rows built from the target's true features; the pending inputs (the prefill's
+    features, then each round's accepted rows) are fed at the next propose, ragged, and the head's output at
+    each sequence's last fed row starts its chain: K tokens drawn from the head's logits (argmax, or sampled
+    with its q), each fed back with its predicted feature. The drafted rows are dropped at commit (each cache
+    rolled back to its true rows), like the target's rejected rows."""
+
+    def __init__(self, head):
+        self.head = head  # engine.methods.eagle.drafter.EagleHead
+        self.batch: Optional[BatchRunner] = None
+        self.true: List[int] = []  # head rows from true features, per sequence
+        self.pending = None  # (features [B, m, H], next tokens [B, m] on the device, counts [B]) or None
+        self.use_graphs = head.runner.device.type == "cuda"
+
+    def start(self, seqs, max_length, features=None) -> None:
+        if not _fits(self.batch, len(seqs), max_length):
+            self.batch = None  # free the old cache first
+            self.batch = BatchRunner(self.head.runner, len(seqs), max_length)
+        self.batch.use_graphs = self.use_graphs
+        self.batch.reset()
+        self.true = [0] * len(seqs)
+        counts = [len(s.tokens) - 1 for s in seqs]  # features of positions 0..P-2, next tokens 1..P-1
+        self.pending = None
+        if features is not None and max(counts) > 0:
+            width = features.shape[1]
+            rows = [s.tokens[1:] + [0] * (width - c) for s, c in zip(seqs, counts, strict=True)]
+            self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
+
+    def propose(self, seqs, k, sampler) -> BatchDraft:
+        runner, bsz = self.batch, len(seqs)
+        runner.set_lengths(self.true)  # drafted rows of the last round are gone
+        fed = [0] * bsz
+        feature = logits = None
+        if self.pending is not None:
+            features, next_tokens, fed = self.pending
+            fed = [c if not s.done else 0 for c, s in zip(fed, seqs, strict=True)]
+            if max(fed) > 0:
+                feature, logits = self._feed(features, next_tokens, fed, k)
+            self.true = list(runner.lengths)
+            self.pending = None
+        # a sequence drafts once its head has a row (a one-token prompt waits for its first round)
+        drafting = [not s.done and c > 0 for s, c in zip(seqs, fed, strict=True)]
+        counts = [k if ok else 0 for ok in drafting]
+        if not any(drafting):
+            return BatchDraft(torch.zeros(bsz, 0, dtype=torch.long, device=sampler.device), [0] * bsz)
+        ones = [1 if ok else 0 for ok in drafting]
+        tokens, probs = [], []
+        for i in range(k):
+            token, q = sampler.draw(logits)  # [B], [B, V] or None
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:  # the head shares the target's norm and LM head: its logits are the next ones
+                out_logits, hidden = runner.forward_embeds(self.head.fuse(feature, token)[:, None], ones)
+                feature, logits = hidden[:, 0], out_logits[:, 0]
+        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
+        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
+
+    def _feed(self, features: torch.Tensor, next_tokens: torch.Tensor, counts: List[int], k: int):
+        """Append each sequence's pending rows (counts[b] of them, right-padded); the head's predicted
+        feature [B, H] and logits [B, V] after each one's last row (row 0 for a sequence fed nothing)."""
+        width = max(counts)
+        if self.use_graphs and width <= k + 1:
+            width = k + 1  # a round feeds 1..K+1 rows: one width keeps to one captured graph
+        features, next_tokens = _width(features, width), _width(next_tokens, width)
+        logits, hidden = self.batch.forward_embeds(self.head.fuse(features, next_tokens), counts)
+        rows = torch.arange(len(counts), device=hidden.device)
+        last = to_device([max(c - 1, 0) for c in counts], hidden.device)  # [B]
+        return hidden[rows, last], logits[rows, last]
+
+    def commit(self, seqs, accepted, features=None) -> None:
+        # the block's rows 0..a_b (the last committed token and the accepted drafts) hold true features; the
+        # tokens after them are the round's emitted ones, the last a_b + 1 of each sequence's tokens
+        counts = [0 if s.done else acc + 1 for s, acc in zip(seqs, accepted, strict=True)]
+        self.batch.set_lengths(self.true)
+        if features is None or max(counts) == 0:
+            self.pending = None
+            return
+        width = features.shape[1]
+        rows = [s.tokens[len(s.tokens) - c:] + [0] * (width - c) if c else [0] * width
+                for s, c in zip(seqs, counts, strict=True)]
+        self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
+
+
+def _width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [B, m, ...] cut or zero-padded to [B, width, ...] along dim 1."""
+    m = x.shape[1]
+    if m >= width:
+        return x[:, :width]
+    pad = x.new_zeros((x.shape[0], width - m) + tuple(x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def _fits(runner: Optional[BatchRunner], batch: int, max_length: int) -> bool:
+    """Whether a batched runner can be kept for B sequences of max_length tokens."""
+    return runner is not None and runner.batch == batch and runner.max_length >= max_length
+
+
+def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> Optional[torch.Tensor]:
+    """Every prompt but its last token (fed by the first round), right-padded into one block; its features
+    [B, P, H] (P the longest prompt less one), None when every prompt is one token."""
+    prefixes = [s.tokens[:-1] for s in seqs]
+    width = max(len(p) for p in prefixes)
+    if width == 0:
+        return None
+    rows = [p + [0] * (width - len(p)) for p in prefixes]
+    return runner.forward(to_device(rows, runner.device).view(len(seqs), width), [len(p) for p in prefixes],
+                          with_logits=False)[1]
+
+
+def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
+    """Feed each sequence its own tokens (right-padded to at least `width`: a fixed block size keeps to one
+    captured graph); the logits [B, V] after each one's last real token (a sequence fed nothing gets row 0,
+    which nobody reads)."""
+    width = max(width, max(len(f) for f in feeds))
+    rows = [f + [0] * (width - len(f)) for f in feeds]
+    logits = runner.forward(to_device(rows, device).view(len(feeds), width), [len(f) for f in feeds])[0]
+    last = to_device([max(len(f) - 1, 0) for f in feeds], device)  # [B]
+    return logits[torch.arange(len(feeds), device=logits.device), last]  # [B, V]
+
+
+class _Sampler:
+    """The run's randomness and sampling settings (one CPU generator for the whole batch: rows get
+    independent uniforms, and a seed reproduces the run)."""
+
+    def __init__(self, config: GenerationConfig, backend, vocab_size: int, device):
+        self.config, self.backend, self.vocab_size, self.device = config, backend, vocab_size, device
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.sampling.greedy
+
+    def uniforms(self, *shape: int) -> torch.Tensor:
+        return to_device(torch.rand(*shape, generator=self.generator), self.device, torch.float32)
+
+    def draw(self, logits: torch.Tensor):
+        """One draft token per row of logits [B, V']: (tokens [B], q [B, V] or None when greedy)."""
+        logits = logits[:, :self.vocab_size]
+        if self.greedy:
+            return logits.argmax(-1), None
+        s = self.config.sampling
+        q = self.backend.warp_probs(logits, s.temperature, s.top_k, s.top_p)  # [B, V]
+        return self.backend.sample_from_probs(q, self.uniforms(logits.shape[0])), q
+
+
+# ------------------------------------------------------------------------------------------------ padding
+def pad_for_verify(logits: torch.Tensor, draft: BatchDraft, live: Sequence[bool]):
+    """(logits, draft tokens, draft probs) for the verification kernels, with every padded draft position of a
+    live sequence impossible to accept (see the module docstring). Unchanged when no live row is ragged.
+    logits [B, N+1, V] -> [B, N+1, V] or [B, N+1, V+1]; tokens [B, N]; probs [B, N, V(+1)] or None."""
+    n = draft.width
+    if all(c == n for c, ok in zip(draft.counts, live, strict=True) if ok):
+        return logits, draft.tokens, draft.probs
+    bsz, rows, vocab = logits.shape
+    device = logits.device
+    logits = torch.cat([logits, logits.new_full((bsz, rows, 1), float("-inf"))], dim=-1)  # [B, N+1, V+1]
+    padded = (torch.arange(n, device=device)[None, :]
+              >= to_device(draft.counts, device)[:, None])  # [B, N] True at pads
+    tokens = torch.where(padded, torch.full_like(draft.tokens, vocab), draft.tokens)
+    probs = draft.probs
+    if probs is not None:
+        probs = torch.cat([probs, probs.new_zeros(bsz, n, 1)], dim=-1)  # [B, N, V+1]
+        one_hot = torch.zeros_like(probs)
+        one_hot[..., vocab] = 1.0
+        probs = torch.where(padded[..., None], one_hot, probs)
+    return logits.contiguous(), tokens, probs
+
+
+# ------------------------------------------------------------------------------------------------ decoder
+class BatchDecoder:
+    """Decode B prompts as one batch with one of the batched methods (none, draft, ngram, eagle).
+
+    eagle_head: the target's EAGLE head (an EagleHead, or a function returning one, called on first use, e.g.
+    a loaded SpeculativeDecoder's eagle_head: the head is then shared); default: loaded from the target's
+    directory on first use."""
+
+    def __init__(self, pair, backend=None, eagle_head=None):
+        self.pair = pair
+        self._eagle_head = eagle_head
+        self.target = pair.target
+        self.tokenizer = pair.tokenizer
+        self.device = self.target.device
+        self.backend = backend or select_backend(self.device)
+        self.vocab_size = pair.vocab_size
+        self.eos_ids = eos_ids(self.tokenizer)
+        self.use_graphs = self.device.type == "cuda"
+        if self.use_graphs:
+            attention_without_plans()  # as the single-sequence decoder: no cuDNN plan per prompt length
+        # A simulation for timing studies (it changes the output): each drafted token is accepted with this
+        # probability, independently, whatever the target says; None = real verification.
+        self.simulated_acceptance: Optional[float] = None
+        self._target_batch: Optional[BatchRunner] = None
+        self._drafters: dict = {}
+        if not hasattr(self.target, "layers"):
+            raise SpecplayError("batched decoding needs a Llama-family target (the compact forward)")
+        if self.device.type == "cuda":
+            # as SpeculativeDecoder does: cuDNN's SDPA plans a kernel per new shape (tens of ms each)
+            torch.backends.cuda.enable_cudnn_sdp(False)
+
+    @property
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
+
+    def encode(self, prompt: str) -> list:
+        if not prompt or not prompt.strip():
+            raise SpecplayError("a prompt is empty")
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise SpecplayError("a prompt encodes to no tokens")
+        return ids
+
+    def generate(self, prompts: Sequence, config: GenerationConfig,
+                 budgets: Optional[Sequence[int]] = None,
+                 should_stop: Optional[Callable[[], bool]] = None,
+                 until_first_done: bool = False, texts: bool = True) -> BatchResult:
+        """Decode every prompt (a string, or a list of token ids) of the batch. budgets: max new tokens per
+        sequence (default config.max_new_tokens each). should_stop() is polled once a round.
+
+        until_first_done stops once any sequence has finished: every measured round then runs the full batch
+        (the steady state a server that refills finished slots sees), not the static batch's ragged tail.
+        texts=False leaves SequenceResult.text empty (benchmarks: B x tokens decodes cost seconds)."""
+        config.validate()
+        if not prompts:
+            raise SpecplayError("no prompts to decode")
+        if config.method not in BATCH_METHODS:
+            raise SpecplayError(f"method {config.method!r} is not batched; choose one of: "
+                                f"{', '.join(BATCH_METHODS)}")
+        if config.method == "draft" and not hasattr(self.pair.draft, "layers"):
+            raise SpecplayError("batched method 'draft' needs a Llama-family draft model")
+        if config.method == "eagle":
+            if config.tree_nodes:
+                raise SpecplayError(f"batched EAGLE drafts a chain of K: method 'eagle', not the tree "
+                                    f"'eagle:{config.tree_nodes}'")
+            self.eagle_head()  # a pair without a head fails here, before anything is allocated
+        seqs = self._sequences(prompts, config, budgets)
+        max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
+        self._check_length(max_length, config)
+        sampler = _Sampler(config, self.backend, self.vocab_size, self.device)
+        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
+        with torch.inference_mode():
+            target, drafter = self._prepare(len(seqs), max_length, config)
+            began = time.perf_counter()
+            features = _prefill(target, seqs)
+            drafter.start(seqs, max_length, features)
+            _sync(self.device)
+            result.prefill_ms = 1000.0 * (time.perf_counter() - began)
+            began = time.perf_counter()
+            while not all(s.done for s in seqs):
+                if should_stop is not None and should_stop():
+                    break
+                if until_first_done and any(s.done for s in seqs):
+                    break
+                self._round(target, drafter, seqs, config, sampler, result)
+                result.rounds += 1
+            _sync(self.device)
+            result.seconds = time.perf_counter() - began
+        for s in seqs if texts else ():
+            s.result.text = self.tokenizer.decode(s.result.ids, skip_special_tokens=True,
+                                                  clean_up_tokenization_spaces=False)
+        return result
+
+    def ngram_table(self):
+        """The target's corpus table for n-gram (engine.methods.ngram.corpus_table), or None; read once."""
+        if not hasattr(self, "_ngram_table"):
+            from engine.methods.ngram import corpus_table
+
+            self._ngram_table = corpus_table.load(self.pair.target_name)
+        return self._ngram_table
+
+    def eagle_head(self):
+        """The target's EAGLE head (see the class docstring); SpecplayError when the target has none."""
+        head = self._eagle_head
+        try:
+            if callable(head):
+                head = head()
+            if head is None:
+                from engine.methods.eagle.drafter import EagleHead
+
+                head = EagleHead.load(self.pair.target_name, self.target)
+        except SpecplayError as exc:
+            raise SpecplayError(f"batched method 'eagle' needs the target's EAGLE head: {exc}") from None
+        self._eagle_head = head
+        return head
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _sequences(self, prompts, config, budgets) -> List[_Seq]:
+        budgets = [config.max_new_tokens] * len(prompts) if budgets is None else list(budgets)
+        if len(budgets) != len(prompts) or min(budgets) < 1:
+            raise SpecplayError("budgets: one positive token budget per prompt")
+        seqs = []
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+            ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if not ids:
+                raise SpecplayError(f"prompt {i + 1} has no tokens")
+            seqs.append(_Seq(list(ids), len(ids), int(budget), SequenceResult(i, len(ids))))
+        return seqs
+
+    def _check_length(self, max_length: int, config: GenerationConfig) -> None:
+        limit = self.target.max_length
+        if config.method == "draft":
+            limit = min(limit, self.pair.draft.max_length)
+        if max_length > limit:
+            raise SpecplayError(f"the longest prompt + max-new-tokens + K needs {max_length} tokens; "
+                                f"the model's context is {limit}")
+
+    def _prepare(self, batch: int, max_length: int, config: GenerationConfig):
+        """The target's batched runner (kept while B and the context fit) and a drafter for the method."""
+        t = self._target_batch
+        if t is None or t.batch != batch or t.max_length < max_length:
+            self._target_batch = t = None  # free the old cache before allocating the new one
+            t = self._target_batch = BatchRunner(self.target, batch, max_length)
+        t.use_graphs = self.use_graphs
+        t.reset()
+        if config.method == "none":
+            return t, _NoDrafts()
+        if config.method == "ngram":
+            table = self.ngram_table() if config.uses_ngram_table(self.device) else None
+            return t, _NgramDrafts(config.ngram_n, table)
+        if config.method == "eagle":
+            drafter = self._drafters.get("eagle")
+            if drafter is None:
+                drafter = self._drafters["eagle"] = _EagleDrafts(self.eagle_head())
+            drafter.use_graphs = self.use_graphs
+            return t, drafter
+        drafter = self._drafters.get("draft")
+        if drafter is None:
+            drafter = self._drafters["draft"] = _DraftModelDrafts(self.pair.draft)
+        drafter.use_graphs = self.use_graphs
+        return t, drafter
+
+    def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler,
+               result: BatchResult) -> None:
+        """Draft -> one target forward over every block -> verify -> ragged accept, roll back, finish."""
+        live = [not s.done for s in seqs]
+        draft = drafter.propose(seqs, config.k, sampler)
+        last = to_device([s.tokens[-1] for s in seqs], self.device)[:, None]  # [B, 1]
+        block = torch.cat([last, draft.tokens], dim=1)  # [B, N+1]
+        starts = list(target.lengths)
+        counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
+        logits, features = target.forward(block, counts)  # [B, N+1, V], [B, N+1, H]
+        if self.simulated_acceptance is None:
+            verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        else:
+            verdict = self._simulate(logits[..., :self.vocab_size], draft.counts, sampler)
+        values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
+        rows = values.tolist()  # the round's one host sync: [B, 2 + N]
+        accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
+        # each cache keeps the last committed token and the accepted drafts. A finished sequence (this round
+        # or before) keeps nothing: its later padding blocks then stay inside the cache (the accepted rows of
+        # a last round cut short by the budget could reach K rows past it).
+        target.lengths = [start if s.done else start + 1 + acc
+                          for start, acc, s in zip(starts, accepted, seqs, strict=True)]
+        drafter.commit(seqs, accepted, features)
+
+    def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":
+        """The forced-acceptance verdict: a run of independent successes of probability simulated_acceptance
+        (at most each row's drafts), then the target's argmax at the row after the run. logits [B, N+1, V]."""
+        rate = float(self.simulated_acceptance)
+        width = logits.shape[1] - 1
+        draws = (torch.rand(len(counts), max(width, 1), generator=sampler.generator) < rate).tolist()
+        accepted = []
+        for row, count in zip(draws, counts, strict=True):
+            acc = 0
+            while acc < count and row[acc]:
+                acc += 1
+            accepted.append(acc)
+        acc_dev = to_device(accepted, logits.device)  # [B]
+        rows = torch.arange(len(counts), device=logits.device)
+        return _Simulated(acc_dev, logits[rows, acc_dev].argmax(-1))
+
+    def _settle(self, seqs: List[_Seq], rows: list, counts: list, config, outcomes: dict) -> list:
+        """Each live sequence's accepted count and emitted tokens from the round's readout rows [B][2 + N]
+        (accepted, next token, the drafts). One lean pass: at large B this host loop is on the critical
+        path."""
+        accepted = [0] * len(seqs)
+        for b, (s, row) in enumerate(zip(seqs, rows, strict=True)):
+            if s.done:
+                continue
+            acc, next_token = row[0], row[1]
+            if acc < 0 or next_token < 0:  # the CUDA kernels flag NaN logits with -1 (no extra sync)
+                raise SpecplayError("the target model produced NaN logits (a numerical overflow? "
+                                    "try --dtype float32)")
+            acc = min(acc, counts[b])  # the padding already makes acc <= counts
+            accepted[b] = acc
+            key = (counts[b], acc)
+            outcomes[key] = outcomes.get(key, 0) + 1
+            emitted = row[2:2 + acc]
+            emitted.append(next_token)
+            self._accept(s, emitted, counts[b], acc, config)
+        return accepted
+
+    def _verify(self, logits: torch.Tensor, draft: BatchDraft, live, sampler):
+        logits, tokens, probs = pad_for_verify(logits, draft, live)
+        try:
+            if sampler.greedy:
+                return self.backend.verify_chain_greedy(logits, tokens)
+            s = sampler.config.sampling
+            uniforms = sampler.uniforms(logits.shape[0], logits.shape[1])  # [B, N+1]
+            return self.backend.verify_chain_stochastic(logits, tokens, probs, uniforms, s.temperature,
+                                                        s.top_k, s.top_p)
+        except ValueError as exc:  # the reference raises on NaN logits
+            raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") \
+                from None
+
+    def _accept(self, s: _Seq, emitted: list, drafted: int, accepted: int, config) -> None:
+        res = s.result
+        res.rounds += 1
+        res.drafted += drafted
+        res.accepted += accepted
+        if config.stop_at_eos and self.eos_ids:
+            for i, token in enumerate(emitted):
+                if token in self.eos_ids:
+                    emitted, s.done, res.finish_reason = emitted[:i + 1], True, "eos"
+                    break
+        room = s.budget - len(res.ids)
+        if len(emitted) >= room:
+            emitted, s.done = emitted[:room], True
+            res.finish_reason = res.finish_reason or "length"
+        res.ids.extend(emitted)
+        s.tokens.extend(emitted)
+
+
+@dataclass
+class _Simulated:
+    accepted: torch.Tensor  # [B] int64
+    next_token: torch.Tensor  # [B] int64
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
