@@ -49,31 +49,38 @@ def measure(decoder, prompts: list, config: GenerationConfig, repeats: int = 1) 
 
 
 def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1,
-                        after=None, before_repeat=None) -> Optional[dict]:
+                        after=None, before_repeat=None, keep_partial: bool = False) -> Optional[dict]:
     """Every configuration on every prompt, round-robin (prompt by prompt, each configuration in turn), added
     up per configuration: {label: RunTotals}. A slow stretch of the machine (an H200 host ran host-bound
     plain rounds at up to 1.7x their time after it had waited or idled) then slows every configuration
     alike, where timed one after another it would land on one configuration and skew every ratio to it.
-    after: called after each generation; when it returns False the measurement stops and gives None.
+    after: called after each generation; when it returns False the measurement stops and gives None, or with
+    keep_partial the totals of the prompts every configuration ran (None when there is none).
     before_repeat: called before each pass over the prompts (a session reset: no pass recalls the last)."""
     totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
+    cycles = 0
     for _ in range(repeats):
         if before_repeat is not None:
             before_repeat()
         for prompt in prompts:
+            cycle = {}  # added once every configuration ran the prompt: the totals stay paired
             for label, config in configs.items():
-                totals[label].add(final_metrics(list(decoder.generate(prompt, config))))
+                cycle[label] = final_metrics(list(decoder.generate(prompt, config)))
                 if after is not None and not after():
-                    return None
+                    return totals if keep_partial and cycles else None
+            for label, metrics in cycle.items():
+                totals[label].add(metrics)
+            cycles += 1
     return totals
 
 
-def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, progress=None) -> list:
+def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, progress=None,
+                  keep_partial: bool = False) -> list:
     """Each method on the same prompts, timed round-robin (measure_interleaved); speedup = tokens/s over
     `none`'s, measured in this run.
     methods: specs, NAME or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped.
     progress(done, total): called after each generation (the warm-ups' included); returning False stops the
-    run, which then gives no rows."""
+    run, which then gives no rows, or with keep_partial the rows of the prompts every method ran."""
     availability = decoder.method_availability()
     specs = [parse_spec(m) for m in methods]
     for spec in specs:
@@ -94,7 +101,8 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, 
             measure(decoder, prompts[:1], config)  # warm-up: kernels compiled, CUDA graphs captured
             if not after():
                 return []
-        results = measure_interleaved(decoder, prompts, configs, repeats, after, before_repeat=reset)
+        results = measure_interleaved(decoder, prompts, configs, repeats, after, before_repeat=reset,
+                                      keep_partial=keep_partial)
     if results is None:
         return []
     plain = results["none"]
@@ -373,10 +381,12 @@ def _step_ms(runner, probe, repeats: int) -> float:
     return sorted(times[1:])[repeats // 2]
 
 
-def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=None, repeats=1) -> list:
+def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=None, repeats=1,
+                      progress=None) -> list:
     """Layer skip with L = each of layer_counts (default: 1 .. N-1) drafting layers, on the same prompts, next
     to plain decoding measured in this run, and the speedup E/(1+cK) predicts at the measured alpha and the
-    measured c of L layers (layer_skip_cost)."""
+    measured c of L layers (layer_skip_cost). progress(row) is called after each L; returning False stops
+    the sweep (the rows so far return)."""
     from engine.methods.layerskip.drafter import resolve_draft_layers
 
     total = len(getattr(decoder.target, "layers", ()))
@@ -401,6 +411,8 @@ def bench_layer_sweep(decoder, prompts, base: GenerationConfig, layer_counts=Non
                      "tokens_per_s": r.tokens_per_s,
                      "speedup": _ratio(r.tokens_per_s, plain),
                      "predicted_speedup": analytic.speedup(r.acceptance_rate, r.k, c), "c": c})
+        if progress is not None and progress(rows[-1]) is False:
+            break
     return rows
 
 

@@ -425,6 +425,40 @@ def signals_as_interrupts():
                 signal.signal(sig, old)
 
 
+class BenchStop:
+    """SIGINT and SIGTERM during a benchmark: the first, once measuring began, asks it to stop after the
+    generation or K measured now, so that the rows measured are printed; a second one (or one before the
+    measuring) stops at once. Used as a context manager around the command (main thread only)."""
+
+    def __init__(self):
+        self.measuring = False
+        self.requested: Optional[str] = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "BenchStop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.measuring or self.requested:
+            raise Interrupted(name)
+        self.requested = name
+        _say(f"{name}: stopping after the measurement running now (again to stop at once)")
+
+    def going(self, *_) -> bool:
+        """A suite's progress callback: False once a stop was asked for."""
+        return self.requested is None
+
+
 # ------------------------------------------------------------------------------------------------ run
 def cmd_run(args) -> int:
     config = config_from_args(args)
@@ -562,7 +596,13 @@ BENCH_COLUMNS = {
 
 
 def cmd_bench(args) -> int:
-    """Parse, load, run one engine.bench.suite function, print its table."""
+    """Parse, load, run one engine.bench.suite function, print its table; stopped by SIGINT or SIGTERM, the
+    rows measured so far (status 130)."""
+    with BenchStop() as stop:
+        return _bench(args, stop)
+
+
+def _bench(args, stop: BenchStop) -> int:
     if args.what == "kernels":
         return _bench_kernels()
     if args.what == "runtimes":
@@ -582,9 +622,14 @@ def cmd_bench(args) -> int:
         check_int("--passes", args.passes, 1, MAX_BENCH_COUNT)
         decoder = load_decoder(args, config.method)
         progress(f"calibrating, then measuring K = {', '.join(map(str, ks))}…")
-        rows, swept = bench.steadiest_k_sweep(
-            decoder, prompts, config, ks, args.repeats, args.passes,
-            progress=lambda row: progress(f"  K = {row['k']} done of {len(ks)} Ks"))
+        stop.measuring = True
+
+        def k_done(row) -> bool:
+            progress(f"  K = {row['k']} done of {len(ks)} Ks")
+            return stop.going()
+
+        rows, swept = bench.steadiest_k_sweep(decoder, prompts, config, ks, args.repeats, args.passes,
+                                              progress=k_done)
         if swept > 1:
             print(f"the machine's speed moved during a sweep: swept {swept} times, the steadiest sweep shown",
                   file=sys.stderr)
@@ -600,7 +645,9 @@ def cmd_bench(args) -> int:
             print(f"warning: {unsteady}", file=sys.stderr)
     elif args.what == "layerskip":
         decoder = load_decoder(args, "layerskip")
-        rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats)
+        stop.measuring = True
+        rows = bench.bench_layer_sweep(decoder, prompts, config, _parse_counts(args.ls, "--ls"), args.repeats,
+                                       progress=stop.going)
     else:
         if args.methods.strip() == "all":
             # every method of the Method menu, the draft model's where there is one to load
@@ -612,12 +659,23 @@ def cmd_bench(args) -> int:
         else:
             specs = [s.strip() for s in args.methods.split(",") if s.strip()]
             decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
-        run = bench.bench_graphs if args.what == "graphs" else bench.bench_methods
         progress(f"measuring {', '.join(specs)} on {len(prompts)} prompts…")
-        rows = run(decoder, prompts, config, specs, args.repeats)
+        stop.measuring = args.what == "methods"  # graphs: a signal stops at once
+        if args.what == "graphs":
+            rows = bench.bench_graphs(decoder, prompts, config, specs, args.repeats)
+        else:
+            rows = bench.bench_methods(decoder, prompts, config, specs, args.repeats, progress=stop.going,
+                                       keep_partial=True)
+    stop.measuring = False  # from here a signal stops at once
+    if stop.requested and not rows:
+        _say(f"interrupted ({stop.requested}) before a row was complete")
+        return EXIT_INTERRUPTED
     print(f"device={decoder.device_name} prompts={len(prompts)} max_new_tokens={config.max_new_tokens} "
           f"T={config.sampling.temperature}")
-    print(bench.format_rows(rows, BENCH_COLUMNS[args.what]))
+    print(bench.format_rows(rows, BENCH_COLUMNS[args.what]), flush=True)
+    if stop.requested:
+        _say(f"interrupted ({stop.requested}): the {len(rows)} rows measured before it are above")
+        return EXIT_INTERRUPTED
     if args.what != "graphs":
         print(ALPHA_DEFINITION, file=sys.stderr)
     if args.what == "methods" and len(rows) > 1:
