@@ -15,13 +15,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout
 
 from app.style import LIGHT, TokenColors
+from engine.methods import registry as methods
 
 CPU_BATCHES = (1, 2, 4, 8, 16, 32)  # what K → Batch regime measures on the CPU: small and quick
 GPU_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_KS = (1, 2, 3, 4, 6, 8)  # the Ks whose best one is predicted per batch
 BATCH_NEW_TOKENS = 32  # new tokens per sequence (B x context bounds the caches' memory)
-# the batched drafting methods (engine.core.batch.BATCH_METHODS less "none"; EAGLE as its chain)
-BATCH_METHODS = ("draft", "ngram", "eagle")
+# the batched drafting methods (the registry's batched ones less "none"; EAGLE as its chain)
+BATCH_METHODS = tuple(m for m in methods.BATCH_METHODS if m != "none")
 
 COLUMNS = (("B", "{}", lambda r: r.batch), ("plain tokens/s", "{:.0f}", lambda r: r.plain_tokens_per_s),
            ("speculative tokens/s", "{:.0f}", lambda r: r.spec_tokens_per_s),

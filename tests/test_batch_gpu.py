@@ -55,7 +55,7 @@ def test_batched_eagle_greedy_equals_plain_on_cuda(tmp_path):
             want = single.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=budget))
             assert seq.ids == want, seq.index
         assert sum(s.accepted for s in result.sequences) > 0
-    assert batched._drafters["eagle"].batch._graphs  # the head's steps were captured
+    assert batched.batch_drafters["eagle"].batch._graphs  # the head's steps were captured
 
 
 def test_bench_batch_on_a_synthetic_pair_in_bf16():
@@ -101,7 +101,7 @@ def test_batched_decode_kernels_match_the_sdpa_path_in_bf16(tmp_path, monkeypatc
         try:
             runner = BatchRunner(target, 3, max_length=128)
             runner.use_graphs = False
-            assert runner._decode_path(1) == (kernels is not None)
+            assert runner.decode_path(1) == (kernels is not None)
             gen = torch.Generator().manual_seed(0)
             prompt = torch.randint(0, 96, (3, 20), generator=gen)
             runner.forward(prompt, counts=[20, 13, 7], with_logits=False)

@@ -104,10 +104,10 @@ def test_ngram_replayed_rounds_record_the_block_they_verified(tmp_path_factory):
                                           ("lookahead", 0)])
 def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes):
     """bf16 on the decode kernels, chi-squared of the first two tokens. The chains' (Medusa's) second round
-    is often a replay of their round graph (engine.core.round_graph), queued behind the first; suffix
+    is often a replay of their round graph (engine.core.graphs), queued behind the first; suffix
     decoding's
     and lookahead's trees are verified by one upload and one replay (HostTreeRoundGraph)."""
-    import engine.core.round_graph as round_graph
+    import engine.core.graphs as round_graph
     import engine.methods.draft_model.drafter as draft_model
     import engine.methods.eagle.drafter as eagle
     import engine.methods.layerskip.drafter as layerskip
@@ -214,8 +214,8 @@ def test_captured_outputs_survive_later_replays(decoder):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_chains_replay_as_one_graph(decoder, method, k, temperature):
     """The draft model's and EAGLE's K-step chains (greedy, or sampled with the round's uniforms) are captured
-    once (engine/core/chain_graph.py), reused by later generations, and give the eager chain's tokens."""
-    from engine.core.chain_graph import ChainGraphs
+    once (engine/core/graphs.py), reused by later generations, and give the eager chain's tokens."""
+    from engine.core.graphs import ChainGraphs
 
     config = GenerationConfig(method=method, k=k, max_new_tokens=40,
                               sampling=SamplingParams(temperature, 0, 0.9), seed=7)
@@ -235,7 +235,7 @@ def test_chains_replay_as_one_graph(decoder, method, k, temperature):
 def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     """Medusa drafts from every block row behind the verification, one graph per block size (medusa_rows);
     with that off, from the accepted row (medusa). Eager or replayed, early or not: the same output."""
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
     from engine.methods.medusa import drafter as medusa
 
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
@@ -281,11 +281,11 @@ def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatc
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
     """bf16 on the decode kernels: a Medusa round (a plain step) queued before the last one is read, one
-    replay of the captured round (engine.core.round_graph) seeded by the first round, gives the rounds of one
+    replay of the captured round (engine.core.graphs) seeded by the first round, gives the rounds of one
     launched after the read (tokens, verdicts, uniforms); every round after the first goes that way, and the
     next generation seeds the graph again."""
     from engine.core import decoder as decoder_module
-    from engine.core import round_graph
+    from engine.core import graphs as round_graph
 
     monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # a sampled plain step replayed (off by default)
     decoder = build(tmp_path_factory.mktemp("gpu_queued_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
@@ -323,11 +323,11 @@ def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> li
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, temperature):
     """On the decode path the draft model's forward over the committed tokens and its chain replay as one
-    graph (engine.core.chain_graph.draft_model_round): the same drafts, round by round, as the two graphs
+    graph (engine.core.graphs.draft_model_round): the same drafts, round by round, as the two graphs
     apart,
     and greedy output equal to plain decoding."""
     import engine.methods.draft_model.drafter as draft_model
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method="draft", k=4, max_new_tokens=48, seed=3,
@@ -349,11 +349,11 @@ def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, t
 @pytest.mark.parametrize("k", [1, 4])
 def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature, k):
     """On the decode path EAGLE's step over the committed positions and its chain replay as one graph
-    (engine.core.chain_graph.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy
+    (engine.core.graphs.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy
     output
     equal to plain decoding, and every feed length of K (1..K+1) captured when the generation starts."""
     import engine.methods.eagle.drafter as eagle
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, max_new_tokens=48, seed=3,
@@ -376,7 +376,7 @@ def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method,
 def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, method, nodes, k):
     """bf16 on the decode kernels: EAGLE's (EAGLE-3's, the draft model's, n-gram's, layer skip's) chain
     round, or EAGLE's tree of 8, queued behind an unread one is a replay of its round graph
-    (engine.core.round_graph): the drafter reads the last block's rows (n-gram: the committed tokens) on the
+    (engine.core.graphs): the drafter reads the last block's rows (n-gram: the committed tokens) on the
     device, the chain or tree and the target's block follow the accepted path. Greedy output equals plain
     decoding with the replays and without them, every round after the first two is a replay, and the next
     generation reseeds the graph."""
@@ -441,7 +441,7 @@ def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, me
     feed
     length 1..K+1 captured when the generation starts, and greedy output equal to plain decoding."""
     import engine.methods.eagle.drafter as eagle
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_tree_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48, seed=3,
@@ -462,7 +462,7 @@ def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypat
     one
     graph and its memory that graph's pool's (an illegal address in a sampled K sweep on an H200). A large
     vocabulary takes sp_wide for chains; the sampled rounds are replayed for the check."""
-    from engine.core import round_graph
+    from engine.core import graphs as round_graph
     from engine.kernels import cuda as kernels_cuda
     from engine.kernels.workspaces import Workspaces
 
@@ -508,13 +508,13 @@ def test_warm_up_captures_every_round_block_size(tmp_path):
 @pytest.mark.parametrize("method", ["suffix", "lookahead"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_host_trees_are_one_upload_and_one_replay_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
-    """bf16 on the decode kernels: a tree drafted on the host (engine.core.round_graph.HostTreeRoundGraph),
+    """bf16 on the decode kernels: a tree drafted on the host (engine.core.graphs.HostTreeRoundGraph),
     one
     upload and one replay that also keeps the accepted path in the cache, gives the rounds queued op by op
     (tokens, verdicts, uniforms); every round goes that way (an empty draft's too), and greedy output is
     plain decoding's."""
     from engine.core import decoder as decoder_module
-    from engine.core.round_graph import HostTreeRoundGraph
+    from engine.core.graphs import HostTreeRoundGraph
 
     decoder = build(tmp_path_factory.mktemp(f"gpu_host_tree_{method}"), 96, 64, 2, 0, 0.15,
                     dtype=torch.bfloat16)

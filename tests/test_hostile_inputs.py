@@ -473,7 +473,7 @@ def test_a_signal_at_start_up_is_interrupted_and_130(tiny_pair_dirs, sig, delay)
     """From the moment main.py runs (the interpreter's own start-up, before it, is Python's)."""
     target, draft = map(str, tiny_pair_dirs)
     process = _spawn(["run", "--prompt", "def f(x):", "--target", target, "--draft", draft,
-                      "--max-new-tokens", "2000", "--device", "cpu"])
+                      "--max-new-tokens", "200", "--device", "cpu"])
     time.sleep(delay)
     process.send_signal(sig)
     _, err = process.communicate(timeout=60)

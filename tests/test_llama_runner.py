@@ -143,10 +143,10 @@ def test_compact_keeps_a_path_with_gaps(model_dirs):
 
 
 def test_the_round_graphs_path_keeping_is_the_runners_compact(model_dirs):
-    """engine.core.round_graph.keep_path (start on the device, in a captured round; the path padded with -1
+    """engine.core.graphs.keep_path (start on the device, in a captured round; the path padded with -1
     to the
     tree's depth) keeps the rows that compact keeps: a path with a gap, then a fresh prefill's logits."""
-    from engine.core.round_graph import keep_path
+    from engine.core.graphs import keep_path
 
     path = model_dirs["llama"]
     runner = LlamaRunner.from_pretrained(path, max_length=64)
@@ -312,13 +312,13 @@ def test_padded_attention_width_changes_nothing(model_dirs, parents):
     runner.rollback(7)  # rows 7..19 now stale; the block writes 7..11 and 12..19 stay stale
     x = runner.embed(_tokens(5, seed=4))  # [5, H]
     if parents is None:
-        depth, visible = runner._chain_block(5)
+        depth, visible = runner.chain_block(5)
     else:
         tree = torch.tensor(parents)
         depth, visible = tree_depths(tree), tree_ancestor_mask(tree)
     start = torch.tensor([7])
-    exact_hidden, exact_logits = runner._block_step(x, start, depth, visible, kv=12)
-    padded_hidden, padded_logits = runner._block_step(x, start, depth, visible, kv=48)
+    exact_hidden, exact_logits = runner.block_step(x, start, depth, visible, kv=12)
+    padded_hidden, padded_logits = runner.block_step(x, start, depth, visible, kv=48)
     assert torch.allclose(exact_hidden, padded_hidden, atol=1e-5)
     assert torch.allclose(exact_logits, padded_logits, atol=1e-5)
     out = runner.forward(_tokens(5, seed=4), None if parents is None else torch.tensor(parents))

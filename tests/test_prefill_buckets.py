@@ -37,13 +37,13 @@ def make_runner(path, pad: bool, max_length=None) -> LlamaRunner:
 def record_rows(runner) -> list:
     """The rows of every block the runner steps (padding included), appended as it runs."""
     rows = []
-    step = runner._block_step
+    step = runner.block_step
 
     def spy(x, *args):
         rows.append(x.shape[0])
         return step(x, *args)
 
-    runner._block_step = spy
+    runner.block_step = spy
     return rows
 
 
@@ -85,7 +85,7 @@ def test_padding_rows_stay_hidden_from_later_steps(model_dir, wide):
     padded, plain = make_runner(model_dir, True), make_runner(model_dir, False)
     if wide:
         for runner in (padded, plain):
-            runner._kv_width = lambda rows, r=runner: r.max_length
+            runner.kv_width = lambda rows, r=runner: r.max_length
     padded.forward(ids(27)), plain.forward(ids(27))
     # the padding's K/V sit in rows 27..31, past the length (a fresh cache holds zeros there)
     assert padded.kv[:, :, :, 27:32].abs().sum() > 0 and plain.kv[:, :, :, 27:32].abs().sum() == 0
@@ -220,7 +220,7 @@ def test_greedy_generation_is_unchanged(decoder, method, k, prompt):
     try:
         got = decoder.generate_ids(prompt, config)
     finally:
-        del decoder.target._block_step  # the class's method again
+        del decoder.target.block_step  # the class's method again
         set_padding(decoder, False)
     assert got == want and len(got) == 40
     assert rows[0] == (64 if prompt == PROMPT else 32)  # the prefill ran padded

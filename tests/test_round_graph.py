@@ -1,4 +1,4 @@
-"""Round graphs (engine/core/round_graph.py) on the CPU: there replay() runs the round eagerly, so the
+"""Round graphs (engine/core/graphs.py) on the CPU: there replay() runs the round eagerly, so the
 decoder's
 rounds queued behind unread ones (the seeding, the self-fed buffers, the cache's bookkeeping, the drafters'
 host views, the fall back to rounds launched apart) run here as they do on the GPU, against the synchronous
@@ -14,28 +14,21 @@ from test_tree_methods import PROMPT, add_random_eagle3_head, add_random_eagle_h
 from tiny_models import make_tiny_llama
 
 import engine.core.decoder
-import engine.core.round_graph
+import engine.core.graphs
 import engine.methods.draft_model.drafter as draft_model
 import engine.methods.eagle.drafter as eagle
 import engine.methods.layerskip.drafter as layerskip
 import engine.methods.ngram.drafter as ngram
 from engine.analysis.lossless import check_sampling
 from engine.config import GenerationConfig, SamplingParams
-from engine.core.chain_graph import chain_sampling
 from engine.core.decoder import SpeculativeDecoder
-from engine.core.round_graph import (
-    DraftModelRoundGraph,
-    EagleRoundGraph,
-    EagleTreeRoundGraph,
-    HostTreeRoundGraph,
-    LayerSkipRoundGraph,
-    MedusaRoundGraph,
-    NgramRoundGraph,
-    PlainRoundGraph,
-    _tree_shape,
-    ngram_lookup,
-)
+from engine.core.graphs import HostTreeRoundGraph, PlainRoundGraph, tree_shape, chain_sampling
+from engine.methods.draft_model.graphs import DraftModelRoundGraph
+from engine.methods.eagle.graphs import EagleRoundGraph, EagleTreeRoundGraph
+from engine.methods.layerskip.graphs import LayerSkipRoundGraph
 from engine.methods.medusa.drafter import MedusaDrafter
+from engine.methods.medusa.graphs import MedusaRoundGraph
+from engine.methods.ngram.graphs import NgramRoundGraph, ngram_lookup
 from engine.models.loading import load_pair
 from engine.models.runner import tree_ancestor_mask, tree_depths
 
@@ -294,7 +287,7 @@ def test_a_capture_that_failed_is_not_tried_again(monkeypatch):
     try costs a warm-up and a capture: n-gram's rounds ran at 230 tokens/s so)."""
     from types import SimpleNamespace
 
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
 
     tries = []
 
@@ -302,7 +295,7 @@ def test_a_capture_that_failed_is_not_tried_again(monkeypatch):
         tries.append(1)
         raise RuntimeError("operation failed due to a previous error during capture")
 
-    graphs = ChainGraphs(SimpleNamespace(_graph_pool=None))
+    graphs = ChainGraphs(SimpleNamespace(pool_handle=None))
     assert graphs.get(("ngram_round", 4), failing) is None
     attempts = len(tries)
     assert attempts >= 1 and graphs.get(("ngram_round", 4), failing) is None and len(tries) == attempts
@@ -369,7 +362,7 @@ def test_the_greedy_readout_gives_what_its_parts_give(shipped, queued, monkeypat
 
     joined = figures()
     replayed = sum(queued)
-    monkeypatch.setattr(engine.core.round_graph, "GREEDY_READOUT", False)
+    monkeypatch.setattr(engine.core.graphs, "GREEDY_READOUT", False)
     assert figures() == joined and replayed >= len(joined) - 2
 
 
@@ -529,14 +522,14 @@ def test_host_tree_replays_give_the_rounds_launched_op_by_op(decoder, host_trees
 
 
 def test_host_tree_shape_is_the_runner_tree_block():
-    """_tree_shape's depths and mask are the runner's tree block (tree_depths, tree_ancestor_mask) of the
+    """tree_shape's depths and mask are the runner's tree block (tree_depths, tree_ancestor_mask) of the
     block [last committed token] + tree, for random trees; bad parents are refused."""
     generator = torch.Generator().manual_seed(3)
     for n in range(1, 17):
         parents = [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(n)]
         block = torch.tensor([-1] + [p + 1 for p in parents])
-        depths, mask = _tree_shape(tuple(parents))
+        depths, mask = tree_shape(tuple(parents))
         assert depths.tolist() == tree_depths(block).tolist()
         assert mask.reshape(n + 1, n + 1).astype(bool).tolist() == tree_ancestor_mask(block).tolist()
     with pytest.raises(ValueError, match="topologically"):
-        _tree_shape((-1, 1))
+        tree_shape((-1, 1))

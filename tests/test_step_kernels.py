@@ -255,7 +255,7 @@ def test_the_ngram_kernel_takes_every_chain_the_launch_allows():
 def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before(monkeypatch):
     """The round graphs ask the CUDA backend for a programmatic launch only behind a step kernel: never
     without the round kernels, never for a runner that cannot say, and not with SPECPLAY_ROUND_PDL=0."""
-    from engine.core import round_graph
+    from engine.core import graphs as round_graph
 
     class EndsInKernel:
         def step_ends_in_kernel(self, n):

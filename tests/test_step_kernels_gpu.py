@@ -514,8 +514,8 @@ def test_ngram_lookup_fuzz(kernels):
     """sp_ngram_lookup gives its twin's tokens (stray ones included) and count, and lookup_continuation's
     proposal (every eighth case): random strings over a few symbols (many matches of every length), lengths
     0..M, n 1..6."""
-    from engine.core.round_graph import ngram_lookup
     from engine.methods.ngram.drafter import lookup_continuation
+    from engine.methods.ngram.graphs import ngram_lookup
 
     rng = random.Random(11)
     for case in range(CASES):
@@ -537,8 +537,8 @@ def test_ngram_lookup_with_a_corpus_table_fuzz(kernels):
     them too), rows of 1..6 cut short at random, 0..40 pairs; appended or not."""
     from test_round_graph import random_table
 
-    from engine.core.round_graph import append_emitted, ngram_lookup
     from engine.methods.ngram.drafter import lookup_continuation
+    from engine.methods.ngram.graphs import append_emitted, ngram_lookup
 
     rng = random.Random(14)
     generator = torch.Generator().manual_seed(14)
@@ -569,7 +569,7 @@ def test_ngram_lookup_with_a_corpus_table_fuzz(kernels):
 def test_ngram_lookup_with_the_append_fuzz(kernels):
     """sp_ngram_lookup with the last round's emitted tokens appended first gives append_emitted's history and
     length, then the lookup's tokens and count."""
-    from engine.core.round_graph import append_emitted, ngram_lookup
+    from engine.methods.ngram.graphs import append_emitted, ngram_lookup
 
     rng = random.Random(12)
     for case in range(CASES):
@@ -597,8 +597,8 @@ def test_ngram_block_fuzz(kernels):
     or not."""
     from test_round_graph import random_table
 
-    from engine.core.round_graph import append_emitted, ngram_lookup
     from engine.kernels.step import chain_block_reference
+    from engine.methods.ngram.graphs import append_emitted, ngram_lookup
 
     rng = random.Random(15)
     generator = torch.Generator().manual_seed(15)

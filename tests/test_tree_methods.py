@@ -216,13 +216,13 @@ def test_the_next_tokens_figures_come_from_the_row_that_gave_it(decoder, method)
 @pytest.mark.parametrize("head_name", ["eagle", "eagle3"])
 @pytest.mark.parametrize("n, k", [(1, 3), (4, 3), (2, 5)])
 def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_name, n, k):
-    """EAGLE's round graph (engine.core.chain_graph.eagle_round_body) does what the eager path does: the
+    """EAGLE's round graph (engine.core.graphs.eagle_round_body) does what the eager path does: the
     head's
     step over the n committed positions, then a greedy chain of k from its last predicted feature; here run
     eagerly on the CPU."""
     import torch
 
-    from engine.core.chain_graph import eagle_round_body
+    from engine.methods.eagle.graphs import eagle_round_body
 
     head = decoder.eagle_head() if head_name == "eagle" else decoder.eagle3_head()
     runner = head.runner
@@ -243,7 +243,7 @@ def test_eagle_round_body_equals_the_heads_step_then_its_chain(decoder, head_nam
 
     runner.reset()
     start = torch.zeros(1, dtype=torch.long)
-    kv = runner._kv_width(n + k)
+    kv = runner.kv_width(n + k)
     drafted, q = eagle_round_body(head, features, tokens, start, k, kv, vocab, None, None)
     assert drafted.tolist() == expected and q is None  # the chain's steps read the rows the feed wrote
 
@@ -252,9 +252,9 @@ def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(ca
     """A capture invalidated by an earlier operation (seen now and then on an H200) is tried again in a new
     memory pool (the failed capture's pool is dropped); failing twice, the caller gets None and drafts without
     the graph, with a warning, rather than crashing the run."""
-    from engine.core.chain_graph import ChainGraphs
+    from engine.core.graphs import ChainGraphs
 
-    runner = type("Runner", (), {"_graph_pool": "pool 1"})()
+    runner = type("Runner", (), {"pool_handle": "pool 1"})()
     graphs, calls = ChainGraphs(runner), []
 
     def flaky(fails: int):
@@ -266,7 +266,7 @@ def test_a_failed_graph_capture_is_retried_once_then_drafting_goes_without_it(ca
         return build
 
     assert graphs.get(("eagle-round", 1), flaky(1)) == "graph" and len(calls) == 2
-    assert runner._graph_pool is None  # the next capture takes a new pool
+    assert runner.pool_handle is None  # the next capture takes a new pool
     assert graphs.get(("eagle-round", 1), flaky(0)) == "graph" and len(calls) == 2  # kept, not rebuilt
     calls.clear()
     assert graphs.get(("eagle-round", 2), flaky(5)) is None and len(calls) == 2
@@ -317,10 +317,10 @@ def test_the_trees_nodes_are_chosen_on_the_device_as_on_the_host(seed):
 
 
 def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end():
-    """engine.core.chain_graph.capture_feed_lengths (behind prepare_draft_rounds, prepare_eagle_rounds and
+    """engine.core.graphs.capture_feed_lengths (behind prepare_draft_rounds, prepare_eagle_rounds and
     prepare_tree_rounds): every feed length 1..K+1 is asked for, those that exist are counted, and nothing is
     captured when the warm-ups' rows would run past the cache."""
-    from engine.core.chain_graph import capture_feed_lengths
+    from engine.core.graphs import capture_feed_lengths
 
     runner = type("Runner", (), {"length": 10, "max_length": 30})()
     asked = []
@@ -346,7 +346,7 @@ def fixed_tree_drafter(target, heads):
 def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
     """medusa_draft_rows (every row of a block, the heads stacked into one product) gives row i the tree that
     the one-row proposal drafts from row i's feature."""
-    from engine.core.chain_graph import medusa_draft_rows
+    from engine.methods.medusa.graphs import medusa_draft_rows
 
     heads = decoder.medusa_heads()
     drafter = fixed_tree_drafter(decoder.target, heads)
@@ -364,7 +364,7 @@ def test_medusa_rows_draft_what_each_row_drafts_alone(decoder):
 def test_medusa_rows_pick_the_accepted_row_on_the_device(decoder):
     """With a verification's accepted count and path, medusa_rows drafts from the one row that gave the next
     token (0 when nothing was accepted, else the path's last node's row): that row of the every-row draft."""
-    from engine.core.chain_graph import medusa_rows
+    from engine.methods.medusa.graphs import medusa_rows
 
     heads = decoder.medusa_heads()
     drafter = fixed_tree_drafter(decoder.target, heads)
@@ -382,8 +382,8 @@ def test_medusa_candidates_are_scored_by_their_heads_log_probabilities(decoder):
     """The dynamic tree's candidates from every row of a block: each path's token is its last head's rank-r
     token and its score the sum of its heads' log-probabilities of its ranks, as computed from that row alone;
     with an accepted count and path, the one row that gave the next token."""
-    from engine.core.chain_graph import medusa_candidate_rows, medusa_draft_rows
     from engine.methods.medusa.drafter import MedusaCandidates, MedusaDrafter
+    from engine.methods.medusa.graphs import medusa_candidate_rows, medusa_draft_rows
 
     heads = decoder.medusa_heads()
     drafter = MedusaDrafter(decoder.target, heads)
@@ -410,10 +410,10 @@ def test_medusa_candidate_rows_on_the_kernels_branch_equal_the_torch_branch(deco
     """The decode kernels' branch of medusa_candidate_rows (sp_topk ranking the log-probabilities and taking
     the candidates' tokens, here its twin) gives the torch branch's tokens and scores, from every row and from
     the accepted row alone, and writes the scores into scores_out."""
-    import engine.core.chain_graph as chain_graph
-    from engine.core.chain_graph import medusa_candidate_rows
+    import engine.methods.medusa.graphs as medusa_graphs
     from engine.kernels.step import TopK, topk_reference
     from engine.methods.medusa.drafter import MedusaDrafter
+    from engine.methods.medusa.graphs import medusa_candidate_rows
 
     class TwinKernels:
         calls = 0
@@ -430,8 +430,8 @@ def test_medusa_candidate_rows_on_the_kernels_branch_equal_the_torch_branch(deco
     picks = [(None, None), (torch.tensor([2]), torch.tensor([2, 4, 0, -1, -1, -1, -1, -1]))]
     torch_branch = [medusa_candidate_rows(decoder.target, heads, features, candidates, decoder.vocab_size,
                                           *pick) for pick in picks]
-    logits_of = chain_graph._medusa_logits
-    monkeypatch.setattr(chain_graph, "_medusa_logits",
+    logits_of = medusa_graphs._medusa_logits
+    monkeypatch.setattr(medusa_graphs, "_medusa_logits",
                         lambda *args: (*logits_of(*args)[:2], TwinKernels()))
     for pick, (tokens, scores) in zip(picks, torch_branch):
         out = torch.full(scores.shape, float("nan"))
@@ -446,8 +446,8 @@ def test_medusa_candidates_tokens_taken_by_the_ranking_launch_are_the_selected_o
     """On the decode kernels the candidates' tokens come from the ranking's launch (sp_topk taking them at
     _medusa_index's flat positions in its head-major [depth * M, width] indices); elsewhere they are selected
     from the ranks laid out per row. Both give each row's candidates the same tokens."""
-    from engine.core.chain_graph import _medusa_index
     from engine.methods.medusa.drafter import assumed_chances, medusa_candidates
+    from engine.methods.medusa.graphs import _medusa_index
 
     candidates = medusa_candidates(8, assumed_chances(4))
     depth, width = candidates.depth, candidates.width

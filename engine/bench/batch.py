@@ -167,10 +167,11 @@ def measure_batch(decoder: BatchDecoder, groups: list, config: GenerationConfig,
     _warm(decoder, widest, config)
     spec = _fastest(decoder, groups, config, repeats)
     context = (max(s.prompt_len for s in plain.sequences) + config.max_new_tokens // 2)
-    target = decoder._target_batch
+    target = decoder.target_batch
     steps = {"step_ms": time_step(target, 1, context),
              "verify_step_ms": time_step(target, config.k + 1, context)}
-    drafter = decoder._drafters.get(config.method)  # the draft model's or the EAGLE head's batched runner
+    # the draft model's or the EAGLE head's batched runner
+    drafter = decoder.batch_drafters.get(config.method)
     if config.method in ("draft", "eagle") and drafter is not None and drafter.batch is not None:
         steps["draft_step_ms"] = time_step(drafter.batch, 1, context)
         steps["draft_step2_ms"] = time_step(drafter.batch, 2, context)
@@ -314,8 +315,7 @@ def _params(runner) -> int:
 
 def _free(decoder: BatchDecoder) -> None:
     """Drop this batch's caches and graphs before the next batch allocates its own."""
-    decoder._target_batch = None
-    decoder._drafters.clear()
+    decoder.free_caches()
     if decoder.device.type == "cuda":
         torch.cuda.empty_cache()
 

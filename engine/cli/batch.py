@@ -12,8 +12,8 @@ from dataclasses import replace
 from engine.config import GenerationConfig
 from engine.errors import SpecplayError
 from engine.files import bounded
+from engine.methods import registry as methods
 
-BATCH_METHODS = ("none", "draft", "ngram", "eagle")  # engine.core.batch.BATCH_METHODS (checked by a test)
 DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 BENCH_NEW_TOKENS = 64  # bench batch's tokens per sequence: B x context bounds the KV cache's memory
 MAX_PROMPTS_BYTES = 64 << 20
@@ -91,7 +91,7 @@ def _load(args, method: str):
 
 def _check_method(config: GenerationConfig, what: str, drafting: bool = False) -> None:
     """A batched method (a drafting one when drafting); EAGLE as its chain only."""
-    if config.method not in BATCH_METHODS or (drafting and config.method == "none"):
+    if config.method not in methods.BATCH_METHODS or (drafting and config.method == "none"):
         raise SpecplayError(f"{what} (got {config.method!r})")
     if config.method == "eagle" and config.tree_nodes:
         raise SpecplayError(f"{what}; batched EAGLE drafts a chain of K: --method eagle, not "
@@ -104,7 +104,7 @@ def cmd_run_batch(args, config: GenerationConfig) -> int:
     if args.csv or args.trace:
         raise SpecplayError("--csv and --trace record one generation's rounds; "
                             "they do not take --prompts-file")
-    _check_method(config, f"--prompts-file decodes methods {', '.join(BATCH_METHODS)}")
+    _check_method(config, f"--prompts-file decodes methods {', '.join(methods.BATCH_METHODS)}")
     prompts = read_prompts_file(args.prompts_file)
     decoder = _load(args, config.method)
     result = decoder.generate(prompts, config)

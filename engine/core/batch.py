@@ -26,11 +26,9 @@ from engine.config import GenerationConfig
 from engine.core.decoder import attention_without_plans, eos_ids
 from engine.errors import SpecplayError
 from engine.kernels import select_backend
-from engine.methods.ngram.drafter import lookup_continuation
+from engine.methods import registry as methods
 from engine.models.batch_runner import BatchRunner
 from engine.models.runner import to_device
-
-BATCH_METHODS = ("none", "draft", "ngram", "eagle")
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -138,7 +136,7 @@ class BatchDraft:
 
 
 @dataclass
-class _Seq:
+class BatchSequence:
     """A sequence while it decodes: committed tokens (the last one not yet in the target cache)."""
 
     tokens: list
@@ -148,176 +146,30 @@ class _Seq:
     done: bool = False
 
 
-class _BatchDrafter:
+class BatchDrafter:
     """Drafts for every sequence at once; `commit` gets each sequence's accepted count. A drafter that reads
     the target's features (EAGLE) gets the prefill's at `start` ([B, P, H], P the longest prompt less one;
     None for one-token prompts) and the round block's at `commit` ([B, N+1, H])."""
 
-    def start(self, seqs: List[_Seq], max_length: int, features: Optional[torch.Tensor] = None) -> None:
+    def start(self, seqs: List[BatchSequence], max_length: int,
+              features: Optional[torch.Tensor] = None) -> None:
         pass
 
-    def propose(self, seqs: List[_Seq], k: int, sampler: "_Sampler") -> BatchDraft:
+    def propose(self, seqs: List[BatchSequence], k: int, sampler: "BatchSampler") -> BatchDraft:
         raise NotImplementedError
 
-    def commit(self, seqs: List[_Seq], accepted: List[int], features: Optional[torch.Tensor] = None) -> None:
+    def commit(self, seqs: List[BatchSequence], accepted: List[int],
+               features: Optional[torch.Tensor] = None) -> None:
         pass
 
 
-class _NoDrafts(_BatchDrafter):
+class NoBatchDrafts(BatchDrafter):
     def propose(self, seqs, k, sampler) -> BatchDraft:
         device = sampler.device
         return BatchDraft(torch.zeros(len(seqs), 0, dtype=torch.long, device=device), [0] * len(seqs))
 
 
-class _NgramDrafts(_BatchDrafter):
-    """Prompt lookup on the host, per sequence; proposals are ragged."""
-
-    def __init__(self, max_n: int, table=None):
-        self.max_n, self.table = max_n, table  # table: the target's CorpusTable, or None
-
-    def propose(self, seqs, k, sampler) -> BatchDraft:
-        proposals = [[] if s.done else lookup_continuation(s.tokens, self.max_n, k, self.table) for s in seqs]
-        width = max(len(p) for p in proposals)
-        rows = [p + [0] * (width - len(p)) for p in proposals]
-        tokens = to_device(rows, sampler.device).view(len(seqs), width)
-        return BatchDraft(tokens, [len(p) for p in proposals])
-
-
-class _DraftModelDrafts(_BatchDrafter):
-    """The draft model drafts K tokens for all B sequences at once over its own batched cache (mirrors
-    engine.methods.draft_model.drafter: feed what the cache lacks, 1 or 2 tokens, then K-1 single steps)."""
-
-    def __init__(self, runner):
-        self.runner = runner
-        self.batch: Optional[BatchRunner] = None
-        self.base: List[int] = []
-        self.last_k = 0
-        self.use_graphs = runner.device.type == "cuda"
-
-    def start(self, seqs, max_length, features=None) -> None:
-        if not _fits(self.batch, len(seqs), max_length):
-            self.batch = None  # free the old cache first
-            self.batch = BatchRunner(self.runner, len(seqs), max_length)
-        self.batch.use_graphs = self.use_graphs
-        self.batch.reset()
-        _prefill(self.batch, seqs)
-
-    def propose(self, seqs, k, sampler) -> BatchDraft:
-        runner = self.batch
-        live = [not s.done for s in seqs]
-        feeds = [s.tokens[length:] if ok else []
-                 for s, length, ok in zip(seqs, runner.lengths, live, strict=True)]
-        self.base, self.last_k = [len(s.tokens) for s in seqs], k
-        width = 2 if runner.use_graphs else 1  # a fixed width keeps the first step to one captured graph
-        logits = _forward_ragged(runner, feeds, sampler.device, width)  # [B, V]: draft token 0's distribution
-        tokens, probs = [], []
-        ones = [1 if ok else 0 for ok in live]
-        for i in range(k):
-            token, q = sampler.draw(logits)  # [B], [B, V] or None
-            tokens.append(token)
-            probs.append(q)
-            if i < k - 1:
-                logits = runner.forward(token[:, None], ones)[0][:, 0]
-        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
-        counts = [k if ok else 0 for ok in live]
-        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
-
-    def commit(self, seqs, accepted, features=None) -> None:
-        # each cache holds the committed tokens plus drafts 1..K-1 of its row: keep the accepted ones
-        keep = self.last_k - 1
-        self.batch.lengths = [min(length, base + min(acc, keep)) for length, base, acc
-                              in zip(self.batch.lengths, self.base, accepted, strict=True)]
-
-
-class _EagleDrafts(_BatchDrafter):
-    """EAGLE's chain for all B sequences at once (mirrors engine.methods.eagle.drafter.EagleDrafter._chain):
-    the
-    head's one layer runs over its own batched cache, each sequence at its own length.
-
-    Head row r of sequence b is fc([f_r ; e(x_{r+1})]), f_r the target's feature at position r. `true`
-    holds each sequence's rows built from the target's true features; the pending inputs (the prefill's
-    features, then each round's accepted rows) are fed at the next propose, ragged, and the head's output at
-    each sequence's last fed row starts its chain: K tokens drawn from the head's logits (argmax, or sampled
-    with its q), each fed back with its predicted feature. The drafted rows are dropped at commit (each cache
-    rolled back to its true rows), like the target's rejected rows."""
-
-    def __init__(self, head):
-        self.head = head  # engine.methods.eagle.drafter.EagleHead
-        self.batch: Optional[BatchRunner] = None
-        self.true: List[int] = []  # head rows from true features, per sequence
-        self.pending = None  # (features [B, m, H], next tokens [B, m] on the device, counts [B]) or None
-        self.use_graphs = head.runner.device.type == "cuda"
-
-    def start(self, seqs, max_length, features=None) -> None:
-        if not _fits(self.batch, len(seqs), max_length):
-            self.batch = None  # free the old cache first
-            self.batch = BatchRunner(self.head.runner, len(seqs), max_length)
-        self.batch.use_graphs = self.use_graphs
-        self.batch.reset()
-        self.true = [0] * len(seqs)
-        counts = [len(s.tokens) - 1 for s in seqs]  # features of positions 0..P-2, next tokens 1..P-1
-        self.pending = None
-        if features is not None and max(counts) > 0:
-            width = features.shape[1]
-            rows = [s.tokens[1:] + [0] * (width - c) for s, c in zip(seqs, counts, strict=True)]
-            self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
-
-    def propose(self, seqs, k, sampler) -> BatchDraft:
-        runner, bsz = self.batch, len(seqs)
-        runner.set_lengths(self.true)  # drafted rows of the last round are gone
-        fed = [0] * bsz
-        feature = logits = None
-        if self.pending is not None:
-            features, next_tokens, fed = self.pending
-            fed = [c if not s.done else 0 for c, s in zip(fed, seqs, strict=True)]
-            if max(fed) > 0:
-                feature, logits = self._feed(features, next_tokens, fed, k)
-            self.true = list(runner.lengths)
-            self.pending = None
-        # a sequence drafts once its head has a row (a one-token prompt waits for its first round)
-        drafting = [not s.done and c > 0 for s, c in zip(seqs, fed, strict=True)]
-        counts = [k if ok else 0 for ok in drafting]
-        if not any(drafting):
-            return BatchDraft(torch.zeros(bsz, 0, dtype=torch.long, device=sampler.device), [0] * bsz)
-        ones = [1 if ok else 0 for ok in drafting]
-        tokens, probs = [], []
-        for i in range(k):
-            token, q = sampler.draw(logits)  # [B], [B, V] or None
-            tokens.append(token)
-            probs.append(q)
-            if i < k - 1:  # the head shares the target's norm and LM head: its logits are the next ones
-                out_logits, hidden = runner.forward_embeds(self.head.fuse(feature, token)[:, None], ones)
-                feature, logits = hidden[:, 0], out_logits[:, 0]
-        probs_t = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, K, V]
-        return BatchDraft(torch.stack(tokens, dim=1), counts, probs_t)
-
-    def _feed(self, features: torch.Tensor, next_tokens: torch.Tensor, counts: List[int], k: int):
-        """Append each sequence's pending rows (counts[b] of them, right-padded); the head's predicted
-        feature [B, H] and logits [B, V] after each one's last row (row 0 for a sequence fed nothing)."""
-        width = max(counts)
-        if self.use_graphs and width <= k + 1:
-            width = k + 1  # a round feeds 1..K+1 rows: one width keeps to one captured graph
-        features, next_tokens = _width(features, width), _width(next_tokens, width)
-        logits, hidden = self.batch.forward_embeds(self.head.fuse(features, next_tokens), counts)
-        rows = torch.arange(len(counts), device=hidden.device)
-        last = to_device([max(c - 1, 0) for c in counts], hidden.device)  # [B]
-        return hidden[rows, last], logits[rows, last]
-
-    def commit(self, seqs, accepted, features=None) -> None:
-        # the block's rows 0..a_b (the last committed token and the accepted drafts) hold true features; the
-        # tokens after them are the round's emitted ones, the last a_b + 1 of each sequence's tokens
-        counts = [0 if s.done else acc + 1 for s, acc in zip(seqs, accepted, strict=True)]
-        self.batch.set_lengths(self.true)
-        if features is None or max(counts) == 0:
-            self.pending = None
-            return
-        width = features.shape[1]
-        rows = [s.tokens[len(s.tokens) - c:] + [0] * (width - c) if c else [0] * width
-                for s, c in zip(seqs, counts, strict=True)]
-        self.pending = (features, to_device(rows, features.device).view(len(seqs), width), counts)
-
-
-def _width(x: torch.Tensor, width: int) -> torch.Tensor:
+def pad_width(x: torch.Tensor, width: int) -> torch.Tensor:
     """x [B, m, ...] cut or zero-padded to [B, width, ...] along dim 1."""
     m = x.shape[1]
     if m >= width:
@@ -326,12 +178,12 @@ def _width(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=1)
 
 
-def _fits(runner: Optional[BatchRunner], batch: int, max_length: int) -> bool:
+def fits_batch(runner: Optional[BatchRunner], batch: int, max_length: int) -> bool:
     """Whether a batched runner can be kept for B sequences of max_length tokens."""
     return runner is not None and runner.batch == batch and runner.max_length >= max_length
 
 
-def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> Optional[torch.Tensor]:
+def prefill_batch(runner: BatchRunner, seqs: List[BatchSequence]) -> Optional[torch.Tensor]:
     """Every prompt but its last token (fed by the first round), right-padded into one block; its features
     [B, P, H] (P the longest prompt less one), None when every prompt is one token."""
     prefixes = [s.tokens[:-1] for s in seqs]
@@ -343,7 +195,7 @@ def _prefill(runner: BatchRunner, seqs: List[_Seq]) -> Optional[torch.Tensor]:
                           with_logits=False)[1]
 
 
-def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
+def forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int = 1) -> torch.Tensor:
     """Feed each sequence its own tokens (right-padded to at least `width`: a fixed block size keeps to one
     captured graph); the logits [B, V] after each one's last real token (a sequence fed nothing gets row 0,
     which nobody reads)."""
@@ -354,7 +206,7 @@ def _forward_ragged(runner: BatchRunner, feeds: List[list], device, width: int =
     return logits[torch.arange(len(feeds), device=logits.device), last]  # [B, V]
 
 
-class _Sampler:
+class BatchSampler:
     """The run's randomness and sampling settings (one CPU generator for the whole batch: rows get
     independent uniforms, and a seed reproduces the run)."""
 
@@ -425,13 +277,19 @@ class BatchDecoder:
         # A simulation for timing studies (it changes the output): each drafted token is accepted with this
         # probability, independently, whatever the target says; None = real verification.
         self.simulated_acceptance: Optional[float] = None
-        self._target_batch: Optional[BatchRunner] = None
-        self._drafters: dict = {}
+        self.target_batch: Optional[BatchRunner] = None
+        self.batch_drafters: dict = {}
         if not hasattr(self.target, "layers"):
             raise SpecplayError("batched decoding needs a Llama-family target (the compact forward)")
         if self.device.type == "cuda":
             # as SpeculativeDecoder does: cuDNN's SDPA plans a kernel per new shape (tens of ms each)
             torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def free_caches(self) -> None:
+        """Drop the batched caches and graphs (the target's and the drafters'): the next batch allocates
+        anew."""
+        self.target_batch = None
+        self.batch_drafters.clear()
 
     @property
     def device_name(self) -> str:
@@ -458,9 +316,9 @@ class BatchDecoder:
         config.validate()
         if not prompts:
             raise SpecplayError("no prompts to decode")
-        if config.method not in BATCH_METHODS:
+        if config.method not in methods.BATCH_METHODS:
             raise SpecplayError(f"method {config.method!r} is not batched; choose one of: "
-                                f"{', '.join(BATCH_METHODS)}")
+                                f"{', '.join(methods.BATCH_METHODS)}")
         if config.method == "draft" and not hasattr(self.pair.draft, "layers"):
             raise SpecplayError("batched method 'draft' needs a Llama-family draft model")
         if config.method == "eagle":
@@ -471,12 +329,12 @@ class BatchDecoder:
         seqs = self._sequences(prompts, config, budgets)
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)
-        sampler = _Sampler(config, self.backend, self.vocab_size, self.device)
+        sampler = BatchSampler(config, self.backend, self.vocab_size, self.device)
         result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
         with torch.inference_mode():
             target, drafter = self._prepare(len(seqs), max_length, config)
             began = time.perf_counter()
-            features = _prefill(target, seqs)
+            features = prefill_batch(target, seqs)
             drafter.start(seqs, max_length, features)
             _sync(self.device)
             result.prefill_ms = 1000.0 * (time.perf_counter() - began)
@@ -520,7 +378,7 @@ class BatchDecoder:
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _sequences(self, prompts, config, budgets) -> List[_Seq]:
+    def _sequences(self, prompts, config, budgets) -> List[BatchSequence]:
         budgets = [config.max_new_tokens] * len(prompts) if budgets is None else list(budgets)
         if len(budgets) != len(prompts) or min(budgets) < 1:
             raise SpecplayError("budgets: one positive token budget per prompt")
@@ -529,7 +387,7 @@ class BatchDecoder:
             ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             if not ids:
                 raise SpecplayError(f"prompt {i + 1} has no tokens")
-            seqs.append(_Seq(list(ids), len(ids), int(budget), SequenceResult(i, len(ids))))
+            seqs.append(BatchSequence(list(ids), len(ids), int(budget), SequenceResult(i, len(ids))))
         return seqs
 
     def _check_length(self, max_length: int, config: GenerationConfig) -> None:
@@ -542,30 +400,24 @@ class BatchDecoder:
 
     def _prepare(self, batch: int, max_length: int, config: GenerationConfig):
         """The target's batched runner (kept while B and the context fit) and a drafter for the method."""
-        t = self._target_batch
+        t = self.target_batch
         if t is None or t.batch != batch or t.max_length < max_length:
-            self._target_batch = t = None  # free the old cache before allocating the new one
-            t = self._target_batch = BatchRunner(self.target, batch, max_length)
+            self.target_batch = t = None  # free the old cache before allocating the new one
+            t = self.target_batch = BatchRunner(self.target, batch, max_length)
         t.use_graphs = self.use_graphs
         t.reset()
-        if config.method == "none":
-            return t, _NoDrafts()
-        if config.method == "ngram":
-            table = self.ngram_table() if config.uses_ngram_table(self.device) else None
-            return t, _NgramDrafts(config.ngram_n, table)
-        if config.method == "eagle":
-            drafter = self._drafters.get("eagle")
-            if drafter is None:
-                drafter = self._drafters["eagle"] = _EagleDrafts(self.eagle_head())
+        drafter = methods.get(config.method).batch_build(self, config)
+        if hasattr(drafter, "use_graphs"):
             drafter.use_graphs = self.use_graphs
-            return t, drafter
-        drafter = self._drafters.get("draft")
-        if drafter is None:
-            drafter = self._drafters["draft"] = _DraftModelDrafts(self.pair.draft)
-        drafter.use_graphs = self.use_graphs
         return t, drafter
 
-    def _round(self, target: BatchRunner, drafter: _BatchDrafter, seqs: List[_Seq], config, sampler,
+    def kept_drafter(self, name: str, build: Callable[[], "BatchDrafter"]) -> "BatchDrafter":
+        """The batched drafter kept under name across batches (its runner and caches), built on first use."""
+        if name not in self.batch_drafters:
+            self.batch_drafters[name] = build()
+        return self.batch_drafters[name]
+
+    def _round(self, target: BatchRunner, drafter: BatchDrafter, seqs: List[BatchSequence], config, sampler,
                result: BatchResult) -> None:
         """Draft -> one target forward over every block -> verify -> ragged accept, roll back, finish."""
         live = [not s.done for s in seqs]
@@ -605,7 +457,7 @@ class BatchDecoder:
         rows = torch.arange(len(counts), device=logits.device)
         return _Simulated(acc_dev, logits[rows, acc_dev].argmax(-1))
 
-    def _settle(self, seqs: List[_Seq], rows: list, counts: list, config, outcomes: dict) -> list:
+    def _settle(self, seqs: List[BatchSequence], rows: list, counts: list, config, outcomes: dict) -> list:
         """Each live sequence's accepted count and emitted tokens from the round's readout rows [B][2 + N]
         (accepted, next token, the drafts). One lean pass: at large B this host loop is on the critical
         path."""
@@ -639,7 +491,7 @@ class BatchDecoder:
             raise SpecplayError(f"the target model produced NaN logits ({exc}); try --dtype float32") \
                 from None
 
-    def _accept(self, s: _Seq, emitted: list, drafted: int, accepted: int, config) -> None:
+    def _accept(self, s: BatchSequence, emitted: list, drafted: int, accepted: int, config) -> None:
         res = s.result
         res.rounds += 1
         res.drafted += drafted

@@ -14,9 +14,8 @@ import torch
 
 from engine.bench.timing import RoundClock, Stopwatch
 from engine.config import GenerationConfig
-from engine.core.chain_graph import chain_sampling
+from engine.core.graphs import chain_sampling, host_tree_round_graph, plain_round_graph
 from engine.core.metrics import MetricsAccumulator
-from engine.core.round_graph import host_tree_round_graph, plain_round_graph
 from engine.core.text import IncrementalText
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
@@ -33,7 +32,7 @@ QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
 # SPECPLAY_PLAIN_ROUND_GRAPHS=0 queues plain decoding's rounds as launched rounds, not replays of its step
 PLAIN_ROUND_GRAPHS = os.environ.get("SPECPLAY_PLAIN_ROUND_GRAPHS", "1") != "0"
 # a tree drafted on the host (suffix decoding, lookahead) is verified by one replay after one upload
-# (engine.core.round_graph.HostTreeRoundGraph) where it applies; SPECPLAY_HOST_TREE_GRAPHS=0 queues it op by
+# (engine.core.graphs.HostTreeRoundGraph) where it applies; SPECPLAY_HOST_TREE_GRAPHS=0 queues it op by
 # op
 HOST_TREE_GRAPHS = os.environ.get("SPECPLAY_HOST_TREE_GRAPHS", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
@@ -549,7 +548,7 @@ class SpeculativeDecoder:
 
     def _replay_round(self, state, drafter: Drafter, graph, previous: _Launched, width: int
                       ) -> Optional[_Launched]:
-        """The round after `previous` as one replay of the drafter's round graph (engine.core.round_graph),
+        """The round after `previous` as one replay of the drafter's round graph (engine.core.graphs),
         which
         reads `previous`'s outcome on the device: seeded from it first when `previous` ran apart. A sampled
         round's uniforms are drawn here, where _verify draws them, and copied in. A chain's drafting is a

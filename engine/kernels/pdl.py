@@ -18,7 +18,7 @@ On by default; SPECPLAY_PDL=0 turns it off. Measured on an H200 it cut plain dec
 (docs/measurements/round_gap_llama-1b_pdl*_before_readout.txt). It was opt-in while one GPU run of three
 with it lost a capture (an EAGLE-3 head's sampled chain in bf16, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a
 later run without it lost the same capture, so launch is not the cause, and a failed capture is now retried
-(engine.core.chain_graph._capture).
+(engine.core.graphs._capture).
 `PdlLauncher.load` returns None where the driver lacks cuLaunchKernelEx, the device is older than sm_90, or
 the variable is not 1; the caller then launches through CuPy. A failed launch turns the launcher off for the
 process.

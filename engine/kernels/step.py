@@ -9,7 +9,7 @@ drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block pe
 n-gram's lookup over the committed tokens and `gemv` also fuses an EAGLE head's feature with the next token's
 embedding. A replayed chain round's bookkeeping is `chain_block` (its block), `chain_commit` (the next
 replay's inputs) and `chain_limit` (n-gram's cut). The twins are the eager step's own operations (attention's
-is an fp64 softmax; topk's a stable sort; the lookup's engine.core.round_graph.NgramLookup; the round's the
+is an fp64 softmax; topk's a stable sort; the lookup's engine.core.graphs.NgramLookup; the round's the
 torch
 operations the round graph ran before), and the fuzz tests (tests/test_step_kernels_gpu.py) hold the kernels
 to them.
@@ -636,12 +636,12 @@ class StepKernels:
     def ngram_lookup(self, history: torch.Tensor, length: torch.Tensor, max_n: int, k: int,
                      chained: bool = False, emitted: Optional[tuple] = None,
                      count: Optional[torch.Tensor] = None, table=None) -> tuple:
-        """As engine.core.round_graph.NgramLookup: history [M] int64, length [1] int64 (both on the device) ->
+        """As engine.core.graphs.NgramLookup: history [M] int64, length [1] int64 (both on the device) ->
         (tokens [k] int64, count [1] int64), in one launch that reads nothing on the host. emitted: the last
         round's (chain [k], next token [1], accepted [1]), appended to history first and length moved on, in
-        place (engine.core.round_graph.append_emitted's twin). count: the [1] int64 tensor the count goes to.
+        place (engine.core.graphs.append_emitted's twin). count: the [1] int64 tensor the count goes to.
         table: a CorpusTable on the device whose continuation fills the slots past the lookup's count
-        (engine.core.round_graph.corpus_fill's twin), or None."""
+        (engine.core.graphs.corpus_fill's twin), or None."""
         tokens, count = self._ngram_outputs(history, length, max_n, k, emitted, count, table)
         self._ngram_launch(history, length, max_n, k, chained, emitted, tokens, count, table, None)
         return tokens, count

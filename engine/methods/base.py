@@ -138,11 +138,11 @@ class Drafter(ABC):
     # whether round_graph may offer a round to queue behind an unread one (GPU)
     replays_rounds: ClassVar[bool] = False
     # whether its drafts are made on the host, trees or nothing (suffix decoding, lookahead): on the GPU the
-    # decoder verifies them by one upload and one graph replay (engine.core.round_graph.HostTreeRoundGraph)
+    # decoder verifies them by one upload and one graph replay (engine.core.graphs.HostTreeRoundGraph)
     drafts_on_host: ClassVar[bool] = False
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """A whole round captured as one graph that feeds itself on the device (engine.core.round_graph), for
+        """A whole round captured as one graph that feeds itself on the device (engine.core.graphs), for
         the
         rounds queued behind unread ones (width: the readout's top alternatives per row); None: this drafter
         has none here (its next round is launched once the last one is read)."""

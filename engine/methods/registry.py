@@ -30,6 +30,12 @@ class Method:
     default_tree_nodes: Callable[[int], int] = staticmethod(lambda k: 0)  # nodes for K when no size is given
     sized_label: str = ""  # the label with a tree size, {nodes} in it ("": the label, "tree of N nodes")
     build: Optional[Callable] = None  # build(decoder, config) -> Drafter
+    # batch_build(batch_decoder, config) -> engine.core.batch.BatchDrafter; None: not batched
+    batch_build: Optional[Callable] = None
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_build is not None
 
     @property
     def takes_tree_size(self) -> bool:
@@ -107,16 +113,42 @@ def _layerskip(decoder, config):
     return LayerSkipDrafter(decoder.target, config.draft_layers)
 
 
+def _none_batch(decoder, config):
+    from engine.core.batch import NoBatchDrafts
+
+    return NoBatchDrafts()
+
+
+def _draft_batch(decoder, config):
+    from engine.methods.draft_model.batch import DraftModelBatchDrafter
+
+    return decoder.kept_drafter("draft", lambda: DraftModelBatchDrafter(decoder.pair.draft))
+
+
+def _ngram_batch(decoder, config):
+    from engine.methods.ngram.batch import NgramBatchDrafter
+
+    table = decoder.ngram_table() if config.uses_ngram_table(decoder.device) else None
+    return NgramBatchDrafter(config.ngram_n, table)
+
+
+def _eagle_batch(decoder, config):
+    from engine.methods.eagle.batch import EagleBatchDrafter
+
+    return decoder.kept_drafter("eagle", lambda: EagleBatchDrafter(decoder.eagle_head()))
+
+
 METHODS = {m.name: m for m in (
-    Method("none", "Off (plain autoregressive)", "chain", build=_none),
-    Method("draft", "Draft model", "chain", needs_draft_model=True, build=_draft),
-    Method("ngram", "N-gram prompt lookup", "chain", build=_ngram),
+    Method("none", "Off (plain autoregressive)", "chain", build=_none, batch_build=_none_batch),
+    Method("draft", "Draft model", "chain", needs_draft_model=True, build=_draft, batch_build=_draft_batch),
+    Method("ngram", "N-gram prompt lookup", "chain", build=_ngram, batch_build=_ngram_batch),
     Method("medusa", "Medusa", "tree", files=MEDUSA_FILES, needs_tree_target=True,
            default_tree_nodes=lambda k: 2 * k, build=_medusa),
     Method("medusa-fixed", "Medusa, fixed tree", "tree", files=MEDUSA_FILES, needs_tree_target=True,
            default_tree_nodes=lambda k: 2 * k, sized_label="Medusa, fixed tree of {nodes} nodes",
            build=_medusa_fixed),
-    Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle),
+    Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle,
+           batch_build=_eagle_batch),  # batched: its chain
     Method("eagle3", "EAGLE-3", "chain|tree", files=EAGLE3_FILES, needs_tree_target=True,
            needs_llama_target=True, build=_eagle3),
     Method("lookahead", "Lookahead", "tree", needs_tree_target=True, build=_lookahead),
@@ -125,6 +157,8 @@ METHODS = {m.name: m for m in (
     Method("layerskip", "Layer skip (self-speculation)", "chain", needs_llama_target=True, build=_layerskip),
 )}
 NAMES = tuple(METHODS)
+# the methods batched decoding (engine.core.batch) runs, plain decoding first
+BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.batched)
 # What the GUI's Method menu offers, in order: plain methods, and EAGLE's (and EAGLE-3's) dynamic tree at the
 # default K's 2K nodes. The first nine have the shortcuts Ctrl+1 .. Ctrl+9.
 MENU_SPECS = ("none", "draft", "ngram", "medusa", "eagle", "eagle:8", "eagle3", "eagle3:8", "lookahead",

@@ -60,11 +60,11 @@ class BatchRunner:
         shape = (s.num_layers, 2, self.batch, s.num_kv_heads, self.max_length, s.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L, 2, B, kvh, max_length, D]
         self._rows = torch.arange(self.batch, device=self.device)  # [B]
-        self._arange = torch.arange(self.max_length, device=self.device)  # [max_length]
+        self.positions = torch.arange(self.max_length, device=self.device)  # [max_length]
         self.lengths: List[int] = [0] * self.batch
         self.use_graphs = self.device.type == "cuda"
         self._graphs: Dict[tuple, "CapturedBatchStep"] = {}
-        self._graph_pool = None
+        self.pool_handle = None
 
     # -- lengths ---------------------------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ class BatchRunner:
         if top > self.max_length:
             raise SpecplayError(f"context full: {max(self.lengths)} cached + {n} new tokens exceed the "
                                 f"batched max_length {self.max_length}")
-        kv = self._kv_width(top)
+        kv = self.kv_width(top)
         captured = self._captured_step(n, kv, embeds=embeds) if with_logits else None
         start = to_device(self.lengths, self.device)  # [B]
         if captured is not None:
@@ -132,9 +132,9 @@ class BatchRunner:
         """x [B, n, H] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32 or None, features
         [B, n, H])."""
         bsz, n = x.shape[:2]
-        offsets = self._arange[:n]  # [n]
+        offsets = self.positions[:n]  # [n]
         positions = start[:, None] + offsets[None, :]  # [B, n]
-        decode = self._decode_path(n)
+        decode = self.decode_path(n)
         if decode:
             hidden = self._decode_layers(x.reshape(bsz * n, -1), positions, start)  # [B n, H]
         else:
@@ -151,13 +151,13 @@ class BatchRunner:
     def _mask(self, start: torch.Tensor, offsets: torch.Tensor, kv: int) -> torch.Tensor:
         """Additive float mask [B, n, kv]: query i of sequence b sees every cached row (col < start[b]) and
         block rows up to itself."""
-        cols = self._arange[:kv]  # [kv]
+        cols = self.positions[:kv]  # [kv]
         # query i of sequence b sees every cached row (col < start) and block rows up to itself
         visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~visible, float("-inf"))
 
-    def _decode_path(self, n: int) -> bool:
+    def decode_path(self, n: int) -> bool:
         """Whether blocks of n take the decode kernels (engine.models.llama's: bf16/fp16 on CUDA, n <=
         DECODE_ROWS):
         rope + cache write in one kernel and the attention kernel over every sequence's own cache rows, in
@@ -174,12 +174,12 @@ class BatchRunner:
         # token (b, i)'s cache row as the rope kernel addresses B caches [B, kvh, max_length, D]
         cache_index = (self._rows[:bsz, None] * (s.num_kv_heads * self.max_length) + positions).reshape(-1)
         flat_positions = positions.reshape(-1)  # [B n]
-        chain = r._chain_block(n)[1]  # [n, n] bool: token i sees block rows 0..i
+        chain = r.chain_block(n)[1]  # [n, n] bool: token i sees block rows 0..i
         x = x.clone(memory_format=torch.contiguous_format)  # the residual adds write into x
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
             qkv = F.linear(r.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
-            q = k.rope_qkv(qkv, r._cos, r._sin_signed, flat_positions, cache_index, keys, values,
+            q = k.rope_qkv(qkv, r.rope_cos, r.rope_sin_signed, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
             attn = k.attention(q, keys, values, start, chain, chained=True,
                                wide=ATTENTION_WIDE)  # [B n, heads D] (after rope)
@@ -196,7 +196,8 @@ class BatchRunner:
         bsz, n = positions.shape
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        cos, sin = r._cos[positions][:, :, None], r._sin_signed[positions][:, :, None]  # [B, n, 1, D] each
+        # [B, n, 1, D] each
+        cos, sin = r.rope_cos[positions][:, :, None], r.rope_sin_signed[positions][:, :, None]
         # [B, 1, group n, kv]: row g n + i is query i of group member g (GQA folded into the rows)
         mask_g = mask.repeat(1, group, 1)[:, None]
         kv = mask.shape[-1]
@@ -224,7 +225,7 @@ class BatchRunner:
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
 
-    def _kv_width(self, rows: int) -> int:
+    def kv_width(self, rows: int) -> int:
         """Cache rows a step attends over: the whole (aligned) cache on GPU, so that one captured graph per
         block size serves a whole generation (a capture in the middle of a timed run would cost more than the
         rows it saves: a batched cache is short, the longest prompt + the budget); exactly `rows` on CPU."""
@@ -247,13 +248,13 @@ class BatchRunner:
         return self._graphs[key]
 
     def _pool(self):
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        return self._graph_pool
+        if self.pool_handle is None:
+            self.pool_handle = torch.cuda.graph_pool_handle()
+        return self.pool_handle
 
     def release_graphs(self) -> None:
         self._graphs.clear()
-        self._graph_pool = None
+        self.pool_handle = None
 
 
 class CapturedBatchStep:

@@ -58,7 +58,8 @@ LLAMA_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
 TREE_SHAPES_KEPT = 512  # tree masks kept on the device, by shape
 GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run eagerly
 # Rows up to which the decode path multiplies with sp_gemv (norms and residuals fused in) rather than cuBLAS:
-# one-token steps (plain decoding, the draft model's and EAGLE's steps). scripts/profile_step.py (removed; at tag before-house-cleanup) measures both
+# one-token steps (plain decoding, the draft model's and EAGLE's steps). scripts/profile_step.py (removed; at
+# tag before-house-cleanup) measures both
 # for a block of K + 1 rows: sp_gemv turns compute-bound as rows grow, where cuBLAS does not. With whole
 # rounds replayed, 8 rows were 2-6% faster on the shipped pair and no slower on the 1B and 7B shapes
 # (docs/measurements/bench_gpu_gemv_rows_*_replays.txt). sp_gemv sums each row in the same order whatever
@@ -475,10 +476,12 @@ class LlamaRunner(CausalRunner):
         self.norm_weight = src.take("model.norm.weight")  # [H]
         self.lm_head = self._lm_head(src)  # [V, H]
         self.inv_freq = rope_inv_freq(spec).to(self.device)  # [D/2] float32
-        self._cos, self._sin_signed = self._rope_tables()  # [max_length, D] each, looked up by position
+        # [max_length, D] each, looked up by position
+        self.rope_cos, self.rope_sin_signed = self._rope_tables()
         shape = (spec.num_layers, 2, spec.num_kv_heads, self.max_length, spec.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=dtype)  # [L, 2, kv_heads, max_length, D]
-        self._arange = torch.arange(self.max_length, device=self.device)  # [max_length], sliced for positions
+        # [max_length], sliced for positions
+        self.positions = torch.arange(self.max_length, device=self.device)
         self._length = 0
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the block's first row, on device
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
@@ -490,7 +493,7 @@ class LlamaRunner(CausalRunner):
         self.decode_kernels = self._decode_kernels()  # the fused decode path for short blocks, else None
         self._gemv_ok: Dict[int, bool] = {}  # block rows -> whether sp_gemv does its products
         self._graphs: Dict[tuple, "CapturedStep"] = {}  # (n, kv, tap_layers) -> captured step
-        self._graph_pool = None
+        self.pool_handle = None
         # Layers whose outputs a forward also returns (ForwardOutput.taps, side by side in this order); set by
         # the decoder for a drafter that asks for them (EAGLE-3). Empty: nothing is collected.
         self.tap_layers: Tuple[int, ...] = ()
@@ -531,6 +534,11 @@ class LlamaRunner(CausalRunner):
     def reset(self) -> None:
         self._length = 0  # stale rows are never visible: the mask hides every row >= length
 
+    def set_length(self, length: int) -> None:
+        """The host's view of the cache after a captured chain or round wrote its rows on the device (no
+        check: those rows may lie past what the host saw, up to max_length)."""
+        self._length = int(length)
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"rollback to {length}: cache holds {self._length} tokens")
@@ -564,7 +572,7 @@ class LlamaRunner(CausalRunner):
         is the last token and its draft, so n-gram's first rounds (a draft of 0..K tokens) and the trees
         meet sizes the warm-up generation of a method may not have, and each new size would be captured
         inside a measured round. The cache is left reset. Does nothing without graphs or decode kernels."""
-        if not (self.use_graphs and self._decode_path(1)):
+        if not (self.use_graphs and self.decode_path(1)):
             return
         self.reset()
         self.forward(torch.zeros(1, dtype=torch.long, device=self.device))  # a committed row: start 1
@@ -587,7 +595,7 @@ class LlamaRunner(CausalRunner):
 
     def occupy(self, latest: int, n: int) -> None:
         """A block of n rows went in at a device start of at most latest (a round graph's replay,
-        engine.core.round_graph): the length becomes latest + n, an upper bound until the decoder rolls back
+        engine.core.graphs): the length becomes latest + n, an upper bound until the decoder rolls back
         to
         the real end. Rows between the real end and latest + n are never visible: the attention's mask ends
         at the block the device start placed."""
@@ -615,7 +623,7 @@ class LlamaRunner(CausalRunner):
                 f"context full: {start} cached + {n} new tokens exceed max_length {self.max_length}"
             )
         if tree is None and parents is not None:
-            tree = self._tree_block(parents.reshape(n))
+            tree = self.tree_block(parents.reshape(n))
         rows = self._block_rows(n, start, tree is not None)
         bucketed = tree is None and self.pad_blocks and is_bucket(rows)
         hidden, logits = self._run_block(_pad_rows(x, rows), start, tree, bucketed)
@@ -638,19 +646,19 @@ class LlamaRunner(CausalRunner):
         tree: a tree block's (depth, visible) on the device, None for a chain; bucketed: a padded chain block
         whose rows are a bucket (see _captured_step)."""
         rows = x.shape[0]
-        depth, block_visible = self._chain_block(rows) if tree is None else tree
+        depth, block_visible = self.chain_block(rows) if tree is None else tree
         captured = self._captured_step(rows, start, bucketed)
         if captured is not None:
             return captured.run(x, start, depth, block_visible, tree is None)
         self._start.fill_(start)
-        return self._block_step(x, self._start, depth, block_visible, self._kv_width(start + rows))
+        return self.block_step(x, self._start, depth, block_visible, self.kv_width(start + rows))
 
-    def _block_step(self, x, start, depth, block_visible, kv: int, after_step_kernel: bool = False):
+    def block_step(self, x, start, depth, block_visible, kv: int, after_step_kernel: bool = False):
         """x [n, H] at cache rows start..start+n-1 (start: [1] device) -> (features [n, H], logits [n, V]).
         Only device tensors go in, so the CUDA graph captures exactly this (the tap layers' outputs too, left
         in last_taps). after_step_kernel: the caller's last kernel (which made x) is a step kernel, so the
         first product may start early behind it (engine.kernels.step._launch_grid's chained)."""
-        if self._decode_path(x.shape[0]):
+        if self.decode_path(x.shape[0]):
             return self._decode_block(x, start, depth, block_visible, after_step_kernel)
         positions, cache_index, mask, window_mask = self._block_inputs(start, depth, block_visible, kv)
         hidden = self._tapped_step(x, positions, cache_index, mask, window_mask)
@@ -681,14 +689,14 @@ class LlamaRunner(CausalRunner):
 
     # -- masks -----------------------------------------------------------------------------------------------
 
-    def _chain_block(self, n: int):
+    def chain_block(self, n: int):
         """A chain of n: depths 0..n-1, and token i sees block tokens 0..i. Built once per n."""
         if n not in self._chains:
-            self._chains[n] = (self._arange[:n].clone(),
+            self._chains[n] = (self.positions[:n].clone(),
                                torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         return self._chains[n]
 
-    def _tree_block(self, parents: torch.Tensor):
+    def tree_block(self, parents: torch.Tensor):
         """(depth [n], block_visible [n, n] bool) on the device for a tree block. Tree shapes repeat from
         round to round (Medusa's never changes), so each is built and copied once. parents: [n], best on the
         host."""
@@ -709,8 +717,8 @@ class LlamaRunner(CausalRunner):
         padded beyond start + n. The fourth value is the sliding-window mask [n, kv] (None without a window).
         start: [1] device int64; depth: [n]; block_visible: [n, n] bool."""
         n = depth.numel()
-        cache_index = start + self._arange[:n]  # [n]
-        cols = self._arange[:kv]  # [kv]
+        cache_index = start + self.positions[:n]  # [n]
+        cols = self.positions[:kv]  # [kv]
         offset = cols - start  # [kv]: column's index inside the block
         in_block = (offset >= 0) & (offset < n)
         block_col = offset.clamp(0, n - 1)  # [kv]
@@ -731,7 +739,7 @@ class LlamaRunner(CausalRunner):
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
 
-    def _kv_width(self, rows: int) -> int:
+    def kv_width(self, rows: int) -> int:
         """Cache rows a step attends over. On GPU, rounded up to a bucket: a captured graph then serves many
         lengths, and SDPA's memory-efficient kernel wants an aligned mask (unaligned, it pads on every
         call)."""
@@ -754,8 +762,8 @@ class LlamaRunner(CausalRunner):
                 return None
         elif n > GRAPH_MAX_BLOCK:
             return None
-        decode = self._decode_path(n)
-        key = (n, 0 if decode else self._kv_width(start + n), self.tap_layers)
+        decode = self.decode_path(n)
+        key = (n, 0 if decode else self.kv_width(start + n), self.tap_layers)
         if key not in self._graphs:
             if len(self._graphs) >= GRAPH_LIMIT:
                 return None
@@ -767,9 +775,9 @@ class LlamaRunner(CausalRunner):
 
     def graph_pool(self):
         """The memory pool this runner's graphs record into (a new one after a failed capture)."""
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        return self._graph_pool
+        if self.pool_handle is None:
+            self.pool_handle = torch.cuda.graph_pool_handle()
+        return self.pool_handle
 
     # -- the decode path (CUDA, bf16/fp16) -----------------------------------------------------------------
 
@@ -797,9 +805,9 @@ class LlamaRunner(CausalRunner):
     def step_ends_in_kernel(self, n: int) -> bool:
         """Whether a block step of n rows ends in a step kernel (the LM head in sp_gemv): the round's next
         kernel may then be a programmatic launch behind it."""
-        return self._decode_path(n) and self._gemv_rows(n)
+        return self.decode_path(n) and self._gemv_rows(n)
 
-    def _decode_path(self, n: int) -> bool:
+    def decode_path(self, n: int) -> bool:
         return self.decode_kernels is not None and n <= DECODE_ROWS
 
     def _decode_block(self, x, start, depth, block_visible, after_step_kernel: bool = False):
@@ -811,7 +819,7 @@ class LlamaRunner(CausalRunner):
             positions, cache_index = depth.long().contiguous(), None
         else:
             positions = start + depth  # [n]
-            cache_index = start + self._arange[:n]  # [n]
+            cache_index = start + self.positions[:n]  # [n]
         self._tapped = []
         hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous(),
                                      chained=after_step_kernel and ROPE_START)
@@ -847,7 +855,7 @@ class LlamaRunner(CausalRunner):
                               chained=li > 0 or chained)
             else:
                 qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
-            q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
+            q = k.rope_qkv(qkv, self.rope_cos, self.rope_sin_signed, positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads, chained=small,
                            start=start if cache_index is None else None)  # [heads, n, D]
             if earlier:
@@ -876,7 +884,7 @@ class LlamaRunner(CausalRunner):
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         """Whether step_tree_level runs a level of `rows` nodes after earlier ones, `nodes` in all."""
-        return TREE_LEVELS and self._decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
+        return TREE_LEVELS and self.decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
 
     def step_tree_level(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, earlier: int,
                         visible: torch.Tensor) -> torch.Tensor:
@@ -886,7 +894,7 @@ class LlamaRunner(CausalRunner):
         among the nodes (visible [earlier + n, earlier + n], ancestor-or-self). Returns features [n, H]
         (pre-norm), as step_embeds with the mask of those rows does, in a few kernels per layer and without
         attending over the whole cache."""
-        cache_index = start + earlier + self._arange[:x.shape[0]]  # [n]
+        cache_index = start + earlier + self.positions[:x.shape[0]]  # [n]
         self._tapped = []
         return self._decode_layers(x, positions, cache_index, start, visible.contiguous(), earlier)
 
@@ -909,7 +917,8 @@ class LlamaRunner(CausalRunner):
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         fused = self.fused_kernels
         if fused is None:
-            cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]  # [n, 1, D] each
+            # [n, 1, D] each
+            cos, sin = self.rope_cos[positions][:, None], self.rope_sin_signed[positions][:, None]
         # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may
         # pick its memory-efficient kernel rather than the many-kernel math path.
         mask_g = mask.repeat(group, 1)[None, None]
@@ -922,7 +931,8 @@ class LlamaRunner(CausalRunner):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
             if fused is not None:  # rope, both cache writes and q's layout in one kernel
-                q = fused.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, self.kv[li, 0],
+                q = fused.rope_qkv(qkv, self.rope_cos, self.rope_sin_signed, positions, cache_index,
+                                   self.kv[li, 0],
                                    self.kv[li, 1], s.num_heads, s.num_kv_heads)  # [heads, n, D]
             else:
                 # rope on q and k together: they are the first heads + kv_heads head-sized slices of each row
@@ -982,12 +992,12 @@ class CapturedStep:
         self.x = torch.zeros(n, runner.hidden_size, dtype=runner.dtype, device=device)  # [n, H]
         # Warm-up writes K/V at rows length..length+n-1: free rows, which the real step overwrites next.
         self.start = torch.full((1,), runner.length, dtype=torch.long, device=device)
-        depth, block_visible = runner._chain_block(n)
+        depth, block_visible = runner.chain_block(n)
         self.depth, self.block_visible = depth.clone(), block_visible.clone()  # [n], [n, n]
         self.holds_chain = True  # the buffers hold a chain's depth and mask (no copy needed for chains)
 
         def body():
-            return runner._block_step(self.x, self.start, self.depth, self.block_visible, kv)
+            return runner.block_step(self.x, self.start, self.depth, self.block_visible, kv)
 
         with warm_up_stream(device):
             body()  # warm-up: cuBLAS handles and workspaces are created outside the capture

@@ -197,7 +197,7 @@ def _end_pool_recording(pool) -> None:
 
 
 def captured(owner, build: Callable, what: str, attempts: int = CAPTURE_ATTEMPTS):
-    """build() -> a captured graph object, retried: after a failure the owner's pool (owner._graph_pool) is
+    """build() -> a captured graph object, retried: after a failure the owner's pool (owner.pool_handle) is
     dropped, so that the retry, and every later capture of the owner, records into a new one. None after the
     last attempt: the caller runs that shape without a graph (the same results, more launches), with a
     warning, rather than failing the run."""
@@ -208,5 +208,5 @@ def captured(owner, build: Callable, what: str, attempts: int = CAPTURE_ATTEMPTS
             log.warning("capturing the %s graph failed (attempt %d of %d): %s", what, attempt, attempts,
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             if owner is not None:
-                owner._graph_pool = None
+                owner.pool_handle = None
     return None

@@ -537,7 +537,8 @@ def _retrained_alone(retrain: dict, stage: str) -> str:
         data = (f"{sgen.get('train_sequences')} continuations of the target's own text, "
                 f"{sgen.get('greedy_sequences')} of them greedy")
     return ("Retrained alone on this target (`main.py train --from-family`, "
-            f"`scripts/training/train_{stage}_{'cpu' if cpu else 'gpu'}.sh`; the target and tokenizer as shipped; "
+            f"`scripts/training/train_{stage}_{'cpu' if cpu else 'gpu'}.sh`; "
+            "the target and tokenizer as shipped; "
             f"{data}; {head.get('steps_done')} steps in "
             f"{head.get('wall_s')} s on {head.get('hardware')}; {sched_line(retrain[f'{stage}_sched'])}).")
 

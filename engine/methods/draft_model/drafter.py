@@ -5,21 +5,16 @@ import os
 
 import torch
 
-from engine.core.chain_graph import (
-    ChainGraphs,
-    chain_sampling,
-    draft_model_chain,
-    draft_model_round,
-    prepare_draft_rounds,
-)
+from engine.core.graphs import ChainGraphs, chain_sampling
 from engine.methods.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
+from engine.methods.draft_model.graphs import draft_model_chain, draft_model_round, prepare_draft_rounds
 from engine.models.runner import CausalRunner, fit_vocab, to_device
 
 # SPECPLAY_FUSED_DRAFT=0 runs the draft model's forward over the committed tokens and its chain as two
 # graphs (as before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 # a round behind an unread one is a replay of its captured round
-# (engine.core.round_graph.DraftModelRoundGraph);
+# (engine.core.graphs.DraftModelRoundGraph);
 # SPECPLAY_DRAFT_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
 ROUND_GRAPHS = os.environ.get("SPECPLAY_DRAFT_ROUND_GRAPHS", "1") != "0"
 
@@ -68,13 +63,13 @@ class DraftModelDrafter(Drafter):
         return ROUND_GRAPHS and self.round_target is not None
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """The rounds as one self-feeding graph replay each (engine.core.round_graph.DraftModelRoundGraph),
+        """The rounds as one self-feeding graph replay each (engine.core.graphs.DraftModelRoundGraph),
         where
         the fused round applies."""
         sampling = chain_sampling(state)
         if not (ROUND_GRAPHS and FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling)):
             return None
-        from engine.core.round_graph import draft_model_round_graph
+        from engine.methods.draft_model.graphs import draft_model_round_graph
 
         return draft_model_round_graph(self.runner, self.round_target, config.k, state.backend,
                                        state.vocab_size, width, sampling)
@@ -96,7 +91,7 @@ class DraftModelDrafter(Drafter):
         if commit.fed_ahead:  # the replayed round after this one fed the draft model these tokens
             self.base += commit.accepted + 1
             self.cached = self.base
-            self.runner._length = self.base + self.last_k - 1  # the host's view: the replay's chain rows
+            self.runner.set_length(self.base + self.last_k - 1)  # the host's view: the replay's chain rows
             return
         # the cache holds the committed tokens plus drafts 1..K-1; keep the accepted ones among those
         valid = self.base + min(commit.accepted, self.last_k - 1)

@@ -17,17 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.core.chain_graph import (
-    CapturedChain,
-    ChainGraphs,
-    capture_feed_lengths,
-    chain_sampling,
-    eagle_chain,
-    eagle_round,
-    graph_pool,
-    head_step,
-    prepare_eagle_rounds,
-)
+from engine.core.graphs import CapturedChain, ChainGraphs, capture_feed_lengths, chain_sampling, graph_pool
 from engine.errors import SpecplayError
 from engine.kernels.step import (
     TREE_MAX,
@@ -38,6 +28,7 @@ from engine.kernels.step import (
     tree_level_reference,
 )
 from engine.methods.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
+from engine.methods.eagle.graphs import eagle_chain, eagle_round, head_step, prepare_eagle_rounds
 from engine.models.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.models.runner import to_device
 
@@ -52,11 +43,11 @@ TIE_BREAK = 1e-4
 # before the fused round), for comparisons
 FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
 # a chain's round behind an unread one is a replay of its captured round
-# (engine.core.round_graph.EagleRoundGraph);
+# (engine.core.graphs.EagleRoundGraph);
 # SPECPLAY_EAGLE_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
 ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
 # a greedy tree round behind an unread one is a replay of its captured round
-# (engine.core.round_graph.EagleTreeRoundGraph); SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=0 launches it once the last
+# (engine.core.graphs.EagleTreeRoundGraph); SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=0 launches it once the last
 # is read
 TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "1") != "0"
 # the head's fusion (fc over [feature | the next token's embedding]) as one sp_gemv that gathers the
@@ -205,7 +196,7 @@ class EagleDrafter(Drafter):
 
     def _fuses(self, sampling) -> bool:
         """Whether a chain round at K (1 included) can run as one graph
-        (engine.core.chain_graph.eagle_round)."""
+        (engine.core.graphs.eagle_round)."""
         return (FUSED_ROUND and self.tree_nodes == 0
                 and ChainGraphs.rounds_available(self.head.runner, sampling))
 
@@ -234,7 +225,7 @@ class EagleDrafter(Drafter):
         return TREE_ROUND_GRAPHS if self.tree_nodes else ROUND_GRAPHS
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """A chain's rounds as one self-feeding graph replay each (engine.core.round_graph.EagleRoundGraph),
+        """A chain's rounds as one self-feeding graph replay each (engine.core.graphs.EagleRoundGraph),
         where the fused round applies; greedy trees' too (EagleTreeRoundGraph) where the target takes
         device trees; a one-token prompt's first rounds go apart."""
         if self.tree_nodes:
@@ -242,7 +233,7 @@ class EagleDrafter(Drafter):
         sampling = chain_sampling(state)
         if not (ROUND_GRAPHS and self._fuses(sampling)) or self.true_length == 0:
             return None
-        from engine.core.round_graph import eagle_round_graph
+        from engine.methods.eagle.graphs import eagle_round_graph
 
         return eagle_round_graph(self.target, self.head, config.k, state.backend, state.vocab_size, width,
                                  sampling)
@@ -252,7 +243,7 @@ class EagleDrafter(Drafter):
             return None
         if not getattr(self.target, "takes_device_trees", False):
             return None
-        from engine.core.round_graph import eagle_tree_round_graph
+        from engine.methods.eagle.graphs import eagle_tree_round_graph
 
         return eagle_tree_round_graph(self.target, self.head, config.k, self.tree_nodes, state.backend,
                                       state.vocab_size, width, _grow_tree, _tree_size(config.k))
@@ -260,7 +251,7 @@ class EagleDrafter(Drafter):
     def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple:
         """Feed the head the committed positions (raw features [n, F], next tokens [n]); returns the
         predicted feature [1, H] of the position after the root and its logits [1, V] (the head's runner
-        shares the target's final norm and LM head), as the fused round (engine.core.chain_graph) takes
+        shares the target's final norm and LM head), as the fused round (engine.core.graphs) takes
         them."""
         x = self.head.fuse(self.head.true_features(features), tokens)
         out = self.head.runner.forward_embeds(x)
@@ -309,7 +300,7 @@ class EagleDrafter(Drafter):
     def commit(self, state: DecodeState, commit: RoundCommit) -> None:
         if commit.fed_ahead:  # the replayed round after this one fed the head these rows on the device
             self.true_length += len(commit.accepted_rows)
-            self.head.runner._length = self.true_length  # the host's view; the chain's rows lie past it
+            self.head.runner.set_length(self.true_length)  # the host's view; the chain's rows lie past it
             self.pending = None
             return
         self.head.runner.rollback(self.true_length)
@@ -408,7 +399,7 @@ def _tree_kv(runner, true_length: int, depth: int) -> int:
     else the rows it needs."""
     if ChainGraphs.available(runner, 2):
         return runner.max_length
-    return runner._kv_width(true_length + _tree_size(depth))
+    return runner.kv_width(true_length + _tree_size(depth))
 
 
 def grow_tree(head, root_feature: torch.Tensor, depth: int, vocab: int, true_length: int,
@@ -455,20 +446,20 @@ def tree_round(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: i
     if graph is None:
         return None
     grown = graph.run(features, next_tokens, start_row)
-    runner._length = start_row + next_tokens.numel()
+    runner.set_length(start_row + next_tokens.numel())
     return grown
 
 
 def prepare_tree_rounds(head, depth: int, width: int, vocab: int, nodes: int) -> int:
     """Capture the tree round of every feed length (1..depth+1) before the first round (see
-    engine.core.chain_graph.prepare_draft_rounds); width: the features' F. Returns how many exist."""
+    engine.core.graphs.prepare_draft_rounds); width: the features' F. Returns how many exist."""
     return capture_feed_lengths(head.runner, depth, depth + 1 + _tree_size(depth),
                                 lambda n: _tree_round_graph(head, n, depth, width, vocab, nodes))
 
 
 def _tree_round_graph(head, n: int, depth: int, width: int, vocab: int, nodes: int):
     runner = head.runner
-    if not FUSED_ROUND or not ChainGraphs.available(runner, 2) or not runner._decode_path(n) or n > depth + 1:
+    if not FUSED_ROUND or not ChainGraphs.available(runner, 2) or not runner.decode_path(n) or n > depth + 1:
         return None
     device, start_row, kv = runner.device, runner.length, runner.max_length
 

@@ -16,14 +16,14 @@ import weakref
 
 import torch
 
-from engine.core.chain_graph import ChainGraphs, chain_sampling
+from engine.core.graphs import ChainGraphs, chain_sampling
 from engine.errors import SpecplayError
 from engine.methods.base import DecodeState, Draft, DraftStart, RoundCommit
 from engine.methods.draft_model.drafter import DraftModelDrafter
 from engine.models.llama import LlamaRunner
 
 # a round behind an unread one is a replay of its captured round
-# (engine.core.round_graph.LayerSkipRoundGraph);
+# (engine.core.graphs.LayerSkipRoundGraph);
 # SPECPLAY_LAYERSKIP_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
 ROUND_GRAPHS = os.environ.get("SPECPLAY_LAYERSKIP_ROUND_GRAPHS", "1") != "0"
 # target -> {(layers, shared): runner}: a runner (and its CUDA graphs) outlives the generation that built it
@@ -68,8 +68,8 @@ class LayerSkipRunner(LlamaRunner):
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)
         self._chains, self._trees, self._graphs = {}, {}, {}  # masks and captured steps of this runner
         self._gemv_ok = {}  # decided for this runner's own layers
-        self._graph_pool = None
-        self._chain_graphs = None  # engine.core.chain_graph's captured chains, made on first use
+        self.pool_handle = None
+        self.chain_graphs = None  # engine.core.graphs's captured chains, made on first use
 
     def adopt(self, length: int) -> None:
         """Take the first `length` rows of the shared cache as this runner's (the target's committed ones)."""
@@ -108,11 +108,11 @@ class LayerSkipDrafter(DraftModelDrafter):
         return ROUND_GRAPHS
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """The rounds as one self-feeding graph replay each (engine.core.round_graph.LayerSkipRoundGraph)."""
+        """The rounds as one self-feeding graph replay each (engine.core.graphs.LayerSkipRoundGraph)."""
         sampling = chain_sampling(state)
         if not (ROUND_GRAPHS and ChainGraphs.rounds_available(self.runner, sampling)):
             return None
-        from engine.core.round_graph import layer_skip_round_graph
+        from engine.methods.layerskip.graphs import layer_skip_round_graph
 
         return layer_skip_round_graph(self.runner, self.target, config.k, state.backend, state.vocab_size,
                                       width, sampling)

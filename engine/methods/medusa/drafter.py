@@ -20,11 +20,11 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from engine.core.chain_graph import first_row, medusa_draft, medusa_draft_rows, medusa_proposal
 from engine.errors import SpecplayError
 from engine.kernels.step import medusa_heads_reference
 from engine.methods.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit
 from engine.methods.eagle.drafter import choose_nodes
+from engine.methods.medusa.graphs import first_row, medusa_draft, medusa_draft_rows, medusa_proposal
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
@@ -372,10 +372,10 @@ class MedusaDrafter(Drafter):
     replays_rounds = True  # its round after an unread one is a replay of its round graph (round_graph)
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """Rounds as one self-feeding graph replay each (engine.core.round_graph), where it applies."""
+        """Rounds as one self-feeding graph replay each (engine.core.graphs), where it applies."""
         if not EARLY_HEADS or self.early is None:
             return None
-        from engine.core.round_graph import medusa_round_graph
+        from engine.methods.medusa.graphs import medusa_round_graph
 
         tree, _ = self._tree(*self._shape(config.k))
         s = config.sampling

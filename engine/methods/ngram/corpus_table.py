@@ -1,7 +1,8 @@
 """The training corpus's most frequent continuations, for n-gram prompt lookup where the context has none.
 
 Prompt lookup proposes nothing when the last token never occurred earlier in the context (28% of
-its rounds on the shipped pair's held-out prompts, K = 4: scripts/ngram_table_replay.py, at tag before-house-cleanup), and fewer
+its rounds on the shipped pair's held-out prompts, K = 4:
+scripts/ngram_table_replay.py, at tag before-house-cleanup), and fewer
 than K tokens when its match sits at the end.
 This table fills those slots: after a token `last` (preceded by `prev`), the continuation the corpus's
 counts make most likely, one token at a time (each next token the most frequent after the last two, else

@@ -9,7 +9,7 @@ from engine.methods.base import DecodeState, Draft, Drafter
 from engine.models.runner import to_device
 
 # a greedy round behind an unread one is a replay of its captured round
-# (engine.core.round_graph.NgramRoundGraph:
+# (engine.core.graphs.NgramRoundGraph:
 # the lookup on the device); SPECPLAY_NGRAM_ROUND_GRAPHS=0 launches it once the last is read
 ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "1") != "0"
 
@@ -60,7 +60,7 @@ class NgramDrafter(Drafter):
     def round_graph(self, state: DecodeState, config, width: int):
         if not (ROUND_GRAPHS and state.config.sampling.greedy):
             return None
-        from engine.core.round_graph import ngram_round_graph
+        from engine.methods.ngram.graphs import ngram_round_graph
 
         return ngram_round_graph(self.target, config.k, state.config.ngram_n, state.backend, width,
                                  self.table)
