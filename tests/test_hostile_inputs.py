@@ -169,7 +169,7 @@ BROKEN = {
     "JSON null": _raw("null\n"),
     "a JSON number": _raw("42\n"),
     "a JSON string": _raw('"text"\n'),
-    "not UTF-8": _raw(b'{"type": "header", "prompt": "caf\xe9"}\n'),
+    "not valid UTF-8": _raw(b'{"type": "header", "prompt": "caf\xe9"}\n'),
     "binary": _raw(bytes(range(256)) * 8),
     "cut mid-record": _lines(lambda text: text[: len(text) // 2]),
     "empty": _raw(""),
@@ -316,7 +316,7 @@ def test_special_and_oversized_files_are_refused_in_one_line(real_trace, tmp_pat
     assert time.monotonic() - started < 10
 
 
-@pytest.mark.parametrize("content, needle", [(b"caf\xe9\n" * 10, "not UTF-8"), (None, "larger than")])
+@pytest.mark.parametrize("content, needle", [(b"caf\xe9\n" * 10, "not valid UTF-8"), (None, "larger than")])
 def test_a_suffix_corpus_that_is_binary_or_too_large_is_refused(tmp_path, content, needle):
     from engine.methods.suffix.drafter import SuffixMemory
 

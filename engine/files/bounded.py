@@ -98,5 +98,5 @@ def read_text(path, what: str, limit: int) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise SpecplayError(f"{what} {path}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+        raise SpecplayError(f"{what} {path}, line {line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at "
                             f"offset {exc.start})") from None

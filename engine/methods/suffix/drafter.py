@@ -304,13 +304,22 @@ class SuffixMemory:
         text = bounded.read_text(path, "suffix corpus", MAX_CORPUS_BYTES)
         room = self.max_tokens // 2 - sum(len(d) + 1 for d, pinned in self._documents if pinned)
         if text.strip() and room > 1:
-            tokens = tokenizer.encode(text, verbose=False)  # no sequence-length warning: it is not a prompt
+            tokens = _encode_corpus(tokenizer, text)
             if len(tokens) > room - 1:
                 warnings.warn(f"suffix corpus {path}: indexed its first {room - 1} of {len(tokens)} tokens "
                               f"(corpora hold at most half of the memory's {self.max_tokens} tokens)",
                               SpecplayWarning, stacklevel=2)
             self.add(tokens[:room - 1], pinned=True)
         self._corpora.add(key)
+
+
+def _encode_corpus(tokenizer, text: str) -> list:
+    """A corpus's tokens, without transformers' warning that they exceed the model's context: a corpus is
+    not a prompt."""
+    try:
+        return tokenizer.encode(text, verbose=False)
+    except TypeError:  # a tokenizer without transformers' verbose flag
+        return tokenizer.encode(text)
 
 
 class SuffixDrafter(Drafter):
