@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -135,3 +135,19 @@ def _check_readable_file(path: str, what: str) -> None:
         raise SpecplayError(f"{what} {path!r}: no such file")
     if not os.access(file, os.R_OK):
         raise SpecplayError(f"{what} {path!r}: not readable")
+
+
+def config_from_dict(settings: dict, events: list = ()) -> GenerationConfig:
+    """The GenerationConfig of a trace header's settings; for a headerless trace, what its rounds tell."""
+    values = _known(GenerationConfig, settings)
+    sampling = values.pop("sampling", None) or {}
+    if not settings and events:
+        values = {"method": events[0].method, "k": max(1, events[0].k)}
+    elif "ngram_corpus" not in settings:  # recorded before n-gram had a corpus table: it ran without one
+        values["ngram_corpus"] = False
+    return GenerationConfig(**values, sampling=SamplingParams(**_known(SamplingParams, sampling)))
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

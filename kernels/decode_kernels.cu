@@ -26,9 +26,6 @@
 #define SP_GEMV_BLOCKS 2  // resident blocks per SM sp_gemv is built for (kernels/step.py passes its own)
 #endif
 #define SP_ATTN_WARPS 8
-#ifndef SP_ATTN_PREFETCH
-#define SP_ATTN_PREFETCH 1  // the attention kernels' L2 requests (kernels/step.py passes its own)
-#endif
 #define SP_ATTN_MAX_D 256
 #ifndef SP_ATTN_AHEAD
 #define SP_ATTN_AHEAD 16  // 16-byte loads a lane issues before it uses them in the attention loops (kernels/step.py)
@@ -117,9 +114,6 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // whatever the grid, and the warp's reduction is a fixed butterfly: row m's result depends on row m alone.
 // K % 8 == 0, weight rows and x rows 16-byte aligned.
 #define SP_GEMV_STAGE 20480  // values of T staged per block: 40 KB
-#ifndef SP_GEMV_SCATTER
-#define SP_GEMV_SCATTER 1  // blocks of rows reduce their sums together (dk_reduce_rows; kernels/step.py passes its own)
-#endif
 
 template <typename T>
 __device__ __forceinline__ void dk_gemv_load(uint4* w, const T* weight, int K, int row, int seg, int lane) {
@@ -169,7 +163,7 @@ __device__ __forceinline__ void dk_gemv_fma(const uint4* w, const uint4* staged,
     }
 }
 
-// Rows of a verification block reduce their sums together (SP_GEMV_SCATTER): the M sums (padded to P, a
+// Rows of a verification block reduce their sums together: the M sums (padded to P, a
 // power of two) halve at each of the butterfly's first log2(P) steps, each lane keeping half and sending
 // its partner the other half, so a warp shuffles P - 1 + 5 - log2(P) times, not 5 M. Every sum still adds
 // the same pairs in the same order as dk_warp_sum's butterfly (lane L: its own partial + lane L ^ o's), so
@@ -546,7 +540,7 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int stride = gridDim.x * SP_GEMV_WARPS;  // rows between a warp's consecutive rows
     int row = blockIdx.x * SP_GEMV_WARPS + warp;
-    bool scatter = M > 1 && SP_GEMV_SCATTER;
+    bool scatter = M > 1;
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
     sp_let_next_start();
     if (row < N) {
@@ -587,7 +581,6 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv_tc(const T* x, co
 template <typename T>
 __device__ __forceinline__ void dk_attn_prefetch_chunk(const T* keys, const T* values, int c, long long total,
                                                        int D, int lane) {
-    if (!SP_ATTN_PREFETCH) return;
     long long row = (long long)c * 32 + lane;
     int row_bytes = D * (int)sizeof(T);
     if (row < total) {

@@ -15,10 +15,11 @@ from engine.bench import roofline
 from engine.cli.batch import read_prompts_file
 from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.core.batch import BatchDecoder, BatchDraft, pad_for_verify
+from engine.core.batch import BatchDecoder, pad_for_verify
 from engine.core.decoder import SpeculativeDecoder
 from engine.errors import SpecplayError
 from engine.kernels import reference
+from engine.methods.batch_base import BatchDraft
 from engine.methods.registry import BATCH_METHODS
 from engine.models.batch_runner import BatchRunner
 from engine.models.loading import load_pair

@@ -93,8 +93,10 @@ def test_generation_is_the_same_with_torch_calls(tmp_path, monkeypatch, method):
     decoder = SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=torch.bfloat16))
     config = GenerationConfig(k=4, max_new_tokens=40, stop_at_eos=False).with_spec(method)
 
-    def events(raw: bool):
-        monkeypatch.setattr(cuda_calls, "RAW_CALLS", raw)
+    runtime = cuda_calls._runtime
+
+    def events(raw: bool):  # without the runtime's bindings, StreamCalls makes torch's calls (no CuPy)
+        monkeypatch.setattr(cuda_calls, "_runtime", runtime if raw else lambda: None)
         decoder._calls = None
         return [(e.emitted_ids, e.accepted_count, [t.token_id for t in e.drafted])
                 for e in decoder.generate("the cat sat on the mat. the cat", config)]

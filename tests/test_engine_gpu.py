@@ -107,17 +107,9 @@ def test_bf16_sampling_is_lossless(tmp_path_factory, monkeypatch, method, nodes)
     is often a replay of their round graph (engine.core.graphs), queued behind the first; suffix
     decoding's
     and lookahead's trees are verified by one upload and one replay (HostTreeRoundGraph)."""
-    import engine.core.graphs as round_graph
-    import engine.methods.draft_model.drafter as draft_model
-    import engine.methods.eagle.drafter as eagle
-    import engine.methods.layerskip.drafter as layerskip
-
     layers = 2 if method == "layerskip" else 1  # layer skip drafts with fewer layers than the target's
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_chi"), 24, 32, layers, 11, 0.3, dtype=torch.bfloat16)
     assert decoder.pair.target.decode_kernels is not None
-    for module in (eagle, draft_model, layerskip):
-        monkeypatch.setattr(module, "ROUND_GRAPHS", True)
-    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # sampled chains replayed
     replays = _count_calls(monkeypatch, "_replay_round")
     host_trees = _count_calls(monkeypatch, "_host_tree_round")  # suffix's and lookahead's: one replay each
     config = GenerationConfig(method=method, k=3, tree_nodes=nodes, sampling=SamplingParams(0.8, 0, 0.9),
@@ -153,6 +145,25 @@ def test_bf16_sampling_is_lossless_with_every_product_on_sp_gemv(tmp_path_factor
     config = GenerationConfig(method=method, k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=1000)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=1000)
     assert report.passed, report
+
+
+def _unpipelined(decoder, run):
+    """run() with every round launched once the last one is read: no round replayed behind an unread one,
+    no host tree verified by one upload and one replay (what the pipelined decoder must reproduce)."""
+    decoder.pipelined = False
+    try:
+        return run()
+    finally:
+        decoder.pipelined = True
+
+
+def _eager(decoder, run):
+    """run() with CUDA graphs off: every step and chain launched op by op."""
+    decoder.set_cuda_graphs(False)
+    try:
+        return run()
+    finally:
+        decoder.set_cuda_graphs(True)
 
 
 def _count_calls(monkeypatch, name: str) -> list:
@@ -236,7 +247,6 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     """Medusa drafts from every block row behind the verification, one graph per block size (medusa_rows);
     with that off, from the accepted row (medusa). Eager or replayed, early or not: the same output."""
     from engine.core.graphs import ChainGraphs
-    from engine.methods.medusa import drafter as medusa
 
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
     decoder.set_cuda_graphs(False)
@@ -245,35 +255,27 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     finally:
         decoder.set_cuda_graphs(True)
     assert decoder.generate_ids(PROMPT, config) == eager
-    monkeypatch.setattr(medusa, "EARLY_HEADS", False)
-    assert decoder.generate_ids(PROMPT, config) == eager
+    assert _unpipelined(decoder, lambda: decoder.generate_ids(PROMPT, config)) == eager
     kinds = {key[0] for key in ChainGraphs.of(decoder.target)._graphs}
     assert {"medusa", "medusa_rows"} <= kinds
 
 
-@pytest.mark.parametrize("dynamic", [True, False])
-def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatch, dynamic):
+@pytest.mark.parametrize("method", ["medusa", "medusa-fixed"])
+def test_medusa_trees_equal_plain_replayed_or_eager(tmp_path_factory, monkeypatch, method):
     """Medusa's tree chosen each round (the candidates scored behind the heads' kernels, sp_tree_choose in the
-    round graph) and its fixed tree (SPECPLAY_MEDUSA_DYNAMIC=0): greedy output is plain decoding's, with the
-    rounds replayed as graphs (counted) and with graphs off, at K = 2 and 4 and a tree of 12 nodes. bf16: the
-    round graph needs the decode path, whose blocks of up to 16 rows run every product in sp_gemv, as plain
+    round graph) and its fixed tree (medusa-fixed): greedy output is plain decoding's, with the rounds
+    replayed as graphs (counted) and with graphs off, at K = 2 and 4 and a tree of 12 nodes. bf16: the round
+    graph needs the decode path, whose blocks of up to 16 rows run every product in sp_gemv, as plain
     decoding's one row does."""
-    from engine.methods.medusa import drafter as medusa
-
-    monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
     decoder = build(tmp_path_factory.mktemp("gpu_medusa_trees"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     replays = _count_calls(monkeypatch, "_replay_round")
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
     for k, nodes in ((2, 0), (4, 0), (4, 12)):
-        config = GenerationConfig(method="medusa", k=k, tree_nodes=nodes, max_new_tokens=48)
+        config = GenerationConfig(method=method, k=k, tree_nodes=nodes, max_new_tokens=48)
         replayed = len(replays)
         graphed = decoder.generate_ids(PROMPT, config)
         assert len(replays) > replayed, (k, nodes)
-        decoder.set_cuda_graphs(False)
-        try:
-            eager = decoder.generate_ids(PROMPT, config)
-        finally:
-            decoder.set_cuda_graphs(True)
+        eager = _eager(decoder, lambda config=config: decoder.generate_ids(PROMPT, config))
         assert graphed == eager == plain, (k, nodes)
 
 
@@ -284,10 +286,6 @@ def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch,
     replay of the captured round (engine.core.graphs) seeded by the first round, gives the rounds of one
     launched after the read (tokens, verdicts, uniforms); every round after the first goes that way, and the
     next generation seeds the graph again."""
-    from engine.core import decoder as decoder_module
-    from engine.core import graphs as round_graph
-
-    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)  # a sampled plain step replayed (off by default)
     decoder = build(tmp_path_factory.mktemp("gpu_queued_after"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=4, max_new_tokens=48, seed=7, stop_at_eos=False,
                               sampling=SamplingParams(temperature, 0, 0.9))
@@ -297,44 +295,37 @@ def test_rounds_queued_behind_unread_ones_in_bf16(tmp_path_factory, monkeypatch,
                 for e in decoder.generate(PROMPT, config)]
 
     replays = _count_calls(monkeypatch, "_replay_round")
-    monkeypatch.setattr(decoder_module, "QUEUE_AFTER", False)
-    alone = rounds()
+    alone = _unpipelined(decoder, rounds)
     assert not replays
-    monkeypatch.setattr(decoder_module, "QUEUE_AFTER", True)
     assert rounds() == alone
     assert len(replays) >= len(alone) - 2
     assert rounds() == alone
 
 
-def fused_rounds_equal_apart(monkeypatch, drafter_module, decoder, config) -> list:
-    """The rounds (accepted count, emitted ids) with the drafter module's FUSED_ROUND off, then on: equal;
-    returns the fused ones."""
+def fused_rounds_equal_eager(decoder, config) -> list:
+    """The rounds (accepted count, emitted ids) launched apart (not replayed behind unread ones), with the
+    drafter's round as one graph, equal those with graphs off (every step launched op by op); returns the
+    fused ones."""
     def rounds():
         return [(e.accepted_count, e.emitted_ids) for e in decoder.generate(PROMPT, config)]
 
-    monkeypatch.setattr(drafter_module, "FUSED_ROUND", False)
-    apart = rounds()
-    monkeypatch.setattr(drafter_module, "FUSED_ROUND", True)
-    fused = rounds()
-    assert fused == apart
+    eager = _unpipelined(decoder, lambda: _eager(decoder, rounds))
+    fused = _unpipelined(decoder, rounds)
+    assert fused == eager
     return fused
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, temperature):
     """On the decode path the draft model's forward over the committed tokens and its chain replay as one
-    graph (engine.core.graphs.draft_model_round): the same drafts, round by round, as the two graphs
-    apart,
-    and greedy output equal to plain decoding."""
-    import engine.methods.draft_model.drafter as draft_model
+    graph (engine.methods.draft_model.graphs.draft_model_round): the same drafts, round by round, as the
+    eager steps, and greedy output equal to plain decoding."""
     from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method="draft", k=4, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
-    monkeypatch.setattr(draft_model, "ROUND_GRAPHS", False)  # the rounds launched once the last is read
-
-    fused = fused_rounds_equal_apart(monkeypatch, draft_model, decoder, config)
+    fused = fused_rounds_equal_eager(decoder, config)
     # every feed length a K = 4 round can have (1..5) was captured before the first round
     lengths = {key[1] for key in ChainGraphs.of(decoder.pair.draft)._graphs if key[:1] == ("draft-round",)
                and key[2] == 4}
@@ -349,18 +340,15 @@ def test_draft_model_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, t
 @pytest.mark.parametrize("k", [1, 4])
 def test_eagle_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature, k):
     """On the decode path EAGLE's step over the committed positions and its chain replay as one graph
-    (engine.core.graphs.eagle_round), K = 1 included: the same rounds as the two graphs apart, greedy
-    output
-    equal to plain decoding, and every feed length of K (1..K+1) captured when the generation starts."""
-    import engine.methods.eagle.drafter as eagle
+    (engine.methods.eagle.graphs.eagle_round), K = 1 included: the same rounds as the eager steps, greedy
+    output equal to plain decoding, and every feed length of K (1..K+1) captured when the generation
+    starts."""
     from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_eagle_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
-    monkeypatch.setattr(eagle, "ROUND_GRAPHS", False)  # the rounds launched once the last is read
-
-    fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
+    fused = fused_rounds_equal_eager(decoder, config)
     head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
     lengths = {key[1] for key in ChainGraphs.of(head.runner)._graphs if key[:1] == ("eagle-round",)
                and key[2] == k}
@@ -380,22 +368,12 @@ def test_chain_rounds_queued_as_replays_in_bf16(tmp_path_factory, monkeypatch, m
     device, the chain or tree and the target's block follow the accepted path. Greedy output equals plain
     decoding with the replays and without them, every round after the first two is a replay, and the next
     generation reseeds the graph."""
-    import engine.methods.draft_model.drafter as draft_model
-    import engine.methods.eagle.drafter as eagle
-    import engine.methods.layerskip.drafter as layerskip
-    import engine.methods.ngram.drafter as ngram
-
-    module = {"draft": draft_model, "ngram": ngram, "layerskip": layerskip}.get(method, eagle)
-    flag = "TREE_ROUND_GRAPHS" if nodes else "ROUND_GRAPHS"
-
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_replay"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=k, tree_nodes=nodes, max_new_tokens=48)
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48))
     replays = _count_calls(monkeypatch, "_replay_round")
-    monkeypatch.setattr(module, flag, False)
-    launched = decoder.generate_ids(PROMPT, config)
+    launched = _unpipelined(decoder, lambda: decoder.generate_ids(PROMPT, config))
     assert not replays
-    monkeypatch.setattr(module, flag, True)
     events = list(decoder.generate(PROMPT, config))
     assert [t for e in events for t in e.emitted_ids] == launched == plain
     assert len(replays) >= len(events) - 2
@@ -437,16 +415,14 @@ def test_eagle_trees_are_drafted_on_the_device(decoder, monkeypatch, method):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_eagle_tree_round_is_one_graph_in_bf16(tmp_path_factory, monkeypatch, method, temperature):
     """On the decode path the head's step over the committed positions and the tree's growth replay as one
-    graph (engine.methods.eagle.drafter.tree_round): the same rounds as the step and the growth apart, every
-    feed
-    length 1..K+1 captured when the generation starts, and greedy output equal to plain decoding."""
-    import engine.methods.eagle.drafter as eagle
+    graph (engine.methods.eagle.drafter.tree_round): the same rounds as the eager steps, every feed length
+    1..K+1 captured when the generation starts, and greedy output equal to plain decoding."""
     from engine.core.graphs import ChainGraphs
 
     decoder = build(tmp_path_factory.mktemp("gpu_bf16_tree_round"), 96, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     config = GenerationConfig(method=method, k=4, tree_nodes=8, max_new_tokens=48, seed=3,
                               sampling=SamplingParams(temperature, 0, 1.0))
-    fused = fused_rounds_equal_apart(monkeypatch, eagle, decoder, config)
+    fused = fused_rounds_equal_eager(decoder, config)
     head = decoder.eagle_head() if method == "eagle" else decoder.eagle3_head()
     lengths = {key[1] for key in ChainGraphs.of(head.runner)._graphs if key[0] == "eagle-tree-round"}
     assert lengths == set(range(1, 6))
@@ -462,7 +438,6 @@ def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypat
     one
     graph and its memory that graph's pool's (an illegal address in a sampled K sweep on an H200). A large
     vocabulary takes sp_wide for chains; the sampled rounds are replayed for the check."""
-    from engine.core import graphs as round_graph
     from engine.kernels import cuda as kernels_cuda
     from engine.kernels.workspaces import Workspaces
 
@@ -479,7 +454,6 @@ def test_kernel_workspaces_are_made_outside_captures(tmp_path_factory, monkeypat
             return ws
 
         monkeypatch.setattr(Workspaces, name, recorded)
-    monkeypatch.setattr(round_graph, "SAMPLED_CHAINS", True)
     decoder = build(tmp_path_factory.mktemp("gpu_workspaces"), 4096, 64, 2, 0, 0.15, dtype=torch.bfloat16)
     state = kernels_cuda._device(torch.cuda.current_device())
     monkeypatch.setattr(state, "workspaces", Workspaces(state.device))  # made anew here, not by earlier tests
@@ -513,7 +487,6 @@ def test_host_trees_are_one_upload_and_one_replay_in_bf16(tmp_path_factory, monk
     upload and one replay that also keeps the accepted path in the cache, gives the rounds queued op by op
     (tokens, verdicts, uniforms); every round goes that way (an empty draft's too), and greedy output is
     plain decoding's."""
-    from engine.core import decoder as decoder_module
     from engine.core.graphs import HostTreeRoundGraph
 
     decoder = build(tmp_path_factory.mktemp(f"gpu_host_tree_{method}"), 96, 64, 2, 0, 0.15,
@@ -534,10 +507,8 @@ def test_host_trees_are_one_upload_and_one_replay_in_bf16(tmp_path_factory, monk
         return original(self, *args)
 
     monkeypatch.setattr(HostTreeRoundGraph, "upload", counted)
-    monkeypatch.setattr(decoder_module, "HOST_TREE_GRAPHS", False)
-    apart = rounds()
+    apart = _unpipelined(decoder, rounds)
     assert not uploads
-    monkeypatch.setattr(decoder_module, "HOST_TREE_GRAPHS", True)
     assert rounds() == apart
     drafted = sum(1 for _, _, us in apart if us)
     assert drafted >= 3 and len(uploads) == len(apart)  # an empty draft's round too

@@ -177,8 +177,8 @@ def test_bench_methods_rows_read_run_totals(decoder, monkeypatch):
     recorded = {}
     measure = bench.measure_interleaved
 
-    def spy(dec, prompts, configs, repeats=1, after=None, before_repeat=None):
-        totals = measure(dec, prompts, configs, repeats, after, before_repeat)
+    def spy(dec, prompts, configs, repeats=1, after=None, before_repeat=None, **options):
+        totals = measure(dec, prompts, configs, repeats, after, before_repeat, **options)
         recorded.update(totals)
         return totals
 

@@ -22,7 +22,7 @@ import engine.methods.ngram.drafter as ngram
 from engine.analysis.lossless import check_sampling
 from engine.config import GenerationConfig, SamplingParams
 from engine.core.decoder import SpeculativeDecoder
-from engine.core.graphs import HostTreeRoundGraph, PlainRoundGraph, tree_shape, chain_sampling
+from engine.core.graphs import HostTreeRoundGraph, PlainRoundGraph, chain_sampling, tree_shape
 from engine.methods.draft_model.graphs import DraftModelRoundGraph
 from engine.methods.eagle.graphs import EagleRoundGraph, EagleTreeRoundGraph
 from engine.methods.layerskip.graphs import LayerSkipRoundGraph
@@ -137,15 +137,10 @@ def queued(monkeypatch):
 
     monkeypatch.setattr(MedusaDrafter, "round_graph", medusa_graph)
     monkeypatch.setattr(eagle.EagleDrafter, "round_graph", eagle_graph)
-    monkeypatch.setattr(eagle, "ROUND_GRAPHS", True)
-    monkeypatch.setattr(eagle, "TREE_ROUND_GRAPHS", True)
     monkeypatch.setattr(draft_model.DraftModelDrafter, "round_graph", draft_graph)
-    monkeypatch.setattr(draft_model, "ROUND_GRAPHS", True)
     monkeypatch.setattr(engine.core.decoder, "plain_round_graph", plain_graph)
     monkeypatch.setattr(layerskip.LayerSkipDrafter, "round_graph", layerskip_graph)
-    monkeypatch.setattr(layerskip, "ROUND_GRAPHS", True)
     monkeypatch.setattr(ngram.NgramDrafter, "round_graph", ngram_graph)
-    monkeypatch.setattr(ngram, "ROUND_GRAPHS", True)
     monkeypatch.setattr(SpeculativeDecoder, "_replay_round", counted)
     return replays
 
@@ -197,7 +192,7 @@ def test_layerskip_rounds_launched_apart_between_replays(decoder, queued, monkey
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_plain_replays_give_the_synchronous_rounds(decoder, queued, temperature):
     """Plain decoding's steps replayed behind unread ones are the rounds launched apart: tokens and
-    uniforms; and with the replays off (SPECPLAY_PLAIN_ROUND_GRAPHS=0) they are launched rounds again."""
+    uniforms."""
     config = GenerationConfig(method="none", sampling=SamplingParams(temperature, 0, 0.9), max_new_tokens=40,
                               seed=5, stop_at_eos=False)
     alone = _rounds(decoder, config, pipelined=False)
@@ -205,13 +200,6 @@ def test_plain_replays_give_the_synchronous_rounds(decoder, queued, temperature)
     assert _rounds(decoder, config, pipelined=True) == alone
     assert sum(queued) == len(alone) - 1
     assert _rounds(decoder, config, pipelined=True) == alone  # the next generation seeds the graph again
-
-
-def test_plain_rounds_launched_apart_without_the_step_graph(decoder, queued, monkeypatch):
-    monkeypatch.setattr(engine.core.decoder, "PLAIN_ROUND_GRAPHS", False)
-    config = GenerationConfig(method="none", max_new_tokens=30, stop_at_eos=False)
-    alone = _rounds(decoder, config, pipelined=False)
-    assert _rounds(decoder, config, pipelined=True) == alone and not queued
 
 
 def test_the_device_lookup_is_the_host_lookup():
@@ -341,29 +329,6 @@ def test_ngram_replays_give_the_synchronous_rounds(shipped, queued, k, corpus):
     assert sum(queued) >= len(alone) - 2 and sum(accepted for _, accepted, _, _ in alone) > len(alone) // 2
     plain = decoder.generate_ids(prompt, GenerationConfig(method="none", max_new_tokens=64))
     assert [t for ids, *_ in alone for t in ids] == plain
-
-
-@pytest.mark.parametrize("method", ["none", "ngram", "draft"])
-def test_the_greedy_readout_gives_what_its_parts_give(shipped, queued, monkeypatch, method):
-    """A greedy chain round's verification, n-gram's cut and readout in one call (backend.greedy_readout, the
-    default) or apart (SPECPLAY_GREEDY_READOUT=0): the same replayed rounds, verdicts and every figure the
-    event shows (p, q, acceptance, the next token's p and its top alternatives)."""
-    decoder, prompt = shipped
-    config = GenerationConfig(method=method, k=4, max_new_tokens=40, stop_at_eos=False)
-
-    def figures() -> list:
-        decoder.pipelined = True
-        try:
-            return [(e.emitted_ids, e.accepted_count, e.next_token_p, e.next_top,
-                     [(t.token_id, t.p, t.q, t.accept_prob, t.accepted, t.tested) for t in e.drafted])
-                    for e in decoder.generate(prompt, config)]
-        finally:
-            decoder.pipelined = False
-
-    joined = figures()
-    replayed = sum(queued)
-    monkeypatch.setattr(engine.core.graphs, "GREEDY_READOUT", False)
-    assert figures() == joined and replayed >= len(joined) - 2
 
 
 def test_ngram_rounds_launched_apart_between_replays(shipped, queued, monkeypatch):

@@ -28,7 +28,6 @@ TOOLS = {
     "docs/plot_batch.py": "Plot `bench batch --json` output as an SVG",
     "docs/refit_batch.py": "with its roofline fits and predictions made again",
     "gpu/check.sh": "Everything a CUDA machine must confirm",
-    "gpu/session.sh": "A GPU measurement session in one device call",
     "profiling/profile_e2e.py": "Where a generation's time goes on the GPU, end to end",
 }
 
@@ -80,8 +79,6 @@ def test_kept_scripts_name_only_kept_scripts():
     for script in TOOLS:
         text = (SCRIPTS / script).read_text(encoding="utf-8")
         for name in re.findall(r"scripts/[\w/]+\.(?:py|sh)", text):
-            if "before-house-cleanup" in text and name == "scripts/gpu_session.sh":
-                continue  # the session's removed parts, named with their tag
             assert name.removeprefix("scripts/") in TOOLS, f"{script} names {name}"
 
 

@@ -159,20 +159,16 @@ def test_programmatic_launch_structs_match_cuda_h():
     assert pdl.PdlLauncher.load((8, 0)) is None  # below sm_90
 
 
-def test_programmatic_launch_is_on_unless_turned_off(monkeypatch):
-    """On by default wherever the driver has cuLaunchKernelEx (a stand-in driver here); SPECPLAY_PDL=0 turns
-    it off without loading the driver."""
+def test_programmatic_launch_is_on_from_sm_90(monkeypatch):
+    """On wherever the GPU is sm_90 or later and the driver has cuLaunchKernelEx (a stand-in driver here);
+    below sm_90 it stays off without loading the driver."""
     from engine.kernels import pdl
 
     loaded = []
     monkeypatch.setattr(pdl.ctypes, "CDLL", lambda name: loaded.append(name) or
                         type("Driver", (), {"cuLaunchKernelEx": ctypes_function()})())
-    monkeypatch.setenv("SPECPLAY_PDL", "0")
-    assert pdl.PdlLauncher.load((9, 0)) is None and not loaded
-    monkeypatch.delenv("SPECPLAY_PDL", raising=False)
+    assert pdl.PdlLauncher.load((8, 9)) is None and not loaded
     assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher) and loaded == ["libcuda.so.1"]
-    monkeypatch.setenv("SPECPLAY_PDL", "1")
-    assert isinstance(pdl.PdlLauncher.load((9, 0)), pdl.PdlLauncher)
 
 
 def ctypes_function():
@@ -252,9 +248,9 @@ def test_the_ngram_kernel_takes_every_chain_the_launch_allows():
     assert defines["SP_NGRAM_MAX_K"] >= step.THREADS and defines["SP_TOPK_MAX"] == step.TOPK_MAX
 
 
-def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before(monkeypatch):
+def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before():
     """The round graphs ask the CUDA backend for a programmatic launch only behind a step kernel: never
-    without the round kernels, never for a runner that cannot say, and not with SPECPLAY_ROUND_PDL=0."""
+    without the round kernels, never for a runner that cannot say."""
     from engine.core import graphs as round_graph
 
     class EndsInKernel:
@@ -266,5 +262,3 @@ def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before(mo
     assert round_graph.ends_in_kernel(EndsInKernel(), object(), 5)
     assert not round_graph.ends_in_kernel(EndsInKernel(), object(), 17)  # a block past sp_gemv's rows
     assert round_graph.chained(True) == {"chained": True} and round_graph.chained(False) == {}
-    monkeypatch.setattr(round_graph, "ROUND_PDL", False)
-    assert round_graph.chained(True) == {}

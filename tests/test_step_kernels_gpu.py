@@ -433,10 +433,10 @@ def test_grouped_attention_gives_the_per_head_bits(kernels, monkeypatch):
         v_cache = torch.randn(shape, generator=g, device="cuda").to(dtype)
         visible = _chain_or_tree(rng, block_n)
         start = torch.tensor(starts, device="cuda")
-        monkeypatch.setattr(step, "ATTENTION_GROUPED", True)
         grouped = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
-        monkeypatch.setattr(step, "ATTENTION_GROUPED", False)
-        per_head = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
+        with monkeypatch.context() as patch:
+            patch.setattr(step, "ATTENTION_GROUPS", ())  # as for a model whose group is not built: per head
+            per_head = kernels.attention(q, k_cache, v_cache, start, visible, splits=1)
         assert torch.equal(grouped, per_head), f"case {case}: heads {heads}/{kv_heads} d {d} n {block_n}"
         caches = (k_cache, v_cache) if seqs > 1 else (k_cache[None], v_cache[None])
         ref = attention_reference(q, *caches, starts, visible)
@@ -692,8 +692,8 @@ def test_decode_path_matches_the_cublas_path(tmp_path, monkeypatch):
     path = make_tiny_llama(tmp_path / "m", vocab=96, hidden=64, layers=2, seed=3)
     fast = load_runner(str(path), "cuda", torch.bfloat16)
     exact = load_runner(str(path), "cuda", torch.float32)
-    monkeypatch.setenv("SPECPLAY_DECODE", "0")
     slow = load_runner(str(path), "cuda", torch.bfloat16)
+    slow.use_torch_twins()
     assert fast.decode_kernels is not None and slow.decode_kernels is None
     tokens = torch.arange(5, 40, device="cuda")
     with torch.inference_mode():
@@ -750,7 +750,7 @@ def test_tree_level_step_matches_the_masked_step(tmp_path):
 
 
 def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
-    """The decode path with programmatic dependent launch (pdl.py, SPECPLAY_PDL=1) and with CuPy's plain
+    """The decode path with programmatic dependent launch (pdl.py, sm_90 on) and with CuPy's plain
     launches gives the same logits bit for bit, for a captured prefill bucket (cuBLAS products before the
     rope kernel), a chain block and replayed single-token steps, and the driver took every launch (the
     launcher stayed on)."""
@@ -760,7 +760,6 @@ def test_programmatic_launch_changes_no_bit(tmp_path, monkeypatch):
     from engine.models.loading import load_runner
 
     kernels = StepKernels.load("cuda")
-    monkeypatch.setenv("SPECPLAY_PDL", "1")
     launcher = PdlLauncher.load(torch.cuda.get_device_capability())
     if launcher is None:
         pytest.skip("programmatic dependent launch needs sm_90 and a driver with cuLaunchKernelEx")

@@ -70,7 +70,8 @@ def test_an_old_headerless_trace_still_reads(tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [("", "no rounds"), ("[1]\n", "not a trace record"),
-                                          ("{oops\n", "not JSON"), ('{"type": "round"}\n', "field method: missing")])
+                                          ("{oops\n", "not JSON"),
+                                          ('{"type": "round"}\n', "field method: missing")])
 def test_a_file_that_is_not_a_trace_is_one_clear_error(tmp_path, text, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
@@ -81,7 +82,7 @@ def test_a_file_that_is_not_a_trace_is_one_clear_error(tmp_path, text, needle):
 def test_non_utf8_and_missing_files_are_clear_errors(tmp_path):
     path = tmp_path / "bin.jsonl"
     path.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(SpecplayError, match="not UTF-8"):
+    with pytest.raises(SpecplayError, match="not valid UTF-8"):
         read_trace(path)
     with pytest.raises(SpecplayError, match="cannot read"):
         read_trace(tmp_path / "missing.jsonl")

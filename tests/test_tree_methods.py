@@ -335,7 +335,7 @@ def test_feed_length_captures_cover_one_to_k_plus_one_and_respect_the_cache_end(
 
 
 def fixed_tree_drafter(target, heads):
-    """A Medusa drafter of the fixed tree (SPECPLAY_MEDUSA_DYNAMIC=0's)."""
+    """A Medusa drafter of the fixed tree (the method medusa-fixed's)."""
     from engine.methods.medusa.drafter import MedusaDrafter
 
     drafter = MedusaDrafter(target, heads)
@@ -496,16 +496,13 @@ def test_medusa_first_round_drafts_from_the_prompts_features(decoder):
     assert len(first.drafted) == 8
 
 
-@pytest.mark.parametrize("dynamic", [True, False])
-def test_medusa_greedy_equals_plain_with_either_tree(decoder, monkeypatch, dynamic):
+@pytest.mark.parametrize("method", ["medusa", "medusa-fixed"])
+def test_medusa_greedy_equals_plain_with_either_tree(decoder, method):
     """Medusa's greedy output is plain decoding's with the tree chosen each round and with the fixed tree
-    (SPECPLAY_MEDUSA_DYNAMIC=0), at K = 2 and 4 and a tree of 16 nodes."""
-    from engine.methods.medusa import drafter as medusa
-
-    monkeypatch.setattr(medusa, "DYNAMIC_TREE", dynamic)
+    (medusa-fixed), at K = 2 and 4 and a tree of 16 nodes."""
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=40))
     for k, nodes in ((2, 0), (4, 0), (4, 16)):
-        config = GenerationConfig(method="medusa", k=k, max_new_tokens=40, tree_nodes=nodes)
+        config = GenerationConfig(method=method, k=k, max_new_tokens=40, tree_nodes=nodes)
         assert decoder.generate_ids(PROMPT, config) == plain, (k, nodes)
 
 

@@ -253,7 +253,7 @@ def suffix_replay_from_headers(trace: Trace) -> Optional[Callable[[int], list]]:
     memory held as each generation began (engine.methods.suffix.drafter.memory_fingerprint): each generation's
     memory rebuilt from the trace's earlier generations, or None where any one's cannot be (a corpus file in
     the memory, generations the file lacks, headers without the fingerprint)."""
-    from engine.files.trace import config_from_dict
+    from engine.config import config_from_dict
     from engine.methods.registry import node_budget
     from engine.methods.suffix.drafter import generations_replay, memory_from_generations
 

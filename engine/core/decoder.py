@@ -5,7 +5,6 @@ baseline is measured exactly like the speculative runs.
 """
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
@@ -19,26 +18,17 @@ from engine.core.metrics import MetricsAccumulator
 from engine.core.text import IncrementalText
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
-from engine.kernels import select_backend
+from engine.kernels import REFERENCE, select_backend
 from engine.kernels.cuda_calls import stream_calls
 from engine.methods import registry as methods
 from engine.methods.base import DecodeState, Draft, Drafter, DraftStart, NoDrafter, RoundCommit
 from engine.models.runner import to_device
+from engine.tuning import ENVIRONMENT, Tuning
 
 TOP_ALTERNATIVES = 5
-# SPECPLAY_QUEUE_AFTER=0 launches a drafter's round only once the last one is read (no round graph replays
-# queued behind unread rounds), for comparisons
-QUEUE_AFTER = os.environ.get("SPECPLAY_QUEUE_AFTER", "1") != "0"
-# SPECPLAY_PLAIN_ROUND_GRAPHS=0 queues plain decoding's rounds as launched rounds, not replays of its step
-PLAIN_ROUND_GRAPHS = os.environ.get("SPECPLAY_PLAIN_ROUND_GRAPHS", "1") != "0"
-# a tree drafted on the host (suffix decoding, lookahead) is verified by one replay after one upload
-# (engine.core.graphs.HostTreeRoundGraph) where it applies; SPECPLAY_HOST_TREE_GRAPHS=0 queues it op by
-# op
-HOST_TREE_GRAPHS = os.environ.get("SPECPLAY_HOST_TREE_GRAPHS", "1") != "0"
 NAN_MESSAGE = "the target model produced NaN logits (a numerical overflow? try --dtype float32)"
-# the target's decode steps captured at warm-up: blocks of 1..17 rows (a round of K <= 16, a tree of 16);
-# SPECPLAY_WARM_STEPS=0 leaves them to the rounds that first meet them, for comparisons
-WARM_STEP_ROWS = 17 if os.environ.get("SPECPLAY_WARM_STEPS", "1") != "0" else 0
+# the target's decode steps captured at warm-up: blocks of 1..17 rows (a round of K <= 16, a tree of 16)
+WARM_STEP_ROWS = 17
 
 
 @dataclass
@@ -163,13 +153,15 @@ class _RoundReadout:
 
 
 class SpeculativeDecoder:
-    def __init__(self, pair, backend=None):
-        """pair: engine.models.loading.ModelPair (target runner, optional draft runner, tokenizer)."""
+    def __init__(self, pair, backend=None, tuning: Tuning = ENVIRONMENT):
+        """pair: engine.models.loading.ModelPair (target runner, optional draft runner, tokenizer); tuning:
+        the switches this decoder runs with (engine.tuning; the process's environment by default)."""
         self.pair = pair
         self.target = pair.target
         self.tokenizer = pair.tokenizer
         self.device = self.target.device
-        self.backend = backend or select_backend(self.device)
+        self.tuning = tuning
+        self.backend = backend or (select_backend(self.device) if tuning.kernels else REFERENCE)
         self.vocab_size = pair.vocab_size  # the target's logit width (its whole distribution)
         self.eos_ids = eos_ids(self.tokenizer)
         self._token_texts: dict = {}  # token id -> its text, decoded once
@@ -180,8 +172,8 @@ class SpeculativeDecoder:
         self._ngram_table = False  # the target's corpus table for n-gram (False: not looked for yet)
         self._calls = None  # the generation's stream's CUDA calls (engine.kernels.cuda_calls), looked up once
         self._pinned = PinnedRing()  # the readouts' host buffers
-        self.cuda_graphs = self.device.type == "cuda"
         self.pipelined = self.device.type == "cuda"  # see _rounds
+        self.set_cuda_graphs(True)
         if self.device.type == "cuda":
             attention_without_plans()
 
@@ -208,7 +200,7 @@ class SpeculativeDecoder:
             for runner in (self.target, self.pair.draft):
                 if isinstance(runner, LlamaRunner):
                     runner.warm_up_buckets()
-            if isinstance(self.target, LlamaRunner) and WARM_STEP_ROWS:
+            if isinstance(self.target, LlamaRunner):
                 self.target.warm_up_steps(WARM_STEP_ROWS)
                 self._warm_up_host_trees()
 
@@ -216,21 +208,23 @@ class SpeculativeDecoder:
         """Capture the greedy verification graphs of host-drafted trees of 0..16 nodes (HostTreeRoundGraph):
         a suffix tree's size changes from round to round, and a size first met inside a generation would be
         captured there, a few ms each. Sampled ones are captured when first used (they depend on the
-        settings)."""
-        if not HOST_TREE_GRAPHS:
-            return
+        settings). A tree drafted on the host is verified by one replay after one upload where it applies."""
         width = min(TOP_ALTERNATIVES, self.vocab_size)
         for nodes in range(WARM_STEP_ROWS):
             host_tree_round_graph(self.target, nodes, self.backend, width)
 
     def set_cuda_graphs(self, enabled: bool) -> None:
-        """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU), or run eagerly."""
-        self.cuda_graphs = bool(enabled) and self.device.type == "cuda"
+        """Replay captured CUDA graphs for the Llama-family forwards (the default on GPU, unless the tuning
+        turns graphs off), or run eagerly. Also applies the tuning's kernels switch to every runner in use
+        (heads load later and come through here)."""
+        self.cuda_graphs = bool(enabled) and self.device.type == "cuda" and self.tuning.graphs
         runners = [self.target, self.pair.draft] + [head.runner for head in (self._eagle, self._eagle3)
                                                     if head is not None]
         for runner in runners:
             if hasattr(runner, "use_graphs"):
                 runner.use_graphs = self.cuda_graphs
+            if not self.tuning.kernels and hasattr(runner, "use_torch_twins"):
+                runner.use_torch_twins()
 
     def method_availability(self) -> dict:
         """Method name -> None when available, else the reason it is not (engine.methods.registry decides)."""
@@ -498,7 +492,7 @@ class SpeculativeDecoder:
         for this target and block."""
         needs = drafter.needs
         on_host = draft.parents.device.type == "cpu" if draft.is_tree else draft.size == 0
-        if not (HOST_TREE_GRAPHS and self.pipelined and first_token is None and drafter.drafts_on_host
+        if not (self.pipelined and first_token is None and drafter.drafts_on_host
                 and on_host and draft.tree_block is None and draft.probs is None
                 and not (needs.block_features or needs.block_logits)):
             return None
@@ -522,8 +516,8 @@ class SpeculativeDecoder:
 
     def _queues_after(self, drafter: Drafter) -> bool:
         """Whether a round of this drafter (plain decoding's step included) may be a round graph's replay."""
-        replays = PLAIN_ROUND_GRAPHS if isinstance(drafter, NoDrafter) else drafter.replays_rounds
-        return QUEUE_AFTER and replays and getattr(self.target, "takes_device_starts", False)
+        replays = isinstance(drafter, NoDrafter) or drafter.replays_rounds
+        return replays and getattr(self.target, "takes_device_starts", False)
 
     def _launch_after(self, state, drafter, config, previous: _Launched) -> Optional[_Launched]:
         """The round after `previous`, queued before `previous` is read: plain decoding's from its next token

@@ -45,7 +45,6 @@ reads from a device buffer, so one graph serves every cache length up to kv - K.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -198,23 +197,18 @@ def capture_feed_lengths(runner, k: int, rows: int, graph_of: Callable[[int], ob
     return sum(graph_of(n) is not None for n in range(1, k + 2))
 
 
-# Sampled chain and plain rounds are replayed too (SPECPLAY_SAMPLED_ROUND_GRAPHS=0 launches them apart). A
-# sampled K sweep had stopped on an illegal address on an H200 while kernel scratch was made inside
-# captures; with engine.models.runner.capture_stream the same sweep ran to the end
-# (docs/measurements/ksweep_gpu_t08_sampled_replays.txt).
-SAMPLED_CHAINS = os.environ.get("SPECPLAY_SAMPLED_ROUND_GRAPHS", "1") != "0"
-# a round's bookkeeping (a chain's or Medusa's block: its tokens, start and embeddings; the outcome copied
-# into the next replay's inputs; n-gram's cut at its count and its history's append; a tree's accepted path
-# kept in the cache) in one kernel each (kernels/round_kernels.cu) where the target has the decode kernels
-# and the verification is the CUDA backend's; SPECPLAY_ROUND_KERNELS=0 keeps the torch operations (their
-# twins), for comparisons
-ROUND_KERNELS = os.environ.get("SPECPLAY_ROUND_KERNELS", "1") != "0"
-# a greedy round's verification, readout and commit launched programmatically behind the kernel before them
-# (engine.kernels.pdl: each starts while that one finishes); SPECPLAY_ROUND_PDL=0 launches them the usual way
-ROUND_PDL = os.environ.get("SPECPLAY_ROUND_PDL", "1") != "0"
-# a greedy chain round's verification, n-gram's cut and the readout in one launch (backend.greedy_readout;
-# plain decoding's argmax and readout too); SPECPLAY_GREEDY_READOUT=0 launches them apart, for comparisons
-GREEDY_READOUT = os.environ.get("SPECPLAY_GREEDY_READOUT", "1") != "0"
+# Decided (the losing arms are at tag before-house-cleanup):
+# - sampled chain and plain rounds are replayed too: a sampled K sweep had stopped on an illegal address on an
+#   H200 while kernel scratch was made inside captures; with engine.models.runner.capture_stream the same
+#   sweep ran to the end (docs/measurements/ksweep_gpu_t08_sampled_replays.txt);
+# - a round's bookkeeping (a chain's or Medusa's block: its tokens, start and embeddings; the outcome copied
+#   into the next replay's inputs; n-gram's cut at its count and its history's append; a tree's accepted
+#   path kept in the cache) runs in one kernel each (kernels/round_kernels.cu) where the target has the
+#   decode kernels and the verification is the CUDA backend's, else in their torch twins;
+# - a greedy round's verification, readout and commit are launched programmatically behind the kernel before
+#   them (engine.kernels.pdl: each starts while that one finishes);
+# - a greedy chain round's verification, n-gram's cut and the readout are one launch (backend.greedy_readout;
+#   plain decoding's argmax and readout too).
 
 
 def ends_in_kernel(target, kernels, rows: int) -> bool:
@@ -226,13 +220,13 @@ def ends_in_kernel(target, kernels, rows: int) -> bool:
 def chained(programmatic: bool) -> dict:
     """The CUDA backend's launch option, given only where it holds (backends wrapped by the tests take the
     reference's arguments)."""
-    return {"chained": True} if programmatic and ROUND_PDL else {}
+    return {"chained": True} if programmatic else {}
 
 
 def round_kernels(target, backend):
-    """The target's step kernels where a round's bookkeeping runs on them (see ROUND_KERNELS), else None."""
+    """The target's step kernels where a round's bookkeeping runs on them, else None."""
     kernels = getattr(target, "decode_kernels", None)
-    if ROUND_KERNELS and kernels is not None and getattr(backend, "compiles_kernels", False):
+    if kernels is not None and getattr(backend, "compiles_kernels", False):
         return kernels
     return None
 
@@ -335,10 +329,8 @@ class ChainRoundGraph(RoundGraph):
         kernels = self.kernels = round_kernels(target, backend)
         block = chain_block_reference if kernels is None else kernels.chain_block
         commit = chain_commit_reference if kernels is None else kernels.chain_commit
-        # programmatic launches behind kernels of ours: the greedy verification behind the step's LM head
-        # (n-gram's cut and the readout behind it); the commit behind the readout where _advance queues
-        # nothing
-        verify_pdl = ends_in_kernel(target, kernels, k + 1) and sampling is None and k > 0
+        # programmatic launches behind kernels of ours: the greedy readout (its verification, n-gram's cut)
+        # behind the step's LM head; the commit behind the readout where _advance queues nothing
         readout_pdl = ends_in_kernel(target, kernels, k + 1)  # greedy_readout: plain decoding's too
         commit_pdl = kernels is not None and type(self)._advance is ChainRoundGraph._advance
 
@@ -362,20 +354,15 @@ class ChainRoundGraph(RoundGraph):
                                                 after_step_kernel=kernels is not None and prepared is None)
             features = target.last_taps if target.tap_layers else hidden
             count = self.count  # n-gram's real drafts (the readout's last value, the commit's), or None
-            if sampling is None and GREEDY_READOUT:
+            if sampling is None:
                 result, values = backend.greedy_readout(logits, chain, width, limit=count,
                                                         extra=int(count is not None), **chained(readout_pdl))
             else:
-                if sampling is None:
-                    verified = backend.verify_chain_greedy(logits[None], chain[None], **chained(verify_pdl))
-                    result = self._limit(verified, chain)
-                else:
-                    q = None if q is None else q[None]  # None: plain decoding's empty chain
-                    result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
-                                                             *sampling.key)
-                temperature = 1.0 if sampling is None else sampling.key[0]
-                values = backend.readout(logits, result, chain, temperature, width,
-                                         extra=int(count is not None), **chained(verify_pdl))
+                q = None if q is None else q[None]  # None: plain decoding's empty chain
+                result = backend.verify_chain_stochastic(logits[None], chain[None], q, self.verify_u,
+                                                         *sampling.key)
+                values = backend.readout(logits, result, chain, sampling.key[0], width,
+                                         extra=int(count is not None))
             self._advance(features)
             commit(result.accepted, result.next_token, chain, start, self.accepted, self.next_token,
                    self.draft, self.start, count, None if count is None else values[-1:],
@@ -386,10 +373,6 @@ class ChainRoundGraph(RoundGraph):
 
     def _advance(self, features: torch.Tensor) -> None:
         """The drafter's buffers for the next replay, before the outcome's are overwritten."""
-
-    def _limit(self, result, chain: torch.Tensor):
-        """A greedy verification's result, for a chain whose tail may not be real drafts (n-gram)."""
-        return result
 
     def _seed_chain(self, launched) -> None:
         self._seed_outcome(launched)
@@ -452,15 +435,15 @@ class HostTreeRoundGraph(RoundGraph):
         visible = self.upload_bytes[mask_at:mask_at + rows * rows].view(torch.bool).view(rows, rows)
         # the warm-up and the capture run a chain at the cache's end: only free rows are written
         start.fill_(target.length)
-        block_depth.copy_(target.positions[:rows])
-        parents.copy_(target.positions[:n] - 1)
+        block_depth.copy_(target.row_indices(rows))
+        parents.copy_(target.row_indices(n) - 1)
         visible.copy_(torch.ones(rows, rows, dtype=torch.bool, device=device).tril())
         self._host = [torch.zeros(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
                       for _ in range(self.RING)]
         self._views = [upload_views(buffer, self._ints, rows) for buffer in self._host]
         self._turn = 0
         kv = attention_width(target, rows)
-        node_rows = target.positions[:n]  # [N]
+        node_rows = target.row_indices(n)  # [N]
         # greedy: the verification behind the step's LM head, the readout behind it, programmatic launches
         pdl = chained(ends_in_kernel(target, round_kernels(target, backend), rows) and warp is None and n > 0)
 
@@ -545,13 +528,13 @@ def attention_width(runner, rows: int) -> int:
 def keeps_path_in_kernel(target, path: torch.Tensor) -> bool:
     """Whether keep_path moves this path in sp_keep_path."""
     kernels = getattr(target, "decode_kernels", None)
-    return ROUND_KERNELS and kernels is not None and kernels.takes_path(target.kv, path)
+    return kernels is not None and kernels.takes_path(target.kv, path)
 
 
 def keep_path(target, start: torch.Tensor, path: torch.Tensor, rows: torch.Tensor) -> None:
     """The tree block at cache row start (device [1]; its row 0 the last committed token) keeps its accepted
     path: rows start+1+i take rows start+1+path[i] (path [D], -1 past the accepted count; rows = arange(D)).
-    sp_keep_path where the target has the decode kernels (see ROUND_KERNELS), else keep_path_reference."""
+    sp_keep_path where the target has the decode kernels, else keep_path_reference."""
     if keeps_path_in_kernel(target, path):
         target.decode_kernels.keep_path(target.kv, start, path)
     else:
@@ -562,7 +545,7 @@ def plain_round_graph(target, backend, width: int, sampling=None) -> Optional[Pl
     """Plain decoding's captured step, built on first use and kept with the target's graphs; None where it
     does not apply (as for Medusa's)."""
     applies = ChainGraphs.available(target, 2, sampling) and backend.compiles_kernels
-    if not (applies and target.decode_path(1)) or (sampling is not None and not SAMPLED_CHAINS):
+    if not (applies and target.decode_path(1)):
         return None
     if target.length + 2 > target.max_length:
         return None
@@ -576,7 +559,7 @@ def model_round_applies(runner, target, k: int, backend, runner_rows: int, sampl
     rows = k + 1
     return (ChainGraphs.available(target, 2) and backend.compiles_kernels and target.decode_path(rows)
             and runner.decode_path(runner_rows) and ChainGraphs.available(runner, 2)
-            and (sampling is None or SAMPLED_CHAINS) and target.length + 1 + k + rows <= target.max_length)
+            and target.length + 1 + k + rows <= target.max_length)
 
 
 def host_tree_round_graph(target, nodes: int, backend, width: int, warp: Optional[tuple] = None

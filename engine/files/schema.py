@@ -145,7 +145,7 @@ def check_header(record: dict) -> None:
 
 def check_settings(settings) -> None:
     """A header's settings must make a valid GenerationConfig (its suffix corpus file need not exist here)."""
-    from engine.files.trace import config_from_dict
+    from engine.config import config_from_dict
 
     settings = mapping(settings, "settings", optional=True)
     if not settings:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import Iterator, Optional
 
-from engine.config import GenerationConfig, SamplingParams
+from engine.config import GenerationConfig, config_from_dict
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent, RoundMetrics
 from engine.files import bounded, schema
@@ -195,12 +195,3 @@ def event_from_dict(data: dict) -> RoundEvent:
     return RoundEvent(**values)
 
 
-def config_from_dict(settings: dict, events: list = ()) -> GenerationConfig:
-    """The GenerationConfig of a header's settings; for a headerless trace, what its rounds tell."""
-    values = _known(GenerationConfig, settings)
-    sampling = values.pop("sampling", None) or {}
-    if not settings and events:
-        values = {"method": events[0].method, "k": max(1, events[0].k)}
-    elif "ngram_corpus" not in settings:  # recorded before n-gram had a corpus table: it ran without one
-        values["ngram_corpus"] = False
-    return GenerationConfig(**values, sampling=SamplingParams(**_known(SamplingParams, sampling)))

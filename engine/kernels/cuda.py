@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import struct
 import sys
 import threading
@@ -73,8 +72,8 @@ _NAMES = _TEMPLATES + [spec.name for spec in SPECS.values() if not spec.template
 _NUMPY_TYPES = {"Q": np.uint64, "i": np.int32, "f": np.float32}  # CuPy's own launch takes numpy scalars
 
 # Wide path (rows split over many blocks, one persistent launch): sampling and chain verification without
-# top-k / top-p, for vocabularies of at least WIDE_MIN_V tokens (0 disables it).
-WIDE_MIN_V = int(os.environ.get("SPECPLAY_WIDE_MIN_V", "4096"))
+# top-k / top-p, for vocabularies of at least WIDE_MIN_V tokens.
+WIDE_MIN_V = 4096
 # sp_sample's `mode`, sp_wide's `kind`
 _MODE_SAMPLE, _MODE_WARP = 0, 1
 _KIND_SAMPLE, _KIND_VERIFY_STOCHASTIC, _KIND_VERIFY_GREEDY = 0, 1, 2

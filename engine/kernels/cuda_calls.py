@@ -4,18 +4,14 @@ On a small model the GPU runs a round in about 100 us, and the host's calls arou
 torch's wrappers (an event's record, a timing read, a non-blocking copy, a graph's replay) sets the device,
 looks up the current stream or checks its state before the one runtime call it makes. `StreamCalls` makes
 that one call, on the generation's stream (looked up once), with events made once and handed out in turn.
-`SPECPLAY_RAW_CUDA_CALLS=0` (or a machine without CuPy) keeps torch's calls, for comparisons; the work queued
-is the same either way.
+A machine without CuPy keeps torch's calls; the work queued is the same either way.
 """
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Optional
 
 import torch
-
-RAW_CALLS = os.environ.get("SPECPLAY_RAW_CUDA_CALLS", "1") != "0"
 
 
 def _runtime():
@@ -57,7 +53,7 @@ class StreamCalls:
         # the runtime's calls go to the thread's current device: a stream of another one keeps torch's calls,
         # which set the device first
         same_device = stream.device.index == torch.cuda.current_device()
-        self.runtime = _runtime() if RAW_CALLS and same_device else None
+        self.runtime = _runtime() if same_device else None
         self._events: list = []
         self._next = 0
         if self.runtime is not None:  # the events go with the calls

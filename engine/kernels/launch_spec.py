@@ -9,7 +9,6 @@ cannot drift apart.
 from __future__ import annotations
 
 import operator
-import os
 import pathlib
 import re
 from typing import Mapping, NamedTuple
@@ -28,9 +27,8 @@ def module_source() -> str:
 # The .cu's compile-time constants (SP_BLOCK is passed to NVRTC; the others are checked by the tests).
 BLOCK = 1024  # threads per block: SP_BLOCK
 # loads a thread issues before it ranks them in sp_readout's and sp_topk's scans (SP_LOADS_AHEAD,
-# kernels/cuda_common.cuh); SPECPLAY_LOADS_AHEAD=1 ranks each value as it arrives, for comparisons (the same
-# results)
-LOADS_AHEAD = max(1, int(os.environ.get("SPECPLAY_LOADS_AHEAD", "8")))
+# kernels/cuda_common.cuh)
+LOADS_AHEAD = 8
 ITEMS = 4  # values per thread in one tile: SP_ITEMS
 TILE = BLOCK * ITEMS  # tokens per tile, one chunk of a row in the wide kernel: SP_TILE
 MAX_V = 262144  # SP_MAX_V

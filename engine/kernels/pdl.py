@@ -13,7 +13,7 @@ programmatic only when its caller knows the previous kernel on the stream is one
 step.py): captured into a graph, a programmatic launch after a memset node (which cuBLAS may queue)
 invalidates the capture.
 
-On by default; SPECPLAY_PDL=0 turns it off. Measured on an H200 it cut plain decoding of a 1B shape from
+On from sm_90. Measured on an H200 it cut plain decoding of a 1B shape from
 1.734 to 1.520 ms a token (an earlier machine: 1.525 to 1.420), and a replayed 1B step from 1.150 to 1.077 ms
 (docs/measurements/round_gap_llama-1b_pdl*_before_readout.txt). It was opt-in while one GPU run of three
 with it lost a capture (an EAGLE-3 head's sampled chain in bf16, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a
@@ -26,7 +26,6 @@ process.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Optional
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
@@ -60,7 +59,7 @@ class PdlLauncher:
 
     @classmethod
     def load(cls, capability: tuple) -> Optional["PdlLauncher"]:
-        if os.environ.get("SPECPLAY_PDL", "1") == "0" or tuple(capability) < (9, 0):
+        if tuple(capability) < (9, 0):
             return None
         try:
             driver = ctypes.CDLL("libcuda.so.1")

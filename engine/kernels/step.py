@@ -21,7 +21,6 @@ where CuPy or a CUDA device is missing, and the step then runs its torch operati
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import namedtuple
 from typing import Optional
@@ -42,38 +41,27 @@ GEMV_MAX_ROWS = 16  # SP_GEMV_MAX_ROWS: sp_gemv is instantiated for 1..16 rows
 GEMV_ROWS_PER_BLOCK = 8  # SP_GEMV_WARPS
 GEMV_STAGE = 20480  # SP_GEMV_STAGE: rows * K values a block stages
 # columns of the row segment a warp of sp_gemv loads at a time (SP_GEMV_TILE: a multiple of 256, 8 values a
-# lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; a shorter
-# segment holds fewer registers (1024 with SPECPLAY_GEMV_BLOCKS=4 fits 64 a thread), for comparisons of grids
-# whose next kernel's blocks reside beside them (SPECPLAY_GEMV_GRID below the blocks per SM). On an H200 every
-# such build was slower than the default (kernels/NOTES.md, runtimes_synthetic_gemv_tile.txt).
-GEMV_TILE = min(2048, max(256, int(os.environ.get("SPECPLAY_GEMV_TILE", "2048")) // 256 * 256))
+# lane a chunk). A lane's chunks come in the same order whatever it is, so the bits do not change; on an H200
+# every shorter tile was slower (kernels/NOTES.md, runtimes_synthetic_gemv_tile.txt).
+GEMV_TILE = 2048
 GEMV_PREFETCH = 8192  # bytes per warp a programmatically launched sp_gemv pulls into L2 before it waits
-# the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row;
-# SPECPLAY_GEMV_BLOCKS sets another for comparisons (scripts/gemv_probe.py, at tag before-house-cleanup)
-GEMV_BLOCKS_PER_SM = int(os.environ.get("SPECPLAY_GEMV_BLOCKS", "2"))
-# blocks per SM a launch's grid holds (default: as many as the launch bounds let reside); SPECPLAY_GEMV_GRID=1
-# leaves room on every SM for the next kernel's blocks to start while this one finishes (for comparisons)
-GEMV_GRID_PER_SM = int(os.environ.get("SPECPLAY_GEMV_GRID", str(GEMV_BLOCKS_PER_SM)))
-# a block of 2 rows or more reduces its rows' sums together in sp_gemv (SP_GEMV_SCATTER: dk_reduce_rows, the
-# same bits as one row's); SPECPLAY_GEMV_SCATTER=0 builds it reducing each row alone, for comparisons
-GEMV_SCATTER = os.environ.get("SPECPLAY_GEMV_SCATTER", "1") != "0"
+# the kernel's launch bounds (SP_GEMV_BLOCKS): a grid of this many blocks per SM walks every row, all of
+# them resident (grids of one block per SM, leaving room for the next kernel, were slower: gemv_probe at tag
+# before-house-cleanup)
+GEMV_BLOCKS_PER_SM = 2
 # Weights with rows shorter than this multiply on the tensor cores (sp_gemv_tc, sm_80 on: a block's rows are
 # the rows of m16n8k16 products, so 16 rows cost what one does, and the 8 warps of a block split each row):
 # sp_gemv's warp a row leaves most lanes idle on a row shorter than its 2048-column segment, and each further
 # row of a verification block adds its share of that work. Longer rows stream from memory faster in sp_gemv
 # (the 7B shape: 4.31 ms a token against 4.52 on the tensor cores, docs/measurements/
 # runtimes_synthetic_SPECPLAY_GEMV_TC_*.txt). The choice depends on the weight alone, never on the rows, so a
-# verification block's rows keep the bits of one-token steps. SPECPLAY_GEMV_TC_K=0 keeps every product on
-# sp_gemv (for comparisons).
-GEMV_TC_K = max(0, int(os.environ.get("SPECPLAY_GEMV_TC_K", "2048")))
-# the attention kernels ask L2 for a chunk's rows before they read them (SP_ATTN_PREFETCH);
-# SPECPLAY_ATTN_PREFETCH=0 builds them without, for comparisons (the same bits either way)
-ATTENTION_PREFETCH = os.environ.get("SPECPLAY_ATTN_PREFETCH", "1") != "0"
+# verification block's rows keep the bits of one-token steps.
+GEMV_TC_K = 2048
 # 16-byte loads a lane of the attention kernels issues before it uses them (SP_ATTN_AHEAD), and the resident
-# blocks per SM sp_attention_grouped is built for (SP_ATTN_GROUPED_BLOCKS: its registers per thread);
-# SPECPLAY_ATTN_AHEAD and SPECPLAY_ATTN_GROUPED_BLOCKS set others for comparisons (the same bits either way)
-ATTENTION_AHEAD = max(1, int(os.environ.get("SPECPLAY_ATTN_AHEAD", "16")))
-ATTENTION_GROUPED_BLOCKS = max(1, int(os.environ.get("SPECPLAY_ATTN_GROUPED_BLOCKS", "4")))
+# blocks per SM sp_attention_grouped is built for (SP_ATTN_GROUPED_BLOCKS: its registers per thread); the
+# attention kernels also ask L2 for a chunk's rows before they read them (kernels/NOTES.md)
+ATTENTION_AHEAD = 16
+ATTENTION_GROUPED_BLOCKS = 4
 NORM_THREADS = 256  # SP_NORM_THREADS
 ATTENTION_THREADS = 256  # SP_ATTN_WARPS warps of 32
 ATTENTION_MAX_D = 256  # SP_ATTN_MAX_D
@@ -85,21 +73,16 @@ ATTENTION_SPLITS = 4  # blocks per (token, head): a one-token step of 32 heads f
 ATTENTION_SPLIT_PAIRS = 128
 # query heads per kv head that sp_attention_grouped is built for (SP_ATTN_GROUP_D: head dims up to 128); an
 # unsplit launch of such a model reads each key and value row once per kv head, not once per query head.
-# SPECPLAY_ATTN_GROUPED=0 keeps one block per query head (the same bits), for comparisons.
 ATTENTION_GROUPS = (2, 4, 8)
 ATTENTION_GROUP_D = 128
-ATTENTION_GROUPED = os.environ.get("SPECPLAY_ATTN_GROUPED", "1") != "0"
 # sp_attention_wide, for the batched step's unsplit launches (engine/models/batch_runner.py asks with
 # wide=True):
 # a tile of 32 cache rows (8 a warp) spread over the whole block, its key and value loads issued together.
 # Its sums run in another order than sp_attention's, so it is never the one-sequence step's kernel (whose
-# bits the batched step need not share: its losslessness is per sequence in fp32). SPECPLAY_ATTN_WIDE=0
-# keeps the grouped kernel in batches too, for comparisons.
-ATTENTION_WIDE = os.environ.get("SPECPLAY_ATTN_WIDE", "1") != "0"
+# bits the batched step need not share: its losslessness is per sequence in fp32).
 ATTENTION_WIDE_GROUPS = (1, 2, 4, 8)
-# its warps a block (SP_WIDE_WARPS, 4 or 8: blocks of 4 warps let 4 reside on an SM at its 128 registers a
-# thread); SPECPLAY_ATTN_WIDE_WARPS=8 builds it with 8, for comparisons
-ATTENTION_WIDE_WARPS = 8 if os.environ.get("SPECPLAY_ATTN_WIDE_WARPS", "4") == "8" else 4
+# its warps a block (SP_WIDE_WARPS: blocks of 4 warps let 4 reside on an SM at its 128 registers a thread)
+ATTENTION_WIDE_WARPS = 4
 ATTENTION_WIDE_D = (32, 64, 128)
 ATTENTION_PAIRS = 1 << 20  # the most (token, head) pairs a launch may have: the merge counters kept
 NGRAM_MAX_N = 64  # SP_NGRAM_MAX_N: the longest suffix sp_ngram_lookup tries
@@ -107,15 +90,12 @@ TOPK_MAX = 16  # SP_TOPK_MAX: the largest k sp_topk takes (torch.topk beyond it)
 # sp_topk splits a row into chunks of about TOPK_CHUNK columns, a block each, and the row's last block ranks
 # their best k (at most TOPK_MERGE keys in all); rows beyond TOPK_ROWS are ranked a block a row
 TOPK_CHUNK, TOPK_MERGE, TOPK_ROWS = 1024, 1024, 1 << 14
-# SPECPLAY_TOPK_KERNEL=0 ranks with torch.topk on CUDA too, for comparisons
-TOPK_KERNEL = os.environ.get("SPECPLAY_TOPK_KERNEL", "1") != "0"
 KEEP_MAX = 16  # SP_KEEP_MAX: the longest path sp_keep_path moves
 MEDUSA_MAX_H = 8192  # SP_MEDUSA_MAX_H: the widest feature sp_medusa_heads takes
 TREE_MAX = 64  # SP_TREE_MAX: the most candidates sp_tree_level ranks, and of nodes a growth has
 # EAGLE's tree levels and final choice in one kernel each (sp_tree_level, sp_tree_choose) where the kernels
 # are loaded (their fuzz test passed at 10,000 cases on an H200: docs/measurements/
-# gpu_tests_tree_kernels_fuzz.log); SPECPLAY_TREE_KERNELS=0 runs their torch twins, for comparisons
-TREE_KERNELS = os.environ.get("SPECPLAY_TREE_KERNELS", "1") != "0"
+# gpu_tests_tree_kernels_fuzz.log)
 _DTYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # what sp_gemv and sp_attention are built for
 _NUMPY = {"Q": np.uint64, "i": np.int32, "f": np.float32}
@@ -215,8 +195,7 @@ def module_source() -> str:
 
 
 COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", f"-DSP_GEMV_BLOCKS={GEMV_BLOCKS_PER_SM}",
-                   f"-DSP_ATTN_PREFETCH={int(ATTENTION_PREFETCH)}", f"-DSP_LOADS_AHEAD={LOADS_AHEAD}",
-                   f"-DSP_GEMV_SCATTER={int(GEMV_SCATTER)}", f"-DSP_ATTN_AHEAD={ATTENTION_AHEAD}",
+                   f"-DSP_LOADS_AHEAD={LOADS_AHEAD}", f"-DSP_ATTN_AHEAD={ATTENTION_AHEAD}",
                    f"-DSP_ATTN_GROUPED_BLOCKS={ATTENTION_GROUPED_BLOCKS}", f"-DSP_GEMV_TILE={GEMV_TILE}",
                    f"-DSP_WIDE_WARPS={ATTENTION_WIDE_WARPS}")
 
@@ -317,7 +296,7 @@ def topk(x: torch.Tensor, k: int) -> tuple:
     """The k largest along the last dimension, as (values, indices), for the short rankings of drafting:
     sp_topk on CUDA (topk_reference's order, values float32) where it applies and a runner has loaded the
     kernels, else torch.topk."""
-    kernels = StepKernels.loaded(x.device) if x.is_cuda and TOPK_KERNEL and 1 <= k <= TOPK_MAX else None
+    kernels = StepKernels.loaded(x.device) if x.is_cuda and 1 <= k <= TOPK_MAX else None
     if kernels is None or x.dtype not in _DTYPES or x.numel() == 0 or k > x.shape[-1]:
         return TopK(*torch.topk(x, k, dim=-1))
     return kernels.topk(x, k)
@@ -367,9 +346,9 @@ def tree_choose_reference(tokens_all, parents_all, scores_all, node_depth, ances
 
 
 def tree_kernels(device) -> Optional["StepKernels"]:
-    """The loaded step kernels where EAGLE's tree levels run in them (TREE_KERNELS), else None (the twins)."""
+    """The loaded step kernels where EAGLE's tree levels run in them, else None (the twins)."""
     device = torch.device(device)
-    return StepKernels.loaded(device) if TREE_KERNELS and device.type == "cuda" else None
+    return StepKernels.loaded(device) if device.type == "cuda" else None
 
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
@@ -427,7 +406,7 @@ class StepKernels:
         self._kernels = {name: module.get_function(name) for name in instance_names()}
         self._streams: dict = {}  # torch stream pointer -> CuPy's view of it, made once
         properties = torch.cuda.get_device_properties(device)
-        self._gemv_blocks = GEMV_GRID_PER_SM * properties.multi_processor_count  # every block resident
+        self._gemv_blocks = GEMV_BLOCKS_PER_SM * properties.multi_processor_count  # every block resident
         self.has_tensor_cores = properties.major >= 8  # sp_gemv_tc's m16n8k16 products
         # pdl.py: each kernel may start while the previous one finishes (sm_90 on; None: CuPy launches)
         self.pdl = PdlLauncher.load((properties.major, properties.minor))
@@ -437,9 +416,9 @@ class StepKernels:
 
     @classmethod
     def load(cls, device) -> Optional["StepKernels"]:
-        """The kernels for a CUDA device, compiled once; None without CuPy/CUDA or with SPECPLAY_FUSED=0."""
+        """The kernels for a CUDA device, compiled once; None without CuPy/CUDA."""
         device = torch.device(device)
-        if device.type != "cuda" or os.environ.get("SPECPLAY_FUSED", "1") == "0":
+        if device.type != "cuda":
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         with cls._lock:
@@ -502,7 +481,7 @@ class StepKernels:
     @staticmethod
     def _groups(heads: int, kv_heads: int, d: int) -> bool:
         """Whether an unsplit attention launch takes sp_attention_grouped."""
-        return ATTENTION_GROUPED and heads // kv_heads in ATTENTION_GROUPS and d <= ATTENTION_GROUP_D
+        return heads // kv_heads in ATTENTION_GROUPS and d <= ATTENTION_GROUP_D
 
     @staticmethod
     def wide_fits(heads: int, kv_heads: int, d: int) -> bool:

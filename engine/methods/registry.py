@@ -114,7 +114,7 @@ def _layerskip(decoder, config):
 
 
 def _none_batch(decoder, config):
-    from engine.core.batch import NoBatchDrafts
+    from engine.methods.batch_base import NoBatchDrafts
 
     return NoBatchDrafts()
 

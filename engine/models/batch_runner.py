@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
-from engine.kernels.step import ATTENTION_WIDE
 from engine.models.llama import (
     DECODE_ROWS,
     GRAPH_MAX_BLOCK,
@@ -60,7 +59,7 @@ class BatchRunner:
         shape = (s.num_layers, 2, self.batch, s.num_kv_heads, self.max_length, s.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L, 2, B, kvh, max_length, D]
         self._rows = torch.arange(self.batch, device=self.device)  # [B]
-        self.positions = torch.arange(self.max_length, device=self.device)  # [max_length]
+        self._arange = torch.arange(self.max_length, device=self.device)  # [max_length]
         self.lengths: List[int] = [0] * self.batch
         self.use_graphs = self.device.type == "cuda"
         self._graphs: Dict[tuple, "CapturedBatchStep"] = {}
@@ -132,7 +131,7 @@ class BatchRunner:
         """x [B, n, H] at rows start[b]..start[b]+n-1 -> (logits [B, n, V] float32 or None, features
         [B, n, H])."""
         bsz, n = x.shape[:2]
-        offsets = self.positions[:n]  # [n]
+        offsets = self._arange[:n]  # [n]
         positions = start[:, None] + offsets[None, :]  # [B, n]
         decode = self.decode_path(n)
         if decode:
@@ -151,7 +150,7 @@ class BatchRunner:
     def _mask(self, start: torch.Tensor, offsets: torch.Tensor, kv: int) -> torch.Tensor:
         """Additive float mask [B, n, kv]: query i of sequence b sees every cached row (col < start[b]) and
         block rows up to itself."""
-        cols = self.positions[:kv]  # [kv]
+        cols = self._arange[:kv]  # [kv]
         # query i of sequence b sees every cached row (col < start) and block rows up to itself
         visible = (cols[None, None, :] - start[:, None, None]) <= offsets[None, :, None]  # [B, n, kv]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
@@ -179,10 +178,11 @@ class BatchRunner:
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
             qkv = F.linear(r.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
-            q = k.rope_qkv(qkv, r.rope_cos, r.rope_sin_signed, flat_positions, cache_index, keys, values,
+            cos_table, sin_table = r.rope_tables()
+            q = k.rope_qkv(qkv, cos_table, sin_table, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
-            attn = k.attention(q, keys, values, start, chain, chained=True,
-                               wide=ATTENTION_WIDE)  # [B n, heads D] (after rope)
+            # [B n, heads D] (after rope)
+            attn = k.attention(q, keys, values, start, chain, chained=True, wide=True)
             x = _add_linear_(x, attn, layer.w_o, layer.b_o)
             gate_up = F.linear(r.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
             x = _add_linear_(x, k.silu_mul(gate_up), layer.w_down, layer.b_down)
@@ -196,8 +196,9 @@ class BatchRunner:
         bsz, n = positions.shape
         group = s.num_heads // s.num_kv_heads
         q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        cos_table, sin_table = r.rope_tables()
         # [B, n, 1, D] each
-        cos, sin = r.rope_cos[positions][:, :, None], r.rope_sin_signed[positions][:, :, None]
+        cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]
         # [B, 1, group n, kv]: row g n + i is query i of group member g (GQA folded into the rows)
         mask_g = mask.repeat(1, group, 1)[:, None]
         kv = mask.shape[-1]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -66,19 +65,13 @@ GRAPH_LIMIT = 96  # captured steps kept per runner; past this, new shapes run ea
 # the block's rows, so a bf16 block of up to 16 rows (a tree of 8 and Medusa's tree of 8 nodes among them)
 # gets the products of one-token steps. A block takes sp_gemv only where every weight fits its staging
 # (rows * K <= GEMV_STAGE: on a 1B shape, blocks of up to 3 rows).
-DECODE_GEMV_ROWS = int(os.environ.get("SPECPLAY_GEMV_ROWS", "16"))
-# a draft tree's levels on the decode kernels (LlamaRunner.step_tree_level); SPECPLAY_TREE_LEVELS=0 steps
-# them with a mask over the whole cache (step_embeds), for comparisons
-TREE_LEVELS = os.environ.get("SPECPLAY_TREE_LEVELS", "1") != "0"
-# the cuBLAS paths' RMSNorms on sp_rms_norm; SPECPLAY_NORM_KERNEL=0 takes torch's (for comparisons: at B = 64
-# torch's took 6.0 us a call against sp_rms_norm's 7.7, docs/measurements/e2e_batch_llama-8b_rms_norm.txt)
-NORM_KERNEL = os.environ.get("SPECPLAY_NORM_KERNEL", "1") != "0"
-# the decode path's rope kernel adds the block's start to its depths and rows itself (two kernels fewer a
-# step); SPECPLAY_ROPE_START=0 adds them in torch first, for comparisons (the same bits)
-ROPE_START = os.environ.get("SPECPLAY_ROPE_START", "1") != "0"
+DECODE_GEMV_ROWS = 16
+# A draft tree's levels run on the decode kernels (LlamaRunner.step_tree_level); the cuBLAS paths' RMSNorms
+# on sp_rms_norm (docs/measurements/e2e_batch_llama-8b_rms_norm.txt); the decode path's rope kernel adds the
+# block's start to its depths and rows itself (two kernels fewer a step, the same bits).
 # Blocks up to this many rows take the decode path (its attention kernel); longer ones, prefills of long
-# prompts and trees, keep SDPA. At most GRAPH_MAX_BLOCK.
-DECODE_ROWS = min(GRAPH_MAX_BLOCK, int(os.environ.get("SPECPLAY_DECODE_ROWS", str(GRAPH_MAX_BLOCK))))
+# prompts and trees, keep SDPA.
+DECODE_ROWS = GRAPH_MAX_BLOCK
 # Chain blocks of more rows than PAD_FROM_ROWS run padded to a bucket on CUDA (see block_bucket).
 PAD_FROM_ROWS = 8
 PAD_BUCKETS = (16, 32, 64)  # then multiples of the last
@@ -477,11 +470,11 @@ class LlamaRunner(CausalRunner):
         self.lm_head = self._lm_head(src)  # [V, H]
         self.inv_freq = rope_inv_freq(spec).to(self.device)  # [D/2] float32
         # [max_length, D] each, looked up by position
-        self.rope_cos, self.rope_sin_signed = self._rope_tables()
+        self._cos, self._sin_signed = self._rope_tables()
         shape = (spec.num_layers, 2, spec.num_kv_heads, self.max_length, spec.head_dim)
         self.kv = torch.zeros(shape, device=self.device, dtype=dtype)  # [L, 2, kv_heads, max_length, D]
         # [max_length], sliced for positions
-        self.positions = torch.arange(self.max_length, device=self.device)
+        self._arange = torch.arange(self.max_length, device=self.device)
         self._length = 0
         self._start = torch.zeros(1, dtype=torch.long, device=self.device)  # the block's first row, on device
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], block_visible [n, n]) of a chain block
@@ -530,6 +523,19 @@ class LlamaRunner(CausalRunner):
     @property
     def length(self) -> int:
         return self._length
+
+    def row_indices(self, n: int) -> torch.Tensor:
+        """arange(n) on the device, sliced from one made at load (no allocation in a capture)."""
+        return self._arange[:n]
+
+    def rope_tables(self) -> tuple:
+        """(cos, sin with its first half negated) [max_length, D] each, looked up by position."""
+        return self._cos, self._sin_signed
+
+    def use_torch_twins(self) -> None:
+        """Run without the step kernels (engine.tuning: SPECPLAY_TORCH_TWINS=1): cuBLAS, SDPA and torch's
+        operations on every path."""
+        self.fused_kernels = self.decode_kernels = None
 
     def reset(self) -> None:
         self._length = 0  # stale rows are never visible: the mask hides every row >= length
@@ -692,7 +698,7 @@ class LlamaRunner(CausalRunner):
     def chain_block(self, n: int):
         """A chain of n: depths 0..n-1, and token i sees block tokens 0..i. Built once per n."""
         if n not in self._chains:
-            self._chains[n] = (self.positions[:n].clone(),
+            self._chains[n] = (self._arange[:n].clone(),
                                torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         return self._chains[n]
 
@@ -717,8 +723,8 @@ class LlamaRunner(CausalRunner):
         padded beyond start + n. The fourth value is the sliding-window mask [n, kv] (None without a window).
         start: [1] device int64; depth: [n]; block_visible: [n, n] bool."""
         n = depth.numel()
-        cache_index = start + self.positions[:n]  # [n]
-        cols = self.positions[:kv]  # [kv]
+        cache_index = start + self._arange[:n]  # [n]
+        cols = self._arange[:kv]  # [kv]
         offset = cols - start  # [kv]: column's index inside the block
         in_block = (offset >= 0) & (offset < n)
         block_col = offset.clamp(0, n - 1)  # [kv]
@@ -783,10 +789,9 @@ class LlamaRunner(CausalRunner):
 
     def _decode_kernels(self) -> Optional[StepKernels]:
         """The step kernels when short blocks may take the decode path: bf16/fp16 on CUDA, shapes the kernels
-        read (rows a multiple of 8, head dim <= 256, 16-byte aligned weights), no sliding window.
-        SPECPLAY_DECODE=0 keeps every block on the cuBLAS + SDPA path (for comparisons)."""
+        read (rows a multiple of 8, head dim <= 256, 16-byte aligned weights), no sliding window."""
         kernels, s = self.fused_kernels, self.spec
-        if kernels is None or os.environ.get("SPECPLAY_DECODE", "1") == "0":
+        if kernels is None:
             return None
         if self.dtype not in HALF_DTYPES or self._window is not None:
             return None
@@ -815,14 +820,11 @@ class LlamaRunner(CausalRunner):
         device) -> (features [n, H], logits [n, V] float32). Blocks of up to DECODE_GEMV_ROWS rows run every
         product in sp_gemv; longer ones keep cuBLAS for the products."""
         n = x.shape[0]
-        if ROPE_START:  # the rope kernel reads start itself: positions start + depth, rows start + i
-            positions, cache_index = depth.long().contiguous(), None
-        else:
-            positions = start + depth  # [n]
-            cache_index = start + self.positions[:n]  # [n]
+        # the rope kernel reads start itself: positions start + depth, rows start + i
+        positions, cache_index = depth.long().contiguous(), None
         self._tapped = []
         hidden = self._decode_layers(x, positions, cache_index, start, block_visible.contiguous(),
-                                     chained=after_step_kernel and ROPE_START)
+                                     chained=after_step_kernel)
         self.last_taps = torch.cat(self._tapped, dim=-1) if self.tap_layers else None
         self._tapped = []
         if not self._gemv_rows(n):
@@ -855,7 +857,7 @@ class LlamaRunner(CausalRunner):
                               chained=li > 0 or chained)
             else:
                 qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
-            q = k.rope_qkv(qkv, self.rope_cos, self.rope_sin_signed, positions, cache_index, keys, values,
+            q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads, chained=small,
                            start=start if cache_index is None else None)  # [heads, n, D]
             if earlier:
@@ -877,14 +879,12 @@ class LlamaRunner(CausalRunner):
 
     def block_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of rows x [n, H] where cuBLAS multiplies on the decode path (long blocks, batches):
-        sp_rms_norm, or torch's with SPECPLAY_NORM_KERNEL=0."""
-        if NORM_KERNEL:
-            return self.decode_kernels.rms_norm(x, weight, self.spec.rms_norm_eps)
-        return rms_norm(x, weight, self.spec.rms_norm_eps)
+        sp_rms_norm."""
+        return self.decode_kernels.rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         """Whether step_tree_level runs a level of `rows` nodes after earlier ones, `nodes` in all."""
-        return TREE_LEVELS and self.decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
+        return self.decode_path(rows) and nodes <= DECODE_ROWS and not self.tap_layers
 
     def step_tree_level(self, x: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, earlier: int,
                         visible: torch.Tensor) -> torch.Tensor:
@@ -894,7 +894,7 @@ class LlamaRunner(CausalRunner):
         among the nodes (visible [earlier + n, earlier + n], ancestor-or-self). Returns features [n, H]
         (pre-norm), as step_embeds with the mask of those rows does, in a few kernels per layer and without
         attending over the whole cache."""
-        cache_index = start + earlier + self.positions[:x.shape[0]]  # [n]
+        cache_index = start + earlier + self._arange[:x.shape[0]]  # [n]
         self._tapped = []
         return self._decode_layers(x, positions, cache_index, start, visible.contiguous(), earlier)
 
@@ -918,7 +918,7 @@ class LlamaRunner(CausalRunner):
         fused = self.fused_kernels
         if fused is None:
             # [n, 1, D] each
-            cos, sin = self.rope_cos[positions][:, None], self.rope_sin_signed[positions][:, None]
+            cos, sin = self._cos[positions][:, None], self._sin_signed[positions][:, None]
         # [1, 1, group * n, kv]: row g*n + i is query i of group member g. Four dimensions, so that SDPA may
         # pick its memory-efficient kernel rather than the many-kernel math path.
         mask_g = mask.repeat(group, 1)[None, None]
@@ -931,7 +931,7 @@ class LlamaRunner(CausalRunner):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
             if fused is not None:  # rope, both cache writes and q's layout in one kernel
-                q = fused.rope_qkv(qkv, self.rope_cos, self.rope_sin_signed, positions, cache_index,
+                q = fused.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index,
                                    self.kv[li, 0],
                                    self.kv[li, 1], s.num_heads, s.num_kv_heads)  # [heads, n, D]
             else:

@@ -1,11 +1,11 @@
-"""TODO docstring"""
+"""The draft model's batched drafter: K tokens for all B sequences over its own batched cache."""
 from __future__ import annotations
 
 from typing import List, Optional
 
 import torch
 
-from engine.core.batch import BatchDraft, BatchDrafter, fits_batch, forward_ragged, prefill_batch
+from engine.methods.batch_base import BatchDraft, BatchDrafter, fits_batch, forward_ragged, prefill_batch
 from engine.models.batch_runner import BatchRunner
 
 

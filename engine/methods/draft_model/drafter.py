@@ -1,22 +1,12 @@
 """A separate, smaller draft model sharing the target's tokenizer: drafts a chain of K autoregressively."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from engine.core.graphs import ChainGraphs, chain_sampling
 from engine.methods.base import DecodeState, Draft, Drafter, DraftStart, RoundCommit, draw_token
 from engine.methods.draft_model.graphs import draft_model_chain, draft_model_round, prepare_draft_rounds
 from engine.models.runner import CausalRunner, fit_vocab, to_device
-
-# SPECPLAY_FUSED_DRAFT=0 runs the draft model's forward over the committed tokens and its chain as two
-# graphs (as before the fused round), for comparisons
-FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
-# a round behind an unread one is a replay of its captured round
-# (engine.core.graphs.DraftModelRoundGraph);
-# SPECPLAY_DRAFT_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
-ROUND_GRAPHS = os.environ.get("SPECPLAY_DRAFT_ROUND_GRAPHS", "1") != "0"
 
 
 class DraftModelDrafter(Drafter):
@@ -36,7 +26,7 @@ class DraftModelDrafter(Drafter):
             self.runner.forward(torch.tensor(prefix, dtype=torch.long, device=self.runner.device))
         self.cached = len(prefix)
         sampling = chain_sampling(state)
-        if FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling):
+        if ChainGraphs.rounds_available(self.runner, sampling):
             prepare_draft_rounds(self.runner, state.config.k, state.vocab_size, sampling)
 
     def propose(self, state: DecodeState, k: int) -> Draft:
@@ -46,7 +36,7 @@ class DraftModelDrafter(Drafter):
         uniforms = None if sampling is None else state.uniforms(k)  # [k] on the device
         # the forward over the feed and the chain in one graph (K = 1 too: a depth-1 round timed another way
         # than deeper ones made calibration's per-step cost their difference of two code paths)
-        if FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling):
+        if ChainGraphs.rounds_available(self.runner, sampling):
             drafted = draft_model_round(self.runner, feed, k, state.vocab_size, sampling, uniforms)
             if drafted is not None:
                 return Draft(tokens=drafted[0], probs=drafted[1])
@@ -60,14 +50,13 @@ class DraftModelDrafter(Drafter):
     @property
     def replays_rounds(self) -> bool:
         """A round after an unread one may be a replay of the round graph (round_graph)."""
-        return ROUND_GRAPHS and self.round_target is not None
+        return self.round_target is not None
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """The rounds as one self-feeding graph replay each (engine.core.graphs.DraftModelRoundGraph),
-        where
-        the fused round applies."""
+        """The rounds as one self-feeding graph replay each (engine.methods.draft_model.graphs
+        .DraftModelRoundGraph), where the fused round applies."""
         sampling = chain_sampling(state)
-        if not (ROUND_GRAPHS and FUSED_ROUND and ChainGraphs.rounds_available(self.runner, sampling)):
+        if not ChainGraphs.rounds_available(self.runner, sampling):
             return None
         from engine.methods.draft_model.graphs import draft_model_round_graph
 

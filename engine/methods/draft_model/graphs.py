@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""The draft model's captured graphs: its K-step chain (draft_model_chain), its whole round (the forward
+over what was committed since its last round, then the chain: draft_model_round) and the replayed round
+with the target's verification behind it (DraftModelRoundGraph)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,11 +1,11 @@
-"""TODO docstring"""
+"""EAGLE's batched drafter: the head's chain for all B sequences over its own batched cache."""
 from __future__ import annotations
 
 from typing import List, Optional
 
 import torch
 
-from engine.core.batch import BatchDraft, BatchDrafter, fits_batch, pad_width
+from engine.methods.batch_base import BatchDraft, BatchDrafter, fits_batch, pad_width
 from engine.models.batch_runner import BatchRunner
 from engine.models.runner import to_device
 

@@ -9,7 +9,6 @@ sampling) or a dynamic tree (expand the most likely nodes by cumulative draft pr
 one-hot q, recursive rejection sampling)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -39,21 +38,11 @@ TREE_FRONTIER = 4  # nodes expanded per depth
 # subtracted per depth from a candidate's score: a child then ranks strictly below its parent, even when its
 # own log-probability rounds to 0
 TIE_BREAK = 1e-4
-# SPECPLAY_FUSED_DRAFT=0 steps the head over the committed positions and drafts the chain as two graphs (as
-# before the fused round), for comparisons
-FUSED_ROUND = os.environ.get("SPECPLAY_FUSED_DRAFT", "1") != "0"
-# a chain's round behind an unread one is a replay of its captured round
-# (engine.core.graphs.EagleRoundGraph);
-# SPECPLAY_EAGLE_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
-ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_ROUND_GRAPHS", "1") != "0"
-# a greedy tree round behind an unread one is a replay of its captured round
-# (engine.core.graphs.EagleTreeRoundGraph); SPECPLAY_EAGLE_TREE_ROUND_GRAPHS=0 launches it once the last
-# is read
-TREE_ROUND_GRAPHS = os.environ.get("SPECPLAY_EAGLE_TREE_ROUND_GRAPHS", "1") != "0"
-# the head's fusion (fc over [feature | the next token's embedding]) as one sp_gemv that gathers the
+# The head's step over the committed positions and its chain are one graph (the fused round); a chain's round
+# and a greedy tree's behind an unread one are replays of their captured rounds (engine.methods.eagle.graphs).
+# The head's fusion (fc over [feature | the next token's embedding]) is one sp_gemv that gathers the
 # embeddings itself, where the head runs the decode kernels (one launch for an embedding, a cat and a cuBLAS
-# product); SPECPLAY_HEAD_GEMV=0 keeps the torch operations, for comparisons
-HEAD_GEMV = os.environ.get("SPECPLAY_HEAD_GEMV", "1") != "0"
+# product).
 
 
 @dataclass
@@ -112,9 +101,9 @@ class EagleHead:
 
     def gemv_kernels(self, weight: torch.Tensor, features: torch.Tensor):
         """The head runner's decode kernels where sp_gemv multiplies these features [n, F] by this weight
-        (HEAD_GEMV), else None."""
+        else None."""
         kernels = getattr(self.runner, "decode_kernels", None)
-        if (not HEAD_GEMV or kernels is None or features.dtype != weight.dtype or not features.is_cuda
+        if (kernels is None or features.dtype != weight.dtype or not features.is_cuda
                 or not features.is_contiguous() or features.data_ptr() % 16
                 or not gemv_fits(weight, features.shape[0])):
             return None
@@ -196,8 +185,8 @@ class EagleDrafter(Drafter):
 
     def _fuses(self, sampling) -> bool:
         """Whether a chain round at K (1 included) can run as one graph
-        (engine.core.graphs.eagle_round)."""
-        return (FUSED_ROUND and self.tree_nodes == 0
+        (engine.methods.eagle.graphs.eagle_round)."""
+        return (self.tree_nodes == 0
                 and ChainGraphs.rounds_available(self.head.runner, sampling))
 
     def propose(self, state: DecodeState, k: int) -> Draft:
@@ -219,10 +208,7 @@ class EagleDrafter(Drafter):
         feature, logits = self._step(pending.committed_features(), tokens)
         return self._chain(state, feature, logits, k, sampling, uniforms)
 
-    @property
-    def replays_rounds(self) -> bool:
-        """A chain's round after an unread one may be a replay of its round graph (round_graph)."""
-        return TREE_ROUND_GRAPHS if self.tree_nodes else ROUND_GRAPHS
+    replays_rounds = True  # a round after an unread one may be a replay of its round graph (round_graph)
 
     def round_graph(self, state: DecodeState, config, width: int):
         """A chain's rounds as one self-feeding graph replay each (engine.core.graphs.EagleRoundGraph),
@@ -231,7 +217,7 @@ class EagleDrafter(Drafter):
         if self.tree_nodes:
             return self._tree_round_graph(state, config, width)
         sampling = chain_sampling(state)
-        if not (ROUND_GRAPHS and self._fuses(sampling)) or self.true_length == 0:
+        if not self._fuses(sampling) or self.true_length == 0:
             return None
         from engine.methods.eagle.graphs import eagle_round_graph
 
@@ -239,7 +225,7 @@ class EagleDrafter(Drafter):
                                  sampling)
 
     def _tree_round_graph(self, state: DecodeState, config, width: int):
-        if not (TREE_ROUND_GRAPHS and FUSED_ROUND and state.config.sampling.greedy) or self.true_length == 0:
+        if not state.config.sampling.greedy or self.true_length == 0:
             return None
         if not getattr(self.target, "takes_device_trees", False):
             return None
@@ -459,7 +445,7 @@ def prepare_tree_rounds(head, depth: int, width: int, vocab: int, nodes: int) ->
 
 def _tree_round_graph(head, n: int, depth: int, width: int, vocab: int, nodes: int):
     runner = head.runner
-    if not FUSED_ROUND or not ChainGraphs.available(runner, 2) or not runner.decode_path(n) or n > depth + 1:
+    if not ChainGraphs.available(runner, 2) or not runner.decode_path(n) or n > depth + 1:
         return None
     device, start_row, kv = runner.device, runner.length, runner.max_length
 

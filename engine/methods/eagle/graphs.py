@@ -1,4 +1,6 @@
-"""TODO docstring"""
+"""EAGLE's captured graphs: the head's K-step chain and its whole round (eagle_chain, eagle_round), the
+replayed chain round (EagleRoundGraph) and the replayed greedy tree round (EagleTreeRoundGraph). EAGLE-3
+drafts through the same graphs with its own head."""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.graphs import (
-    SAMPLED_CHAINS,
     CapturedChain,
     ChainGraphs,
     ChainRoundGraph,
@@ -209,7 +210,7 @@ class EagleTreeRoundGraph(RoundGraph):
                                           device=device)  # [N+1, F] the last block's
         head_kv, grow_kv = attention_width(head.runner, depth + 1), head.runner.max_length
         kv = attention_width(target, nodes + 1)
-        rows = target.positions[:depth]  # [D]
+        rows = target.row_indices(depth)  # [D]
         root_row = torch.zeros(1, dtype=torch.long, device=device)
 
         def round_():
@@ -259,7 +260,7 @@ def eagle_round_graph(target, head, k: int, backend, vocab: int, width: int,
     None where it does not apply (as for Medusa's, and the head's step must be on its decode path too)."""
     rows = k + 1
     if not (ChainGraphs.available(target, 2) and backend.compiles_kernels and target.decode_path(rows)
-            and head.runner.decode_path(rows)) or (sampling is not None and not SAMPLED_CHAINS):
+            and head.runner.decode_path(rows)):
         return None
     if target.length + 1 + k + rows > target.max_length:
         return None

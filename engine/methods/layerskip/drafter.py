@@ -11,7 +11,6 @@ the target's layers; skipping the first L for the drafted rows would need a forw
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
@@ -22,10 +21,6 @@ from engine.methods.base import DecodeState, Draft, DraftStart, RoundCommit
 from engine.methods.draft_model.drafter import DraftModelDrafter
 from engine.models.llama import LlamaRunner
 
-# a round behind an unread one is a replay of its captured round
-# (engine.core.graphs.LayerSkipRoundGraph);
-# SPECPLAY_LAYERSKIP_ROUND_GRAPHS=0 launches it once the last is read, for comparisons
-ROUND_GRAPHS = os.environ.get("SPECPLAY_LAYERSKIP_ROUND_GRAPHS", "1") != "0"
 # target -> {(layers, shared): runner}: a runner (and its CUDA graphs) outlives the generation that built it
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -102,15 +97,12 @@ class LayerSkipDrafter(DraftModelDrafter):
         super().__init__(layer_skip_runner(target, self.layers))
         self.target = target
 
-    @property
-    def replays_rounds(self) -> bool:
-        """A round after an unread one may be a replay of its round graph (round_graph)."""
-        return ROUND_GRAPHS
+    replays_rounds = True  # a round after an unread one may be a replay of its round graph (round_graph)
 
     def round_graph(self, state: DecodeState, config, width: int):
-        """The rounds as one self-feeding graph replay each (engine.core.graphs.LayerSkipRoundGraph)."""
+        """The rounds as one self-feeding graph replay each (engine.methods.layerskip.graphs)."""
         sampling = chain_sampling(state)
-        if not (ROUND_GRAPHS and ChainGraphs.rounds_available(self.runner, sampling)):
+        if not ChainGraphs.rounds_available(self.runner, sampling):
             return None
         from engine.methods.layerskip.graphs import layer_skip_round_graph
 

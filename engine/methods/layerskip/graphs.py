@@ -1,4 +1,5 @@
-"""TODO docstring"""
+"""Layer skip's replayed round: the target's first layers draft into its own cache, the full target verifies
+(LayerSkipRoundGraph)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -28,13 +27,10 @@ from engine.methods.medusa.graphs import first_row, medusa_draft, medusa_draft_r
 
 HEADS_FILE = "medusa_heads.safetensors"
 CONFIG_FILE = "medusa_config.json"
-# SPECPLAY_MEDUSA_EARLY=0 drafts from the accepted row only, once the outcome is read (no
-# MedusaDrafter.verified work), for comparisons
-EARLY_HEADS = os.environ.get("SPECPLAY_MEDUSA_EARLY", "1") != "0"
-# Each round keeps the tree's nodes best for its own heads' confidence among CANDIDATES fixed paths (the most
-# often right on validation text): MedusaCandidates. SPECPLAY_MEDUSA_DYNAMIC=0 drafts the fixed tree of the
-# paths most often right (MedusaTree), for comparisons
-DYNAMIC_TREE = os.environ.get("SPECPLAY_MEDUSA_DYNAMIC", "1") != "0"
+# The heads draft from every row of a block behind its verification (MedusaDrafter.verified), so the next
+# round only picks the accepted row's drafts. Each round keeps the tree's nodes best for its own heads'
+# confidence among CANDIDATES fixed paths (the most often right on validation text): MedusaCandidates; the
+# method medusa-fixed drafts the fixed tree of the paths most often right (MedusaTree).
 CANDIDATES = 32
 # For heads saved without measured path accuracies: the assumed chance that the rank-r candidate of head d is
 # right is RANK_WEIGHTS[r] * DEPTH_DECAY ** d (ranks 0..3), independently of the other heads.
@@ -305,13 +301,13 @@ class MedusaDrafter(Drafter):
     # before the prompt's last token, which that round feeds first (the role of the last committed token)
     needs = DrafterNeeds(prefill_features=True, block_features=True)
 
-    def __init__(self, target, heads: MedusaHeads, nodes: int | None = None, dynamic: bool | None = None):
+    def __init__(self, target, heads: MedusaHeads, nodes: int | None = None, dynamic: bool = True):
         """dynamic: the tree chosen every round (MedusaCandidates), or False for the fixed tree of the paths
-        most often right (None: DYNAMIC_TREE, SPECPLAY_MEDUSA_DYNAMIC's)."""
+        most often right (the method medusa-fixed)."""
         self.target = target
         self.heads = heads
         self.nodes = nodes
-        self.dynamic = DYNAMIC_TREE if dynamic is None else dynamic
+        self.dynamic = dynamic
         # (nodes, heads) -> (MedusaCandidates, None), or with a fixed tree (MedusaTree, its host parents)
         self._trees: dict = {}
         self.last_feature = None  # [H] the verified feature that gave the last committed token
@@ -330,8 +326,6 @@ class MedusaDrafter(Drafter):
     def verified(self, state: DecodeState, features: torch.Tensor) -> None:
         """Draft from every row of the block behind its verification: the heads run on the GPU while the host
         reads the outcome, and the next round only picks the accepted row's tree (medusa_draft_rows)."""
-        if not EARLY_HEADS:
-            return
         tree, _ = self._tree(*self._shape(state.config.k))
         self.early_is_row = False
         self.early = medusa_draft_rows(self.target, self.heads, features, tree, state.vocab_size)
@@ -373,7 +367,7 @@ class MedusaDrafter(Drafter):
 
     def round_graph(self, state: DecodeState, config, width: int):
         """Rounds as one self-feeding graph replay each (engine.core.graphs), where it applies."""
-        if not EARLY_HEADS or self.early is None:
+        if self.early is None:
             return None
         from engine.methods.medusa.graphs import medusa_round_graph
 
@@ -383,8 +377,8 @@ class MedusaDrafter(Drafter):
         return medusa_round_graph(self.target, self.heads, tree, state.backend, state.vocab_size, width, warp)
 
     def replayed(self, graph) -> None:
-        # the drafts from the replayed block's accepted row (or from all its rows), for a round launched apart
-        self.early, self.early_is_row = graph.proposal, graph.row_heads
+        # the drafts from the replayed block's accepted row, for a round launched apart
+        self.early, self.early_is_row = graph.proposal, True
 
     def _shape(self, k: int) -> tuple:
         """(nodes, heads) of the tree for K = k."""

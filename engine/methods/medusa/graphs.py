@@ -1,8 +1,9 @@
-"""TODO docstring"""
+"""Medusa's captured graphs: the heads' proposal from the verified feature (medusa_draft, medusa_rows,
+medusa_candidate_rows on sp_medusa_heads, sp_gemv and sp_topk where the target has the decode kernels) and
+the replayed round with its tree verification (MedusaRoundGraph)."""
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
@@ -70,10 +71,9 @@ def medusa_proposal(target, heads, features: torch.Tensor, tree, vocab: int, acc
     return medusa_rows(target, heads, features, tree, vocab, accepted, path, chained)
 
 
-# Medusa's heads in sp_medusa_heads (the row's pick, the final norm, the heads' product, SiLU and the residual
-# in one launch), the LM head in sp_gemv, on the target's decode kernels; SPECPLAY_MEDUSA_KERNEL=0 keeps the
-# torch operations (medusa_heads_reference, the LM head's F.linear), for comparisons
-MEDUSA_KERNEL = os.environ.get("SPECPLAY_MEDUSA_KERNEL", "1") != "0"
+# Medusa's heads run in sp_medusa_heads (the row's pick, the final norm, the heads' product, SiLU and the
+# residual in one launch), the LM head in sp_gemv, on the target's decode kernels; elsewhere in their torch
+# twins (medusa_heads_reference, the LM head's F.linear)
 
 
 def medusa_rows(target, heads, features: torch.Tensor, tree, vocab: int,
@@ -151,10 +151,10 @@ def medusa_rows_end_in_kernel(target, features: torch.Tensor, tree, rows: int) -
 
 
 def _medusa_kernels(target, features: torch.Tensor):
-    """The target's decode kernels where Medusa's heads run in them (see MEDUSA_KERNEL), else None."""
+    """The target's decode kernels where Medusa's heads run in them, else None."""
     kernels = getattr(target, "decode_kernels", None)
     hidden = features.shape[-1]
-    if not (MEDUSA_KERNEL and kernels is not None and features.is_cuda and features.dtype in HALF_DTYPES
+    if not (kernels is not None and features.is_cuda and features.dtype in HALF_DTYPES
             and hidden % 8 == 0 and hidden <= MEDUSA_MAX_H and gemv_fits(target.lm_head, GEMV_MAX_ROWS)):
         return None
     return kernels
@@ -193,9 +193,7 @@ def medusa_draft_rows(target, heads, features: torch.Tensor, tree, vocab: int):
 
 
 # Medusa's replayed round drafts the next tree from its block's accepted row only, picked on the device (one
-# row through the heads and the LM head); SPECPLAY_MEDUSA_ROW_HEADS=0 drafts from every row of the block and
-# picks the accepted row's tree at the next replay's start, for comparisons
-ROW_HEADS = os.environ.get("SPECPLAY_MEDUSA_ROW_HEADS", "1") != "0"
+# row through the heads and the LM head)
 
 
 class MedusaRoundGraph(RoundGraph):
@@ -214,11 +212,9 @@ class MedusaRoundGraph(RoundGraph):
         self.accepted = torch.zeros(1, dtype=torch.long, device=device)
         self.path = torch.full((n,), -1, dtype=torch.long, device=device)
         self.next_token = torch.zeros(1, dtype=torch.long, device=device)
-        # the next round's drafts (a fixed tree's N tokens, or the T candidates' tokens and scores): from the
-        # last block's accepted row only ([1, ...], ROW_HEADS), or from every row of it ([N+1, ...]) with the
-        # accepted row picked at the next round's start
-        self.row_heads = ROW_HEADS
-        shape = (1 if self.row_heads else n + 1, len(tree.paths) if per_round else n)
+        # the next round's drafts (a fixed tree's N tokens, or the T candidates' tokens and scores), from the
+        # last block's accepted row only
+        shape = (1, len(tree.paths) if per_round else n)
         self.early = torch.zeros(shape, dtype=torch.long, device=device)
         self.early_scores = torch.zeros(shape, dtype=torch.float32, device=device) if per_round else None
         # a start past the cache's end for the warm-up and the capture: they write only free rows
@@ -230,13 +226,13 @@ class MedusaRoundGraph(RoundGraph):
                           *target.tree_block(torch.cat((torch.tensor([-1]), self.parents + 1))))
         kv = attention_width(target, n + 1)
         minus_one = torch.full((1,), -1, dtype=torch.long, device=device)
-        rows = target.positions[:self.depth]  # [D]
+        rows = target.row_indices(self.depth)  # [D]
         # the block from the last outcome, and the new outcome into the next replay's inputs, as a chain's
         kernels = round_kernels(target, backend)
         block = chain_block_reference if kernels is None else kernels.chain_block
         commit = chain_commit_reference if kernels is None else kernels.chain_commit
 
-        if self.row_heads and kernels is not None and keeps_path_in_kernel(target, self.path[:self.depth]):
+        if kernels is not None and keeps_path_in_kernel(target, self.path[:self.depth]):
             # the block's kernel starts early behind the kept path's (both kernels, no copy between)
             block = functools.partial(kernels.chain_block, chained=True)
         pdl = chained(ends_in_kernel(target, kernels, n + 1) and warp is None)  # greedy: verify, readout
@@ -262,12 +258,9 @@ class MedusaRoundGraph(RoundGraph):
             # (the readout's is a kernel: the heads' may start behind it)
             # a chosen tree's candidates' scores straight into the next round's input
             scores_out = self.early_scores if per_round else None
-            if self.row_heads:  # the heads on the row that gave the next token, picked on the device
-                early = medusa_proposal(target, heads, hidden, tree, vocab, result.accepted[:1],
-                                        result.path[0], chained=True, scores_out=scores_out)  # [1, ...]
-            else:
-                early = medusa_proposal(target, heads, hidden, tree, vocab, chained=True,
-                                        scores_out=scores_out)  # [N+1, ...]
+            # the heads on the row that gave the next token, picked on the device
+            early = medusa_proposal(target, heads, hidden, tree, vocab, result.accepted[:1],
+                                    result.path[0], chained=True, scores_out=scores_out)  # [1, ...]
             early_tokens = early[0] if per_round else early
             # accepted (>= 0: -1 flags NaN, which the readout raises), next token, drafts, start and path
             behind_topk = kernels is not None and medusa_rows_end_in_kernel(target, hidden, tree,
@@ -289,10 +282,7 @@ class MedusaRoundGraph(RoundGraph):
     def _drafted_row(self) -> tuple:
         """(drafts [N],) or (candidate tokens [T], scores [T]): what the last block's accepted row drafted."""
         buffers = (self.early, self.early_scores) if self.per_round else (self.early,)
-        if self.row_heads:
-            return tuple(b[0] for b in buffers)
-        row = self._accepted_row()
-        return tuple(b.index_select(0, row)[0] for b in buffers)
+        return tuple(b[0] for b in buffers)
 
     def _accepted_row(self) -> torch.Tensor:
         """[1] the last block's row whose distribution gave its next token: its accepted path's last node's
@@ -312,10 +302,7 @@ class MedusaRoundGraph(RoundGraph):
         drafted = drafter.early if self.per_round else (drafter.early,)
         buffers = (self.early, self.early_scores) if self.per_round else (self.early,)
         for buffer, rows in zip(buffers, drafted):
-            if self.row_heads:
-                buffer.copy_(rows.index_select(0, self._accepted_row()))
-            else:
-                buffer[:rows.shape[0]].copy_(rows)
+            buffer.copy_(rows.index_select(0, self._accepted_row()))
 
 
 def medusa_round_graph(target, heads, tree, backend, vocab: int, width: int,

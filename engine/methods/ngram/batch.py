@@ -1,7 +1,7 @@
-"""TODO docstring"""
+"""n-gram's batched drafter: prompt lookup on the host, per sequence (ragged proposals)."""
 from __future__ import annotations
 
-from engine.core.batch import BatchDraft, BatchDrafter
+from engine.methods.batch_base import BatchDraft, BatchDrafter
 from engine.methods.ngram.drafter import lookup_continuation
 from engine.models.runner import to_device
 

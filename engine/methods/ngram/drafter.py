@@ -3,15 +3,11 @@ gives fewer than K tokens, the corpus's most frequent continuation fills the res
 (engine.methods.ngram.corpus_table, where the target ships a table)."""
 from __future__ import annotations
 
-import os
-
 from engine.methods.base import DecodeState, Draft, Drafter
 from engine.models.runner import to_device
 
-# a greedy round behind an unread one is a replay of its captured round
-# (engine.core.graphs.NgramRoundGraph:
-# the lookup on the device); SPECPLAY_NGRAM_ROUND_GRAPHS=0 launches it once the last is read
-ROUND_GRAPHS = os.environ.get("SPECPLAY_NGRAM_ROUND_GRAPHS", "1") != "0"
+# a greedy round behind an unread one is a replay of its captured round (engine.methods.ngram.graphs
+# .NgramRoundGraph: the lookup on the device)
 
 
 def lookup_continuation(tokens: list, max_n: int, k: int, table=None) -> list:
@@ -55,10 +51,10 @@ class NgramDrafter(Drafter):
     @property
     def replays_rounds(self) -> bool:
         """A greedy round after an unread one may be a replay of its round graph (round_graph)."""
-        return ROUND_GRAPHS and self.target is not None
+        return self.target is not None
 
     def round_graph(self, state: DecodeState, config, width: int):
-        if not (ROUND_GRAPHS and state.config.sampling.greedy):
+        if not state.config.sampling.greedy:
             return None
         from engine.methods.ngram.graphs import ngram_round_graph
 

@@ -1,7 +1,7 @@
-"""TODO docstring"""
+"""n-gram prompt lookup on the device: the lookup with fixed shapes (NgramLookup, the torch twin of
+sp_ngram_lookup), the corpus table's fill (corpus_fill) and the replayed greedy round (NgramRoundGraph)."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -10,18 +10,12 @@ from engine.core.graphs import ChainGraphs, ChainRoundGraph, round_kernels
 from engine.kernels.step import (
     NGRAM_MAX_N,
     THREADS,
-    chain_limit_reference,
 )
 from engine.models.runner import to_device
 
-# n-gram's lookup in one kernel (sp_ngram_lookup) where the target has the decode kernels, else
-# NgramLookup's torch operations; SPECPLAY_NGRAM_KERNEL=0 keeps the torch ones, for comparisons
-NGRAM_KERNEL = os.environ.get("SPECPLAY_NGRAM_KERNEL", "1") != "0"
-
-
-# n-gram's lookup kernel also builds the round's block (sp_chain_block's work, one launch less a round);
-# SPECPLAY_NGRAM_BLOCK=0 leaves it to sp_chain_block, for comparisons
-NGRAM_BLOCK = os.environ.get("SPECPLAY_NGRAM_BLOCK", "1") != "0"
+# n-gram's lookup runs in one kernel (sp_ngram_lookup) where the target has the decode kernels, else in
+# NgramLookup's torch operations; in a replayed round the kernel also appends the last round's tokens and
+# builds the round's block (sp_chain_block's work): one launch.
 
 
 class NgramLookup:
@@ -93,7 +87,7 @@ def _ngram_lookup(target, m: int, max_n: int, k: int, table=None):
     """(history [m], length [1]) -> (tokens [k], count [1]): sp_ngram_lookup on the target's decode kernels,
     else NgramLookup; table: the CorpusTable that fills what the lookup leaves, or None."""
     kernels = getattr(target, "decode_kernels", None)
-    if NGRAM_KERNEL and kernels is not None and max_n <= NGRAM_MAX_N and k <= THREADS:
+    if kernels is not None and max_n <= NGRAM_MAX_N and k <= THREADS:
         return _KernelLookup(kernels, max_n, k, table)
     return NgramLookup(m, max_n, k, target.device, table)
 
@@ -146,13 +140,10 @@ class NgramRoundGraph(ChainRoundGraph):
 
         def draft():
             last = (self.draft, self.next_token, self.accepted)  # the last round's emitted tokens
-            if fused is not None and NGRAM_BLOCK:  # the append, the lookup and the round's block: one launch
+            if fused is not None:  # the append, the lookup and the round's block: one launch
                 tokens, self.prepared = fused.ngram_block(self.history, self.length, max_n, k, last,
                                                           self.count, self.start, target.embed_weight, table)
                 return tokens, None
-            if fused is not None:  # the append and the lookup in one launch
-                return fused.ngram_lookup(self.history, self.length, max_n, k, emitted=last,
-                                          count=self.count, table=table)[0], None
             append_emitted(self.history, self.length, *last, rows)
             tokens, count = lookup(self.history, self.length)
             self.count.copy_(count)
@@ -161,11 +152,6 @@ class NgramRoundGraph(ChainRoundGraph):
         self._draft = draft
         self._capture_chain(target, backend, width, None)
 
-    def _limit(self, result, chain: torch.Tensor):
-        """Accepted no further than the lookup's count (chain_limit_reference, or its kernel in place)."""
-        if self.kernels is not None:  # behind the verification's kernel
-            return self.kernels.chain_limit(result, chain, self.count, chained=True)
-        return chain_limit_reference(result, chain, self.count)
 
     def seed(self, launched, drafter) -> None:
         """Take a round launched without the graph: the committed tokens before it (the drafter's view of
