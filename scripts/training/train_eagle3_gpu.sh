@@ -18,37 +18,17 @@
 # Ship with:
 #   cp $OUT/eagle3_head.safetensors $OUT/eagle3_config.json assets/models/target/
 #   python -m engine.train.export assets/models --eagle3-report $OUT/eagle3_report.json   # card, sha256 table
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
-fi
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=true
-OUT=${OUT:-out}
 RUN=${RUN:-/tmp/specplay_eagle3_run}
-FAMILY=${FAMILY:-assets/models}
-PY=${PY:-python3}
-DEVICE=${DEVICE:-cuda}
-TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVICE=cpu, FAMILY=a tiny export)
 EAGLE3_BUDGET_S=${EAGLE3_BUDGET_S:-200}
 EAGLE3_STEPS=${EAGLE3_STEPS:-20000}   # above what the budget allows (~18 steps/s on an H200): time ends it
 BUDGET_S=${BUDGET_S:-420}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source "$(dirname "$0")/train_common.sh"   # answers --help; strict mode, defaults; makes $OUT, sets LOG
 
-trap 'collect; ls -la "$OUT"' EXIT
-trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
-start_watcher
+begin_run "specplay EAGLE-3-only training on $FAMILY" 'ls -la "$OUT"'
 
-print_versions "specplay EAGLE-3-only training on $FAMILY" || exit 2
-
-# shellcheck disable=SC2086
-$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,selfgen,eagle3 --out "$RUN" \
+train_pipeline --from-family "$FAMILY" --stages tokenizer,target,selfgen,eagle3 --out "$RUN" \
   --device "$DEVICE" --eagle3-budget-s "$EAGLE3_BUDGET_S" --eagle3-steps "$EAGLE3_STEPS" \
-  --export-eagle3 "$OUT" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
-rc=${PIPESTATUS[0]}
-kill "$WATCHER" 2>/dev/null
-collect
-echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
+  --export-eagle3 "$OUT"
 
 [ "$rc" = 0 ] && bench_new_head none,eagle3,eagle3:8 eagle3_head.safetensors eagle3_config.json
 echo "== done after $(elapsed) s" | tee -a "$LOG"

@@ -16,20 +16,10 @@
 #                           weights); if the export did not finish: the finished stages' checkpoints instead
 #   bench.txt               the bench's table, when it ran
 # Unpack here with: bash scripts/training/unpack_family.sh <folder with those files> [assets/models]
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
-fi
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=true
-OUT=${OUT:-out}
 RUN=${RUN:-/tmp/specplay_run}
 EXPORT=${EXPORT:-/tmp/specplay_family}
-PY=${PY:-python3}
-DEVICE=${DEVICE:-cuda}
-TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run of this script on a CPU machine (DEVICE=cpu)
 BUDGET_S=${BUDGET_S:-510}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source "$(dirname "$0")/train_common.sh"   # answers --help; strict mode, defaults; makes $OUT, sets LOG
 
 pack() {
   if [ -f "$EXPORT/target/model.safetensors" ] && [ -f "$EXPORT/README.md" ]; then
@@ -44,21 +34,12 @@ pack() {
   fi
   ls -la "$OUT"
 }
-trap 'collect; pack' EXIT
-trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
-start_watcher
-
-print_versions "specplay family training" || exit 2
+begin_run "specplay family training" pack
 
 BASELINE=()
 if [ -f assets/models/target/config.json ]; then BASELINE=(--baseline assets/models); fi
 # one process for every stage (a CUDA context and the imports once); each stage leaves <RUN>/<stage>/done.json
-# shellcheck disable=SC2086
-$PY main.py train --out "$RUN" --device "$DEVICE" --export "$EXPORT" "${BASELINE[@]}" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
-rc=${PIPESTATUS[0]}
-kill "$WATCHER" 2>/dev/null
-collect
-echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
+train_pipeline --out "$RUN" --device "$DEVICE" --export "$EXPORT" "${BASELINE[@]}"
 
 if [ "$rc" = 0 ] && [ $(( BUDGET_S - $(elapsed) )) -gt 75 ]; then
   left=$(( BUDGET_S - $(elapsed) - 20 ))

@@ -21,22 +21,11 @@
 # Ship with:
 #   cp $OUT/medusa_heads.safetensors $OUT/medusa_config.json assets/models/target/
 #   python -m engine.train.export assets/models --medusa-report $OUT/medusa_report.json   # the card, its file table
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then   # the comment above is the usage
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0
-fi
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=true
-OUT=${OUT:-out}
 RUN=${RUN:-/tmp/specplay_medusa_run}
-FAMILY=${FAMILY:-assets/models}
-PY=${PY:-python3}
-DEVICE=${DEVICE:-cuda}
-TRAIN_ARGS=${TRAIN_ARGS:-}    # e.g. --tiny for a dry run on a CPU machine (DEVICE=cpu, FAMILY=a tiny export)
 MEDUSA_BUDGET_S=${MEDUSA_BUDGET_S:-150}
 MEDUSA_STEPS=${MEDUSA_STEPS:-20000}   # above what the budget allows (~35 steps/s on an H200): time ends it
 BUDGET_S=${BUDGET_S:-390}     # the whole script's wall clock; the bench runs only in what is left of it
-source scripts/training/train_common.sh   # makes $OUT, sets LOG, START and elapsed
+source "$(dirname "$0")/train_common.sh"   # answers --help; strict mode, defaults; makes $OUT, sets LOG
 
 keep_heads() {   # the export writes straight into $OUT; if it did not run, the medusa stage's own files
   if [ ! -f "$OUT/medusa_heads.safetensors" ] && [ -f "$RUN/medusa/done.json" ]; then
@@ -46,21 +35,12 @@ keep_heads() {   # the export writes straight into $OUT; if it did not run, the 
   fi
   ls -la "$OUT"
 }
-trap 'collect; keep_heads' EXIT
-trap 'echo "== stopped by a signal after $(elapsed) s" >> "$LOG"; exit 143' TERM INT
-start_watcher
-
-print_versions "specplay Medusa-only training on $FAMILY" || exit 2
+begin_run "specplay Medusa-only training on $FAMILY" keep_heads
 
 # one process for every stage and the export; each stage leaves <RUN>/<stage>/done.json
-# shellcheck disable=SC2086
-$PY main.py train --from-family "$FAMILY" --stages tokenizer,target,medusa --out "$RUN" \
+train_pipeline --from-family "$FAMILY" --stages tokenizer,target,medusa --out "$RUN" \
   --device "$DEVICE" --medusa-budget-s "$MEDUSA_BUDGET_S" --medusa-steps "$MEDUSA_STEPS" \
-  --export-medusa "$OUT" $TRAIN_ARGS 2>&1 | tee -a "$LOG"
-rc=${PIPESTATUS[0]}
-kill "$WATCHER" 2>/dev/null
-collect
-echo "== pipeline exit $rc after $(elapsed) s" | tee -a "$LOG"
+  --export-medusa "$OUT"
 
 [ "$rc" = 0 ] && bench_new_head none,medusa medusa_heads.safetensors medusa_config.json
 echo "== done after $(elapsed) s" | tee -a "$LOG"
