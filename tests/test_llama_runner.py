@@ -97,48 +97,61 @@ def _path(parents: torch.Tensor, node: int) -> list:
     return out[::-1]
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen2"])
-def test_tree_nodes_match_their_paths_as_chains(variant, model_dirs):
-    runner = LlamaRunner.from_pretrained(model_dirs[variant], max_length=64)
-    prompt, tree = _tokens(7, seed=4), _tokens(PARENTS.numel(), seed=5)
+def _fresh_logits(path, prefix: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """A fresh runner's logits of `after`, prefilled with prefix + after in one block."""
+    fresh = LlamaRunner.from_pretrained(path, max_length=64)
+    return fresh.forward(torch.cat([prefix, after])).logits[-after.numel() :]
+
+
+def _tree_and_its_chains(path, seeds: tuple) -> tuple:
+    """A prompt of 7 tokens, then the tree PARENTS in one block: the length after the tree, the tree's output
+    and, node by node, the output of that node's path forwarded as a chain after the prompt (rolled back)."""
+    runner = LlamaRunner.from_pretrained(path, max_length=64)
+    prompt, tree = _tokens(7, seed=seeds[0]), _tokens(PARENTS.numel(), seed=seeds[1])
     runner.forward(prompt)
     out = runner.forward(tree, PARENTS)
-    assert runner.length == 7 + PARENTS.numel()
+    length, chains = runner.length, []
     for node in range(PARENTS.numel()):
         runner.rollback(7)
-        chain = runner.forward(tree[_path(PARENTS, node)])
+        chains.append(runner.forward(tree[_path(PARENTS, node)]))
+    return length, out, chains
+
+
+def _compact_then_forward(path, sizes: tuple, seeds: tuple, node: int) -> tuple:
+    """A prompt, the tree PARENTS, compact to the path root..node, then `after`: the length after compact, the
+    path's length, and the logits of `after` with those of a fresh prefill of prompt + path + after."""
+    (n_prompt, n_after), runner = sizes, LlamaRunner.from_pretrained(path, max_length=64)
+    prompt, tree = _tokens(n_prompt, seed=seeds[0]), _tokens(PARENTS.numel(), seed=seeds[1])
+    after = _tokens(n_after, seed=seeds[2])
+    runner.forward(prompt)
+    runner.forward(tree, PARENTS)
+    accepted = torch.tensor(_path(PARENTS, node))
+    runner.compact(n_prompt, accepted)
+    length = runner.length
+    got = runner.forward(after).logits
+    return length, accepted.numel(), got, _fresh_logits(path, torch.cat([prompt, tree[accepted]]), after)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_tree_nodes_match_their_paths_as_chains(variant, model_dirs):
+    length, out, chains = _tree_and_its_chains(model_dirs[variant], seeds=(4, 5))
+    assert length == 7 + PARENTS.numel()
+    for node, chain in enumerate(chains):
         assert (out.logits[node] - chain.logits[-1]).abs().max().item() <= TOL, node
         assert (out.hidden[node] - chain.hidden[-1]).abs().max().item() <= TOL, node
 
 
 def test_compact_after_tree_equals_fresh_prefill(model_dirs):
-    path = model_dirs["mistral-linear-rope"]
-    runner = LlamaRunner.from_pretrained(path, max_length=64)
-    prompt, tree, after = _tokens(6, seed=6), _tokens(PARENTS.numel(), seed=7), _tokens(4, seed=8)
-    runner.forward(prompt)
-    runner.forward(tree, PARENTS)
-    accepted = torch.tensor(_path(PARENTS, 4))  # nodes 0 -> 1 -> 4
-    runner.compact(6, accepted)
-    assert runner.length == 6 + accepted.numel()
-    got = runner.forward(after).logits
-
-    fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel() :]
+    length, kept, got, want = _compact_then_forward(model_dirs["mistral-linear-rope"], sizes=(6, 4),
+                                                    seeds=(6, 7, 8), node=4)  # nodes 0 -> 1 -> 4
+    assert length == 6 + kept
     assert (got - want).abs().max().item() <= TOL
 
 
 def test_compact_keeps_a_path_with_gaps(model_dirs):
     """The second root's subtree (nodes 6, 7, 8) sits after other nodes: rows move down across a gap."""
-    path = model_dirs["llama"]
-    runner = LlamaRunner.from_pretrained(path, max_length=64)
-    prompt, tree, after = _tokens(5, seed=9), _tokens(PARENTS.numel(), seed=10), _tokens(3, seed=11)
-    runner.forward(prompt)
-    runner.forward(tree, PARENTS)
-    accepted = torch.tensor(_path(PARENTS, 8))  # nodes 6 -> 7 -> 8
-    runner.compact(5, accepted)
-    got = runner.forward(after).logits
-    fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel() :]
+    _, _, got, want = _compact_then_forward(model_dirs["llama"], sizes=(5, 3), seeds=(9, 10, 11),
+                                            node=8)  # nodes 6 -> 7 -> 8
     assert (got - want).abs().max().item() <= TOL
 
 
@@ -158,8 +171,7 @@ def test_the_round_graphs_path_keeping_is_the_runners_compact(model_dirs):
     keep_path(runner, torch.tensor([5]), torch.tensor(accepted + [-1]), torch.arange(4))
     runner.rollback(5 + 1 + len(accepted))
     got = runner.forward(after).logits
-    fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    want = fresh.forward(torch.cat([prompt, tree[torch.tensor(accepted)], after])).logits[-after.numel():]
+    want = _fresh_logits(path, torch.cat([prompt, tree[torch.tensor(accepted)]]), after)
     assert (got - want).abs().max().item() <= TOL
 
 
@@ -171,9 +183,7 @@ def test_rollback_then_forward_equals_fresh_prefill(model_dirs):
     runner.forward(wrong)
     runner.rollback(8)
     got = runner.forward(right).logits
-    fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    want = fresh.forward(torch.cat([seq[:8], right])).logits[-4:]
-    assert (got - want).abs().max().item() <= TOL
+    assert (got - _fresh_logits(path, seq[:8], right)).abs().max().item() <= TOL  # right: 4 tokens
 
 
 def test_reset_gives_fresh_results(model_dirs):
@@ -246,27 +256,14 @@ def test_sliding_window_chain_blocks_match_transformers(variant, windowed_dirs):
 
 @pytest.mark.parametrize("variant", list(WINDOWED))
 def test_sliding_window_tree_nodes_match_their_paths(variant, windowed_dirs):
-    runner = LlamaRunner.from_pretrained(windowed_dirs[variant], max_length=64)
-    prompt, tree = _tokens(7, seed=22), _tokens(PARENTS.numel(), seed=23)
-    runner.forward(prompt)
-    out = runner.forward(tree, PARENTS)
-    for node in range(PARENTS.numel()):
-        runner.rollback(7)
-        chain = runner.forward(tree[_path(PARENTS, node)])
+    _, out, chains = _tree_and_its_chains(windowed_dirs[variant], seeds=(22, 23))
+    for node, chain in enumerate(chains):
         assert (out.logits[node] - chain.logits[-1]).abs().max().item() <= TOL, node
 
 
 def test_sliding_window_compact_equals_fresh_prefill(windowed_dirs):
-    path = windowed_dirs["mistral-window"]
-    runner = LlamaRunner.from_pretrained(path, max_length=64)
-    prompt, tree, after = _tokens(6, seed=24), _tokens(PARENTS.numel(), seed=25), _tokens(6, seed=26)
-    runner.forward(prompt)
-    runner.forward(tree, PARENTS)
-    accepted = torch.tensor(_path(PARENTS, 8))  # nodes 6 -> 7 -> 8, moved down across a gap
-    runner.compact(6, accepted)
-    got = runner.forward(after).logits
-    fresh = LlamaRunner.from_pretrained(path, max_length=64)
-    want = fresh.forward(torch.cat([prompt, tree[accepted], after])).logits[-after.numel():]
+    _, _, got, want = _compact_then_forward(windowed_dirs["mistral-window"], sizes=(6, 6), seeds=(24, 25, 26),
+                                            node=8)  # nodes 6 -> 7 -> 8, moved down across a gap
     assert (got - want).abs().max().item() <= TOL
 
 
