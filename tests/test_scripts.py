@@ -126,7 +126,8 @@ def test_plot_batch_writes_an_svg(tmp_path):
     assert _run("docs/plot_batch.py", src).returncode == 2
 
 
-def test_refit_batch_refits_a_saved_report(tmp_path):
+@pytest.mark.parametrize("batches", [(1, 8, 64, 256), (1, 8, 64, 256, 1024)])
+def test_refit_batch_refits_a_saved_report_and_refuses_a_bad_one(tmp_path, batches):
     saved = {"method": "draft", "k": 4, "ks": [4], "device": "test", "max_new_tokens": 8,
              "weight_bytes": 10**9, "flops_per_token": 2e9, "measured_bandwidth": 1e11,
              "measured_matmul_flops": 1e13, "note": "",
@@ -135,17 +136,18 @@ def test_refit_batch_refits_a_saved_report(tmp_path):
                        "tokens_per_round": 3.0, "plain_tokens_per_round": 1.0, "acceptance_rate": 0.6,
                        "plain_round_ms": 10.0 + 0.01 * b, "spec_round_ms": 12.0 + 0.05 * b,
                        "step_ms": max(10.0, 0.02 * b), "verify_step_ms": max(10.0, 0.1 * b),
-                       "per_position_acceptance": [0.7, 0.6, 0.5, 0.5]} for b in (1, 8, 64, 256)]}
+                       "per_position_acceptance": [0.7, 0.6, 0.5, 0.5]} for b in batches]}
     source, target = tmp_path / "in.json", tmp_path / "out.json"
     source.write_text(json.dumps(saved))
     done = _run("docs/refit_batch.py", source, target)
     assert done.returncode == 0, done.stderr
     refitted = json.loads(target.read_text())
     assert refitted["fit"]["floor_ms"] == pytest.approx(10.0, rel=0.01)  # the measured rows' roofs
-    assert [r["batch"] for r in refitted["rows"]] == [1, 8, 64, 256] and "B" in done.stdout
+    assert [r["batch"] for r in refitted["rows"]] == list(batches) and "B" in done.stdout
     source.write_text("{}")
     bad = _run("docs/refit_batch.py", source, target)
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot refit")
+    assert "Traceback" not in bad.stderr
 
 
 @pytest.mark.parametrize("script", ["docs/screenshot.py", "training/calibrate_medusa.py"])
