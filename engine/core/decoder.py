@@ -15,6 +15,7 @@ from engine.bench.timing import RoundClock, Stopwatch
 from engine.config import GenerationConfig
 from engine.core.graphs import chain_sampling, host_tree_round_graph, plain_round_graph
 from engine.core.metrics import MetricsAccumulator
+from engine.core.synthetic import profile_of
 from engine.core.text import IncrementalText
 from engine.errors import SpecplayError
 from engine.events import DraftedToken, RoundEvent
@@ -168,6 +169,7 @@ class SpeculativeDecoder:
         self._medusa = None  # heads load on first use
         self._eagle = None
         self._eagle3 = None
+        self.heads_info = None  # published heads from their own folder (use_heads), else the target's own
         self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
         self._ngram_table = False  # the target's corpus table for n-gram (False: not looked for yet)
         self._calls = None  # the generation's stream's CUDA calls (engine.kernels.cuda_calls), looked up once
@@ -227,12 +229,49 @@ class SpeculativeDecoder:
                 runner.use_torch_twins()
 
     def method_availability(self) -> dict:
-        """Method name -> None when available, else the reason it is not (engine.methods.registry decides)."""
-        return methods.availability(self.pair.draft is not None, self.target.supports_tree,
-                                    str(self.pair.target_name))
+        """Method name -> None when available, else the reason it is not (engine.methods.registry decides;
+        heads opened with use_heads make their methods available on a target that can run them)."""
+        available = methods.availability(self.pair.draft is not None, self.target.supports_tree,
+                                          str(self.pair.target_name))
+        if self.heads_info is not None:
+            for name in self.heads_info.methods:
+                available[name] = methods.unavailable_reason(
+                    replace(methods.get(name), files=()), self.pair.draft is not None, self.target.supports_tree,
+                    None)
+        return available
+
+    def use_heads(self, path_or_id) -> str:
+        """Draft with the published heads in this folder (or cached Hub id) instead of the target's own: the
+        layout is detected from its config.json and the heads loaded and checked against the target now
+        (a misfit is refused before anything is allocated). Returns the description (layout, the target it
+        was trained for, tapped layers, draft vocabulary)."""
+        from engine.methods import public_heads
+
+        info = public_heads.detect(path_or_id)
+        head = self._load_public(info)
+        self.heads_info = info
+        self._medusa = head if info.method == "medusa" else None
+        self._eagle = head if info.method == "eagle" else None
+        self._eagle3 = head if info.method == "eagle3" else None
+        return info.describe()
+
+    def _load_public(self, info):
+        if info.method == "medusa":
+            from engine.methods.medusa import public as medusa_public
+
+            return medusa_public.load(info, self.target)
+        if not self.target.supports_tree:
+            raise SpecplayError(f"{info.layout} heads need a Llama-family target")
+        if info.method == "eagle":
+            from engine.methods.eagle.public import PublicEagleHead
+
+            return PublicEagleHead.load(info, self.target)
+        from engine.methods.eagle3.public import PublicEagle3Head
+
+        return PublicEagle3Head.load(info, self.target)
 
     def medusa_heads(self):
-        """The target's Medusa heads, loaded on first use."""
+        """The Medusa heads (opened with use_heads, else the target's own), loaded on first use."""
         if self._medusa is None:
             from engine.methods.medusa.drafter import MedusaHeads
 
@@ -240,7 +279,8 @@ class SpeculativeDecoder:
         return self._medusa
 
     def eagle_head(self):
-        """The target's EAGLE head, loaded on first use (its runner follows the CUDA-graph setting)."""
+        """The EAGLE head (opened with use_heads, else the target's own), loaded on first use (its runner
+        follows the CUDA-graph setting)."""
         if self._eagle is None:
             from engine.methods.eagle.drafter import EagleHead
 
@@ -249,7 +289,8 @@ class SpeculativeDecoder:
         return self._eagle
 
     def eagle3_head(self):
-        """The target's EAGLE-3 head, loaded on first use (its runner follows the CUDA-graph setting)."""
+        """The EAGLE-3 head (opened with use_heads, else the target's own), loaded on first use (its runner
+        follows the CUDA-graph setting)."""
         if self._eagle3 is None:
             from engine.methods.eagle3.drafter import Eagle3Head
 
@@ -431,8 +472,11 @@ class SpeculativeDecoder:
             return
         # Two rounds in flight where the next round's input can come from the device: plain decoding (its
         # next input is the last round's next token, and it never rolls a cache back) and drafters whose
-        # round graph reads the last outcome there (Drafter.replays_rounds: Medusa)
-        ahead = self.pipelined and (isinstance(drafter, NoDrafter) or self._queues_after(drafter))
+        # round graph reads the last outcome there (Drafter.replays_rounds: Medusa). Not under a synthetic
+        # profile: a round queued behind an unread one reads the device's verdict, which the profile overrides
+        synthetic = _synthetic_sampler(config)
+        ahead = self.pipelined and synthetic is None and (isinstance(drafter, NoDrafter)
+                                                          or self._queues_after(drafter))
         inflight = deque([self._launch_round(state, drafter, config)])
         last_end = None
         while True:
@@ -444,6 +488,8 @@ class SpeculativeDecoder:
                     inflight.append(successor)
             launched = inflight.popleft()
             round_ = self._read_round(launched)  # the one wait for the GPU
+            if synthetic is not None:
+                round_ = synthetic_verdict(round_, launched.draft, synthetic)
             outcome = self._accept(state, round_.draft_tokens, round_.path, round_.next_token, len(generated),
                                    config)
             self._commit(state, drafter, launched, round_, outcome)
@@ -492,7 +538,7 @@ class SpeculativeDecoder:
         for this target and block."""
         needs = drafter.needs
         on_host = draft.parents.device.type == "cpu" if draft.is_tree else draft.size == 0
-        if not (self.pipelined and first_token is None and drafter.drafts_on_host
+        if not (self.pipelined and first_token is None and drafter.drafts_on_host and not config.synthetic
                 and on_host and draft.tree_block is None and draft.probs is None
                 and not (needs.block_features or needs.block_logits)):
             return None
@@ -610,7 +656,8 @@ class SpeculativeDecoder:
             emitted_text=emitted_text, position=position, draft_ms=draft_ms, verify_ms=verify_ms,
             overhead_ms=overhead_ms, finished=outcome.finish_reason is not None,
             finish_reason=outcome.finish_reason, metrics=round_metrics,
-            verified_tokens=config.k + 1 if launched.counted else draft.size + 1)
+            verified_tokens=config.k + 1 if launched.counted else draft.size + 1,
+            synthetic_acceptance=config.synthetic_acceptance if config.drafts else "")
 
     def _verify(self, state: DecodeState, draft: Draft, config: GenerationConfig,
                 first_token: Optional[torch.Tensor] = None):
@@ -743,6 +790,45 @@ class SpeculativeDecoder:
             self._token_texts[token] = text
         return text
 
+
+
+def _synthetic_sampler(config: GenerationConfig):
+    """The generation's synthetic verdicts (engine.core.synthetic), or None under real verification."""
+    profile = profile_of(config)
+    return None if profile is None else profile.sampler(config.k, config.seed)
+
+
+def synthetic_verdict(round_: _RoundReadout, draft: Draft, sampler) -> _RoundReadout:
+    """The round's readout with the verdict a synthetic profile draws in place of the device's: the first
+    `a` positions of the draft accepted (a tree: a path of that depth, the device's own path as far as it
+    fits), the target's most likely token at the row after them as the next token. The verification ran
+    as usual; its figures (p, q, the target's alternatives) stay the device's."""
+    n = len(round_.draft_tokens)
+    parents = draft.parents.tolist() if draft.is_tree else list(range(-1, n - 1))
+    children: dict = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    height = _subtree_heights(parents, children)
+    wanted = sampler.accepted([height.get(-1, 0)])[0]
+    device_path, path, node = set(round_.path), [], -1
+    while len(path) < wanted:
+        deep_enough = [c for c in children[node] if height[c] >= wanted - len(path)]
+        node = next((c for c in deep_enough if c in device_path), deep_enough[0])
+        path.append(node)
+    on_path = {-1, *path}
+    row = path[-1] + 1 if path else 0
+    return replace(round_, path=path, next_token=round_.top_i[row][0], next_p=round_.top_p[row][0],
+                   tested=[1.0 if parent in on_path else 0.0 for parent in parents])
+
+
+def _subtree_heights(parents: list, children: dict) -> dict:
+    """node -> the longest chain of nodes from it down (itself included); -1 (the root): the draft's
+    depth."""
+    height: dict = {}
+    for node in reversed(range(len(parents))):  # children come after their parents (topological order)
+        height[node] = 1 + max((height[c] for c in children.get(node, ())), default=0)
+    height[-1] = max((height[c] for c in children.get(-1, ())), default=0)
+    return height
 
 
 class PinnedRing:

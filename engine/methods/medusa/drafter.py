@@ -50,6 +50,10 @@ class MedusaHeads:
         self._second_stacks: dict = {}
         # ((r_1, ..., r_d), chance): measured chance that every step of the path is right (None: not measured)
         self.path_accuracy = path_accuracy
+        # published heads (engine.methods.medusa.public): each head's own LM head, stacked [D, V, H] (None:
+        # the target's), and the published default tree's paths (the fixed tree without a size)
+        self.lm_heads = None
+        self.published_tree = None
 
     @classmethod
     def load(cls, model_dir, device, dtype) -> "MedusaHeads":
@@ -118,7 +122,15 @@ class MedusaHeads:
         weight, bias = self.stacked(self.count)
         eps = runner.spec.rms_norm_eps
         outs = medusa_heads_reference(hidden[None], runner.norm_weight, eps, weight, bias, self.count)
-        return runner.project(self.second_layer(outs)[:, 0])  # outs [D, 1, H] -> [D, V]
+        return self.project(runner, self.second_layer(outs))[:, 0]  # outs [D, 1, H] -> [D, 1, V]
+
+    def project(self, runner, outs: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [depth, M, H] -> logits [depth, M, V] float32: through each head's own LM head
+        where it has one (published Medusa), else the target's."""
+        if self.lm_heads is None:
+            return runner.project(outs)
+        depth = outs.shape[0]
+        return torch.bmm(outs.to(self.lm_heads.dtype), self.lm_heads[:depth].transpose(1, 2)).float()
 
 
 def check_heads(model_dir: Path) -> tuple:
@@ -381,8 +393,13 @@ class MedusaDrafter(Drafter):
         self.early, self.early_is_row = graph.proposal, True
 
     def _shape(self, k: int) -> tuple:
-        """(nodes, heads) of the tree for K = k."""
-        return self.nodes or 2 * k, min(k, self.heads.count)
+        """(nodes, heads) of the tree for K = k: a fixed tree of published heads without a size is their
+        published tree (its paths of at most K heads)."""
+        depth = min(k, self.heads.count)
+        published = self.heads.published_tree
+        if not self.nodes and not self.dynamic and published is not None:
+            return sum(len(path) <= depth for path in published), depth
+        return self.nodes or 2 * k, depth
 
     def _tree(self, nodes: int, heads: int) -> tuple:
         """(the tree's candidates, None), or with a fixed tree (the tree, its parents [N] on the host), for

@@ -123,7 +123,7 @@ def _medusa_logits(target, heads, features: torch.Tensor, depth: int, accepted, 
     """The first `depth` heads' logits from each row of features [M, H] (or from the one row accepted and path
     pick, see medusa_rows): ([parts of [depth * M, V'] head-major, float32 from the kernels], M, the decode
     kernels or None). V' may pad the vocabulary."""
-    kernels = _medusa_kernels(target, features)
+    kernels = None if heads.lm_heads is not None else _medusa_kernels(target, features)
     weight, bias = heads.stacked(depth)  # [depth * H, H], [depth * H]
     eps = target.spec.rms_norm_eps
     if kernels is None:
@@ -131,7 +131,7 @@ def _medusa_logits(target, heads, features: torch.Tensor, depth: int, accepted, 
                                       None if accepted is None else accepted.clamp_min(0), path)
         outs = heads.second_layer(outs)  # [depth, M, H]
         rows = outs.shape[1]
-        return [target.project(outs.reshape(depth * rows, -1))], rows, None
+        return [heads.project(target, outs).reshape(depth * rows, -1)], rows, None
     outs = kernels.medusa_heads(features, target.norm_weight, eps, weight, bias, depth, accepted, path,
                                 chained=chained)
     outs = heads.second_layer(outs)  # [depth, M, H]; the second blocks in torch's operations

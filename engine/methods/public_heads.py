@@ -1,0 +1,337 @@
+"""Draft heads in their published layouts (EAGLE-1/2, EAGLE-3, Medusa), read from their own folder.
+
+The layout is detected from the folder's config.json (engine.methods.<method>.public build the heads); every
+tensor's name and shape is checked against the loaded target from the weights file's header (safetensors) or
+a weights-only torch.load (pytorch_model.bin, medusa_lm_head.pt) before anything is allocated on the device.
+HeadLayer is the one decoder layer these heads run, in plain torch with its own KV cache: the published
+layers differ from the target's (EAGLE-1's layer 0 has no input norm, EAGLE-3's attention reads 2H inputs).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from engine.errors import SpecplayError
+from engine.models import validate
+from engine.models.runner import ForwardOutput
+
+EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": "EAGLE-3 (SpecForge)",
+                        "Eagle3LlamaForCausalLM": "EAGLE-3 (vLLM / AngelSlim)"}
+MAX_HEAD_LAYERS = 2  # Medusa residual blocks a head (the published heads have 1)
+
+
+@dataclass
+class HeadsInfo:
+    """What a heads folder holds, as detected from its config.json (nothing is loaded yet)."""
+
+    folder: Path
+    layout: str  # e.g. "EAGLE-3 (speculators)"
+    method: str  # the method that runs them: eagle | eagle3 | medusa
+    config: dict
+    weights: Path
+    trained_for: Optional[str] = None  # the target named by the config (speculators' verifier)
+    taps: Optional[tuple] = None  # EAGLE-3: the tapped layers as written
+    draft_vocab: Optional[int] = None
+    notes: list = field(default_factory=list)  # one line each, shown with the summary
+
+    @property
+    def methods(self) -> tuple:
+        """The registry methods that run these heads."""
+        return ("medusa", "medusa-fixed") if self.method == "medusa" else (self.method,)
+
+    def describe(self) -> str:
+        lines = [f"heads: {self.folder}", f"layout: {self.layout} (method {self.method})",
+                 f"trained for: {self.trained_for or 'not stated'}"]
+        if self.taps is not None:
+            lines.append(f"tapped layers: {list(self.taps)} (transformers' hidden_states[k]: the residual "
+                         "stream before layer k)")
+        if self.draft_vocab is not None:
+            lines.append(f"draft vocabulary: {self.draft_vocab} tokens")
+        return "\n".join(lines + self.notes)
+
+
+def resolve_heads_dir(path_or_id) -> Path:
+    """A local heads folder or a Hub id already in the HF cache (nothing is downloaded)."""
+    from engine.models.loading import resolve_model_dir
+
+    return resolve_model_dir(path_or_id)
+
+
+def detect(path_or_id) -> HeadsInfo:
+    """The layout of the heads in this folder, from its config.json; one line when it is none we know."""
+    folder = resolve_heads_dir(path_or_id)
+    cfg_path = folder / "config.json"
+    config = validate.read_head_config(cfg_path, "heads")
+    if config.get("speculators_model_type") is not None:
+        return _speculators(folder, config, cfg_path)
+    arch = next((a for a in config.get("architectures") or () if a in EAGLE3_ARCHITECTURES), None)
+    if arch is not None or "draft_vocab_size" in config:
+        layout = EAGLE3_ARCHITECTURES.get(arch, "EAGLE-3 (SpecForge)")
+        return _eagle3_info(folder, config, layout, config.get("base_model_name_or_path"))
+    if "medusa_num_heads" in config:
+        weights = _first_file(folder, ("medusa_lm_head.safetensors", "medusa_lm_head.pt"), "Medusa heads")
+        return HeadsInfo(folder, "Medusa-1 (FasterDecoding)", "medusa", config, weights,
+                         config.get("base_model_name_or_path"))
+    if config.get("model_type") == "medusa":
+        weights = _first_file(folder, ("model.safetensors", "pytorch_model.bin"), "Medusa heads")
+        return HeadsInfo(folder, "Medusa (vLLM)", "medusa", config, weights,
+                         config.get("base_model_name_or_path"))
+    if config.get("num_hidden_layers") == 1:
+        weights = _first_file(folder, ("model.safetensors", "pytorch_model.bin"), "EAGLE head")
+        return HeadsInfo(folder, "EAGLE-1/2 (SafeAILab)", "eagle", config, weights,
+                         config.get("base_model_name_or_path"))
+    raise SpecplayError(f"{cfg_path}: no known head layout (EAGLE-1/2 with num_hidden_layers 1, EAGLE-3, "
+                        "speculators eagle3, Medusa with medusa_num_heads or model_type medusa)")
+
+
+def _speculators(folder: Path, config: dict, cfg_path: Path) -> HeadsInfo:
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise SpecplayError(f"{cfg_path}: speculators_model_type {str(kind)[:40]!r} is not supported "
+                            "(eagle3 is)")
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise SpecplayError(f"{cfg_path}: transformer_layer_config must be an object")
+    validate.check_config_values(layer, cfg_path)
+    verifier = ((config.get("speculators_config") or {}).get("verifier") or {})
+    trained_for = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return _eagle3_info(folder, config, "EAGLE-3 (speculators)", trained_for)
+
+
+def _eagle3_info(folder: Path, config: dict, layout: str, trained_for) -> HeadsInfo:
+    weights = _first_file(folder, ("model.safetensors", "pytorch_model.bin"), "EAGLE-3 head")
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    taps = config.get("eagle_aux_hidden_state_layer_ids", eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    info = HeadsInfo(folder, layout, "eagle3", config, weights, trained_for,
+                     None if taps is None else tuple(taps) if isinstance(taps, list) else taps,
+                     config.get("draft_vocab_size"))
+    if taps is None:
+        info.notes.append("tapped layers: not in the config; the published default (2, L//2, L-3)")
+    return info
+
+
+def _first_file(folder: Path, names: tuple, what: str) -> Path:
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise SpecplayError(f"{folder}: no {what} weights ({' or '.join(names)})")
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def read_header(weights: Path) -> Dict[str, validate.TensorInfo]:
+    """name -> TensorInfo of every tensor, from a safetensors header, or from a weights-only torch.load
+    (memory-mapped: only the header-sized metadata is touched) of a .bin / .pt file."""
+    if weights.suffix == ".safetensors":
+        return validate.read_safetensors_header(weights)
+    tensors = _torch_load(weights)
+    return {name: validate.TensorInfo(tuple(t.shape), _st_dtype(t.dtype), weights) for name, t in tensors.items()}
+
+
+def _st_dtype(dtype: torch.dtype) -> str:
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+             torch.int64: "I64", torch.int32: "I32", torch.bool: "BOOL", torch.int8: "I8"}
+    return names.get(dtype, str(dtype))
+
+
+def _torch_load(weights: Path) -> dict:
+    """A weights-only torch.load (never unpickling code), memory-mapped where the file allows."""
+    try:
+        try:
+            tensors = torch.load(str(weights), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # the legacy (non-zip) format cannot be memory-mapped
+            if "mmap" not in str(exc):
+                raise
+            tensors = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError, EOFError, zip errors: a bad or hostile file
+        raise SpecplayError(f"{weights}: cannot read the weights ({validate.one_line(exc)})") from None
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise SpecplayError(f"{weights}: not a dictionary of tensors")
+    return tensors
+
+
+def load_tensors(weights: Path, names, device, dtype) -> Dict[str, torch.Tensor]:
+    """The named tensors (only those) on the device; floats in dtype, integer tensors kept as they are."""
+    names = set(names)
+    if weights.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), framework="pt", device="cpu") as f:
+                tensors = {name: f.get_tensor(name) for name in names}
+        except Exception as exc:  # noqa: BLE001 - a corrupt file, one line
+            raise SpecplayError(f"{weights}: cannot read the weights ({validate.one_line(exc)})") from None
+    else:
+        tensors = {name: t for name, t in _torch_load(weights).items() if name in names}
+    return {name: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+            for name, t in tensors.items()}
+
+
+def check_shapes(header, expected: Dict[str, Tuple[int, ...]], weights: Path, what: str) -> None:
+    """Every expected tensor exists as a float tensor of its shape (validate.check_head_tensors)."""
+    validate.check_head_tensors(header, expected, weights, what)
+
+
+def check_positive(config: dict, names, cfg_path: Path, limit: int = 1 << 17) -> None:
+    """Each named config field is an integer in 1..limit."""
+    for name in names:
+        value = config.get(name)
+        if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit):
+            raise SpecplayError(f"{cfg_path}: {name} must be an integer in 1..{limit} (got {str(value)[:40]})")
+
+
+# ------------------------------------------------------------------------------------------------ the layer
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+
+class HeadLayer:
+    """One Llama decoder layer with its own KV cache, in plain torch (the published heads' layer).
+
+    prepare(x [n, W]) -> (attention input [n, A], residual [n, H]): EAGLE-1's layer 0 reads x itself (no
+    input norm), EAGLE-3's reads [input_layernorm(embedding) | hidden_norm(g)] of width 2H. readout(hidden
+    [n, H]) -> logits [n, V] float32 over the target's ids. It offers what EAGLE's drafter asks of a head
+    runner (forward_embeds, step_embeds for its trees, reset, rollback, length)."""
+
+    supports_tree = True
+    decode_kernels = None
+
+    def __init__(self, weights: Dict[str, torch.Tensor], shape: LayerShape, inv_freq: torch.Tensor,
+                 prepare: Callable, readout: Callable, max_length: int):
+        self.w = weights  # q, k, v [heads*D | kv_heads*D, A], o [H, heads*D], gate, up [I, H], down, post_norm
+        self.shape = shape
+        self.prepare, self.readout = prepare, readout
+        self.device, self.dtype = weights["q"].device, weights["q"].dtype
+        self.max_length = max_length
+        positions = torch.arange(max_length, dtype=torch.float32, device=self.device)
+        angles = positions[:, None] * inv_freq.to(self.device)[None, :]  # [max_length, D/2]
+        self.cos, self.sin = angles.cos(), angles.sin()
+        self.kv = torch.zeros(2, shape.kv_heads, max_length, shape.head_dim, dtype=self.dtype,
+                              device=self.device)  # [2, kvh, max_length, D]
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+
+    def rollback(self, length: int) -> None:
+        self._length = min(self._length, int(length))
+
+    def set_length(self, length: int) -> None:
+        self._length = int(length)
+
+    def kv_width(self, rows: int) -> int:
+        return min(int(rows), self.max_length)
+
+    def takes_tree_levels(self, rows: int, nodes: int) -> bool:
+        return False
+
+    def forward_embeds(self, x: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
+        """Append n positions (inputs x [n, W]) after the cache: a chain, or a tree by its parents [n]."""
+        n, start = x.shape[0], self._length
+        if start + n > self.max_length:
+            raise SpecplayError(f"the head's cache holds {self.max_length} positions")
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        depth = torch.arange(n)
+        if parents is not None:
+            from engine.models.runner import tree_ancestor_mask, tree_depths
+
+            visible, depth = tree_ancestor_mask(parents.cpu()), tree_depths(parents.cpu())
+        mask = torch.zeros(n, start + n, dtype=torch.float32)
+        mask[:, start:] = torch.where(visible, 0.0, float("-inf"))
+        hidden = self.step_embeds(x, (start + depth).to(self.device), torch.arange(start, start + n,
+                                                                                    device=self.device),
+                                  mask.to(self.device))
+        self._length = start + n
+        return ForwardOutput(self.readout(hidden), hidden)
+
+    def step_embeds(self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+        """x [n, W] at these positions [n], K/V written at cache rows cache_index [n]; mask [n, kv] additive
+        over cache rows 0..kv-1. Returns the layer's output [n, H]."""
+        s, w = self.shape, self.w
+        n, kv = x.shape[0], mask.shape[-1]
+        attn_in, residual = self.prepare(x.to(self.dtype))
+        q = F.linear(attn_in, w["q"], w.get("q_bias")).view(n, s.heads, s.head_dim)
+        k = F.linear(attn_in, w["k"], w.get("k_bias")).view(n, s.kv_heads, s.head_dim)
+        v = F.linear(attn_in, w["v"], w.get("v_bias")).view(n, s.kv_heads, s.head_dim)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D/2]
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        self.kv[0].index_copy_(1, cache_index, k.transpose(0, 1).to(self.dtype))
+        self.kv[1].index_copy_(1, cache_index, v.transpose(0, 1))
+        keys = self.kv[0, :, :kv].float().repeat_interleave(s.heads // s.kv_heads, 0)  # [heads, kv, D]
+        values = self.kv[1, :, :kv].float().repeat_interleave(s.heads // s.kv_heads, 0)
+        scores = q.float().transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(s.head_dim)  # [heads, n, kv]
+        attn = torch.softmax(scores + mask.float()[None], dim=-1) @ values  # [heads, n, D]
+        attn = attn.transpose(0, 1).reshape(n, s.heads * s.head_dim).to(self.dtype)
+        h = residual + F.linear(attn, w["o"])
+        normed = _rms(h, w["post_norm"], s.eps)
+        return h + F.linear(F.silu(F.linear(normed, w["gate"])) * F.linear(normed, w["up"]), w["down"])
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, transformers' rotate_half convention: x [n, heads, D], cos/sin [n, 1, D/2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, as transformers' LlamaRMSNorm: x [n, H] -> [n, H] in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+rms_norm = _rms
+
+
+def layer_weights(tensors: Dict[str, torch.Tensor], prefix: str) -> Dict[str, torch.Tensor]:
+    """The Llama layer's tensors under prefix (e.g. "layers.0.") in HeadLayer's names."""
+    names = {"q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+             "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+             "down": "mlp.down_proj.weight", "post_norm": "post_attention_layernorm.weight",
+             "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
+             "v_bias": "self_attn.v_proj.bias"}
+    return {short: tensors[prefix + long] for short, long in names.items() if prefix + long in tensors}
+
+
+def layer_shapes(prefix: str, shape: LayerShape, inputs: int, intermediate: int) -> Dict[str, tuple]:
+    """The Llama layer's tensors under prefix and their shapes (q/k/v read `inputs` features)."""
+    q, kv, hidden = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
+    return {f"{prefix}self_attn.q_proj.weight": (q, inputs), f"{prefix}self_attn.k_proj.weight": (kv, inputs),
+            f"{prefix}self_attn.v_proj.weight": (kv, inputs), f"{prefix}self_attn.o_proj.weight": (hidden, q),
+            f"{prefix}mlp.gate_proj.weight": (intermediate, hidden),
+            f"{prefix}mlp.up_proj.weight": (intermediate, hidden),
+            f"{prefix}mlp.down_proj.weight": (hidden, intermediate),
+            f"{prefix}post_attention_layernorm.weight": (hidden,)}
+
+
+def layer_config(config: dict, cfg_path: Path, hidden_default: int) -> tuple:
+    """(LayerShape, intermediate size, rotary inverse frequencies [D/2]) from a Llama-style config."""
+    from engine.models.llama import LlamaSpec, rope_inv_freq
+
+    check_positive(config, ("num_attention_heads", "intermediate_size"), cfg_path)
+    merged = {"model_type": "llama", "vocab_size": 1, "num_hidden_layers": 1,
+              "hidden_size": hidden_default, **config}
+    merged["model_type"] = "llama"
+    try:
+        spec = LlamaSpec.from_dict(merged)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SpecplayError(f"{cfg_path}: {validate.one_line(exc)}") from None
+    shape = LayerShape(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps)
+    return shape, spec.intermediate_size, rope_inv_freq(spec)
