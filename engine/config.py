@@ -75,6 +75,9 @@ class GenerationConfig:
     stop_at_eos: bool = True
     draft_layers: int = 0  # layerskip: target layers that draft (0 = half of the target's, at least 1)
     suffix_corpus: str = ""  # suffix: a text file indexed beside the session's history ("" = none)
+    # a timing study: verification runs as usual but accepts as this profile says (engine.core.synthetic:
+    # "3.2" a mean acceptance length, "0.9,0.8" per-position rates); "" = real verification. NOT model output
+    synthetic_acceptance: str = ""
 
     def validate(self) -> None:
         if not isinstance(self.method, str):
@@ -95,9 +98,23 @@ class GenerationConfig:
             raise SpecplayError(f"suffix corpus must be a file name (got {self.suffix_corpus!r})")
         if self.suffix_corpus:
             _check_readable_file(self.suffix_corpus, "suffix corpus")
+        self._check_synthetic()
         if not isinstance(self.sampling, SamplingParams):
             raise SpecplayError(f"sampling must be SamplingParams (got {type(self.sampling).__name__})")
         self.sampling.validate()
+
+    def _check_synthetic(self) -> None:
+        from engine.core.synthetic import SyntheticAcceptance
+
+        profile = SyntheticAcceptance.parse(self.synthetic_acceptance)
+        if profile is not None:
+            profile.check(self.k)
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the accept/reject verdict follows a synthetic profile (the output is not the model's)."""
+        value = self.synthetic_acceptance
+        return bool(value.strip()) if isinstance(value, str) else False
 
     def uses_ngram_table(self, device) -> bool:
         """Whether n-gram fills its proposals from the corpus table on this device (where there is one)."""
@@ -122,8 +139,9 @@ class GenerationConfig:
 
     def plain(self) -> "GenerationConfig":
         """The plain decoding run this config is compared with: the same prompt settings, no drafting method
-        and so no tree size (a tree method's reference run would otherwise be refused)."""
-        return replace(self, method="none", tree_nodes=0)
+        and so no tree size (a tree method's reference run would otherwise be refused), and real verification
+        (plain decoding drafts nothing for a synthetic profile to decide on)."""
+        return replace(self, method="none", tree_nodes=0, synthetic_acceptance="")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -76,6 +76,9 @@ class RoundEvent:
     # round verifies a fixed block whatever it drafted (n-gram's replayed GPU round: all K slots, K + 1);
     # None (traces from before it): len(drafted) + 1
     verified_tokens: Optional[int] = None
+    # a synthetic profile's spelling (engine.core.synthetic) when the verdict followed it and not the target:
+    # the emitted text is then NOT model output; "" = real verification
+    synthetic_acceptance: str = ""
 
     @property
     def round_ms(self) -> float:

@@ -14,6 +14,7 @@ from engine.analysis.analytic import chi2_sf
 from engine.bench.suite import kept_session
 from engine.config import GenerationConfig, SamplingParams
 from engine.core.decoder import SpeculativeDecoder
+from engine.errors import SpecplayError
 
 MIN_EXPECTED = 5.0  # chi-squared bins with a smaller expected count are pooled into one "other" bin
 
@@ -51,8 +52,17 @@ def _leaves_the_session(check):
     return checked
 
 
+def refuse_synthetic(config: GenerationConfig) -> None:
+    """A synthetic profile draws the verdicts (engine.core.synthetic): its output is not the model's by
+    design, and a losslessness check of it would prove nothing."""
+    if config.synthetic:
+        raise SpecplayError("the losslessness check runs on real verification: a synthetic acceptance "
+                            f"profile ({config.synthetic_acceptance}) makes the output not the model's")
+
+
 @_leaves_the_session
 def check_greedy(decoder: SpeculativeDecoder, prompt: str, config: GenerationConfig) -> GreedyReport:
+    refuse_synthetic(config)
     greedy = replace(config, sampling=SamplingParams())
     plain = decoder.generate_ids(prompt, greedy.plain())
     spec = decoder.generate_ids(prompt, greedy)
@@ -112,6 +122,7 @@ def check_sampling(decoder: SpeculativeDecoder, prompt: str, config: GenerationC
     """Chi-squared goodness of fit of the first two speculative tokens (seeds config.seed ... + samples).
     None when should_stop() turned true before the end. progress(done, samples), when given, is called
     after each seed."""
+    refuse_synthetic(config)
     stopped = should_stop or (lambda: False)
     expected = exact_two_token_distribution(decoder, prompt, config.sampling, should_stop=stopped)
     counts: dict = {}

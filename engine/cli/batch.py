@@ -38,8 +38,8 @@ def add_bench_options(bench) -> None:
     bench.add_argument("--prompts-file",
                        help="batch: prompts, one a line (default: the held-out prompts, cycled)")
     bench.add_argument("--acceptance", type=float, default=None,
-                       help="batch: SIMULATION for timing studies: accept each drafted token with this "
-                            "probability whatever the target says (changes the output)")
+                       help="batch: the same as --synthetic-acceptance A, (each drafted token accepted with "
+                            "probability A whatever the target says; the output is not the model's)")
 
 
 def read_prompts_file(path: str) -> list:
@@ -98,6 +98,18 @@ def _check_method(config: GenerationConfig, what: str, drafting: bool = False) -
                             f"eagle:{config.tree_nodes}")
 
 
+def _synthetic(config: GenerationConfig, acceptance) -> str:
+    """The run's synthetic profile: --synthetic-acceptance, or --acceptance A as the rate A at every
+    position (engine.core.synthetic); both given: refused."""
+    if acceptance is None:
+        return config.synthetic_acceptance
+    if config.synthetic:
+        raise SpecplayError("give --synthetic-acceptance or --acceptance, not both")
+    if not 0.0 <= acceptance <= 1.0:  # NaN fails this too
+        raise SpecplayError(f"--acceptance must be in [0, 1] (got {acceptance})")
+    return f"{acceptance:g},"
+
+
 def cmd_run_batch(args, config: GenerationConfig) -> int:
     """`run --prompts-file F`: every line of F decoded as one batch; each text printed (or one JSON object a
     prompt, then the batch's summary)."""
@@ -137,11 +149,11 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
         prompts = read_prompts_file(args.prompts_file)
     else:
         prompts = [args.prompt] if args.prompt else heldout_prompts(args.prompts)
-    if args.acceptance is not None and not 0.0 <= args.acceptance <= 1.0:
-        raise SpecplayError(f"--acceptance must be in [0, 1] (got {args.acceptance})")
-    config = replace(config, max_new_tokens=args.batch_new_tokens)
+    config = replace(config, max_new_tokens=args.batch_new_tokens,
+                     synthetic_acceptance=_synthetic(config, args.acceptance))
+    for k in ks if args.sweep_k else ():  # a profile must fit every K measured, checked before loading
+        replace(config, k=k).validate()
     decoder = _load(args, config.method)
-    decoder.simulated_acceptance = args.acceptance
 
     def progress(row) -> None:
         print(f"  B={row.batch}: plain {row.plain_tokens_per_s:.1f} tokens/s, speculative "
@@ -150,8 +162,10 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
     report = batch_bench.bench_batch(decoder, prompts, config, batches, ks, args.sweep_k, progress,
                                      repeats=args.repeats)
     notes = [f"synthetic {args.synthetic}: random weights, timing only"] if args.synthetic else []
-    if args.acceptance is not None:
-        notes.append(f"SIMULATED acceptance {args.acceptance}: drafts accepted at random, output changed")
+    if config.synthetic:
+        from engine.cli.main import synthetic_note
+
+        notes.append(synthetic_note(config))
     report.note = "; ".join(notes)
     print(json.dumps(report.as_dict()) if args.json else batch_bench.format_report(report))
     return 0

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Callable, Optional
 
 from engine.bench import suite as bench
@@ -187,6 +187,11 @@ def _add_generation_args(p: argparse.ArgumentParser, prompt_required: bool = Tru
                    help="ngram: whether the target's corpus table, where it ships one, fills the slots "
                         "prompt lookup leaves (auto: on the GPU, where a round costs the same whatever it "
                         "drafts; off on the CPU, where each drafted row costs)")
+    p.add_argument("--synthetic-acceptance", default="", metavar="L | p1,p2,...",
+                   help="TIMING STUDY, the text is not model output: verification runs as usual but "
+                        "accepts as this profile says, with a seeded generator: L = a mean acceptance length "
+                        "(the target's token included, 1..K+1; one rate at every position), or per-position "
+                        "rates in [0, 1] (at most K, the last repeated; one rate alone is written 0.8,)")
     _add_model_args(p)
 
 
@@ -306,9 +311,32 @@ def config_from_args(args) -> GenerationConfig:
                               sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
                               seed=args.seed, max_new_tokens=args.max_new_tokens, tree_nodes=spec.tree_nodes,
                               draft_layers=args.draft_layers, suffix_corpus=args.suffix_corpus,
-                              ngram_corpus=_on_off_auto(getattr(args, "ngram_corpus", "auto")))
+                              ngram_corpus=_on_off_auto(getattr(args, "ngram_corpus", "auto")),
+                              synthetic_acceptance=_synthetic_text(getattr(args, "synthetic_acceptance", "")))
     config.validate()
     return config
+
+
+def _synthetic_text(text: str) -> str:
+    """--synthetic-acceptance in its canonical spelling ("" when not given); malformed: SpecplayError."""
+    from engine.core.synthetic import SyntheticAcceptance
+
+    profile = SyntheticAcceptance.parse(text or "")
+    return "" if profile is None else profile.text
+
+
+def synthetic_note(config: GenerationConfig) -> str:
+    """The line every output of a synthetic run carries ("" for a real one)."""
+    from engine.core.synthetic import NOTE, SyntheticAcceptance
+
+    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
+    return "" if profile is None else f"{NOTE}: {profile.describe()}"
+
+
+def check_synthetic_ks(config: GenerationConfig, ks: list) -> None:
+    """A synthetic profile must fit every K a sweep measures: refused before anything loads."""
+    for k in ks:
+        replace(config, k=k).validate()
 
 
 def _on_off_auto(value: str):
@@ -530,7 +558,11 @@ def summarize(events: list, config: GenerationConfig) -> dict:
     settings = {"method": config.method, "k": config.k, "tree_nodes": config.tree_nodes,
                 "temperature": config.sampling.temperature}
     finish = events[-1].finish_reason if events else None
-    return {**settings, **asdict(final_metrics(events)), "finish_reason": finish}
+    summary = {**settings, **asdict(final_metrics(events)), "finish_reason": finish}
+    note = synthetic_note(config) if config.drafts else ""
+    if note:  # the text is not the model's: said in every output
+        summary.update(synthetic_acceptance=config.synthetic_acceptance, note=note)
+    return summary
 
 
 def format_summary(s: dict) -> str:
@@ -544,7 +576,9 @@ def format_summary(s: dict) -> str:
         return head + tail
     tree = f" tree={s['tree_nodes']}" if s.get("tree_nodes") else ""
     drafting_rounds = sum(s["accepted_length_histogram"]) if s["drafted"] else 0
-    return (f"method={s['method']} K={s['k']}{tree} T={s['temperature']} device={s.get('device', '?')}\n"
+    note = f"{s['note']}\n" if s.get("note") else ""
+    return (f"{note}method={s['method']} K={s['k']}{tree} T={s['temperature']} "
+            f"device={s.get('device', '?')}\n"
             f"rounds={s['rounds']} drafted={s['drafted']} accepted={s['accepted']} emitted={s['emitted']}\n"
             f"acceptance rate α={s['acceptance_rate']:.3f}  "
             f"mean acceptance length={s['mean_acceptance_length']:.2f}\n"
@@ -563,6 +597,9 @@ def cmd_check_lossless(args) -> int:
 
     check_int("--samples", args.samples, 10, MAX_SAMPLES)
     config = config_from_args(args)
+    if config.synthetic:  # its verdicts are drawn, not the target's: there is nothing lossless to prove
+        raise SpecplayError("check-lossless checks real verification: --synthetic-acceptance makes the "
+                            "output not the model's by design")
     if config.method == "none":  # plain decoding against itself would pass and prove nothing
         raise SpecplayError("check-lossless compares a drafting method with plain decoding, and "
                             "--method none drafts nothing: pick one (draft, ngram, eagle, ...)")
@@ -619,6 +656,7 @@ def _bench(args, stop: BenchStop) -> int:
             raise SpecplayError("bench k-sweep measures a drafting method's K, and --method none drafts "
                                 "nothing: pick one (draft, ngram, eagle, ...)")
         ks = _parse_ks(args.ks)
+        check_synthetic_ks(config, ks)
         check_int("--passes", args.passes, 1, MAX_BENCH_COUNT)
         decoder = load_decoder(args, config.method)
         progress(f"calibrating, then measuring K = {', '.join(map(str, ks))}…")
@@ -672,6 +710,8 @@ def _bench(args, stop: BenchStop) -> int:
         return EXIT_INTERRUPTED
     print(f"device={decoder.device_name} prompts={len(prompts)} max_new_tokens={config.max_new_tokens} "
           f"T={config.sampling.temperature}")
+    if synthetic_note(config):
+        print(synthetic_note(config))
     print(bench.format_rows(rows, BENCH_COLUMNS[args.what]), flush=True)
     if stop.requested:
         _say(f"interrupted ({stop.requested}): the {len(rows)} rows measured before it are above")

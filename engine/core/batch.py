@@ -24,6 +24,7 @@ import torch
 
 from engine.config import GenerationConfig
 from engine.core.decoder import attention_without_plans, eos_ids
+from engine.core.synthetic import profile_of
 from engine.errors import SpecplayError
 from engine.kernels import REFERENCE, select_backend
 from engine.methods import registry as methods
@@ -68,6 +69,7 @@ class BatchResult:
     device: str = "CPU"
     outcomes: dict = field(default_factory=dict)  # (drafted, accepted) -> sequence-rounds that ended so
     groups: int = 1  # batches run one after another whose sequences this holds (merged_results)
+    synthetic_acceptance: str = ""  # the synthetic profile the verdicts followed ("" = the target's own)
 
     @property
     def per_position_acceptance(self) -> list:
@@ -107,7 +109,8 @@ class BatchResult:
                 "prefill_ms": self.prefill_ms, "tokens_per_round": self.tokens_per_round,
                 "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
-                "per_position_acceptance": self.per_position_acceptance, "device": self.device}
+                "per_position_acceptance": self.per_position_acceptance, "device": self.device,
+                "synthetic_acceptance": self.synthetic_acceptance}
 
 
 def merged_results(results: Sequence[BatchResult]) -> BatchResult:
@@ -122,7 +125,7 @@ def merged_results(results: Sequence[BatchResult]) -> BatchResult:
     return BatchResult(sequences=[s for r in results for s in r.sequences], method=first.method, k=first.k,
                        rounds=sum(r.rounds for r in results), seconds=sum(r.seconds for r in results),
                        prefill_ms=sum(r.prefill_ms for r in results), device=first.device, outcomes=outcomes,
-                       groups=sum(r.groups for r in results))
+                       groups=sum(r.groups for r in results), synthetic_acceptance=first.synthetic_acceptance)
 
 
 class BatchSampler:
@@ -132,6 +135,9 @@ class BatchSampler:
     def __init__(self, config: GenerationConfig, backend, vocab_size: int, device):
         self.config, self.backend, self.vocab_size, self.device = config, backend, vocab_size, device
         self.generator = torch.Generator().manual_seed(config.seed)
+        profile = profile_of(config)
+        # a synthetic profile's verdicts (engine.core.synthetic; the output is then not the model's), or None
+        self.synthetic = None if profile is None else profile.sampler(config.k, config.seed)
 
     @property
     def greedy(self) -> bool:
@@ -200,9 +206,6 @@ class BatchDecoder:
                     runner.use_torch_twins()
         if self.use_graphs:
             attention_without_plans()  # as the single-sequence decoder: no cuDNN plan per prompt length
-        # A simulation for timing studies (it changes the output): each drafted token is accepted with this
-        # probability, independently, whatever the target says; None = real verification.
-        self.simulated_acceptance: Optional[float] = None
         self.target_batch: Optional[BatchRunner] = None
         self.batch_drafters: dict = {}
         if not hasattr(self.target, "layers"):
@@ -256,7 +259,8 @@ class BatchDecoder:
         max_length = max(s.prompt_len + s.budget for s in seqs) + config.k + 2
         self._check_length(max_length, config)
         sampler = BatchSampler(config, self.backend, self.vocab_size, self.device)
-        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name)
+        result = BatchResult([s.result for s in seqs], config.method, config.k, device=self.device_name,
+                             synthetic_acceptance=config.synthetic_acceptance if config.drafts else "")
         with torch.inference_mode():
             target, drafter = self._prepare(len(seqs), max_length, config)
             began = time.perf_counter()
@@ -355,10 +359,9 @@ class BatchDecoder:
         starts = list(target.lengths)
         counts = [c + 1 if ok else 0 for c, ok in zip(draft.counts, live, strict=True)]
         logits, features = target.forward(block, counts)  # [B, N+1, V], [B, N+1, H]
-        if self.simulated_acceptance is None:
-            verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
-        else:
-            verdict = self._simulate(logits[..., :self.vocab_size], draft.counts, sampler)
+        verdict = self._verify(logits[..., :self.vocab_size], draft, live, sampler)
+        if sampler.synthetic is not None:  # verified as usual; the verdict follows the profile
+            verdict = self._synthetic(logits[..., :self.vocab_size], draft.counts, sampler.synthetic)
         values = torch.cat([verdict.accepted[:, None], verdict.next_token[:, None], draft.tokens], dim=1)
         rows = values.tolist()  # the round's one host sync: [B, 2 + N]
         accepted = self._settle(seqs, rows, draft.counts, config, result.outcomes)
@@ -369,19 +372,11 @@ class BatchDecoder:
                           for start, acc, s in zip(starts, accepted, seqs, strict=True)]
         drafter.commit(seqs, accepted, features)
 
-    def _simulate(self, logits: torch.Tensor, counts: list, sampler) -> "_Simulated":
-        """The forced-acceptance verdict: a run of independent successes of probability simulated_acceptance
-        (at most each row's drafts), then the target's argmax at the row after the run. logits [B, N+1, V]."""
-        rate = float(self.simulated_acceptance)
-        width = logits.shape[1] - 1
-        draws = (torch.rand(len(counts), max(width, 1), generator=sampler.generator) < rate).tolist()
-        accepted = []
-        for row, count in zip(draws, counts, strict=True):
-            acc = 0
-            while acc < count and row[acc]:
-                acc += 1
-            accepted.append(acc)
-        acc_dev = to_device(accepted, logits.device)  # [B]
+    def _synthetic(self, logits: torch.Tensor, counts: list, synthetic) -> "_Simulated":
+        """A synthetic profile's verdict (engine.core.synthetic.AcceptanceSampler, the single-sequence
+        decoder's too): each row's accepted count drawn from the profile (at most its drafts), then the
+        target's most likely token at the row after them. logits [B, N+1, V]."""
+        acc_dev = to_device(synthetic.accepted(counts), logits.device)  # [B]
         rows = torch.arange(len(counts), device=logits.device)
         return _Simulated(acc_dev, logits[rows, acc_dev].argmax(-1))
 

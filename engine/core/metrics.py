@@ -181,6 +181,7 @@ def histogram_bars(metrics: RoundMetrics) -> list:
 SETTINGS_COLUMNS = [
     ("method", ""), ("k", "tokens"), ("temperature", ""), ("top_k", ""), ("top_p", ""), ("seed", ""),
     ("tree_nodes", "nodes"), ("target", ""), ("draft", ""), ("device", ""), ("dtype", ""),
+    ("synthetic_acceptance", ""),  # a synthetic profile (engine.core.synthetic): the text is not model output
 ]
 ROUND_COLUMNS = [
     ("drafted", "tokens"), ("verified", "tokens"), ("accepted", "tokens"), ("emitted", "tokens"),
@@ -214,7 +215,8 @@ def settings_values(header: dict) -> dict:
             "top_k": sampling.get("top_k", ""), "top_p": sampling.get("top_p", ""),
             "seed": settings.get("seed", ""), "tree_nodes": settings.get("tree_nodes", ""),
             "target": models.get("target") or "", "draft": models.get("draft") or "",
-            "device": header.get("device") or "", "dtype": header.get("dtype") or ""}
+            "device": header.get("device") or "", "dtype": header.get("dtype") or "",
+            "synthetic_acceptance": header.get("synthetic_acceptance") or ""}
 
 
 def csv_row(event: RoundEvent, generation: int = 0, header: dict | None = None,
@@ -225,6 +227,7 @@ def csv_row(event: RoundEvent, generation: int = 0, header: dict | None = None,
     values = settings_values(header) if header else {
         "method": event.method, "k": "" if event.method == "none" else event.k}
     values.update({
+        "synthetic_acceptance": event.synthetic_acceptance or values.get("synthetic_acceptance", ""),
         "generation": generation, "round": event.round + 1,
         "drafted": len(event.drafted), "verified": event.verified_tokens or len(event.drafted) + 1,
         "accepted": event.accepted_count, "emitted": len(event.emitted_ids),

@@ -194,6 +194,7 @@ def check_round(record: dict, metrics_required: bool = False) -> None:
         integer(record["next_token_id"], "next_token_id", 0, MAX_TOKEN_ID)
     for name in ("next_token_text", "emitted_text"):
         text(record.get(name, ""), name, MAX_TEXT)
+    text(record.get("synthetic_acceptance", ""), "synthetic_acceptance", MAX_NAME)
     for name in ("next_is_bonus", "finished"):
         if name in record:
             boolean(record[name], name)

@@ -83,6 +83,11 @@ def make_header(prompt: str, config: GenerationConfig, target=None, draft=None, 
               "device": _text(device), "dtype": _text(dtype), "versions": versions()}
     if prompt_ids:
         header["prompt_ids"] = [int(i) for i in prompt_ids]
+    if config.synthetic and config.drafts:  # the verdicts followed a profile: the text is not the model's
+        from engine.core.synthetic import NOTE
+
+        header["synthetic_acceptance"] = config.synthetic_acceptance
+        header["note"] = NOTE
     return header
 
 
