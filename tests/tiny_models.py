@@ -70,6 +70,21 @@ def _randomise(model: torch.nn.Module, seed: int, std: float) -> None:
                 p.copy_(std * noise)
 
 
+def _save_random_model(path: PathLike, config, seed: int, std: float, tokenizer_vocab: Optional[int]) -> Path:
+    """Build `config`'s model (eager attention) with _randomise(seed, std), save it to `path` with
+    make_tiny_tokenizer(path, tokenizer_vocab) unless that is None, and return the path."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    _randomise(model, seed, std)
+    path = Path(path)
+    model.save_pretrained(str(path))
+    if tokenizer_vocab is not None:
+        make_tiny_tokenizer(path, tokenizer_vocab)
+    return path
+
+
 def tiny_llama_config(
     arch: str = "llama",
     vocab: int = DEFAULT_VOCAB,
@@ -119,66 +134,28 @@ def tiny_llama_config(
     return config
 
 
-def make_tiny_llama(
-    path: PathLike,
-    arch: str = "llama",
-    vocab: int = DEFAULT_VOCAB,
-    hidden: int = 64,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
-    seed: int = 0,
-    tie: bool = False,
-    rope: Optional[dict] = None,
-    rope_theta: float = 10000.0,
-    std: float = 0.15,
-    tokenizer: bool = True,
-    tokenizer_vocab: Optional[int] = None,
-) -> Path:
+def make_tiny_llama(path: PathLike, seed: int = 0, std: float = 0.15, tokenizer: bool = True,
+                    tokenizer_vocab: Optional[int] = None, **config) -> Path:
     """Save a tiny random Llama / Qwen2 / Mistral (safetensors) to `path` and return the path.
 
-    tokenizer=True also saves `make_tiny_tokenizer(path, tokenizer_vocab or vocab)`, so a target and a draft
-    made with the same vocab share the tokenizer. Qwen2 gets random q/k/v biases."""
-    from transformers import AutoModelForCausalLM
-
-    config = tiny_llama_config(
-        arch, vocab, hidden, layers, heads, kv_heads, tie=tie, rope=rope, rope_theta=rope_theta
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    _randomise(model, seed, std)
-    path = Path(path)
-    model.save_pretrained(str(path))
-    if tokenizer:
-        make_tiny_tokenizer(path, tokenizer_vocab or vocab)
-    return path
+    config: tiny_llama_config's arguments by name (arch, vocab, hidden, layers, heads, kv_heads, tie, rope,
+    rope_theta, ...). tokenizer=True also saves `make_tiny_tokenizer(path, tokenizer_vocab or vocab)`, so a
+    target and a draft made with the same vocab share the tokenizer. Qwen2 gets random q/k/v biases."""
+    model_config = tiny_llama_config(**config)
+    vocab = tokenizer_vocab or model_config.vocab_size
+    return _save_random_model(path, model_config, seed, std, vocab if tokenizer else None)
 
 
-def make_tiny_gpt2(
-    path: PathLike,
-    vocab: int = DEFAULT_VOCAB,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    seed: int = 0,
-    std: float = 0.15,
-    tokenizer: bool = True,
-) -> Path:
+def make_tiny_gpt2(path: PathLike, vocab: int = DEFAULT_VOCAB, hidden: int = 32, layers: int = 2,
+                   heads: int = 4, seed: int = 0, std: float = 0.15, tokenizer: bool = True) -> Path:
     """Save a tiny random GPT-2 (a non-Llama model, served by HFRunner) to `path` and return the path."""
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers import GPT2Config
 
     config = GPT2Config(
         vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=256,
         bos_token_id=1, eos_token_id=2,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    _randomise(model, seed, std)
-    path = Path(path)
-    model.save_pretrained(str(path))
-    if tokenizer:
-        make_tiny_tokenizer(path, vocab)
-    return path
+    return _save_random_model(path, config, seed, std, vocab if tokenizer else None)
 
 
 def make_tiny_pair(root: PathLike, arch: str = "llama", vocab: int = DEFAULT_VOCAB) -> Tuple[Path, Path]:
