@@ -1,11 +1,13 @@
 """n-gram's corpus table: what it holds, its file, and where it is not loaded."""
 import shutil
 
+import pytest
 import torch
 from tiny_models import make_tiny_pair
 
 from engine.config import GenerationConfig
 from engine.core.decoder import SpeculativeDecoder
+from engine.errors import SpecplayWarning
 from engine.methods.ngram import corpus_table
 from engine.models.loading import load_pair
 
@@ -33,9 +35,22 @@ def test_the_file_round_trip_and_the_tokenizer_check(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(target, other)
     (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text() + " ")
-    assert corpus_table.load(other) is None  # made for another tokenizer
+    with pytest.warns(SpecplayWarning, match="another tokenizer"):
+        assert corpus_table.load(other) is None
     (other / corpus_table.TABLE_FILE).write_bytes(b"not a table")
-    assert corpus_table.load(other) is None
+    with pytest.warns(SpecplayWarning, match="unreadable"):
+        assert corpus_table.load(other) is None
+
+
+def test_a_truncated_table_is_left_out_with_a_warning(tmp_path):
+    target, _ = make_tiny_pair(tmp_path / "pair")
+    sha = corpus_table.tokenizer_sha256(target)
+    path = target / corpus_table.TABLE_FILE
+    table = corpus_table.build([[1, 2, 3] * 5], vocab=16, pairs=4, metadata={"tokenizer_sha256": sha})
+    table.save(path)
+    path.write_bytes(path.read_bytes()[:-9])  # cut off inside the last tensor
+    with pytest.warns(SpecplayWarning, match=f"{corpus_table.TABLE_FILE}.*runs without it"):
+        assert corpus_table.load(target) is None
 
 
 def test_greedy_ngram_with_a_table_equals_plain_greedy(tmp_path):

@@ -16,12 +16,15 @@ a table made for another tokenizer is not loaded.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
+
+from engine.errors import SpecplayWarning
 
 TABLE_FILE = "ngram_table.safetensors"
 WIDTH = 4  # tokens per continuation
@@ -93,7 +96,9 @@ def tokenizer_sha256(model_dir: Path) -> Optional[str]:
 
 
 def load(model_dir) -> Optional[CorpusTable]:
-    """The table beside a model's tokenizer, or None: no file, or one made for another tokenizer."""
+    """The table beside a model's tokenizer, or None: no file, or one that cannot serve (unreadable,
+    truncated, malformed, made for another tokenizer), which is said in a warning: prompt lookup then runs
+    without it, as with no file."""
     from safetensors import safe_open
 
     path = Path(model_dir) / TABLE_FILE
@@ -103,14 +108,20 @@ def load(model_dir) -> Optional[CorpusTable]:
         with safe_open(str(path), framework="pt") as f:
             metadata = dict(f.metadata() or {})
             tensors = {name: f.get_tensor(name).long() for name in ("chain", "pair_keys", "pair_tokens")}
-    except Exception:  # an unreadable table leaves prompt lookup alone, as a missing one does
-        return None
+    except Exception as exc:  # safetensors raises its own errors for a truncated or foreign file
+        return _left_out(path, f"unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
     if metadata.get("tokenizer_sha256") != tokenizer_sha256(model_dir):
-        return None
+        return _left_out(path, "made for another tokenizer")
     chain, keys, rows = tensors["chain"], tensors["pair_keys"], tensors["pair_tokens"]
     if chain.dim() != 2 or keys.dim() != 1 or rows.shape != (keys.numel(), chain.shape[1]):
-        return None
+        return _left_out(path, "its tensors have the wrong shapes")
     return CorpusTable(chain, keys, rows, metadata)
+
+
+def _left_out(path: Path, why: str) -> None:
+    warnings.warn(f"n-gram corpus table {path} {why}: prompt lookup runs without it", SpecplayWarning,
+                  stacklevel=3)
+    return None
 
 
 def build(sequences: Iterable[list], vocab: int, width: int = WIDTH, pairs: int = PAIRS,
