@@ -30,6 +30,7 @@ from engine.models.llama import (
     _add_linear_,
     _linear_residual,
     apply_rope,
+    norm_heads,
     rms_norm,
 )
 from engine.models.runner import captured, graph_capture, to_device, warm_up_stream
@@ -178,6 +179,7 @@ class BatchRunner:
         for li, layer in enumerate(r.layers):
             keys, values = self.kv[li, 0, :bsz], self.kv[li, 1, :bsz]  # [B, kvh, max_length, D] each
             qkv = F.linear(r.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)  # [B n, (heads + 2 kvh) D]
+            qkv = norm_heads(qkv, layer, s)  # Qwen3's per-head norms of q and k, before rope
             cos_table, sin_table = r.rope_tables()
             q = k.rope_qkv(qkv, cos_table, sin_table, flat_positions, cache_index, keys, values,
                            s.num_heads, s.num_kv_heads)  # [heads, B n, D]
@@ -205,7 +207,8 @@ class BatchRunner:
         seq = self._rows[:bsz, None].expand(bsz, n)  # [B, n]
         for li, layer in enumerate(r.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
-            qkv = F.linear(h, layer.w_qkv, layer.b_qkv).view(bsz, n, -1)  # [B, n, (heads + 2 kvh) D]
+            qkv = norm_heads(F.linear(h, layer.w_qkv, layer.b_qkv), layer, s)  # [B n, (heads + 2 kvh) D]
+            qkv = qkv.view(bsz, n, -1)  # [B, n, (heads + 2 kvh) D]
             qk = qkv[..., :q_dim + kv_dim].unflatten(-1, (-1, s.head_dim))  # [B, n, heads + kvh, D]
             qk = apply_rope(qk, cos, sin)
             k = qk[:, :, s.num_heads:]  # [B, n, kvh, D]

@@ -152,6 +152,7 @@ class HFRunner(CausalRunner):
     """A transformers `AutoModelForCausalLM` with a DynamicCache. Chains only."""
 
     supports_tree = False
+    forward_path = "transformers path"
 
     def __init__(self, model: Any, *, max_length: Optional[int] = None):
         self.model = model.eval()

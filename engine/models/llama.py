@@ -1,4 +1,4 @@
-"""A compact forward for Llama-family causal LMs (Llama, Qwen2, Mistral) over a static KV cache.
+"""A compact forward for Llama-family causal LMs (Llama, Qwen2, Qwen3, Mistral) over a static KV cache.
 
 Why our own forward: the decoder needs tree blocks (an additive tree mask, positions = length + depth), cheap
 rollback (moving an integer), compaction of accepted tree paths, and a step whose tensors have fixed shapes so
@@ -11,10 +11,14 @@ the transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`)
 Cache layout: one buffer `kv` of shape [layers, 2, kv_heads, max_length, head_dim] (index 0 = keys,
 1 = values); row r of the cache holds the token at cache index r. Keys are stored after the rotary embedding.
 
-Sliding-window attention (Mistral, Qwen2 with use_sliding_window): the cache stays full-length and a second
-mask hides, for the layers that use the window, every key whose position is `window` or more before the
-query's. Models without a window (or with one at least as long as the cache) run exactly the full-attention
-path.
+Qwen3 normalises each head of q and k (RMSNorm over head_dim, `q_norm` / `k_norm` [head_dim]) after the
+projection and before the rotary embedding: `norm_heads` does it on every path, before the rope (the fused
+rope kernel reads the normalised q and k).
+
+Sliding-window attention (Mistral, Qwen2 and Qwen3 with use_sliding_window): the cache stays full-length
+and a second mask hides, for the layers that use the window, every key whose position is `window` or more
+before the query's. Models without a window (or with one at least as long as the cache) run exactly the
+full-attention path.
 """
 from __future__ import annotations
 
@@ -42,7 +46,9 @@ from engine.models.runner import (
     warm_up_stream,
 )
 
-LLAMA_FAMILY = frozenset({"llama", "qwen2", "mistral"})
+LLAMA_FAMILY = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+QK_NORM_FAMILY = frozenset({"qwen3"})  # per-head RMSNorm of q and k before rope
+QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config default when config.json is silent
 DEFAULT_MAX_LENGTH = 4096
 GRAPH_MAX_BLOCK = 64  # longer blocks run eagerly, but for a prefill's bucket of up to PREFILL_GRAPH_ROWS
 # A prefill (a block at the cache's start) padded to a bucket of up to this many rows is captured: one graph
@@ -143,6 +149,7 @@ class LlamaSpec:
     mlp_bias: bool
     sliding_window: Optional[int]  # None when the model attends to the whole context
     sliding_layers: Tuple[bool, ...] = ()  # per layer: True when it attends through the sliding window
+    qk_norm: bool = False  # Qwen3: q_norm / k_norm [head_dim] on each head of q and k before rope
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LlamaSpec":
@@ -164,8 +171,9 @@ class LlamaSpec:
         rope = _rope_params(d)
         if model_type == "qwen2":
             qkv_bias, o_bias = True, False  # Qwen2 always has q/k/v biases and no o bias
-        else:
+        else:  # Llama, Mistral and Qwen3: attention_bias covers q, k, v and o
             qkv_bias = o_bias = bool(d.get("attention_bias", False))
+        default_head_dim = QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else hidden // heads
         return cls(
             model_type=model_type,
             vocab_size=int(d["vocab_size"]),
@@ -174,7 +182,7 @@ class LlamaSpec:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=int(d.get("head_dim") or hidden // heads),
+            head_dim=int(d.get("head_dim") or default_head_dim),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.pop("rope_theta")),
             rope=rope,
@@ -185,15 +193,17 @@ class LlamaSpec:
             mlp_bias=bool(d.get("mlp_bias", False)),
             sliding_window=window,
             sliding_layers=sliding_layers,
+            qk_norm=model_type in QK_NORM_FAMILY,
         )
 
 
 def _sliding_window(d: Mapping[str, Any], layers: int) -> Tuple[Optional[int], Tuple[bool, ...]]:
     """(window, per-layer use) as transformers reads them: Llama has no window; Mistral windows every layer
-    (4096 when config.json is silent, none when it says null); Qwen2 only with use_sliding_window, and then
-    the layers its layer_types mark "sliding_attention" (by default those from max_window_layers on)."""
+    (4096 when config.json is silent, none when it says null); Qwen2 and Qwen3 only with use_sliding_window,
+    and then the layers its layer_types mark "sliding_attention" (by default those from max_window_layers
+    on)."""
     kind = d.get("model_type")
-    if kind == "llama" or (kind == "qwen2" and not d.get("use_sliding_window", False)):
+    if kind == "llama" or (kind in ("qwen2", "qwen3") and not d.get("use_sliding_window", False)):
         return None, (False,) * layers
     window = d.get("sliding_window", MISTRAL_DEFAULT_WINDOW if kind == "mistral" else QWEN2_DEFAULT_WINDOW)
     if not window:
@@ -310,6 +320,8 @@ class _Layer:
     b_gate_up: Optional[torch.Tensor]  # [2 I]
     w_down: torch.Tensor  # [H, I]
     b_down: Optional[torch.Tensor]  # [H]
+    q_norm: Optional[torch.Tensor] = None  # [head_dim] (Qwen3), else None
+    k_norm: Optional[torch.Tensor] = None  # [head_dim] (Qwen3), else None
 
 
 class _WeightSource:
@@ -356,6 +368,8 @@ def _load_layer(src: _WeightSource, spec: LlamaSpec, i: int) -> _Layer:
         b_gate_up=_cat_optional([src.maybe(m + n + "_proj.bias", spec.mlp_bias) for n in ("gate", "up")]),
         w_down=src.take(m + "down_proj.weight"),
         b_down=src.maybe(m + "down_proj.bias", spec.mlp_bias),
+        q_norm=src.maybe(a + "q_norm.weight", spec.qk_norm),
+        k_norm=src.maybe(a + "k_norm.weight", spec.qk_norm),
     )
 
 
@@ -412,6 +426,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, swapped, sin_signed)
 
 
+def norm_heads(qkv: torch.Tensor, layer: "_Layer", spec: "LlamaSpec") -> torch.Tensor:
+    """Qwen3's per-head RMSNorms: each of q's heads normalised over head_dim with layer.q_norm [D], each of
+    k's with layer.k_norm [D], v kept; qkv itself when the layer has none. qkv [n, (heads + 2 kvh) D] ->
+    a new contiguous [n, (heads + 2 kvh) D]. Fixed shapes and no host value: CUDA graphs capture it."""
+    if layer.q_norm is None:
+        return qkv
+    d = spec.head_dim
+    q_dim, kv_dim = spec.num_heads * d, spec.num_kv_heads * d
+    q = rms_norm(qkv[:, :q_dim].unflatten(-1, (spec.num_heads, d)), layer.q_norm, spec.rms_norm_eps)
+    k = rms_norm(qkv[:, q_dim:q_dim + kv_dim].unflatten(-1, (spec.num_kv_heads, d)), layer.k_norm,
+                 spec.rms_norm_eps)  # [n, kvh, D]
+    return torch.cat((q.flatten(1), k.flatten(1), qkv[:, q_dim + kv_dim:]), dim=-1)
+
+
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """x [n, H] followed by copies of its last row, to [rows, H] (x itself when rows == n)."""
     n = x.shape[0]
@@ -440,9 +468,10 @@ def _add_linear_(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
 
 
 class LlamaRunner(CausalRunner):
-    """Llama / Qwen2 / Mistral forward over a static KV cache; chains and trees."""
+    """Llama / Qwen2 / Qwen3 / Mistral forward over a static KV cache; chains and trees."""
 
     supports_tree = True
+    forward_path = "fast path"
 
     def __init__(
         self,
@@ -857,8 +886,9 @@ class LlamaRunner(CausalRunner):
                               chained=li > 0 or chained)
             else:
                 qkv = F.linear(self.block_norm(x, layer.ln1), layer.w_qkv, layer.b_qkv)
+            qkv = norm_heads(qkv, layer, s)  # Qwen3: torch's norms come between the qkv product and rope
             q = k.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index, keys, values,
-                           s.num_heads, s.num_kv_heads, chained=small,
+                           s.num_heads, s.num_kv_heads, chained=small and layer.q_norm is None,
                            start=start if cache_index is None else None)  # [heads, n, D]
             if earlier:
                 q = torch.cat((q.new_zeros(q.shape[0], earlier, q.shape[2]), q), 1)  # [heads, earlier + n, D]
@@ -930,6 +960,7 @@ class LlamaRunner(CausalRunner):
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln1, s.rms_norm_eps)
             qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [n, (heads + 2 kv_heads) * D]
+            qkv = norm_heads(qkv, layer, s)  # Qwen3's per-head norms of q and k, before rope
             if fused is not None:  # rope, both cache writes and q's layout in one kernel
                 q = fused.rope_qkv(qkv, self._cos, self._sin_signed, positions, cache_index,
                                    self.kv[li, 0],

@@ -212,10 +212,12 @@ def load_runner(
     dtype: Union[None, str, torch.dtype] = None,
     max_length: Optional[int] = None,
 ) -> CausalRunner:
-    """Load a causal LM: Llama / Qwen2 / Mistral -> `LlamaRunner` (trees), others -> `HFRunner` (chains).
+    """Load a causal LM: Llama / Qwen2 / Qwen3 / Mistral -> `LlamaRunner` (trees, CUDA graphs, the fused
+    step), others -> `HFRunner` (chains).
 
     A Llama-family config using a feature the compact forward lacks (e.g. another rope type) also goes to
-    HFRunner. dtype None means float32 on CPU and bfloat16 on CUDA."""
+    HFRunner. The runner's forward_path says which path runs and, off the fast path, why (see
+    off_fast_path). dtype None means float32 on CPU and bfloat16 on CUDA."""
     from engine.models.llama import LlamaRunner, UnsupportedLlamaConfig, is_llama_family
 
     name = str(path_or_id)
@@ -223,14 +225,37 @@ def load_runner(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     config = _read_config(model_dir, name)
+    reason = off_fast_path(config)
     if is_llama_family(config):
         try:
             return _wrap_load(lambda: LlamaRunner.from_pretrained(model_dir, dev, dt, max_length), name)
-        except UnsupportedLlamaConfig:
-            pass
+        except UnsupportedLlamaConfig as exc:
+            reason = str(exc)
     from engine.models.hf_runner import HFRunner
 
-    return _wrap_load(lambda: HFRunner.from_pretrained(model_dir, dev, dt, max_length), name)
+    runner = _wrap_load(lambda: HFRunner.from_pretrained(model_dir, dev, dt, max_length), name)
+    runner.forward_path = f"transformers path: {reason}"
+    return runner
+
+
+def off_fast_path(config: dict) -> str:
+    """Why a config.json's model is not on the fast path (LlamaRunner), judged from its model_type alone;
+    "" for the families it runs (a feature it lacks is found when the spec is read)."""
+    from engine.models.llama import LLAMA_FAMILY, is_llama_family
+
+    if is_llama_family(config):
+        return ""
+    families = ", ".join(sorted(LLAMA_FAMILY))
+    return f"model_type {config.get('model_type')!r} is not on the fast path ({families} are)"
+
+
+def forward_paths(target: CausalRunner, draft: Optional[CausalRunner] = None) -> str:
+    """Which forward runs each loaded model, and why where it is not the fast path, in one line:
+    "target: fast path; draft: transformers path: model_type 'gpt2' is not on the fast path (…)"."""
+    parts = [f"target: {target.forward_path}"]
+    if draft is not None:
+        parts.append(f"draft: {draft.forward_path}")
+    return "; ".join(parts)
 
 
 def _wrap_load(load, name: str) -> Any:

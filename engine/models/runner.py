@@ -43,6 +43,9 @@ class CausalRunner(ABC):
     # The id fed in place of input ids past this model's vocabulary, or None (no check, the default). Set on a
     # draft narrower than its target, which must read every token the target emits.
     input_fill: Optional[int] = None
+    # Which forward runs the model, and off the fast path why (engine.models.loading.load_runner sets it):
+    # "fast path" (our compact forward) or "transformers path: <reason>".
+    forward_path: str = "fast path"
 
     @property
     @abstractmethod

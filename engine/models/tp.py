@@ -79,7 +79,7 @@ def target_spec(model_dir: Path) -> LlamaSpec:
 
     config = read_config_json(model_dir)
     if not is_llama_family(config):
-        raise SpecplayError(f"--tp needs a Llama-family target (Llama, Qwen2, Mistral); "
+        raise SpecplayError(f"--tp needs a Llama-family target (Llama, Qwen2, Qwen3, Mistral); "
                             f"{model_dir} is {config.get('model_type')!r}")
     try:
         return spec_from_config(model_dir, config)

@@ -229,6 +229,9 @@ def llama_expected_shapes(spec: Any) -> Dict[str, Tuple[Dim, ...]]:
         })
         if s.attention_bias:
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+        if getattr(s, "qk_norm", False):  # Qwen3: one RMSNorm weight per head dimension for q and for k
+            head = Dim(s.head_dim, "head_dim")
+            shapes.update({a + "q_norm.weight": (head,), a + "k_norm.weight": (head,)})
         if s.o_bias:
             shapes[a + "o_proj.bias"] = (hid,)
         if s.mlp_bias:
@@ -273,7 +276,8 @@ def check_llama_config(spec: Any, config: Mapping[str, Any], cfg_path: Path) -> 
     if spec.num_heads % spec.num_kv_heads:
         raise SpecplayError(f"{cfg_path}: num_key_value_heads {spec.num_kv_heads} does not divide "
                             f"num_attention_heads {spec.num_heads}")
-    if config.get("head_dim") is None and spec.hidden_size != spec.num_heads * spec.head_dim:
+    implied_head_dim = config.get("head_dim") is None and spec.model_type != "qwen3"  # Qwen3's default: 128
+    if implied_head_dim and spec.hidden_size != spec.num_heads * spec.head_dim:
         raise SpecplayError(f"{cfg_path}: hidden_size {spec.hidden_size} is not num_attention_heads "
                             f"{spec.num_heads} × head_dim (without a head_dim it must be a multiple)")
     types = config.get("layer_types")
