@@ -524,6 +524,7 @@ def test_batched_eagle_inputs_one_line_exit_2(dirs, capsys, tmp_path, argv, need
     (["bench", "batch", "--batches", ""], "--batches"),
     (["bench", "batch", "--method", "none", "--batches", "1"], "--method"),
     (["bench", "batch", "--batch-new-tokens", "0"], "--batch-new-tokens"),
+    (["bench", "batch", "--device", "cpu", "--batches", "1,4096"], "up to 64"),
     (["run"], "--prompt"),
     (["run", "--prompts-file", "/nonexistent/prompts.txt"], "prompts-file"),
     (["run", "--prompts-file", "EMPTY"], "no prompts"),

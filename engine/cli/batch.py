@@ -55,6 +55,9 @@ def _unescape(line: str) -> str:
     return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), line)
 
 
+CPU_MAX_BATCH = 64  # the largest batch bench batch measures on the CPU (see _check_cpu_batches)
+
+
 def parse_batches(text: str) -> list:
     try:
         batches = [int(b) for b in text.split(",") if b.strip()]
@@ -135,12 +138,24 @@ def cmd_run_batch(args, config: GenerationConfig) -> int:
     return 0
 
 
+def _check_cpu_batches(args, batches: list) -> None:
+    """On the CPU a round of batch B decodes B sequences on a few cores: past CPU_MAX_BATCH one batch takes
+    minutes with nothing to show, so such a run is refused up front rather than left to run silently."""
+    from engine.models.loading import resolve_device
+
+    if max(batches) > CPU_MAX_BATCH and resolve_device(args.device).type == "cpu":
+        raise SpecplayError(f"bench batch on the CPU measures batches up to {CPU_MAX_BATCH} (got "
+                            f"{max(batches)}): each round decodes every sequence of the batch on the CPU's "
+                            "cores; use --device cuda or smaller --batches")
+
+
 def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
     """`bench batch`: the measured gain-versus-batch curve and its roofline prediction."""
     from engine.bench import batch as batch_bench
     from engine.bench.suite import heldout_prompts
 
     batches = parse_batches(args.batches)
+    _check_cpu_batches(args, batches)
     if args.batch_new_tokens < 1:
         raise SpecplayError(f"--batch-new-tokens must be >= 1 (got {args.batch_new_tokens})")
     _check_method(config, "bench batch compares a drafting method with plain decoding: --method draft, "
