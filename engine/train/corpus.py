@@ -254,19 +254,18 @@ def spdx_permissive(expression: str) -> Optional[bool]:
     text = expression.replace("(", " ( ").replace(")", " ) ")
     tokens = text.split()
 
-    def parse_or(i: int):
-        ok, i = parse_and(i)
-        while i < len(tokens) and tokens[i].upper() == "OR":
-            right, i = parse_and(i + 1)
-            ok = _either(ok, right)
+    def parse_joined(i: int, word: str, parse_side, combine):   # side (word side)*, folded by combine
+        ok, i = parse_side(i)
+        while i < len(tokens) and tokens[i].upper() == word:
+            right, i = parse_side(i + 1)
+            ok = combine(ok, right)
         return ok, i
 
+    def parse_or(i: int):
+        return parse_joined(i, "OR", parse_and, _either)
+
     def parse_and(i: int):
-        ok, i = parse_atom(i)
-        while i < len(tokens) and tokens[i].upper() == "AND":
-            right, i = parse_atom(i + 1)
-            ok = _both(ok, right)
-        return ok, i
+        return parse_joined(i, "AND", parse_atom, _both)
 
     def parse_atom(i: int):
         if i >= len(tokens):
