@@ -40,18 +40,20 @@ class Measured:
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> "Measured":
-        values = sorted(float(s) for s in samples)
-        if not values:
-            return cls(0.0, 0.0, 0)
-        return cls(statistics.median(values), _half_iqr(values), len(values))
+        return cls._summary(samples, statistics.median)
 
     @classmethod
     def mean_of(cls, samples: Sequence[float]) -> "Measured":
         """The mean (what a run's totals, and so its tokens/s, add up), with the half-IQR spread."""
+        return cls._summary(samples, statistics.fmean)
+
+    @classmethod
+    def _summary(cls, samples: Sequence[float], centre: Callable[[list], float]) -> "Measured":
+        """centre(samples) with the half-IQR spread; no samples: all zero."""
         values = sorted(float(s) for s in samples)
         if not values:
             return cls(0.0, 0.0, 0)
-        return cls(statistics.fmean(values), _half_iqr(values), len(values))
+        return cls(centre(values), _half_iqr(values), len(values))
 
     def scaled(self, factor: float) -> "Measured":
         return Measured(self.median * factor, self.spread * factor, self.n)
