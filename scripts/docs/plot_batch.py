@@ -92,14 +92,21 @@ def render(report: dict) -> str:
     return "\n".join(parts)
 
 
-def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report", type=Path, metavar="BENCH.json", help="`bench batch --json` output")
-    parser.add_argument("out", type=Path, metavar="OUT.svg", help="where the SVG plot goes")
+def in_and_out(argv: list, doc: str, source: tuple, out: tuple) -> tuple:
+    """The two paths of a report tool's command line, IN then OUT: source and out are each (metavar, help);
+    doc is the tool's --help text (also used by scripts/docs/refit_batch.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for dest, (metavar, text) in (("source", source), ("out", out)):
+        parser.add_argument(dest, type=Path, metavar=metavar, help=text)
     args = parser.parse_args(argv)
-    report = json.loads(args.report.read_text(encoding="utf-8"))
-    args.out.write_text(render(report), encoding="utf-8")
+    return args.source, args.out
+
+
+def main(argv: list) -> int:
+    source, out = in_and_out(argv, __doc__, ("BENCH.json", "`bench batch --json` output"),
+                             ("OUT.svg", "where the SVG plot goes"))
+    report = json.loads(source.read_text(encoding="utf-8"))
+    out.write_text(render(report), encoding="utf-8")
     return 0
 
 

@@ -5,21 +5,18 @@ model, from the same measured rows and machine rates (nothing is re-measured); p
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from plot_batch import in_and_out  # this folder: the command line of both report tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", type=Path, metavar="IN.json", help="a saved `bench batch --json` report")
-    parser.add_argument("target", type=Path, metavar="OUT.json", help="where the refitted report goes")
-    args = parser.parse_args(argv)
-    source, target = args.source, args.target
+    source, target = in_and_out(argv, __doc__, ("IN.json", "a saved `bench batch --json` report"),
+                                ("OUT.json", "where the refitted report goes"))
     from engine.bench.batch import format_json, refit_report
 
     try:
