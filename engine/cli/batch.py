@@ -15,6 +15,8 @@ from engine.files import bounded
 from engine.methods import registry as methods
 
 DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
+CPU_MAX_BATCH = 64  # the largest batch bench batch measures on the CPU (see _batches)
+CPU_BATCHES = "1,2,4,8,16,32"  # the default on the CPU (each round decodes every sequence on a few cores)
 BENCH_NEW_TOKENS = 64  # bench batch's tokens per sequence: B x context bounds the KV cache's memory
 MAX_PROMPTS_BYTES = 64 << 20
 _ESCAPE = re.compile(r"\\(.)")
@@ -29,7 +31,9 @@ def add_run_options(run) -> None:
 
 def add_bench_options(bench) -> None:
     """The options of `bench batch` (engine.cli.main calls this)."""
-    bench.add_argument("--batches", default=DEFAULT_BATCHES, help="batch: comma-separated batch sizes")
+    bench.add_argument("--batches", default=None,
+                       help=f"batch: comma-separated batch sizes (default {DEFAULT_BATCHES}; on the CPU "
+                            f"{CPU_BATCHES}, at most {CPU_MAX_BATCH})")
     bench.add_argument("--batch-new-tokens", type=int, default=BENCH_NEW_TOKENS,
                        help="batch: new tokens per sequence (--max-new-tokens is not used there)")
     bench.add_argument("--sweep-k", action="store_true",
@@ -53,9 +57,6 @@ def read_prompts_file(path: str) -> list:
 
 def _unescape(line: str) -> str:
     return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(0)), line)
-
-
-CPU_MAX_BATCH = 64  # the largest batch bench batch measures on the CPU (see _check_cpu_batches)
 
 
 def parse_batches(text: str) -> list:
@@ -138,15 +139,20 @@ def cmd_run_batch(args, config: GenerationConfig) -> int:
     return 0
 
 
-def _check_cpu_batches(args, batches: list) -> None:
-    """On the CPU a round of batch B decodes B sequences on a few cores: past CPU_MAX_BATCH one batch takes
-    minutes with nothing to show, so such a run is refused up front rather than left to run silently."""
+def _batches(args) -> list:
+    """The batch sizes to measure. On the CPU a round of batch B decodes B sequences on a few cores: the
+    default stops at 32, and past CPU_MAX_BATCH a run is refused up front (one batch would take minutes with
+    nothing to show)."""
     from engine.models.loading import resolve_device
 
-    if max(batches) > CPU_MAX_BATCH and resolve_device(args.device).type == "cpu":
+    on_cpu = resolve_device(args.device).type == "cpu"
+    default = CPU_BATCHES if on_cpu else DEFAULT_BATCHES
+    batches = parse_batches(default if args.batches is None else args.batches)
+    if on_cpu and max(batches) > CPU_MAX_BATCH:
         raise SpecplayError(f"bench batch on the CPU measures batches up to {CPU_MAX_BATCH} (got "
                             f"{max(batches)}): each round decodes every sequence of the batch on the CPU's "
                             "cores; use --device cuda or smaller --batches")
+    return batches
 
 
 def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
@@ -154,8 +160,7 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
     from engine.bench import batch as batch_bench
     from engine.bench.suite import heldout_prompts
 
-    batches = parse_batches(args.batches)
-    _check_cpu_batches(args, batches)
+    batches = _batches(args)
     if args.batch_new_tokens < 1:
         raise SpecplayError(f"--batch-new-tokens must be >= 1 (got {args.batch_new_tokens})")
     _check_method(config, "bench batch compares a drafting method with plain decoding: --method draft, "
