@@ -151,6 +151,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model: a local Hugging Face directory or a cached Hub id "
                                     "(default: the shipped pair in assets/models)")
     p.add_argument("--draft", help="draft model (same forms as --target)")
+    p.add_argument("--heads", metavar="DIR_OR_ID",
+                   help="published draft heads (EAGLE-1/2, EAGLE-3, Medusa; a local directory or a cached "
+                        "Hub id): --method eagle, eagle3 or medusa then drafts with them instead of the "
+                        "target's own")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (auto: a CUDA GPU when there is one)")
     p.add_argument("--dtype", default=None,
                    help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on GPU)")
@@ -243,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
     batch_cli.add_bench_options(bench)
+
+    heads = sub.add_parser("heads", help="describe published draft heads (layout, the target they were "
+                                         "trained for, tapped layers, draft vocabulary) and check them "
+                                         "against the target")
+    heads.add_argument("heads_dir", metavar="DIR_OR_ID", help="the heads' folder or a cached Hub id")
+    _add_model_args(heads)
 
     _add_prediction_parsers(sub)
     try:
@@ -366,6 +376,9 @@ def load_decoder(args, *method_names: str):
     if pair is not None:
         apply_threads((pair.target, pair.draft), requested)
     decoder = SpeculativeDecoder(pair)
+    if getattr(args, "heads", None):
+        progress(f"loading the heads {args.heads}…")
+        decoder.use_heads(args.heads)
     decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
     if decoder.backend.compiles_kernels:
         progress("compiling CUDA kernels…")
@@ -520,10 +533,30 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_heads(args) -> int:
+    """Describe the heads and load them onto the target (a misfit is refused in one line, status 2)."""
+    from engine.methods import public_heads
+
+    info = public_heads.detect(args.heads_dir)
+    args.heads = args.heads_dir
+    load_decoder(args, *info.methods)
+    print(info.describe())
+    print("fits the target: yes")
+    return 0
+
+
 def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -> None:
     summary = summarize(events, config)
     summary["text"] = "".join(e.emitted_text for e in events)
     summary["device"] = decoder.device_name
+    pair = getattr(decoder, "pair", None)
+    if pair is not None:  # which forward runs each model, and why where it is not the fast path
+        from engine.models.loading import forward_paths
+
+        summary["forward_path"] = forward_paths(pair.target, pair.draft)
+    info = getattr(decoder, "heads_info", None)
+    if info is not None and config.method in info.methods:
+        summary["heads"] = info.describe()
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
@@ -531,6 +564,10 @@ def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -
         print(text, end="" if text.endswith("\n") else "\n", flush=True)  # the summary starts a line
         print("-" * 60, file=sys.stderr)
         print(format_summary(summary), file=sys.stderr)
+        if "forward_path" in summary:
+            print(f"path: {summary['forward_path']}", file=sys.stderr)
+        if "heads" in summary:
+            print(summary["heads"], file=sys.stderr)
 
 
 def run_header(args, prompt: str, config: GenerationConfig, decoder) -> dict:
@@ -737,6 +774,8 @@ def _bench_runtimes(args) -> int:
     specs = [s.strip() for s in args.methods.split(",") if s.strip()]
     for spec in specs:
         methods.parse_spec(spec)
+    if config.synthetic and "none" not in specs:  # the predictions' speedups are over plain decoding's
+        specs.insert(0, "none")
     hf = [] if args.hf.strip() in ("", "none") else [h.strip() for h in args.hf.split(",") if h.strip()]
     unknown = [h for h in hf if h not in runtimes.HF_RUNTIMES]
     if unknown:
@@ -766,6 +805,11 @@ def _bench_runtimes(args) -> int:
 
     with torch.inference_mode():
         report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, report_row)
+    if config.synthetic:  # E is known in advance: the cost model's prediction beside each measurement
+        timed = [name for name in (methods.parse_spec(s).name for s in specs) if name not in report.left_out]
+        progress("calibrating the cost model for the predictions…")
+        costs = decoder.calibrate(config.k, methods_to_time=timed, sampling=config.sampling).costs
+        runtimes.add_predictions(report, costs, config)
     if args.synthetic:
         print(f"synthetic {args.synthetic}: random weights, timing only", file=sys.stderr)
     print(json.dumps(report.as_dict()) if args.json else runtimes.format_report(report))
@@ -900,7 +944,8 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
     try:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
-                    "bench": cmd_bench, "train": _cmd_train, "predict": cmd_predict, "diagnose": cmd_diagnose}
+                    "bench": cmd_bench, "train": _cmd_train, "predict": cmd_predict, "diagnose": cmd_diagnose,
+                    "heads": cmd_heads}
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)

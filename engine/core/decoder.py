@@ -235,9 +235,9 @@ class SpeculativeDecoder:
                                           str(self.pair.target_name))
         if self.heads_info is not None:
             for name in self.heads_info.methods:
-                available[name] = methods.unavailable_reason(
-                    replace(methods.get(name), files=()), self.pair.draft is not None, self.target.supports_tree,
-                    None)
+                method = replace(methods.get(name), files=())  # the heads are not in the target's folder
+                available[name] = methods.unavailable_reason(method, self.pair.draft is not None,
+                                                             self.target.supports_tree, None)
         return available
 
     def use_heads(self, path_or_id) -> str:

@@ -106,7 +106,8 @@ def _speculators(folder: Path, config: dict, cfg_path: Path) -> HeadsInfo:
 def _eagle3_info(folder: Path, config: dict, layout: str, trained_for) -> HeadsInfo:
     weights = _first_file(folder, ("model.safetensors", "pytorch_model.bin"), "EAGLE-3 head")
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-    taps = config.get("eagle_aux_hidden_state_layer_ids", eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    key = "eagle_aux_hidden_state_layer_ids"
+    taps = config.get(key, eagle_config.get(key))
     info = HeadsInfo(folder, layout, "eagle3", config, weights, trained_for,
                      None if taps is None else tuple(taps) if isinstance(taps, list) else taps,
                      config.get("draft_vocab_size"))
@@ -131,7 +132,8 @@ def read_header(weights: Path) -> Dict[str, validate.TensorInfo]:
     if weights.suffix == ".safetensors":
         return validate.read_safetensors_header(weights)
     tensors = _torch_load(weights)
-    return {name: validate.TensorInfo(tuple(t.shape), _st_dtype(t.dtype), weights) for name, t in tensors.items()}
+    return {name: validate.TensorInfo(tuple(t.shape), _st_dtype(t.dtype), weights)
+            for name, t in tensors.items()}
 
 
 def _st_dtype(dtype: torch.dtype) -> str:
@@ -183,7 +185,8 @@ def check_positive(config: dict, names, cfg_path: Path, limit: int = 1 << 17) ->
     for name in names:
         value = config.get(name)
         if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit):
-            raise SpecplayError(f"{cfg_path}: {name} must be an integer in 1..{limit} (got {str(value)[:40]})")
+            raise SpecplayError(f"{cfg_path}: {name} must be an integer in 1..{limit} "
+                                f"(got {str(value)[:40]})")
 
 
 # ------------------------------------------------------------------------------------------------ the layer
@@ -211,7 +214,8 @@ class HeadLayer:
 
     def __init__(self, weights: Dict[str, torch.Tensor], shape: LayerShape, inv_freq: torch.Tensor,
                  prepare: Callable, readout: Callable, max_length: int):
-        self.w = weights  # q, k, v [heads*D | kv_heads*D, A], o [H, heads*D], gate, up [I, H], down, post_norm
+        # q, k, v [heads*D | kv_heads*D, A], o [H, heads*D], gate, up [I, H], down [H, I], post_norm [H]
+        self.w = weights
         self.shape = shape
         self.prepare, self.readout = prepare, readout
         self.device, self.dtype = weights["q"].device, weights["q"].dtype

@@ -66,7 +66,8 @@ def expected(info: ph.HeadsInfo, target) -> tuple:
         raise SpecplayError(f"{cfg_path}: draft_vocab_size {str(draft_vocab)[:20]} must be in 1..{vocab_t}")
     layers = getattr(getattr(target, "spec", None), "num_layers", None)
     if layers is None:
-        raise SpecplayError("EAGLE-3 reads the target's inner layers: it needs the compact Llama-family runner")
+        raise SpecplayError("EAGLE-3 reads the target's inner layers: it needs the compact Llama-family "
+                            "runner")
     taps = tap_layers(info, layers)
     shapes = {"fc.weight": (hidden, 3 * hidden_t), "norm.weight": (hidden,),
               "lm_head.weight": (draft_vocab, hidden),
@@ -81,8 +82,8 @@ def check_d2t(d2t: torch.Tensor, vocab: int, weights) -> None:
     bad = ((ids < 0) | (ids >= vocab)).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise SpecplayError(f"{weights}: d2t[{i}] = {int(d2t[i])} maps draft id {i} to {int(ids[i])}, outside "
-                            f"the target's vocabulary of {vocab}")
+        raise SpecplayError(f"{weights}: d2t[{i}] = {int(d2t[i])} maps draft id {i} to {int(ids[i])}, "
+                            f"outside the target's vocabulary of {vocab}")
     if ids.unique().numel() != ids.numel():
         raise SpecplayError(f"{weights}: d2t maps two draft ids onto one target id")
 
@@ -112,8 +113,8 @@ class PublicEagle3Head(EagleHead):
         present = [name for name in optional if name in header]
         ph.check_shapes(header, {name: optional[name] for name in present}, info.weights, WHAT)
         if "embed_tokens.weight" not in present and shape.hidden != target.hidden_size:
-            raise SpecplayError(f"{info.weights}: embed_tokens.weight missing (the head's hidden size differs "
-                                "from the target's)")
+            raise SpecplayError(f"{info.weights}: embed_tokens.weight missing (the head's hidden size "
+                                "differs from the target's)")
         mapped = draft_vocab != target.vocab_size or "d2t" in header
         if mapped:
             d2t = header.get("d2t")

@@ -47,7 +47,8 @@ def names(info: ph.HeadsInfo) -> tuple:
         count, layers = cfg.get("num_heads"), cfg.get("num_hidden_layers", 1)
         block, lm_head = (lambda h, b: f"blocks.{h}.layers.{b}."), (lambda h: f"lm_heads.{h}.weight")
         fields = ("num_heads", "num_hidden_layers")
-    if not (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= validate.MAX_MEDUSA_HEADS):
+    most = validate.MAX_MEDUSA_HEADS
+    if not (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= most):
         raise SpecplayError(f"{cfg_path}: {fields[0]} must be an integer in 1..{validate.MAX_MEDUSA_HEADS} "
                             f"(got {str(count)[:40]})")
     if layers not in range(1, ph.MAX_HEAD_LAYERS + 1) or isinstance(layers, bool):
@@ -61,7 +62,8 @@ def expected_shapes(info: ph.HeadsInfo, target) -> dict:
     for key, want in (("hidden_size", hidden), ("vocab_size", vocab)):
         value = info.config.get(key, want)
         if value != want:
-            raise SpecplayError(f"{info.folder / 'config.json'}: {key} {value} does not fit the target's {want}")
+            raise SpecplayError(f"{info.folder / 'config.json'}: {key} {value} does not fit the target's "
+                                f"{want}")
     shapes = {}
     for h in range(count):
         for b in range(layers):
@@ -76,8 +78,8 @@ def load(info: ph.HeadsInfo, target) -> MedusaHeads:
     ph.check_shapes(ph.read_header(info.weights), shapes, info.weights, WHAT)
     count, layers, block, lm_head = names(info)
     t = ph.load_tensors(info.weights, shapes, target.device, target.dtype)
-    blocks = [([t[block(h, b) + "weight"] for h in range(count)], [t[block(h, b) + "bias"] for h in range(count)])
-              for b in range(layers)]
+    blocks = [([t[block(h, b) + "weight"] for h in range(count)],  # D x [H, H]
+               [t[block(h, b) + "bias"] for h in range(count)]) for b in range(layers)]  # D x [H]
     heads = MedusaHeads(blocks[0][0], blocks[0][1], published_order(MC_SIM_7B_63, count),
                         blocks[1] if layers == 2 else None)
     heads.lm_heads = torch.stack([t[lm_head(h)] for h in range(count)])  # [D, V, H]
