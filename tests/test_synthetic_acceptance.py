@@ -223,3 +223,60 @@ def test_losslessness_checks_refuse_it(dirs, decoder, capsys):
     code, out, err = run_cli(capsys, "check-lossless", "--target", dirs[0], "--draft", dirs[1],
                              "--synthetic-acceptance", "2")
     assert code == 2 and err.count("\n") == 1 and "synthetic" in err
+
+
+# ------------------------------------------------------------------------------------------------ runtimes
+def hand_costs():
+    """A cost model with round figures: t_verify(1) = 2 ms, (5) = 3 ms; the draft model 0.5 ms a step."""
+    from engine.analysis.costmodel import CostModel, Measured
+
+    return CostModel(verify={1: Measured(2.0), 5: Measured(3.0)}, draft_step={"draft": Measured(0.5)},
+                     overhead={"none": Measured(0.1), "draft": Measured(0.2)}, plain=Measured(2.1))
+
+
+def test_the_runtimes_table_prints_the_prediction_beside_the_measurement(monkeypatch, capsys):
+    from engine.core.decoder import Calibration
+
+    calls = []
+
+    def calibrate(self, k=4, repeats=5, methods_to_time=None, prompt="", sampling=None):
+        calls.append((k, tuple(methods_to_time)))
+        return Calibration(target_step_ms=2.1, draft_step_ms=0.5, costs=hand_costs())
+
+    monkeypatch.setattr(SpeculativeDecoder, "calibrate", calibrate)
+    code, out, err = run_cli(capsys, "bench", "runtimes", "--synthetic", "tiny", "--methods", "draft,medusa",
+                             "--synthetic-acceptance", "3.2", "--k", "4", "--hf", "none", "--prompts", "1",
+                             "--max-new-tokens", "24", "--device", "cpu", "--json")
+    assert code == 0, err
+    assert calls == [(4, ("none", "draft"))]  # plain decoding added for the speedups; medusa left out
+    report = json.loads(out)
+    assert report["synthetic_acceptance"] == "3.2" and "medusa" in report["left_out"]
+    rows = {r["runtime"]: r for r in report["rows"]}
+    draft, plain = rows["specplay draft"]["predicted"], rows["specplay none"]["predicted"]
+    round_ms = 0.5 * 4 + 3.0 + 0.2  # t_draft(4) + t_verify(5) + overhead
+    assert draft["round_ms"] == pytest.approx(round_ms) and draft["e"] == pytest.approx(3.2)
+    assert draft["tokens_per_s"] == pytest.approx(1000 * 3.2 / round_ms)
+    assert draft["speedup"] == pytest.approx(2.1 / (round_ms / 3.2))
+    assert draft["textbook_speedup"] == pytest.approx(3.2 / (1 + 0.25 * 4))
+    measured = rows["specplay draft"]
+    assert draft["measured_e"] == pytest.approx(measured["tokens"] / measured["forwards"])
+    assert draft["measured_speedup"] == pytest.approx(
+        measured["round_tokens_per_s"] / rows["specplay none"]["round_tokens_per_s"])
+    assert plain["speedup"] == 1.0
+
+
+def test_the_text_table_has_both_columns(monkeypatch, capsys):
+    from engine.bench import runtimes
+
+    row = runtimes.RuntimeRow("specplay draft", tokens=64, forwards=20, draft_ms=40.0, verify_ms=60.0,
+                              round_ms=110.0, depth=80)
+    plain = runtimes.RuntimeRow("specplay none", tokens=64, forwards=64, verify_ms=128.0, round_ms=140.8,
+                                depth=0)
+    report = runtimes.RuntimesReport([plain, row], "CPU", 0.0, 0, 0.0, 1, 64, synthetic_acceptance="3.2")
+    runtimes.add_predictions(report, hand_costs(), GenerationConfig(method="draft", k=4,
+                                                                    synthetic_acceptance="3.2"))
+    text = runtimes.format_report(report)
+    line = next(t for t in text.splitlines() if t.startswith("draft "))
+    # E measured 64 / 20 beside 3.2; c measured (40 / 80) / (128 / 64) beside 0.5 / 2; round ms 5.5 / 5.2
+    assert "3.20/3.20" in line and "0.250/0.250" in line and "5.500/5.200" in line
+    assert "not model output" in text.splitlines()[-1]

@@ -31,6 +31,21 @@ class RuntimeRow:
     first_token_ms: list = field(default_factory=list)  # per prompt
     forwards: int = 0  # target forwards (specplay only; 0 = not known)
     note: str = ""
+    # specplay only: the rounds' phase totals (ms) and draft positions, for c and the round time
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    round_ms: float = 0.0
+    depth: int = 0  # draft positions over every round (a tree's depth)
+    predicted: dict = field(default_factory=dict)  # the cost model's figures beside the measured ones
+
+    @property
+    def mean_round_ms(self) -> float:
+        return self.round_ms / self.forwards if self.forwards else 0.0
+
+    @property
+    def round_tokens_per_s(self) -> float:
+        """Tokens over the rounds' own time (the prefill apart): what the cost model predicts."""
+        return 1000.0 * self.tokens / self.round_ms if self.round_ms else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -50,6 +65,7 @@ class RuntimeRow:
 
     def as_dict(self, floor_ms: float) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "first_token_ms"}
+        out.update(mean_round_ms=self.mean_round_ms, round_tokens_per_s=self.round_tokens_per_s)
         out.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, ttft_ms=self.ttft_ms,
                    tokens_per_forward=self.tokens_per_forward,
                    pct_of_floor=(100.0 * floor_ms / self.ms_per_token
@@ -108,9 +124,18 @@ def time_specplay(decoder, prompts: list, config: GenerationConfig, label: str) 
         row.first_token_ms.append(1000.0 * (first - began))
         row.tokens += sum(len(e.emitted_ids) for e in events)
         row.forwards += len(events)
+        _add_phases(row, events)
     if since is not None:
         row.note = _allreduce_note(decoder.target, *since)
     return row
+
+
+def _add_phases(row: RuntimeRow, events: list) -> None:
+    for e in events:
+        row.draft_ms += e.draft_ms
+        row.verify_ms += e.verify_ms
+        row.round_ms += e.round_ms
+        row.depth += 1 + max((d.depth for d in e.drafted), default=-1)
 
 
 def _allreduce_note(target, since_s: float, since_steps: int) -> str:
@@ -199,11 +224,14 @@ class RuntimesReport:
     floor_ms: float
     prompts: int
     max_new_tokens: int
+    synthetic_acceptance: str = ""  # the profile the verdicts followed ("" = the target's own)
+    left_out: dict = field(default_factory=dict)  # method spec -> why it could not run on this pair
 
     def as_dict(self) -> dict:
         return {"device": self.device, "bandwidth_tb_s": self.bandwidth / 1e12,
                 "weight_bytes": self.weight_bytes, "floor_ms_per_token": self.floor_ms,
                 "prompts": self.prompts, "max_new_tokens": self.max_new_tokens,
+                "synthetic_acceptance": self.synthetic_acceptance, "left_out": dict(self.left_out),
                 "rows": [r.as_dict(self.floor_ms) for r in self.rows]}
 
 
@@ -212,8 +240,13 @@ def bench_runtimes(decoder, prompts: list, config: GenerationConfig, specs: list
     """Each specplay method spec (e.g. 'none', 'draft', 'eagle:8') and each HF runtime on the same prompts."""
     from engine.models.synthetic import weight_bytes_per_step
 
-    rows = []
+    rows, left_out = [], {}
+    availability = decoder.method_availability() if hasattr(decoder, "method_availability") else {}
     for spec in specs:
+        reason = availability.get(config.with_spec(spec).method)
+        if reason is not None:  # a head this pair lacks: the other methods still run
+            left_out[spec] = reason
+            continue
         row = time_specplay(decoder, prompts, config.with_spec(spec), f"specplay {spec}")
         rows.append(_report(row, progress))
     if hf_runtimes:
@@ -229,7 +262,64 @@ def bench_runtimes(decoder, prompts: list, config: GenerationConfig, specs: list
     bandwidth = measure_read_bandwidth(decoder.device)
     weight_bytes = weight_bytes_per_step(decoder.target) if hasattr(decoder.target, "layers") else 0
     return RuntimesReport(rows, decoder.device_name, bandwidth, weight_bytes,
-                          floor_ms(weight_bytes, bandwidth), len(prompts), config.max_new_tokens)
+                          floor_ms(weight_bytes, bandwidth), len(prompts), config.max_new_tokens,
+                          config.synthetic_acceptance, left_out)
+
+
+# ------------------------------------------------------------------------------------------------ predictions
+def add_predictions(report: RuntimesReport, costs, config: GenerationConfig) -> None:
+    """Beside each specplay row, measured and predicted: c, the round time, tokens/s over the rounds, the
+    speedup over plain decoding's rounds (the 'specplay none' row) and E. The prediction is the calibrated
+    cost model (engine.analysis.costmodel) at E from the synthetic profile: t_round(K) / E against t_plain,
+    and the textbook E / (1 + cK) with the calibrated c. Needs a synthetic profile (E known in advance)."""
+    from engine.core.synthetic import SyntheticAcceptance
+    from engine.methods import registry
+
+    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
+    plain = next((r for r in report.rows if r.runtime == "specplay none"), None)
+    if profile is None or plain is None or not plain.forwards:
+        return
+    plain_verify_ms = plain.verify_ms / plain.forwards
+    for row in report.rows:
+        if not row.runtime.startswith("specplay ") or not row.forwards:
+            continue
+        spec = config.with_spec(row.runtime.removeprefix("specplay "))
+        drafts = spec.drafts
+        nodes = registry.node_budget(spec)(spec.k) if registry.get(spec.method).is_tree(spec) else 0
+        expected = profile.expected_tokens(spec.k) if drafts else 1.0
+        round_ms = costs.t_round(spec.method, drafts, (nodes or drafts) + 1)
+        c = costs.c(spec.method)
+        row.predicted = {
+            "e": expected, "c": c, "round_ms": round_ms,
+            "tokens_per_s": 1000.0 * expected / round_ms if round_ms else 0.0,
+            "speedup": costs.speedup(spec.method, drafts, expected, (nodes or drafts) + 1) if drafts else 1.0,
+            "textbook_speedup": expected / (1.0 + c * drafts),
+            "measured_e": row.tokens / row.forwards,
+            "measured_c": _ratio(row.draft_ms / row.depth if row.depth else 0.0, plain_verify_ms),
+            "measured_speedup": _ratio(row.round_tokens_per_s, plain.round_tokens_per_s)}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def format_predictions(report: RuntimesReport) -> str:
+    """The measured figures and the cost model's side by side, one line a specplay method ('' if none)."""
+    rows = [r for r in report.rows if r.predicted]
+    if not rows:
+        return ""
+    header = (f"{'method':<18} {'E meas/pred':>12} {'c meas/pred':>13} {'round ms meas/pred':>19} "
+              f"{'tok/s meas/pred':>17} {'speedup meas/pred':>18} {'E/(1+cK)':>9}")
+    lines = ["measured against predicted (the rounds' own time, the prefill apart; predicted: the calibrated "
+             "cost model at E from the synthetic profile)", header, "-" * len(header)]
+    for row in rows:
+        p = row.predicted
+        lines.append(f"{row.runtime.removeprefix('specplay '):<18} "
+                     f"{p['measured_e']:>5.2f}/{p['e']:<6.2f} {p['measured_c']:>6.3f}/{p['c']:<6.3f} "
+                     f"{row.mean_round_ms:>9.3f}/{p['round_ms']:<9.3f} "
+                     f"{row.round_tokens_per_s:>8.1f}/{p['tokens_per_s']:<8.1f} "
+                     f"{p['measured_speedup']:>8.2f}/{p['speedup']:<9.2f} {p['textbook_speedup']:>9.2f}")
+    return "\n".join(lines)
 
 
 def _report(row: RuntimeRow, progress) -> RuntimeRow:
@@ -267,4 +357,12 @@ def format_report(report: RuntimesReport) -> str:
         pct = f"{d['pct_of_floor']:.1f}" if report.floor_ms else "-"
         lines.append(f"{row.runtime:<22} {d['tokens_per_s']:>10.1f} {d['ms_per_token']:>9.3f} "
                      f"{d['ttft_ms']:>8.2f} {tpf:>8} {pct:>8}  {row.note}")
+    lines += [f"left out {spec}: {reason}" for spec, reason in report.left_out.items()]
+    predictions = format_predictions(report)
+    if predictions:
+        lines += ["", predictions]
+    if report.synthetic_acceptance:
+        from engine.core.synthetic import NOTE
+
+        lines.append(f"{NOTE}: {report.synthetic_acceptance}")
     return "\n".join(lines)
