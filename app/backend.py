@@ -66,6 +66,29 @@ def models_label(target: Optional[str], draft: Optional[str]) -> str:
     return f"{target_name} + {draft_name}"
 
 
+def forward_path_text(decoder) -> str:
+    """Which forward runs each loaded model and, off the fast path, why (engine.models.loading's
+    forward_paths), e.g. "target: fast path; draft: transformers path: model_type 'gpt2' is not on the fast
+    path (…)"; "" when the decoder has no pair."""
+    from engine.models.loading import forward_paths
+
+    pair = getattr(decoder, "pair", None)
+    return forward_paths(pair.target, pair.draft) if pair is not None else ""
+
+
+def off_fast_path(forward_path: str) -> bool:
+    """Whether forward_path_text names a model on the transformers path."""
+    return "transformers path" in forward_path
+
+
+def path_suffix(forward_path: str) -> str:
+    """The status bar's short word for forward_path_text: " · fast path" when every model runs on it,
+    " · transformers path" when one does not (the tooltip and the load message say which and why)."""
+    if not forward_path:
+        return ""
+    return " · transformers path" if off_fast_path(forward_path) else " · fast path"
+
+
 def context_limit(decoder):
     """Tokens the loaded pair can hold (the smaller of target and draft), or None when unknown."""
     limits = []

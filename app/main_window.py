@@ -99,6 +99,7 @@ class MainWindow(QMainWindow):
         self.target_path: Optional[str] = None
         self.draft_path: Optional[str] = None
         self.models = "none"
+        self.forward_path = ""  # which forward runs each loaded model, and why off the fast path
         self.load_slot = JobSlot("model loading")
         self.gen_slot = JobSlot("generation")
         # "Find the fastest K" and "Find the fastest method" (they use the decoder like a generation)
@@ -445,13 +446,16 @@ class MainWindow(QMainWindow):
         # suffix decoding goes on from the session's suffix generations on this target (kept ones too)
         backend.remember_generations(decoder, self.session.suffix_generations(target or "shipped"))
         self.models = backend.models_label(target, draft)
+        self.forward_path = backend.forward_path_text(decoder)
         self.settings.set("models/target", target or "")
         self.settings.set("models/draft", draft or "")
         self._fall_back_if_unavailable()
         if self.shown is None:
             self.view.show_message(f"Loaded {self.models} on {decoder.device_name}. Type a prompt and press "
                                    "Ctrl+Enter. F1 opens Help: what every view and number means.")
-        self.show_status(f"Loaded {self.models}", 5000)
+        self.show_status(f"Loaded {self.models} ({self.forward_path})", 8000)
+        if backend.off_fast_path(self.forward_path):  # no trees, CUDA graphs or fused step for that model
+            self.banner.notify(f"Not every model runs on the fast path: {self.forward_path}.")
 
     def _draft_dropped(self, draft: str, why: str) -> None:
         target, _, quiet = self._pending
@@ -1138,7 +1142,8 @@ class MainWindow(QMainWindow):
     def _refresh_status(self) -> None:
         s, labels = self.settings, self.status_labels
         labels["device"].setText(f"Device: {self.decoder.device_name}" if self.decoder else "Device: —")
-        labels["models"].setText(f"Models: {self.models}")
+        labels["models"].setText(f"Models: {self.models}{backend.path_suffix(self.forward_path)}")
+        labels["models"].setToolTip(self.forward_path)
         config = s.config()
         k = "" if config.method == "none" else f", K={config.k}"  # plain decoding has no K
         labels["method"].setText(f"{method_label(config)}{k}, {sampling_label(config.sampling, config.seed)}")
