@@ -66,13 +66,19 @@ def test_the_target_is_the_familys(family, medusa_run):
     assert m["from_family"] == str(family) and m["val_loss"] > 0 and "history" not in m
 
 
-def test_the_medusa_schedule_comes_from_the_command_line(medusa_run):
-    m = metrics(medusa_run, "medusa")
-    assert m["steps_done"] == 25 and not m["stopped_by_time"]      # the tiny preset's own cap is 15 steps
-    report = json.loads((medusa_run / "heads" / "medusa_report.json").read_text())
-    assert report["medusa_sched"]["steps"] == 25 and report["medusa_sched"]["time_budget_s"] == 60
-    assert report["stages"]["medusa"]["final"] == m["final"]
+def check_the_command_lines_schedule(run: Path, stage: str, export: str, steps: int) -> None:
+    """The stage ran the command line's `steps` (the tiny preset's own cap is 15) in its 60 s; the export's
+    <stage>_report.json carries that schedule, the stage's final metrics and the self-made text's size."""
+    m = metrics(run, stage)
+    assert m["steps_done"] == steps and not m["stopped_by_time"]
+    report = json.loads((run / export / f"{stage}_report.json").read_text())
+    assert report[f"{stage}_sched"]["steps"] == steps and report[f"{stage}_sched"]["time_budget_s"] == 60
+    assert report["stages"][stage]["final"] == m["final"]
     assert report["stages"]["selfgen"]["train_sequences"] > 0
+
+
+def test_the_medusa_schedule_comes_from_the_command_line(medusa_run):
+    check_the_command_lines_schedule(medusa_run, "medusa", "heads", steps=25)
 
 
 def test_exported_heads_drive_the_familys_target(family, medusa_run, tmp_path):
@@ -168,12 +174,7 @@ def eagle3_run(family, tmp_path_factory) -> Path:
 def test_only_the_eagle3_stages_run_on_the_command_lines_schedule(eagle3_run):
     assert all((eagle3_run / s / "done.json").exists() for s in ("data", "target", "selfgen", "eagle3"))
     assert not any((eagle3_run / s).exists() for s in ("draft", "distill", "medusa", "eagle", "export"))
-    m = metrics(eagle3_run, "eagle3")
-    assert m["steps_done"] == 20 and not m["stopped_by_time"]      # the tiny preset's own cap is 15 steps
-    report = json.loads((eagle3_run / "head" / "eagle3_report.json").read_text())
-    assert report["eagle3_sched"]["steps"] == 20 and report["eagle3_sched"]["time_budget_s"] == 60
-    assert report["stages"]["eagle3"]["final"] == m["final"]
-    assert report["stages"]["selfgen"]["train_sequences"] > 0
+    check_the_command_lines_schedule(eagle3_run, "eagle3", "head", steps=20)
 
 
 def test_exported_eagle3_head_drives_the_familys_target_and_its_card(family, eagle3_run, tmp_path):
