@@ -17,11 +17,9 @@ FINISH = csv_header().index("finish_reason")
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tiny_models import make_tiny_pair
-
-    target, draft = make_tiny_pair(tmp_path_factory.mktemp("exports"))
-    return str(target), str(draft)
+def pair(tiny_pair_dirs):
+    """The session's tiny pair (conftest.py), as the command line names it."""
+    return str(tiny_pair_dirs[0]), str(tiny_pair_dirs[1])
 
 
 @pytest.fixture(scope="module")
