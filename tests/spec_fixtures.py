@@ -1,5 +1,5 @@
 """Shared test helpers for decoder / lossless tests: a draft that agrees with the target often but not
-always."""
+always, and a decoder over such a pair."""
 from __future__ import annotations
 
 import shutil
@@ -23,3 +23,16 @@ def make_perturbed_copy(src, dst, noise: float = 0.5, seed: int = 0) -> Path:
             tensors[name] = value + noise * value.std() * torch.randn(value.shape, generator=gen)
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def make_close_decoder(root, noise: float = 0.3):
+    """A CPU SpeculativeDecoder over the tiny pair's target (made under root) and, as its draft, a copy of it
+    perturbed by `noise` (root/perturbed): rounds accept some drafts, not all."""
+    from tiny_models import make_tiny_pair
+
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
+
+    target, _ = make_tiny_pair(root)
+    draft = make_perturbed_copy(target, Path(root) / "perturbed", noise=noise)
+    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))

@@ -1,7 +1,7 @@
 """The round loop on tiny random models: greedy equality, cache rollback, events and metrics."""
 import pytest
 import torch
-from spec_fixtures import make_perturbed_copy
+from spec_fixtures import make_close_decoder
 from tiny_models import make_tiny_llama, make_tiny_pair
 
 from engine.config import GenerationConfig, SamplingParams
@@ -21,10 +21,7 @@ def decoder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def close_decoder(tmp_path_factory):
     """A draft close to the target: partial acceptance is common."""
-    root = tmp_path_factory.mktemp("close")
-    target, _ = make_tiny_pair(root)
-    draft = make_perturbed_copy(target, root / "perturbed", noise=0.3)
-    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+    return make_close_decoder(tmp_path_factory.mktemp("close"))
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,11 @@ import math
 from dataclasses import asdict, replace
 
 import pytest
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_pair
+from spec_fixtures import make_close_decoder
 
 from engine.bench import suite as bench
 from engine.cli.main import summarize
 from engine.config import GenerationConfig, SamplingParams
-from engine.core.decoder import SpeculativeDecoder
 from engine.core.metrics import (
     RunTotals,
     csv_header,
@@ -26,7 +24,6 @@ from engine.core.metrics import (
     write_csv,
 )
 from engine.events import RoundMetrics
-from engine.models.loading import load_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "a b a b a b a"]
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95)
@@ -35,10 +32,7 @@ SAMPLED = SamplingParams(temperature=0.9, top_p=0.95)
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
     """A draft close to the target: rounds accept some drafts, not all."""
-    root = tmp_path_factory.mktemp("metrics")
-    target, _ = make_tiny_pair(root)
-    draft = make_perturbed_copy(target, root / "perturbed", noise=0.3)
-    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+    return make_close_decoder(tmp_path_factory.mktemp("metrics"))
 
 
 def tree_or_skip(decoder, name):

@@ -116,16 +116,9 @@ def test_counterfactual_speedups_use_the_cost_model():
 # ------------------------------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
 def close_decoder(tmp_path_factory):
-    from spec_fixtures import make_perturbed_copy
-    from tiny_models import make_tiny_pair
+    from spec_fixtures import make_close_decoder
 
-    from engine.core.decoder import SpeculativeDecoder
-    from engine.models.loading import load_pair
-
-    root = tmp_path_factory.mktemp("close")
-    target, _ = make_tiny_pair(root)
-    draft = make_perturbed_copy(target, root / "perturbed", noise=0.3)
-    return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+    return make_close_decoder(tmp_path_factory.mktemp("close"))
 
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
