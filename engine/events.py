@@ -79,6 +79,13 @@ class RoundEvent:
     # a synthetic profile's spelling (engine.core.synthetic) when the verdict followed it and not the target:
     # the emitted text is then NOT model output; "" = real verification
     synthetic_acceptance: str = ""
+    # a served engine's label (engine.sources: "llama.cpp http://host:port") when the round came from a
+    # server; "" = the local engine
+    served: str = ""
+    # figures the source did not give (a server: "p", "q", "accept_prob", "u", "token_ids", "top",
+    # "phase_times", and "drafted"/"accepted" where it streams no counters): those fields hold None (or -1
+    # for ids) and views say "not given", never 0
+    unknown: list = field(default_factory=list)
 
     @property
     def round_ms(self) -> float:

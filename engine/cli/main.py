@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from engine.bench import suite as bench
 from engine.cli import batch as batch_cli
+from engine.cli import server as server_cli
 from engine.config import MAX_K, GenerationConfig, SamplingParams, check_int
 from engine.core.metrics import final_metrics
 from engine.core.threads import apply_threads, check_threads
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--csv", help="write one row per round to this CSV file")
     run.add_argument("--trace", help="write the full RoundEvents to this JSONL file")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    server_cli.add_server_options(run)
 
     check = sub.add_parser("check-lossless", help="prove speculation does not change the output")
     _add_generation_args(check, prompt_required=False)
@@ -247,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
     batch_cli.add_bench_options(bench)
+    server_cli.add_server_options(bench, bench=True)
 
     heads = sub.add_parser("heads", help="describe published draft heads (layout, the target they were "
                                          "trained for, tapped layers, draft vocabulary) and check them "
@@ -281,6 +284,8 @@ BENCHMARKS = {
     "batch": "plain and speculative tokens/s at each batch size of --batches, the step-time roofline, the "
              "crossover batch and the best K per batch; options: --batches, --method, --k, --synthetic, "
              "--json",
+    "server": "a served engine (--server URL): speculation on and off, --k-sweep, --clients (concurrent "
+              "requests), --check-equal; options: --plain-server, --server-kind, the generation options",
 }
 BENCH_DESCRIPTION = "benchmarks:\n" + "\n".join(f"  {name:8} {text}" for name, text in BENCHMARKS.items())
 ALPHA_DEFINITION = ("α = accepted drafted tokens / drafted tokens, over the rounds that drafted; a round "
@@ -510,6 +515,9 @@ def cmd_run(args) -> int:
         raise SpecplayError("run needs --prompt, --prompt-file or --prompts-file")
     events: list = []
     targets = export_targets(args)
+    if args.server:
+        return server_cli.cmd_run_served(args, prompt, targets, lambda engine: _served_header(
+            prompt, config, engine))
     try:
         with signals_as_interrupts(), contextlib.ExitStack() as stack:
             exports = [stack.enter_context(StreamingExport(path, FORMATS[fmt]())) for path, fmt in targets]
@@ -543,6 +551,14 @@ def cmd_heads(args) -> int:
     print(info.describe())
     print("fits the target: yes")
     return 0
+
+
+def _served_header(prompt: str, config: GenerationConfig, engine) -> dict:
+    from engine.files.trace import make_header
+
+    header = make_header(prompt, config, engine.label, None, engine.kind, None)
+    header["served"] = engine.label
+    return header
 
 
 def _print_run(events: list, config: GenerationConfig, decoder, as_json: bool) -> None:
@@ -684,6 +700,12 @@ def _bench(args, stop: BenchStop) -> int:
     if args.what == "batch":
         return batch_cli.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
     config = config_from_args(args)
+    if args.what == "server" or (args.server and args.what == "k-sweep"):
+        if not args.server:
+            raise SpecplayError("bench server needs --server URL")
+        return server_cli.cmd_bench_served(args, prompt_from_args(args, bench.heldout_prompts(1)[0]))
+    if args.server:
+        raise SpecplayError(f"--server works with run, bench server and bench k-sweep, not bench {args.what}")
     check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
     check_int("--repeats", args.repeats, 1, MAX_BENCH_COUNT)
     prompt = prompt_from_args(args)

@@ -241,7 +241,22 @@ def csv_row(event: RoundEvent, generation: int = 0, header: dict | None = None,
         "running_tpot_ms": m.tpot_ms, "running_tokens_per_s": m.tokens_per_s,
         "finish_reason": event.finish_reason or finish or "",
     })
+    for name in _unknown_columns(event):  # what a served engine did not give: empty, never 0
+        values[name] = ""
     return [_fmt(values.get(name, "")) for name, _ in CSV_COLUMNS]
+
+
+def _unknown_columns(event: RoundEvent) -> list:
+    """The CSV columns a round's source did not give (RoundEvent.unknown)."""
+    unknown = set(event.unknown)
+    columns = ["verified"] if event.served else []
+    if "phase_times" in unknown:
+        columns += ["draft_ms", "verify_ms", "overhead_ms"]
+    if "drafted" in unknown:
+        columns += ["drafted", "accepted", "next_is_bonus", "running_acceptance_rate",
+                    "running_mean_acceptance_length", "running_tokens_per_forward",
+                    "running_analytic_tokens_per_forward", "running_per_position_tokens_per_forward"]
+    return columns
 
 
 def csv_rows(runs) -> Iterable[list]:

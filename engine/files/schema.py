@@ -184,21 +184,26 @@ def check_round(record: dict, metrics_required: bool = False) -> None:
         raise FieldError("method", f"unknown method {method!r} (known: {', '.join(NAMES)})")
     integer(record.get("round", 0), "round", 0, MAX_NEW_TOKENS)
     integer(_required(record, "k"), "k", 0, MAX_K)
+    served = bool(text(record.get("served", ""), "served", MAX_TEXT))
+    _check_unknown(record.get("unknown"), served)
+    lowest_id = -1 if served else 0  # a server does not say its token ids: -1
     drafted = array(_required(record, "drafted"), "drafted", MAX_DRAFTED)
-    _check_drafted(drafted)
+    _check_drafted(drafted, served)
     integer(_required(record, "accepted_count"), "accepted_count", 0, len(drafted))
-    emitted = array(record.get("emitted_ids", []), "emitted_ids", len(drafted) + 1)
+    emitted_limit = MAX_DRAFTED + 1 if served else len(drafted) + 1  # a server's chunk may hold several
+    emitted = array(record.get("emitted_ids", []), "emitted_ids", emitted_limit)
     for i, token in enumerate(emitted):
-        integer(token, f"emitted_ids[{i}]", 0, MAX_TOKEN_ID)
+        integer(token, f"emitted_ids[{i}]", lowest_id, MAX_TOKEN_ID)
     if "next_token_id" in record:
-        integer(record["next_token_id"], "next_token_id", 0, MAX_TOKEN_ID)
+        integer(record["next_token_id"], "next_token_id", lowest_id, MAX_TOKEN_ID)
     for name in ("next_token_text", "emitted_text"):
         text(record.get(name, ""), name, MAX_TEXT)
     text(record.get("synthetic_acceptance", ""), "synthetic_acceptance", MAX_NAME)
     for name in ("next_is_bonus", "finished"):
         if name in record:
             boolean(record[name], name)
-    probability(record.get("next_token_p", 1.0), "next_token_p")
+    if not (served and record.get("next_token_p", 1.0) is None):
+        probability(record.get("next_token_p", 1.0), "next_token_p")
     _check_top(record.get("next_top"), "next_top")
     integer(record.get("position", 0), "position", 0, MAX_NEW_TOKENS)
     for name in ("draft_ms", "verify_ms", "overhead_ms"):
@@ -218,13 +223,22 @@ def _required(record: dict, name: str):
     return record[name]
 
 
-def _check_drafted(drafted: list) -> None:
-    """Each drafted token: a tree in topological order (a parent comes first), its depth its parent's + 1."""
+def _check_unknown(unknown, served: bool) -> None:
+    """The names of figures a served round's source did not give (only a served round has any)."""
+    for i, name in enumerate(array(unknown, "unknown", 32, optional=True)):
+        text(name, f"unknown[{i}]", MAX_NAME)
+    if unknown and not served:
+        raise FieldError("unknown", "only a served round (with 'served') may leave figures unknown")
+
+
+def _check_drafted(drafted: list, served: bool = False) -> None:
+    """Each drafted token: a tree in topological order (a parent comes first), its depth its parent's + 1.
+    A served round's tokens may be unknown: id -1, probabilities None."""
     depths: list = []
     for i, token in enumerate(drafted):
         at = f"drafted[{i}]"
         token = mapping(token, at)
-        integer(_required_in(token, "token_id", at), f"{at}.token_id", 0, MAX_TOKEN_ID)
+        integer(_required_in(token, "token_id", at), f"{at}.token_id", -1 if served else 0, MAX_TOKEN_ID)
         parent = integer(_required_in(token, "parent", at), f"{at}.parent", -1, i - 1)
         depth = integer(_required_in(token, "depth", at), f"{at}.depth", 0, MAX_DRAFTED)
         if depth != (0 if parent < 0 else depths[parent] + 1):
@@ -233,7 +247,8 @@ def _check_drafted(drafted: list) -> None:
         depths.append(depth)
         text(token.get("text", ""), f"{at}.text", MAX_TOKEN_TEXT)
         for name in ("p", "q", "accept_prob"):
-            probability(token.get(name, 1.0), f"{at}.{name}")
+            if not (served and token.get(name, 1.0) is None):
+                probability(token.get(name, 1.0), f"{at}.{name}")
         if token.get("u") is not None:
             probability(token["u"], f"{at}.u")
         for name in ("accepted", "tested"):
