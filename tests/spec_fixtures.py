@@ -36,3 +36,11 @@ def make_close_decoder(root, noise: float = 0.3):
     target, _ = make_tiny_pair(root)
     draft = make_perturbed_copy(target, Path(root) / "perturbed", noise=noise)
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cpu"))
+
+
+def target_only_decoder(target_dir):
+    """A fresh CPU SpeculativeDecoder over the model at target_dir alone: no draft, a fresh session memory."""
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
+
+    return SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))

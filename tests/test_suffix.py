@@ -1,28 +1,22 @@
 """Suffix decoding: the index, the draft tree, the session memory, losslessness (greedy and chi-squared)."""
 import pytest
+from spec_fixtures import target_only_decoder
 from tiny_models import make_tiny_llama
 
 from engine.analysis.lossless import check_sampling
 from engine.cli.main import main
 from engine.config import GenerationConfig, SamplingParams
-from engine.core.decoder import SpeculativeDecoder
 from engine.core.metrics import final_metrics
 from engine.errors import SpecplayError
 from engine.methods.suffix.drafter import MAX_MATCH, SuffixIndex, SuffixMemory, best_tree
-from engine.models.loading import load_pair
 
 PROMPT = "the cat sat on the mat. the cat sat on the"
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("suffix") / "target", hidden=64, layers=2, seed=0)
-
-
 @pytest.fixture
-def decoder(target_dir):
-    """A fresh decoder: a fresh session memory."""
-    return SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+def decoder(tiny_pair_dirs):
+    """A fresh decoder over the tiny pair's target (conftest.py) alone: a fresh session memory."""
+    return target_only_decoder(tiny_pair_dirs[0])
 
 
 def suffix(**kw) -> GenerationConfig:
@@ -103,13 +97,13 @@ def test_a_repeated_task_drafts_from_the_session(decoder):
     assert second.tokens_per_forward > first.tokens_per_forward
 
 
-def test_a_corpus_file_is_remembered(decoder, target_dir, tmp_path):
+def test_a_corpus_file_is_remembered(decoder, tiny_pair_dirs, tmp_path):
     config = suffix(k=4, max_new_tokens=48, stop_at_eos=False)
     plain = decoder.generate_ids(PROMPT, GenerationConfig(method="none", max_new_tokens=48,
                                                           stop_at_eos=False))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(PROMPT + decoder.tokenizer.decode(plain), encoding="utf-8")
-    fresh = SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+    fresh = target_only_decoder(tiny_pair_dirs[0])
     metrics = final_metrics(list(fresh.generate(PROMPT, GenerationConfig(
         method="suffix", k=4, max_new_tokens=48, stop_at_eos=False, suffix_corpus=str(corpus)))))
     assert metrics.tokens_per_forward >= 3.0
@@ -157,7 +151,7 @@ def test_a_checkpoint_restores_the_memory_exactly(evicted):
     assert memory.documents == untouched.documents == 2
 
 
-def test_measurement_runs_leave_the_session_as_they_found_it(decoder, target_dir):
+def test_measurement_runs_leave_the_session_as_they_found_it(decoder, tiny_pair_dirs):
     """Calibration, a K sweep, a method sweep and the lossless check decode the prompt many times; none of
     it may become the session's memory, and no K or repeat of a sweep may recall another's output."""
     from dataclasses import replace
@@ -179,7 +173,7 @@ def test_measurement_runs_leave_the_session_as_they_found_it(decoder, target_dir
 
     def next_generation(k: int) -> float:
         """Tokens per forward of PROMPT as the session's next generation (a decoder that saw only `own`)."""
-        fresh = SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+        fresh = target_only_decoder(tiny_pair_dirs[0])
         fresh.generate_ids(own, config)
         return final_metrics(list(fresh.generate(PROMPT, replace(config, k=k)))).tokens_per_forward
 
@@ -243,11 +237,11 @@ def test_a_corpus_stays_while_generations_are_forgotten(tmp_path):
     assert memory.index.tokens.count(ord("x")) == 49
 
 
-def test_a_missing_corpus_is_a_clean_error(target_dir, tmp_path, capsys):
+def test_a_missing_corpus_is_a_clean_error(tiny_pair_dirs, tmp_path, capsys):
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(SpecplayError, match="no such file"):
         GenerationConfig(method="suffix", suffix_corpus=missing).validate()
-    code = main(["run", "--prompt", PROMPT, "--target", str(target_dir), "--method", "suffix",
+    code = main(["run", "--prompt", PROMPT, "--target", str(tiny_pair_dirs[0]), "--method", "suffix",
                  "--suffix-corpus", missing, "--max-new-tokens", "4"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: suffix corpus") and len(err.strip().splitlines()) == 1
@@ -257,7 +251,7 @@ def test_a_missing_corpus_is_a_clean_error(target_dir, tmp_path, capsys):
 def test_sampling_is_lossless(tmp_path_factory):
     root = tmp_path_factory.mktemp("chi_suffix")
     target = make_tiny_llama(root / "target", vocab=24, hidden=32, layers=1, seed=11, std=0.3)
-    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    decoder = target_only_decoder(target)
     config = suffix(k=3, sampling=SamplingParams(0.8, 0, 0.9), seed=500)
     report = check_sampling(decoder, "a tea at the tea at", config, samples=800)
     assert report.bins >= 8 and report.passed, report

@@ -5,27 +5,20 @@
 import json
 
 import pytest
-from tiny_models import make_tiny_llama
+from spec_fixtures import target_only_decoder
 
 from engine.analysis.predict import load_trace, predict_tokens_per_forward, replayed_rounds
 from engine.cli.main import main
 from engine.config import GenerationConfig
-from engine.core.decoder import SpeculativeDecoder
 from engine.files.trace import Run, make_header, trace_records
 from engine.methods.suffix.drafter import memory_fingerprint, memory_from_generations
-from engine.models.loading import load_pair
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "the mat. the cat sat", "on the mat the cat sat on"]
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("saved_memory") / "target", hidden=64, layers=2, seed=0)
-
-
 @pytest.fixture
-def decoder(target_dir):
-    return SpeculativeDecoder(load_pair(str(target_dir), None, device="cpu", need_draft=False))
+def decoder(tiny_pair_dirs):
+    return target_only_decoder(tiny_pair_dirs[0])  # the tiny pair's target (conftest.py) alone
 
 
 def _session(decoder, config) -> list:
@@ -87,10 +80,10 @@ def test_a_saved_session_replays_at_every_k_as_the_runs_went(decoder, tmp_path, 
     assert bare.replay is None and predict_tokens_per_forward(bare, k)[1].startswith("per-depth model")
 
 
-def test_run_trace_fingerprints_the_memory_and_predict_replays_it(target_dir, tmp_path, capsys):
+def test_run_trace_fingerprints_the_memory_and_predict_replays_it(tiny_pair_dirs, tmp_path, capsys):
     path = tmp_path / "run.jsonl"
-    code = main(["run", "--prompt", PROMPTS[0], "--target", str(target_dir), "--method", "suffix", "--k", "4",
-                 "--max-new-tokens", "24", "--trace", str(path)])
+    code = main(["run", "--prompt", PROMPTS[0], "--target", str(tiny_pair_dirs[0]), "--method", "suffix",
+                 "--k", "4", "--max-new-tokens", "24", "--trace", str(path)])
     assert code == 0
     header = json.loads(path.read_text().splitlines()[0])
     assert header["suffix_memory"]["documents"] == 0  # a fresh process: nothing remembered yet
