@@ -114,7 +114,7 @@ def make_handler(state: FakeState):
             self.end_headers()
             made = drafted_total = accepted_total = 0
             total = sum(tokens for _, _, tokens in steps)
-            for number, (drafted, accepted, tokens) in enumerate(steps):
+            for drafted, accepted, tokens in steps:
                 state.count(drafted, accepted)
                 drafted_total += drafted
                 accepted_total += accepted

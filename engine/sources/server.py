@@ -152,6 +152,15 @@ class ServedGeneration:
         self.builder = RoundBuilder(self.method, k or 0, engine.label)
 
     def __iter__(self) -> Iterator:
+        try:
+            yield from self._stream()
+        except ServerError:  # the rounds received so far are kept: the open one closes as an error
+            for event in self.builder.finish("error"):
+                self.result.rounds.append(event)
+                yield event
+            raise
+
+    def _stream(self) -> Iterator:
         engine = self.engine
         before = engine.scrape() if self.scrape else None
         start = time.perf_counter()
