@@ -97,21 +97,21 @@ def queued(monkeypatch):
                                           width, sampling)
         return graphs[key]
 
-    def draft_graph(self, state, config, width):
+    def runner_chain_graph(name, graph_class, runner, target, state, k, width):
+        """A drafter whose draft runner feeds the target in a chain (draft model, layer skip)."""
         sampling = chain_sampling(state)
-        key = ("draft", id(self.runner), config.k, None if sampling is None else sampling.key)
+        key = (name, id(runner), k, None if sampling is None else sampling.key)
         if key not in graphs:
-            graphs[key] = DraftModelRoundGraph(self.runner, self.round_target, config.k, state.backend,
-                                               state.vocab_size, width, sampling)
+            graphs[key] = graph_class(runner, target, k, state.backend, state.vocab_size, width, sampling)
         return graphs[key]
 
+    def draft_graph(self, state, config, width):
+        return runner_chain_graph("draft", DraftModelRoundGraph, self.runner, self.round_target, state,
+                                  config.k, width)
+
     def layerskip_graph(self, state, config, width):
-        sampling = chain_sampling(state)
-        key = ("layerskip", id(self.runner), config.k, None if sampling is None else sampling.key)
-        if key not in graphs:
-            graphs[key] = LayerSkipRoundGraph(self.runner, self.target, config.k, state.backend,
-                                              state.vocab_size, width, sampling)
-        return graphs[key]
+        return runner_chain_graph("layerskip", LayerSkipRoundGraph, self.runner, self.target, state,
+                                  config.k, width)
 
     def ngram_graph(self, state, config, width):
         if not state.config.sampling.greedy:
