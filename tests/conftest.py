@@ -6,6 +6,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--require-peers", action="store_true",
+                     help="fail, never skip, a test whose real peer (the built llama-server) is missing: "
+                          ".ci/run passes it after building the peers")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def settled_clipboard():
     """After the session, the clipboard holds no mime data made in Python (see app.widgets.settle_clipboard):
