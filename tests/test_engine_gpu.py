@@ -7,12 +7,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
+import test_tree_methods as heads  # noqa: E402  (random Medusa, EAGLE and EAGLE-3 heads)
 from spec_fixtures import make_perturbed_copy  # noqa: E402
-from test_tree_methods import (  # noqa: E402
-    add_random_eagle3_head,
-    add_random_eagle_head,
-    add_random_medusa_heads,
-)
 from tiny_models import make_tiny_llama  # noqa: E402
 
 from engine.analysis.lossless import check_sampling  # noqa: E402
@@ -27,9 +23,9 @@ METHODS = [("draft", 0), ("ngram", 0), ("medusa", 0), ("medusa-fixed", 0), ("eag
 
 def build(root, vocab, hidden, layers, seed, std, dtype=torch.float32):
     target = make_tiny_llama(root / "target", vocab=vocab, hidden=hidden, layers=layers, seed=seed, std=std)
-    add_random_medusa_heads(target, hidden)
-    add_random_eagle_head(target, hidden)
-    add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
+    heads.add_random_medusa_heads(target, hidden)
+    heads.add_random_eagle_head(target, hidden)
+    heads.add_random_eagle3_head(target, hidden, taps=tuple(range(min(2, layers))))
     add_random_ngram_table(target, vocab, seed)
     draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
     return SpeculativeDecoder(load_pair(str(target), str(draft), device="cuda", dtype=dtype))
@@ -197,11 +193,7 @@ def test_sampling_is_lossless_on_cuda(small_vocab_decoder, method, nodes, temper
 def test_cuda_graphs_give_the_eager_tokens(decoder, method, nodes):
     """Captured graphs replay the eager step (fp32): same tokens, and they really are used."""
     config = GenerationConfig(method=method, k=4, tree_nodes=nodes, max_new_tokens=48)
-    decoder.set_cuda_graphs(False)
-    try:
-        eager = decoder.generate_ids(PROMPT, config)
-    finally:
-        decoder.set_cuda_graphs(True)
+    eager = _eager(decoder, lambda: decoder.generate_ids(PROMPT, config))
     graphed = decoder.generate_ids(PROMPT, config)
     assert graphed == eager
     assert decoder.target._graphs, "no CUDA graph was captured for the target"
@@ -230,11 +222,7 @@ def test_chains_replay_as_one_graph(decoder, method, k, temperature):
 
     config = GenerationConfig(method=method, k=k, max_new_tokens=40,
                               sampling=SamplingParams(temperature, 0, 0.9), seed=7)
-    decoder.set_cuda_graphs(False)
-    try:
-        eager = decoder.generate_ids(PROMPT, config)
-    finally:
-        decoder.set_cuda_graphs(True)
+    eager = _eager(decoder, lambda: decoder.generate_ids(PROMPT, config))
     graphed = decoder.generate_ids(PROMPT, config)
     runner = decoder.pair.draft if method == "draft" else decoder.eagle_head().runner
     captured = len(ChainGraphs.of(runner))
@@ -249,11 +237,7 @@ def test_medusa_proposal_replays_as_one_graph(decoder, monkeypatch):
     from engine.core.graphs import ChainGraphs
 
     config = GenerationConfig(method="medusa", k=4, max_new_tokens=40)
-    decoder.set_cuda_graphs(False)
-    try:
-        eager = decoder.generate_ids(PROMPT, config)
-    finally:
-        decoder.set_cuda_graphs(True)
+    eager = _eager(decoder, lambda: decoder.generate_ids(PROMPT, config))
     assert decoder.generate_ids(PROMPT, config) == eager
     assert _unpipelined(decoder, lambda: decoder.generate_ids(PROMPT, config)) == eager
     kinds = {key[0] for key in ChainGraphs.of(decoder.target)._graphs}
