@@ -45,6 +45,7 @@ from app.menus import Menus, spec_text
 from app.plot_data import PlotBuffers
 from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, describe, legend_html
+from app.server_dialog import ConnectWorker, ServerDialog, served_note
 from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
@@ -93,6 +94,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or AppSettings()
         self.session = Session()
         self.decoder = None
+        self.served = None  # a ServedDecoder while generations come from a server (Connect to a server…)
         self.calibration = None
         self._wanted_method: Optional[str] = None  # the method a load switched away from (it comes back)
         self.availability: dict = {}
@@ -509,7 +511,30 @@ class MainWindow(QMainWindow):
             self.load_models(self.target_path, path)
 
     def use_shipped_pair(self) -> None:
+        self.served = None
         self.load_models(None, None)
+
+    def connect_to_server(self) -> None:
+        """Models → Connect to a server…: the next generations come from it (connecting runs off the GUI
+        thread; a server that cannot be reached is one dialog)."""
+        if self.running or self.load_slot.busy:
+            return
+        dialog = ServerDialog(self)
+        if dialog.exec() != ServerDialog.Accepted:
+            return
+        self._start_job(self.load_slot, ConnectWorker(*dialog.choice()), status="Connecting to the server…",
+                        connected=self._on_connected, failed=self._on_connect_failed,
+                        done=self._on_loaded_job)
+
+    def _on_connected(self, served) -> None:
+        self.served = served
+        self.show_status(served_note(served))
+
+    def _on_connect_failed(self, message: str) -> None:
+        self._pending_error = ("Cannot use the server", message)
+
+    def _on_loaded_job(self, job) -> None:
+        self._job_ended()
 
     # ============================================================================================ settings
     def set_method(self, spec: str) -> None:
@@ -622,7 +647,7 @@ class MainWindow(QMainWindow):
 
     def _length_problem(self, prompt: str, config) -> Optional[str]:
         """Why prompt + max-new-tokens + K does not fit the context (checked before a run starts)."""
-        if self.context_limit is None:
+        if self.context_limit is None or self.served is not None:  # a server checks its own context
             return None
         prompt_tokens = backend.count_tokens(self.decoder, prompt)
         needed = prompt_tokens + config.max_new_tokens + config.drafts + 2
@@ -637,7 +662,7 @@ class MainWindow(QMainWindow):
             return "Empty prompt", "Type a prompt first, then press Ctrl+Enter."
         if self.load_slot.busy:
             return "Models are loading", "Wait for the models to finish loading."
-        if self.decoder is None:
+        if self.decoder is None and self.served is None:
             return "No model loaded", no_model_text()
         return None
 
@@ -647,12 +672,15 @@ class MainWindow(QMainWindow):
                   "device": getattr(self.decoder, "device_name", None),
                   "dtype": backend.dtype_name(self.decoder),
                   "prompt_ids": backend.prompt_ids(self.decoder, prompt)}
+        if self.served is not None:  # a served engine: its label, no local models
+            origin = {"target": self.served.device_name, "draft": None, "device": self.served.device_name,
+                      "dtype": None, "prompt_ids": None}
         self.current = self.session.new(prompt, config, self.models, self.calibration, origin)
         self._pending_error = None
         self.history.addItem(QListWidgetItem(self.current.summary()))
         self.history.clearSelection()
         self.history.setCurrentRow(self.history.count() - 1)  # shows it
-        self._start_job(self.gen_slot, GenerationWorker(self.decoder, prompt, config),
+        self._start_job(self.gen_slot, GenerationWorker(self.served or self.decoder, prompt, config),
                         event=self._on_event, failed=self._on_failed, done=self._on_done)
 
     def _on_event(self, event) -> None:
@@ -690,7 +718,10 @@ class MainWindow(QMainWindow):
             self.view.append_finish(gen.finish)
         self._update_history_item(gen)
         gen.suffix_replay = backend.suffix_replay(self.decoder, gen.config)
-        self._diagnose(gen)
+        if gen.events and gen.events[0].served:  # no phase times from a server: nothing to diagnose
+            self.show_status(served_note(self.served) if self.served else gen.events[0].served)
+        else:
+            self._diagnose(gen)
         self._job_ended()
         self._refresh_figures(diagnosed=gen)
         self.keep_session()

@@ -100,6 +100,7 @@ class Menus:
             menu.addAction("Open target folder…", w.open_target_folder),
             menu.addAction("Open draft folder…", w.open_draft_folder),
             menu.addAction("Back to the shipped pair", w.use_shipped_pair),
+            menu.addAction("Connect to a server…", w.connect_to_server),
         ]
 
     def _session_menu(self, menu) -> None:

@@ -130,6 +130,8 @@ class DraftTreeView(QWidget):
             return f"p {info.p:.2f}" if info.p is not None else ""
         if not info.tested:
             return "not tested"
+        if info.p is None:  # a served round: the server does not give its drafts' probabilities
+            return "p, q: not given"
         if is_greedy_test(info):
             return f"p {info.p:.2f} greedy"
         return f"p {info.p:.2f} q {info.q:.2f} u {info.u:.2f}" if info.u is not None else f"p {info.p:.2f}"

@@ -251,3 +251,35 @@ def detect_kind(address: Address) -> str:
     if version is not None and "version" in version:
         return "vllm"
     return "openai"
+
+
+class ServedDecoder:
+    """The local decoder's generate() over a served engine, so the window's job / worker path runs it as it
+    runs the local engine: the menus' method none turns drafting off, K goes per request where the engine
+    takes it (llama.cpp), the other settings (temperature, seed, max new tokens) go with every request."""
+
+    def __init__(self, engine: ServedEngine):
+        self.engine = engine
+
+    @property
+    def device_name(self) -> str:
+        return self.engine.label
+
+    def request(self, prompt: str, config) -> ServedRequest:
+        speculate = config.method != "none"
+        k = config.k if speculate and self.engine.kind == "llama.cpp" else None
+        return ServedRequest(prompt=prompt, max_tokens=config.max_new_tokens,
+                             temperature=config.sampling.temperature, k=k, speculate=speculate,
+                             seed=config.seed)
+
+    def generate(self, prompt: str, config, should_stop=lambda: False) -> Iterator:
+        """RoundEvents as they arrive; stopping closes the stream (and its connection)."""
+        generation = self.engine.generation(self.request(prompt, config))
+        iterator = iter(generation)
+        try:
+            for event in iterator:
+                yield event
+                if should_stop():
+                    return
+        finally:
+            iterator.close()
