@@ -25,6 +25,16 @@ def make_perturbed_copy(src, dst, noise: float = 0.5, seed: int = 0) -> Path:
     return dst
 
 
+def make_close_pair_dirs(root) -> tuple:
+    """(target, draft) directories under root: a 2-layer tiny Llama (vocab 96, hidden 64) and a copy of it
+    perturbed by 0.3 as its draft, so rounds accept some drafts, not all."""
+    from tiny_models import make_tiny_llama
+
+    target = make_tiny_llama(Path(root) / "target", vocab=96, hidden=64, layers=2, seed=0)
+    draft = make_perturbed_copy(target, Path(root) / "draft", noise=0.3, seed=2)
+    return str(target), str(draft)
+
+
 def make_close_decoder(root, noise: float = 0.3):
     """A CPU SpeculativeDecoder over the tiny pair's target (made under root) and, as its draft, a copy of it
     perturbed by `noise` (root/perturbed): rounds accept some drafts, not all."""

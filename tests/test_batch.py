@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from spec_fixtures import make_perturbed_copy
+from spec_fixtures import make_close_pair_dirs
 from tiny_models import make_tiny_llama
 
 from engine.analysis.analytic import chi2_sf
@@ -32,10 +32,7 @@ METHODS = ("none", "draft", "ngram")
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batch")
-    target = make_tiny_llama(root / "target", vocab=96, hidden=64, layers=2, seed=0)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
-    return str(target), str(draft)
+    return make_close_pair_dirs(tmp_path_factory.mktemp("batch"))
 
 
 @pytest.fixture(scope="module")

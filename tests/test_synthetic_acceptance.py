@@ -7,8 +7,7 @@ import statistics
 
 import pytest
 import torch
-from spec_fixtures import make_perturbed_copy
-from tiny_models import make_tiny_llama
+from spec_fixtures import make_close_pair_dirs
 
 from engine.analysis.analytic import expected_tokens
 from engine.analysis.lossless import check_greedy, check_sampling, target_next_logits
@@ -27,10 +26,7 @@ PROMPTS = ["the cat sat on the mat. the cat", "def f(x):\n    return x", "hello 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synthetic")
-    target = make_tiny_llama(root / "target", vocab=96, hidden=64, layers=2, seed=0)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.3, seed=2)
-    return str(target), str(draft)
+    return make_close_pair_dirs(tmp_path_factory.mktemp("synthetic"))
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +155,7 @@ def test_plain_decoding_is_not_marked(decoder):
 def test_a_tree_verdict_is_a_path_of_the_drawn_depth():
     """A tree's synthetic path follows the device's path as far as it fits, then goes deep enough."""
     parents = [-1, -1, 0, 1, 3, 3]  # depths 0 0 1 1 2 2; node 1's branch is the deep one
-    n, width = len(parents), 2
+    n = len(parents)
     readout = _RoundReadout(next_token=7, path=[0, 2], draft_tokens=list(range(10, 16)), p=[0.5] * n,
                             q=[1.0] * n, accept_prob=[1.0] * n, tested=[1.0] * n, next_p=0.5,
                             top_p=[[0.6, 0.4]] * (n + 1), top_i=[[20 + r, 40 + r] for r in range(n + 1)])

@@ -168,13 +168,8 @@ class HFRunner(CausalRunner):
         self._length = 0
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: Union[str, Path],
-        device: Union[str, torch.device] = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_length: Optional[int] = None,
-    ) -> "HFRunner":
+    def from_pretrained(cls, path: Union[str, Path], device: Union[str, torch.device] = "cpu",
+                        dtype: torch.dtype = torch.float32, max_length: Optional[int] = None) -> "HFRunner":
         """Load a local directory with transformers (local files only, never remote code, eager attention),
         validated first (`validated_config`)."""
         from transformers import AutoModelForCausalLM

@@ -264,17 +264,19 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, p: Mapping[str, Any], max_pos: int)
     return torch.where(medium, blended, scaled)
 
 
-def read_config_json(path: Union[str, Path]) -> Dict[str, Any]:
-    """config.json of a model directory as a dict; SpecplayError naming the file when missing or corrupt."""
+def read_config_json(path, name: Optional[str] = None) -> dict:
+    """config.json of a model directory as a dict; SpecplayError naming the model (name, else the path) and
+    the file when it is missing or corrupt."""
     cfg_path = Path(path) / "config.json"
+    who = name or str(path)
     if not cfg_path.is_file():
-        raise SpecplayError(f"{path}: no config.json (not a Hugging Face model directory)")
+        raise SpecplayError(f"{who}: no config.json (not a Hugging Face model directory)")
     try:
         data = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecplayError(f"{cfg_path}: cannot read config.json ({exc})") from None
+        raise SpecplayError(f"{who}: corrupt config.json at {cfg_path} ({exc})") from None
     if not isinstance(data, dict):
-        raise SpecplayError(f"{cfg_path}: config.json is not a JSON object")
+        raise SpecplayError(f"{who}: corrupt config.json at {cfg_path} (not a JSON object)")
     return data
 
 
@@ -525,13 +527,9 @@ class LlamaRunner(CausalRunner):
     # -- construction --------------------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: Union[str, Path],
-        device: Union[str, torch.device] = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_length: Optional[int] = None,
-    ) -> "LlamaRunner":
+    def from_pretrained(cls, path: Union[str, Path], device: Union[str, torch.device] = "cpu",
+                        dtype: torch.dtype = torch.float32,
+                        max_length: Optional[int] = None) -> "LlamaRunner":
         """Load a local Hugging Face directory (config.json + safetensors), validated before anything large is
         allocated (`validated_spec`). max_length (the KV cache size) defaults to
         min(max_position_embeddings, 4096)."""

@@ -12,7 +12,6 @@ its own ids (its logits are padded with -inf, q = 0 elsewhere), so the target's 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import pickle
@@ -196,14 +195,9 @@ def _first_chatter(lines: List[str]) -> str:
 
 
 def _read_config(model_dir: Path, name: str) -> dict:
-    cfg = model_dir / "config.json"
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecplayError(f"{name}: corrupt config.json at {cfg} ({exc})") from None
-    if not isinstance(data, dict):
-        raise SpecplayError(f"{name}: corrupt config.json at {cfg} (not a JSON object)")
-    return data
+    from engine.models.llama import read_config_json
+
+    return read_config_json(model_dir, name)
 
 
 def load_runner(

@@ -27,7 +27,13 @@ from engine.kernels.step import (
     tree_level_reference,
 )
 from engine.methods.base import DecodeState, Draft, Drafter, DrafterNeeds, DraftStart, RoundCommit, draw_token
-from engine.methods.eagle.graphs import eagle_chain, eagle_round, head_step, prepare_eagle_rounds
+from engine.methods.eagle.graphs import (
+    eagle_chain,
+    eagle_round,
+    head_step,
+    prepare_eagle_rounds,
+    run_at_cache_end,
+)
 from engine.models.llama import LlamaRunner, LlamaSpec, read_config_json
 from engine.models.runner import to_device
 
@@ -426,14 +432,8 @@ def tree_round(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: i
     head's cache (its length grows by n) and returns the tree (choose_nodes' four tensors), or None where no
     graph applies. Feed lengths 1..depth+1 are captured when first met, or beforehand by
     prepare_tree_rounds."""
-    runner = head.runner
-    start_row = runner.length
     graph = _tree_round_graph(head, next_tokens.numel(), depth, features.shape[-1], vocab, nodes)
-    if graph is None:
-        return None
-    grown = graph.run(features, next_tokens, start_row)
-    runner.set_length(start_row + next_tokens.numel())
-    return grown
+    return run_at_cache_end(head.runner, graph, next_tokens.numel(), features, next_tokens)
 
 
 def prepare_tree_rounds(head, depth: int, width: int, vocab: int, nodes: int) -> int:

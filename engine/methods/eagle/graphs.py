@@ -102,14 +102,19 @@ def eagle_round(head, features: torch.Tensor, tokens: torch.Tensor, k: int, voca
     n + k - 1 rows to the head's cache and returns (tokens [k], q [k, V] or None), or None where no graph
     applies (the caller then steps the head and drafts the chain apart). features [n, F], tokens [n] on the
     device."""
-    runner = head.runner
-    start_row = runner.length
     graph = _eagle_round_graph(head, tokens.numel(), k, features.shape[-1], vocab, sampling)
+    return run_at_cache_end(head.runner, graph, tokens.numel() + k - 1, features, tokens, uniforms=uniforms)
+
+
+def run_at_cache_end(runner, graph, rows: int, features: torch.Tensor, tokens: torch.Tensor, **inputs):
+    """graph.run(features, tokens, start, ...) with start the head's cache end, whose length then grows by the
+    rows the graph wrote; None where there is no graph (the caller runs the work eagerly)."""
     if graph is None:
         return None
-    drafted = graph.run(features, tokens, start_row, uniforms)
-    runner.set_length(start_row + tokens.numel() + k - 1)
-    return drafted
+    start_row = runner.length
+    out = graph.run(features, tokens, start_row, *inputs.values())
+    runner.set_length(start_row + rows)
+    return out
 
 
 def prepare_eagle_rounds(head, k: int, width: int, vocab: int,
