@@ -98,11 +98,26 @@ class PublicEagle3Head(EagleHead):
         self.norms = norms  # input, hidden, final: [H] each
         self.lm_head = lm_head  # [Vd, H]
         self.target_ids = target_ids  # [Vd] int64, or None: the draft vocabulary is the target's
-        self.taps_as_written = taps
+        self.before_residual = False  # norm_before_residual: the residual is hidden_norm(g), not g
+        self.set_convention(taps, False)
+
+    def set_convention(self, taps: tuple, before_residual: bool) -> None:
+        """Read the target at these tapped layers (transformers' hidden_states[k], the residual stream
+        before layer k) with this norm option: the config's own, or one the head doctor tries."""
+        self.taps_as_written = tuple(taps)
         # the runner's tap layers: hidden_states[k] is the output of layer k - 1; sorted and unique, as the
         # runner returns them side by side in layer order
         self.tap_layers = tuple(sorted({k - 1 for k in taps}))
         self._order = [self.tap_layers.index(k - 1) for k in taps]
+        self.before_residual = bool(before_residual)
+
+    def prepare(self, x: torch.Tensor) -> tuple:
+        """The layer's input x [n, 2H] = [embedding ; g] -> (attention input [n, 2H], residual [n, H])."""
+        embeds, g = x.chunk(2, dim=-1)
+        eps = self.runner_eps
+        normed = ph.rms_norm(g, self.norms["hidden"], eps)
+        attn_in = torch.cat([ph.rms_norm(embeds, self.norms["input"], eps), normed], dim=-1)
+        return attn_in, normed if self.before_residual else g
 
     @classmethod
     def load(cls, info: ph.HeadsInfo, target) -> "PublicEagle3Head":
@@ -130,18 +145,10 @@ class PublicEagle3Head(EagleHead):
         t = {name: v.to(target.device) for name, v in t.items()}
         norms = {"input": t[f"{prefix}input_layernorm.weight"], "hidden": t[f"{prefix}hidden_norm.weight"],
                  "final": t["norm.weight"]}
-        before_residual = bool(info.config.get("norm_before_residual", False))
-        eps = shape.eps
-
-        def prepare(x):  # x [n, 2H] = [embedding ; g]
-            embeds, g = x.chunk(2, dim=-1)
-            normed = ph.rms_norm(g, norms["hidden"], eps)
-            attn_in = torch.cat([ph.rms_norm(embeds, norms["input"], eps), normed], dim=-1)
-            return attn_in, normed if before_residual else g
-
         head = cls(t["fc.weight"], t.get("fc.bias"), t.get("embed_tokens.weight", target.embed_weight), norms,
                    t["lm_head.weight"], target_ids, taps, None, target)
-        head.runner = ph.HeadLayer(ph.layer_weights(t, prefix), shape, inv_freq, prepare, head.logits,
+        head.set_convention(taps, bool(info.config.get("norm_before_residual", False)))
+        head.runner = ph.HeadLayer(ph.layer_weights(t, prefix), shape, inv_freq, head.prepare, head.logits,
                                    target.max_length)
         return head
 
