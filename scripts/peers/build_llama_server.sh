@@ -68,20 +68,36 @@ build_server() {
   echo "== llama-server built in $((SECONDS - start)) s" | tee "$CACHE/build_time.txt"
 }
 
-patched_converter() {
-  local conv="$CACHE/src/llama.cpp"
-  if ! grep -q "specplay: shipped tokenizer" "$conv/conversion/base.py"; then
-    "$PYTHON" - "$conv/conversion/base.py" <<'PY' || fail "could not patch the converter's pre-tokenizer check"
+patched_converter() {  # the cache's copy only: the shipped tokenizer's hash is unknown to the converter
+  local conv="$CACHE/src/llama.cpp/conversion"
+  grep -q "specplay:" "$conv/base.py" && grep -q "specplay:" "$conv/llama.py" && return 0
+  "$PYTHON" - "$conv" <<'PY' || fail "could not patch the converter (its source moved?)"
 import sys
-path = sys.argv[1]
-text = open(path, encoding="utf-8").read()
-anchor = "        if res is None:\n            logger.warning(\"\\n\")"
-if anchor not in text:
-    sys.exit("anchor not found")
-patch = "        if res is None:  # specplay: shipped tokenizer is GPT-2 style byte-level BPE\n            res = \"gpt-2\"\n"
-open(path, "w", encoding="utf-8").write(text.replace(anchor, patch + anchor, 1))
+from pathlib import Path
+conv = Path(sys.argv[1])
+patches = {
+    # a GPT-2 style byte-level BPE: "gpt-2" is its pre-tokenizer
+    "base.py": ('        if res is None:\n            logger.warning("\\n")',
+                '        if res is None:  # specplay: the shipped tokenizer is GPT-2 style byte-level BPE\n'
+                '            res = "gpt-2"\n'),
+    # no tokenizer.model and no sentencepiece installed: go on to the HF / GPT-2 vocab paths
+    "llama.py": ("            self._set_vocab_sentencepiece()\n        except FileNotFoundError:",
+                 None),
+}
+for name, (anchor, prefix) in patches.items():
+    path = conv / name
+    text = path.read_text(encoding="utf-8")
+    if "specplay:" in text:
+        continue
+    if text.count(anchor) < 1:
+        sys.exit(f"{name}: anchor not found")
+    if prefix is None:
+        replaced = anchor.replace("except FileNotFoundError:",
+                                  "except (FileNotFoundError, ImportError):  # specplay: no sentencepiece")
+    else:
+        replaced = prefix + anchor
+    path.write_text(text.replace(anchor, replaced, 1), encoding="utf-8")
 PY
-  fi
 }
 
 convert_model() {  # name
