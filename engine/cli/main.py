@@ -257,6 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("heads_dir", metavar="DIR_OR_ID", help="the heads' folder or a cached Hub id")
     _add_model_args(heads)
 
+    doctor = sub.add_parser("doctor", help="why a draft head accepts less than expected: acceptance by draft "
+                                          "position under each tap convention and norm option an EAGLE-3 "
+                                          "config leaves open, the draft vocabulary's coverage, findings")
+    _add_model_args(doctor)
+    doctor.add_argument("--method", default=None, choices=("eagle", "eagle3", "medusa"),
+                        help="the heads to examine (default: the method of --heads, else eagle3)")
+    doctor.add_argument("--k", type=int, default=4, help="draft length (default 4)")
+    doctor.add_argument("--prompts", type=int, default=4, help="held-out prompts to run (default 4)")
+    doctor.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
+
     _add_prediction_parsers(sub)
     try:
         from engine.train.cli import add_train_parser
@@ -538,6 +548,25 @@ def cmd_run(args) -> int:
         print(f"interrupted after {len(events)} rounds{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     _print_run(events, config, decoder, args.json)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    """`doctor`: the head doctor's report (engine/analysis/doctor.py)."""
+    from engine.analysis import doctor
+
+    if not 1 <= args.k <= MAX_K or not 1 <= args.prompts <= 64 or not 1 <= args.max_new_tokens <= 4096:
+        raise SpecplayError(f"doctor takes --k 1..{MAX_K}, --prompts 1..64 and --max-new-tokens 1..4096")
+    method = args.method
+    if method is None and args.heads:
+        from engine.methods import public_heads
+
+        method = public_heads.detect(args.heads).method
+    method = method or "eagle3"
+    decoder = load_decoder(args, method)
+    report = doctor.diagnose_heads(decoder, method, doctor.default_prompts(args.prompts), args.k,
+                                   args.max_new_tokens)
+    print(report.format())
     return 0
 
 
@@ -967,7 +996,7 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
                     "bench": cmd_bench, "train": _cmd_train, "predict": cmd_predict, "diagnose": cmd_diagnose,
-                    "heads": cmd_heads}
+                    "heads": cmd_heads, "doctor": cmd_doctor}
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)
