@@ -256,3 +256,14 @@ def test_bench_server_cli(capsys):
     out = capsys.readouterr().out
     assert code == 0 and "equality: PASS" in out and "on/off (K=4)" in out
     assert main(["bench", "server", "--prompt", "p"]) == 2
+
+
+def test_server_options_that_do_not_combine(capsys, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a\nb\n")
+    line = _cli_error(capsys, ["run", "--server", "http://127.0.0.1:9", "--prompts-file", str(prompts)])
+    assert "--prompts-file" in line
+    line = _cli_error(capsys, ["bench", "methods", "--server", "http://127.0.0.1:9", "--prompt", "p"])
+    assert "bench methods" in line
+    line = _cli_error(capsys, ["bench", "server", "--server", "http://127.0.0.1:9", "--clients", "0,2"])
+    assert "--clients" in line or "unreachable" in line

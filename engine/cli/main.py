@@ -518,6 +518,9 @@ class BenchStop:
 # ------------------------------------------------------------------------------------------------ run
 def cmd_run(args) -> int:
     config = config_from_args(args)
+    if args.server and getattr(args, "prompts_file", None):
+        raise SpecplayError("--server and --prompts-file: a served engine batches requests itself; measure "
+                            "concurrent requests with bench server --clients")
     if getattr(args, "prompts_file", None):
         return batch_cli.cmd_run_batch(args, config)
     prompt = prompt_from_args(args)
