@@ -11,7 +11,8 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 from app import figures
 from app.session import method_label, sampling_label
 
-COLUMNS = ("runs", "method", "K", "speedup", "tokens/s (mean ± sd)", "α", "tokens / forward", "sampling")
+# speedup right after the method: in sight in a narrow dock
+COLUMNS = ("runs", "method", "speedup", "K", "tokens/s (mean ± sd)", "α", "tokens / forward", "sampling")
 
 
 def _key(gen) -> tuple:
@@ -65,8 +66,7 @@ def _row(gens: list, generations, calibration=None) -> dict:
 
 def row_cells(row: dict) -> list:
     spread = f" ± {row['tokens_per_s_sd']:.1f}" if row["tokens_per_s_sd"] is not None else ""
-    return [row["runs"], row["method"], "—" if row["k"] is None else str(row["k"]),
-            _speedup_cell(row),
+    return [row["runs"], row["method"], _speedup_cell(row), "—" if row["k"] is None else str(row["k"]),
             f"{row['tokens_per_s']:.1f}{spread} (n={row['count']})",
             "—" if row["alpha"] is None else f"{row['alpha']:.3f}", f"{row['tokens_per_forward']:.2f}",
             row["sampling"]]

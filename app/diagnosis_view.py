@@ -89,15 +89,13 @@ def diagnosis_html(d) -> str:
         parts.append(f"<p style='font-size:large'><font color='{color}'><b>{html.escape(d.verdict.title)}"
                      f"</b></font>: {html.escape(d.verdict.advice)}<br><i>figure: "
                      f"{html.escape(d.verdict.figure)}</i></p>")
-    parts += ["<b>Where a round's time goes</b> (draft / verify / overhead)",
-             "<table cellspacing='0' cellpadding='1'>"]
-    for bar in d.bars:
+    parts.append("<b>Where a round's time goes</b> (draft / verify / overhead)")
+    for bar in d.bars:  # the label and its figures on a line of their own, the bar below: a narrow dock
         cells = "".join(f"<td bgcolor='{color}' width='{max(1, int(getattr(bar, name + '_ms') * scale))}'>"
-                        "&nbsp;</td>" for name, color in PHASE_COLORS)
-        parts.append(f"<tr><td>{html.escape(bar.label)}&nbsp;</td><td><table cellspacing='0'><tr>{cells}"
-                     f"</tr></table></td><td>&nbsp;{bar.total_ms:.2f} ms, {bar.tokens:.2f} tok, "
-                     f"<b>{bar.per_token_ms:.2f} ms/tok</b></td></tr>")
-    parts.append("</table>")
+                        "&nbsp;</td>" for name, color in PHASE_COLORS)  # ... never cuts the label
+        parts.append(f"<p style='margin:4px 0 1px 0'>{html.escape(bar.label)}: {bar.total_ms:.2f} ms, "
+                     f"{bar.tokens:.2f} tok, <b>{bar.per_token_ms:.2f} ms/tok</b></p>"
+                     f"<table cellspacing='0'><tr>{cells}</tr></table>")
     legend = " ".join(f"<font color='{color}'>■</font> {name}" for name, color in PHASE_COLORS)
     parts.append(legend)
     best = d.report.best

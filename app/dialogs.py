@@ -385,20 +385,25 @@ class MethodSweepDialog(QDialog):
     {spec: why
     it could not run}."""
 
-    def __init__(self, parent, rows: list, title: str, left_out: dict):
+    def __init__(self, parent, rows: list, title: str, left_out: dict, complete: bool = True):
         from engine.methods.registry import spec_label
 
         super().__init__(parent)
-        self.setWindowTitle("Fastest method")
+        self.setWindowTitle("Fastest method" if complete else "Method sweep (stopped)")
+        self.complete = complete
         rows = [dict(row, label=spec_label(*_spec_parts(row["method"]))) for row in rows]
         for row in rows[:1]:  # plain decoding drafts nothing: no α
             row["alpha"] = None
         drafting = rows[1:]
-        best_row = max(drafting, key=lambda row: row["speedup"]) if drafting else None
+        best_row = max(drafting, key=lambda row: row["speedup"]) if drafting and complete else None
         self.best = None if best_row is None else best_row["method"]
         self.table = measured_table(rows, METHOD_SWEEP_COLUMNS,
                                     None if best_row is None else rows.index(best_row))
-        if best_row is None:
+        if not complete:  # what it measured, no recommendation from a partial sweep
+            measured = ", ".join(row["label"] for row in drafting) or "no drafting method"
+            verdict = (f"Stopped after measuring {measured} beside plain decoding: the sweep did not "
+                       "measure every method, so it recommends none.")
+        elif best_row is None:
             verdict = "No drafting method can run on this pair."
         elif best_row["speedup"] > 1.0:
             verdict = (f"Fastest measured: <b>{best_row['label']}</b>, {best_row['speedup']:.2f}× the "

@@ -3,11 +3,16 @@ engine.files.trace) that reproduces the run, a saved trace read back for replay,
 SVG; and
 a K or method sweep's table as CSV.
 
-Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter)`, reports a
+Each export asks `host` (the window) for a path with `host.ask_save_path(title, file_filter, name)`, reports a
 problem with `host.show_error(title, message)` and success with `host.show_status(message, timeout_ms)`;
 tests replace the first two on the window. No Qt here.
 """
 from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Optional
 
 from engine.errors import SpecplayError
 
@@ -20,6 +25,10 @@ OPEN_FILTER = "specplay traces (*.jsonl);;All files (*)"
 PLOTS_TITLE = "Export plots"
 PLOTS_FILTER = "PNG image, 2x (*.png);;SVG drawing (*.svg)"
 IMAGE_SUFFIXES = (".png", ".svg")
+ROUND_STEMS = {"csv": "metrics", "jsonl": "trace"}
+TEXT_TITLE = "Save text"
+TEXT_FILTER = "Text (*.txt)"
+NOTHING_YET = "Nothing to export yet: generate something first."
 NOTICE_MS = 5000
 
 
@@ -27,24 +36,43 @@ def with_suffix(path: str, suffix: str) -> str:
     return path if path.lower().endswith(suffix) else path + suffix
 
 
+def proposed_name(stem: str, suffix: str) -> str:
+    """The file name a save dialog proposes: the kind of export and the time, never an earlier file's."""
+    return f"specplay-{stem}-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+
+
+def ask_export_path(host, title: str, file_filter: str, name: str, fix) -> Optional[str]:
+    """The path the user picks (the dialog proposes `name`, in the folder of the last export), made whole
+    by `fix` (its suffix); None when the dialog was cancelled."""
+    path = host.ask_save_path(title, file_filter, name)
+    return fix(path) if path else None
+
+
+def write_reporting(host, title: str, write, done: str) -> None:
+    """Run `write()` (it returns a count); a SpecplayError becomes a dialog, success the status `done`
+    with {count} filled in."""
+    try:
+        count = write()
+    except SpecplayError as exc:
+        host.show_error(title, str(exc))
+        return
+    host.show_status(done.format(count=count), NOTICE_MS)
+
+
 def export_rounds(host, runs: list, fmt: str) -> None:
     """Write runs (engine.files.trace.Run) in `fmt` ('csv' or 'jsonl') to a path the user picks."""
     title, file_filter, suffix = ROUND_EXPORTS[fmt]
     if not runs:
-        host.show_error(title, "Nothing to export yet: generate something first.")
+        host.show_error(title, NOTHING_YET)
         return
-    path = host.ask_save_path(title, file_filter)
-    if not path:
-        return
-    path = with_suffix(path, suffix)
-    from engine.files.exports import export_runs
+    path = ask_export_path(host, title, file_filter, proposed_name(ROUND_STEMS[fmt], suffix),
+                           lambda p: with_suffix(p, suffix))
+    if path:
+        from engine.files.exports import export_runs
 
-    try:  # whole or not at all: a temporary file renamed into place; a path another run writes is refused
-        rows = export_runs(path, fmt, runs)
-    except SpecplayError as exc:
-        host.show_error(title, str(exc))
-        return
-    host.show_status(f"Wrote {rows} rounds of {len(runs)} generations to {path}", NOTICE_MS)
+        # whole or not at all: a temporary file renamed into place; a path another run writes is refused
+        write_reporting(host, title, lambda: export_runs(path, fmt, runs),
+                        f"Wrote {{count}} rounds of {len(runs)} generations to {path}")
 
 
 TABLE_FILTER = "CSV (*.csv)"
@@ -52,18 +80,38 @@ TABLE_FILTER = "CSV (*.csv)"
 
 def export_table(host, title: str, rows: list) -> None:
     """Write a sweep's measured rows (engine.files.exports.export_table) to a CSV path the user picks."""
-    path = host.ask_save_path(title, TABLE_FILTER)
-    if not path:
-        return
-    path = with_suffix(path, ".csv")
-    from engine.files.exports import export_table as write
+    stem = title.lower().replace("…", "").strip().replace(" ", "-")
+    path = ask_export_path(host, title, TABLE_FILTER, proposed_name(stem, ".csv"),
+                           lambda p: with_suffix(p, ".csv"))
+    if path:
+        from engine.files.exports import export_table as write
 
-    try:
-        written = write(path, rows)
-    except SpecplayError as exc:
-        host.show_error(title, str(exc))
+        write_reporting(host, title, lambda: write(path, rows), f"Wrote {{count}} rows to {path}")
+
+
+def save_text(host, text: str) -> None:
+    """Session → Save text…: the clean text the model produced (no drafts, no marks) as a UTF-8 file,
+    written whole (a temporary file renamed into place) or not at all."""
+    if not text:
+        host.show_error(TEXT_TITLE, NOTHING_YET)
         return
-    host.show_status(f"Wrote {written} rows to {path}", NOTICE_MS)
+    path = ask_export_path(host, TEXT_TITLE, TEXT_FILTER, proposed_name("text", ".txt"),
+                           lambda p: with_suffix(p, ".txt"))
+    if path:
+        write_reporting(host, TEXT_TITLE, lambda: _write_whole(path, text),
+                        f"Wrote {{count}} characters to {path}")
+
+
+def _write_whole(path: str, text: str) -> int:
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".specplay-", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise SpecplayError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return len(text)
 
 
 def read_trace(host, path: str):
@@ -95,10 +143,9 @@ def export_plots(host, plots, has_plots: bool) -> None:
     if not has_plots:
         host.show_error(PLOTS_TITLE, "Nothing to plot yet: generate something first.")
         return
-    path = host.ask_save_path(PLOTS_TITLE, PLOTS_FILTER)
+    path = ask_export_path(host, PLOTS_TITLE, PLOTS_FILTER, proposed_name("plots", ".png"), image_path)
     if not path:
         return
-    path = image_path(path)
     try:
         with open(path, "ab"):  # an unwritable path raises here; the SVG generator would fail silently
             pass

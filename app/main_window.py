@@ -7,6 +7,7 @@ user-facing error goes through `show_error`, which tests replace.
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 from dataclasses import replace
@@ -44,10 +45,10 @@ from app.jobs import JobSlot
 from app.menus import Menus, spec_text
 from app.plot_data import PlotBuffers
 from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
-from app.round_view import RoundView, describe, legend_html
+from app.round_view import RoundView, clean_text, describe, legend_html, round_tokens
 from app.server_dialog import ConnectWorker, ServerDialog, served_note
 from app.session import Generation, Session, method_label, sampling_label
-from app.settings import APPLICATION, DEFAULTS, METHOD_KEY, ORGANIZATION, AppSettings
+from app.settings import APPLICATION, DEFAULTS, EXPORT_FOLDER_KEY, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
 from app.widgets import PromptEdit, SteadyLabel, ask_path, settle_clipboard
 from app.workers import (
@@ -66,7 +67,10 @@ from engine.methods.registry import parse_spec, runnable_menu_specs
 SWEEP_KS = (1, 2, 3, 4, 6, 8)  # what "Find the fastest K" measures
 CHECK_SAMPLES = 1000  # seeds of "Check lossless"'s chi-squared test (the CLI's check-lossless uses 2000)
 CHECK_TEMPERATURE = 0.8  # the sampled check's temperature while the Sampling menu is on greedy
-COMPACT_SIZE = (1200, 800)  # below this width or height the plots collapse to tabs
+COMPACT_SIZE = (1100, 700)  # below this width or height the plots collapse to tabs
+# the default layout's shares of the window: History, the right column, the plots, the inspector in its column
+DOCK_SHARES = {"history": 0.16, "right": 0.27, "plots": 0.48, "inspector": 0.3}
+REFIT = 0.1  # the docks are set back to their shares when the window changes size by this fraction
 MAX_NEW_TOKENS = 8192  # the spin box's limit before a model is loaded (then: the model's context)
 LAST_SESSION = "the last session"  # where a restored generation came from (its History entry says replayed)
 SESSION_NOTICE_MS = 8000
@@ -115,6 +119,7 @@ class MainWindow(QMainWindow):
         self.sweep_rows: list = []
         self.sweep_dialog = None
         self.method_sweep_rows: list = []
+        self.method_sweep_complete = True  # False: the sweep was stopped (its rows are what it measured)
         self.method_dialog = None
         self.batch_rows: list = []
         self.batch_dialog = None
@@ -142,10 +147,9 @@ class MainWindow(QMainWindow):
         self._build_status()
         self._build_shortcuts()
         self.resize(1400, 900)
-        self.resizeDocks([self.history_dock, self.inspector_dock], [250, 300], Qt.Horizontal)
-        self.resizeDocks([self.plots_dock], [360], Qt.Vertical)
-        self.resizeDocks([self.inspector_dock, self.tree_dock], [260, 240], Qt.Vertical)
+        self._fit_docks(1400, 900)
         self._default_state = self.saveState()
+        self._docks_fitted_for = None  # fitted again to the size the window is shown at
         self._restore_layout()
         self.apply_theme(self.settings.get("view/theme"), save=False)
         self._refresh_all()
@@ -178,7 +182,7 @@ class MainWindow(QMainWindow):
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self._prompt_area())
         self.splitter.addWidget(self._output_area())
-        self.splitter.setSizes([110, 420])
+        self.splitter.setSizes([90, 440])  # the prompt takes a few lines: the text gets the room
         self.setCentralWidget(self.splitter)
 
     def _prompt_area(self) -> QWidget:
@@ -220,21 +224,30 @@ class MainWindow(QMainWindow):
         self.history_dock = self._dock("History", "historyDock", self.history, Qt.LeftDockWidgetArea)
         self.inspector_dock = self._dock("Token", "inspectorDock", self.inspector, Qt.RightDockWidgetArea)
         self.plots_dock = self._dock("Plots", "plotsDock", self.plots, Qt.BottomDockWidgetArea)
-        self.plots_action = self.plots_dock.toggleViewAction()
-        self.plots_action.setText("Plots")
         self.tree_panel = TreePanel()
         self.tree_view = self.tree_panel.view
         self.tree_view.tokenClicked.connect(self._show_token)
-        self.tree_dock = self._dock("Draft tree", "treeDock", self.tree_panel, Qt.RightDockWidgetArea)
-        self.tree_action = self.tree_dock.toggleViewAction()
-        self.tree_action.setText("Draft tree")
-        self.compare_dock = self._dock("Compare", "compareDock", self.compare, Qt.LeftDockWidgetArea)
-        self.compare_action = self.compare_dock.toggleViewAction()
-        self.compare_action.setText("Compare")
-        self.splitDockWidget(self.history_dock, self.compare_dock, Qt.Vertical)  # plots stay in sight
+        self.tree_dock = self._dock("Draft tree", "treeDock", self.tree_panel, Qt.BottomDockWidgetArea)
+        self.compare_dock = self._dock("Compare", "compareDock", self.compare, Qt.RightDockWidgetArea)
         self.diagnosis = DiagnosisView()
         self.diagnosis_dock = self._dock("Why is it slow?", "diagnosisDock", self.diagnosis,
                                          Qt.RightDockWidgetArea)
+        self._arrange_docks()
+        self.plots_action = self._raising_action(self.plots_dock)
+        self.tree_action = self._raising_action(self.tree_dock)
+        self.compare_action = self._raising_action(self.compare_dock)
+
+    def _arrange_docks(self) -> None:
+        """The default layout: the text in the middle, the History on its left, a column on its right (the
+        token inspector over Why is it slow? and Compare as tabs), and the plots below all three, across the
+        window. The draft tree is a tab beside the plots: opened, it gets the width of the window."""
+        self.setCorner(Qt.BottomLeftCorner, Qt.BottomDockWidgetArea)
+        self.setCorner(Qt.BottomRightCorner, Qt.BottomDockWidgetArea)
+        self.splitDockWidget(self.inspector_dock, self.diagnosis_dock, Qt.Vertical)
+        self.tabifyDockWidget(self.diagnosis_dock, self.compare_dock)
+        self.tabifyDockWidget(self.plots_dock, self.tree_dock)
+        self.diagnosis_dock.raise_()
+        self.plots_dock.raise_()
 
     def _raising_action(self, dock: QDockWidget) -> QAction:
         """A View menu entry that brings a dock into sight: one that is open but hidden behind a tab is
@@ -305,16 +318,20 @@ class MainWindow(QMainWindow):
             self.progress.setValue(int(done or 0))
         else:
             self.progress.setRange(0, 0)
-        self.progress.setFormat(text or "%v of %m")
+        full = (text or "%v of %m").replace("%v", str(int(done or 0))).replace("%m", str(int(total or 0)))
+        # one line that fits the bar (a long step would wrap and be clipped); the tooltip has all of it
+        width = self.progress.maximumWidth() - 16
+        fitted = self.progress.fontMetrics().elidedText(full, Qt.ElideRight, width)
+        self.progress.setFormat(fitted)
         self.progress.setTextVisible(True)
-        self.progress.setToolTip(text)
+        self.progress.setToolTip(full)
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.layout()
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
-        if isinstance(state, QByteArray) and not state.isEmpty():
-            self.restoreState(state)
+        if isinstance(state, QByteArray) and not state.isEmpty() and self.restoreState(state):
+            self._docks_fitted_for = (self.width(), self.height())  # the user's dock sizes stay
         self.plots_dock.setVisible(self.settings.get("view/plots"))
 
     # ============================================================================================= dialogs
@@ -325,8 +342,14 @@ class MainWindow(QMainWindow):
     def ask_directory(self, title: str) -> Optional[str]:
         return ask_path(self, title, QFileDialog.Directory)
 
-    def ask_save_path(self, title: str, file_filter: str) -> Optional[str]:
-        return ask_path(self, title, QFileDialog.AnyFile, file_filter, save=True)
+    def ask_save_path(self, title: str, file_filter: str, name: str = "") -> Optional[str]:
+        """A save dialog proposing the file `name` in the folder of the last export (kept in the settings)."""
+        folder = self.settings.get(EXPORT_FOLDER_KEY)
+        path = ask_path(self, title, QFileDialog.AnyFile, file_filter, save=True,
+                        folder=folder if os.path.isdir(folder) else os.path.expanduser("~"), name=name)
+        if path:
+            self.settings.set(EXPORT_FOLDER_KEY, os.path.dirname(os.path.abspath(path)))
+        return path
 
     def ask_open_path(self, title: str, file_filter: str) -> Optional[str]:
         return ask_path(self, title, QFileDialog.ExistingFile, file_filter)
@@ -603,6 +626,8 @@ class MainWindow(QMainWindow):
         self.settings.reset()
         self.restoreState(self._default_state)
         self.plots_dock.setVisible(True)
+        self._docks_fitted_for = None
+        self._fit_docks(self.width(), self.height())
         self.max_tokens.setValue(DEFAULTS["decode/max_new_tokens"])
         self.apply_theme("system")
         self._refresh_all()
@@ -777,9 +802,13 @@ class MainWindow(QMainWindow):
         self.method_sweep_rows = []
         worker = MethodSweepWorker(self.decoder, *inputs, specs)
         self._start_job(self.sweep_slot, worker, "Method sweep: warming up each method…",
-                        rows=self.method_sweep_rows.extend,
+                        rows=self._on_method_sweep_rows,
                         failed=self._fail_later("Method sweep failed"),
                         done=lambda job: self._on_method_sweep_done(job, left_out))
+
+    def _on_method_sweep_rows(self, rows: list, complete: bool) -> None:
+        self.method_sweep_rows.extend(rows)
+        self.method_sweep_complete = complete
 
     def _on_method_sweep_done(self, job: Job, left_out: dict) -> None:
         self._task_ended()
@@ -787,9 +816,12 @@ class MainWindow(QMainWindow):
             config = job.worker.config  # as measured, whatever the menus say now
             title = (f"K = {config.k}, {sampling_label(config.sampling, config.seed)}, "
                      f"{config.max_new_tokens} new tokens, on the prompt")
-            self.method_dialog = MethodSweepDialog(self, self.method_sweep_rows, title, left_out)
+            self.method_dialog = MethodSweepDialog(self, self.method_sweep_rows, title, left_out,
+                                                   self.method_sweep_complete)
             self.method_dialog.accepted.connect(lambda: self.set_method(self.method_dialog.best))
             self.method_dialog.show()
+        elif not self._pending_error:
+            self.show_status("The method sweep stopped while warming up: it measured nothing.", 8000)
 
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)
@@ -923,6 +955,7 @@ class MainWindow(QMainWindow):
         self.compare.refresh(self.session.generations, selected, self.calibration)
         if len(selected) > 1:
             self.compare_dock.show()
+            self.compare_dock.raise_()
         if self.shown is not None:
             self._render_plots(self.shown)
 
@@ -933,6 +966,8 @@ class MainWindow(QMainWindow):
             self.history.item(row).setSelected(True)
 
     def _render(self, gen: Generation) -> None:
+        if gen is not self.shown:
+            self.inspector.clear()  # a token pinned in another run is not this run's
         self.shown = gen
         if gen is self.current:
             self._unrendered = []  # show_generation draws every round received so far
@@ -1032,6 +1067,15 @@ class MainWindow(QMainWindow):
 
     def export_jsonl(self) -> None:
         exports.export_rounds(self, self.session.runs(), "jsonl")
+
+    def save_text(self) -> None:
+        """Session → Save text…: the clean text of the generation shown (what the model produced)."""
+        exports.save_text(self, self.shown_clean_text())
+
+    def shown_clean_text(self) -> str:
+        if self.shown is None:
+            return ""
+        return clean_text([info for event in self.shown.events for info in round_tokens(event)])
 
     def open_trace(self, path: Optional[str] = None) -> bool:
         """Session → Open trace…: replay a saved JSONL trace into the window, each of its generations a
@@ -1133,21 +1177,21 @@ class MainWindow(QMainWindow):
         super().resizeEvent(event)
         size = event.size()
         self.plots.set_compact(size.width() < COMPACT_SIZE[0] or size.height() < COMPACT_SIZE[1])
-        self._fit_docks(size.width(), size.height())
+        QTimer.singleShot(0, lambda: self._fit_docks(self.width(), self.height()))  # once laid out
 
     def _fit_docks(self, width: int, height: int) -> None:
-        """Docks grow and shrink with the window: whenever it changes size by a fifth or more, they are set
+        """Docks grow and shrink with the window: whenever it changes size by REFIT or more, they are set
         back to their share of it (in between, a user's own dock sizes are left alone)."""
         last = getattr(self, "_docks_fitted_for", None)
-        if last and abs(width - last[0]) < 0.2 * last[0] and abs(height - last[1]) < 0.2 * last[1]:
+        if last and abs(width - last[0]) < REFIT * last[0] and abs(height - last[1]) < REFIT * last[1]:
             return
         self._docks_fitted_for = (width, height)
-        self.resizeDocks([self.history_dock, self.inspector_dock], [int(0.17 * width), int(0.22 * width)],
-                         Qt.Horizontal)
-        self.resizeDocks([self.plots_dock], [int(0.36 * height)], Qt.Vertical)
-        self.resizeDocks([self.inspector_dock, self.tree_dock], [int(0.3 * height), int(0.3 * height)],
-                         Qt.Vertical)
-        self.resizeDocks([self.history_dock, self.compare_dock], [int(0.3 * height), int(0.2 * height)],
+        share = DOCK_SHARES
+        self.resizeDocks([self.history_dock, self.inspector_dock],
+                         [int(share["history"] * width), int(share["right"] * width)], Qt.Horizontal)
+        self.resizeDocks([self.plots_dock], [int(share["plots"] * height)], Qt.Vertical)
+        inspector = int(share["inspector"] * height)
+        self.resizeDocks([self.inspector_dock, self.diagnosis_dock], [inspector, height - inspector],
                          Qt.Vertical)
 
     def export_plots(self) -> None:
@@ -1188,7 +1232,9 @@ class MainWindow(QMainWindow):
         plain = self.plain_tpot(shown)
         text = plain.label() if plain is not None else "TPOT_plain —"
         method = shown.config.method if shown is not None else config.method
-        c = figures.c_of(self.calibration, method)
+        # a run's c comes from the calibration of the models it ran on (none for a replayed trace): the
+        # models loaded now may have no draft at all
+        c = figures.c_of(shown.calibration if shown is not None else self.calibration, method)
         if c is not None:
             text += f" · c {c:.2f} ({method})"
         speedup = figures.run_speedup(self.session.generations, shown, self.calibration)

@@ -14,6 +14,15 @@ THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 UNOFFERED = "not offered by the engine"  # a menu entry whose method the loaded decoder does not list
 
 
+def command(menu, text: str, slot, shortcut, tip: str = ""):
+    """A menu entry that runs `slot`, with its shortcut (a key string or a QKeySequence) and tooltip."""
+    action = menu.addAction(text, slot)
+    action.setShortcut(shortcut)
+    if tip:
+        action.setToolTip(tip)
+    return action
+
+
 def spec_text(spec: str) -> str:
     """The menu label of a method spec ('EAGLE, dynamic tree of 8 nodes')."""
     return parse_spec(spec).label
@@ -51,15 +60,13 @@ class Menus:
             self.method_group.addAction(action)
             self.method_actions[spec] = action
         menu.addSeparator()
-        self.check_action = menu.addAction("Check lossless…", w.check_lossless)
-        self.check_action.setShortcut("Ctrl+L")
-        self.check_action.setToolTip("Prove on the prompt that the method did not change the output; "
-                                     "Esc stops")
-        self.method_sweep_action = menu.addAction("Find the fastest method…", w.find_fastest_method)
-        self.method_sweep_action.setShortcut("Ctrl+M")
-        self.method_sweep_action.setToolTip("Measure every method above that the models can run on the "
-                                            "prompt, beside plain decoding, at this K and sampling; "
-                                            "Esc stops")
+        self.check_action = command(menu, "Check lossless…", w.check_lossless, "Ctrl+L",
+                                    "Prove on the prompt that the method did not change the output; "
+                                    "Esc stops")
+        self.method_sweep_action = command(menu, "Find the fastest method…", w.find_fastest_method,
+                                           "Ctrl+M", "Measure every method above that the models can run "
+                                           "on the prompt, beside plain decoding, at this K and sampling; "
+                                           "Esc stops")
 
     def _k_menu(self, menu, sweep_ks: tuple) -> None:
         w = self.window
@@ -76,14 +83,12 @@ class Menus:
         self.k_up_action = menu.addAction("Larger K\tCtrl+]", lambda: w.step_k(1))
         self.k_down_action = menu.addAction("Smaller K\tCtrl+[", lambda: w.step_k(-1))
         menu.addSeparator()
-        self.sweep_action = menu.addAction("Find the fastest K…", w.find_fastest_k)
-        self.sweep_action.setShortcut("Ctrl+K")
         ks = ", ".join(map(str, sweep_ks))
-        self.sweep_action.setToolTip(f"Measure K = {ks} on the prompt; Esc stops")
-        self.batch_action = menu.addAction("Batch regime…", w.batch_regime)
-        self.batch_action.setShortcut("Ctrl+B")
-        self.batch_action.setToolTip("Measure the speedup against the batch size beside the roofline's "
-                                     "prediction; Esc stops after the batch it is measuring")
+        self.sweep_action = command(menu, "Find the fastest K…", w.find_fastest_k, "Ctrl+K",
+                                    f"Measure K = {ks} on the prompt; Esc stops")
+        self.batch_action = command(menu, "Batch regime…", w.batch_regime, "Ctrl+B",
+                                    "Measure the speedup against the batch size beside the roofline's "
+                                    "prediction; Esc stops after the batch it is measuring")
         self.recalibrate_action = menu.addAction("Recalibrate costs", w.recalibrate)
         self.recalibrate_action.setToolTip("Time the verification curve, draft steps and overhead again")
 
@@ -105,14 +110,14 @@ class Menus:
 
     def _session_menu(self, menu) -> None:
         w = self.window
-        self.open_trace_action = menu.addAction("Open trace…", lambda: w.open_trace())
-        self.open_trace_action.setShortcut(QKeySequence.Open)
-        self.repeat_action = menu.addAction("Run N times…", lambda: w.run_n_times())
-        self.repeat_action.setShortcut("Ctrl+Shift+Return")
+        self.open_trace_action = command(menu, "Open trace…", lambda: w.open_trace(), QKeySequence.Open)
+        self.repeat_action = command(menu, "Run N times…", lambda: w.run_n_times(), "Ctrl+Shift+Return")
         menu.addSeparator()
-        menu.addAction("Export metrics CSV…", w.export_csv).setShortcut(QKeySequence.Save)
-        menu.addAction("Export trace JSONL…", w.export_jsonl).setShortcut("Ctrl+Shift+S")
-        menu.addAction("Export plots PNG/SVG…", w.export_plots).setShortcut("Ctrl+E")
+        command(menu, "Export metrics CSV…", w.export_csv, QKeySequence.Save)
+        command(menu, "Export trace JSONL…", w.export_jsonl, "Ctrl+Shift+S")
+        command(menu, "Export plots PNG/SVG…", w.export_plots, "Ctrl+E")
+        self.save_text_action = menu.addAction("Save text…", w.save_text)
+        self.save_text_action.setToolTip("Save the clean text of the run shown (no drafts, no marks) as .txt")
         menu.addSeparator()
         self.clear_action = menu.addAction("Clear", w.clear_session)
 

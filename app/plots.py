@@ -25,12 +25,54 @@ from app.style import LIGHT, TokenColors
 REDRAW_HZ = 20
 AXIS_WIDTH = 52  # px for the y axis: its label and tick labels up to five characters ("12.50", "1000")
 PNG_SCALE = 2  # exported PNGs have twice the screen's pixels
-OVERLAY_COLORS = ("#e8590c", "#2f9e44", "#9c36b5", "#1098ad", "#f08c00", "#c2255c", "#5c940d")
+# compared runs: hues apart from the plots' own curves (red, purple, green, blue), drawn wider
+OVERLAY_COLORS = ("#e8590c", "#1098ad", "#f08c00", "#795548", "#495057", "#0b7285")
+OVERLAY_WIDTH = 3
 NUMBERING = "Rounds, generations and draft positions count from 1."
 # the running curve each plot overlays for a compared run (PlotBuffers attribute)
 OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "running_tpot",
                   "tps": "running_tps"}
 GRID_COLUMNS = 12  # top row: three plots of 4 columns; bottom row: three plots and the summary, 3 each
+ROW_STRETCH = (5, 3)  # the top row's three main plots get five eighths of the panel's height
+TITLE_SIZE = "10pt"  # the plots' titles: smaller than pyqtgraph's default, more room for the data
+LEGEND_SAMPLE_PX = 24  # a legend entry's line sample and the gap before its text
+LEGEND_MARGIN_PX = 12  # the legend box's margins
+
+
+class WholeNumberAxis(pg.AxisItem):
+    """An x axis of counts (rounds, draft positions, accepted lengths): ticks on whole numbers only, so a
+    short run's axis reads 1 2 3, never 1.5 or 2.5."""
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float):
+        levels = [(spacing, offset) for spacing, offset in super().tickSpacing(minVal, maxVal, size)
+                  if spacing >= 1 and float(spacing).is_integer()]
+        return levels or [(1.0, 0.0)]
+
+
+class PlotCell(pg.PlotWidget):
+    """One plot of the panel; its legend (below the x axis) takes as many columns as its width holds, so
+    the legend wraps instead of running past the plot's right edge."""
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        fit_legend(self.getPlotItem(), self.width())
+
+
+def fit_legend(plot, width: float) -> None:
+    """Lay the legend's entries out row by row in as many columns as `width` holds (at least one)."""
+    legend = getattr(plot, "legend", None)  # None while the widget is being built
+    if legend is None or not legend.items:
+        return
+    spacing = legend.layout.horizontalSpacing()
+    entries = [LEGEND_SAMPLE_PX + label.item.boundingRect().width() + spacing for _, label in legend.items]
+    columns = next((n for n in range(len(entries), 1, -1)
+                    if _columns_width(entries, n) <= width - LEGEND_MARGIN_PX), 1)
+    legend.setColumnCount(columns)
+
+
+def _columns_width(entries: list, columns: int) -> float:
+    """The width of `entries` laid out row by row in `columns` columns, each as wide as its widest."""
+    return sum(max(entries[column::columns]) for column in range(columns))
 
 
 def series(buffers, name: str) -> np.ndarray:
@@ -110,8 +152,8 @@ class PlotPanel(QWidget):
         self.grid.setSpacing(2)
         for column in range(GRID_COLUMNS):
             self.grid.setColumnStretch(column, 1)
-        for row in range(2):
-            self.grid.setRowStretch(row, 1)
+        for row, stretch in enumerate(ROW_STRETCH):
+            self.grid.setRowStretch(row, stretch)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.currentChanged.connect(lambda _: self.redraw_if_dirty())
@@ -134,24 +176,25 @@ class PlotPanel(QWidget):
         self.tpf_plot = self._plot((0, 4, 4), "Tokens per target forward", "tokens")
         self.tpot_plot = self._plot((0, 8, 4), "Time per output token", "ms")
         self.hist_plot = self._plot((1, 0, 3), "Accepted length (rounds)", "rounds",
-                                    x_label="accepted drafts")
+                                    x_label="accepted drafts", legend=False)
         self.pos_plot = self._plot((1, 3, 3), "Acceptance by draft position", "α_i",
-                                   x_label="draft position (from 1)", y_range=(0, 1.05))
-        self.tps_plot = self._plot((1, 6, 3), "Tokens per second", "tokens/s")
+                                   x_label="draft position (from 1)", y_range=(0, 1.05), legend=False)
+        # the same marks as the TPOT plot's, whose legend names them: no legend row taking its little height
+        self.tps_plot = self._plot((1, 6, 3), "Tokens per second", "tokens/s", legend=False)
         c = self.colors
         self.curves = {
             "round_alpha": self._scatter(self.alpha_plot, c.measured, "this round"),
             "running_alpha": self._line(self.alpha_plot, c.running, "running mean"),
             "round_tpf": self._scatter(self.tpf_plot, c.measured, "this round"),
-            "running_tpf": self._line(self.tpf_plot, c.running, "measured (running)"),
+            "running_tpf": self._line(self.tpf_plot, c.running, "running mean"),
             "analytic_tpf": self._line(self.tpf_plot, c.analytic, "(1−α^(K+1))/(1−α)", dash=True),
             "per_position_tpf": self._line(self.tpf_plot, c.per_position, "1+Σ Π α_j", dash=True),
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
-            "running_tpot": self._line(self.tpot_plot, c.running, "measured (running)"),
-            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E (measured)", dash=True),
+            "running_tpot": self._line(self.tpot_plot, c.running, "running mean"),
+            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E", dash=True),
             "textbook_tpot": self._line(self.tpot_plot, c.analytic, "TPOT_plain·(1+cK)/E", dash=True),
             "round_tps": self._scatter(self.tps_plot, c.measured, "this round"),
-            "running_tps": self._line(self.tps_plot, c.running, "measured (running)"),
+            "running_tps": self._line(self.tps_plot, c.running, "running mean"),
         }
         self.clipped = {name: self._clipped_marks(plot) for name, plot in
                         (("round_tpf", self.tpf_plot), ("round_tpot", self.tpot_plot),
@@ -189,17 +232,19 @@ class PlotPanel(QWidget):
 
     @staticmethod
     def _reference_line(plot, colors):
-        """A plain run's value (TPOT, tokens/s) as a dotted horizontal line, with its name beside it."""
+        """A plain run's value (TPOT, tokens/s) as a dotted horizontal line, named in the legend (a name
+        drawn beside the line would lie over the curves). `line.sample` is its legend entry."""
         pen = pg.mkPen(colors.plot_fg, width=1, style=Qt.DotLine)
-        line = pg.InfiniteLine(angle=0, movable=False, pen=pen,
-                               label="plain", labelOpts={"position": 0.98, "color": colors.plot_fg,
-                                                         "anchors": [(1, 1), (1, 1)]})
+        line = pg.InfiniteLine(angle=0, movable=False, pen=pen)
         line.setVisible(False)
+        line.sample = pg.PlotDataItem([], [], pen=pen)  # only a legend sample: it holds no data
         plot.addItem(line, ignoreBounds=True)
         return line
 
-    def _plot(self, cell, title, y_label, x_label="round (from 1)", y_range=None):
-        widget = pg.PlotWidget(title=title, background=self.colors.plot_bg)
+    def _plot(self, cell, title, y_label, x_label="round (from 1)", y_range=None, legend=True):
+        """One plot in its grid cell; `legend` False: a plot of bars, whose legend would be empty (its row
+        would only take height from the data)."""
+        widget = PlotCell(background=self.colors.plot_bg, axisItems={"bottom": WholeNumberAxis("bottom")})
         widget.setFrameShape(QFrame.NoFrame)
         widget.grid_cell = (cell[0], cell[1], 1, cell[2])
         self._widgets.append(widget)
@@ -215,7 +260,9 @@ class PlotPanel(QWidget):
         plot.legend.setMinimumWidth(1)
         plot.titleLabel.updateMin = lambda: None  # pyqtgraph pins the minimum width to the title's
         plot.titleLabel.setMinimumWidth(1)  # a long title is clipped, never widening the plot
-        plot.layout.addItem(plot.legend, 4, 1)  # below the x axis: never over the data
+        plot.setTitle(title, size=TITLE_SIZE)
+        if legend:
+            plot.layout.addItem(plot.legend, 4, 0, 1, 2)  # below the x axis (full width): never over the data
         # axes that never resize with their tick labels never relayout the plot; no "(x0.001)" multipliers
         for name in ("left", "bottom"):
             plot.getAxis(name).setStyle(autoExpandTextSpace=False, autoReduceTextSpace=False)
@@ -321,8 +368,8 @@ class PlotPanel(QWidget):
         plot.legend.addItem(curve, name)
         return curve
 
-    def _line(self, plot, color, name, dash=False):
-        pen = pg.mkPen(color, width=2, style=Qt.DashLine if dash else Qt.SolidLine)
+    def _line(self, plot, color, name, dash=False, width=2):
+        pen = pg.mkPen(color, width=width, style=Qt.DashLine if dash else Qt.SolidLine)
         curve = plot.plot([], [], pen=pen)
         plot.legend.addItem(curve, name)
         return curve
@@ -346,10 +393,14 @@ class PlotPanel(QWidget):
         self.reference = None if tpot_ms is None else (float(tpot_ms), label)
         values = {"tpot": tpot_ms, "tps": 1000.0 / tpot_ms if tpot_ms else None}
         for key, line in self.reference_lines.items():
-            line.setVisible(self.reference is not None and values[key] is not None)
-            if line.isVisible():
+            shown = self.reference is not None and values[key] is not None
+            line.setVisible(shown)
+            legend = self._plots_by_key()[key].legend
+            legend.removeItem(line.sample)
+            if shown:
                 line.setPos(values[key])
-                line.label.setFormat(label)
+                legend.addItem(line.sample, label)
+        self._fit_legends()
         self._drawn = [-1] * len(self._painters)
 
     def _set_overlays(self, overlays: list) -> None:
@@ -362,9 +413,15 @@ class PlotPanel(QWidget):
         for index, (label, buffers) in enumerate(overlays):
             color = OVERLAY_COLORS[index % len(OVERLAY_COLORS)]
             for key, plot in self._plots_by_key().items():
-                self.overlay_curves[(key, index)] = curve = self._line(plot, color, label)
+                curve = self._line(plot, color, label, width=OVERLAY_WIDTH)
+                self.overlay_curves[(key, index)] = curve
                 if not np.isfinite(series(buffers, OVERLAY_SERIES[key])).any():
                     plot.legend.removeItem(curve)  # a plain run has no α: no legend entry for no line
+        self._fit_legends()
+
+    def _fit_legends(self) -> None:
+        for widget in self.plot_widgets:
+            fit_legend(widget.getPlotItem(), widget.width())
 
     def _plots_by_key(self) -> dict:
         return {"alpha": self.alpha_plot, "tpf": self.tpf_plot, "tpot": self.tpot_plot, "tps": self.tps_plot}

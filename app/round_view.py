@@ -181,18 +181,25 @@ def _verdict(info: TokenInfo) -> str:
     return f"u = {info.u:.4f} {relation} min(1, p/q) → {outcome}"
 
 
-def legend_html(colors: TokenColors) -> str:
-    def chip(label: str, style: str) -> str:
-        return f"<span style='{style}; font-family: monospace'>&nbsp;{label}&nbsp;</span>"
+def chip(label: str, style: str) -> str:
+    """A legend entry: `label` drawn as the tokens it names are."""
+    return f"<span style='{style}; font-family: monospace'>&nbsp;{label}&nbsp;</span>"
 
-    return " &nbsp; ".join([
+
+def token_chips(colors: TokenColors) -> list:
+    """The drafted and target token kinds as chips: the text's legend and the draft tree's share them."""
+    return [
         chip("accepted", f"background:{colors.accepted_bg}"),
         chip("rejected", f"color:{colors.rejected_fg}; text-decoration: line-through"),
         chip("not tested", f"color:{colors.untested_fg}; text-decoration: line-through"),
         chip("correction", f"background:{colors.correction_bg}"),
         chip("bonus", f"background:{colors.bonus_bg}"),
-        chip("target", "") + f"<span style='color:{colors.boundary}'>│</span> round boundary",
-    ])
+    ]
+
+
+def legend_html(colors: TokenColors) -> str:
+    boundary = chip("target", "") + f"<span style='color:{colors.boundary}'>│</span> round boundary"
+    return " &nbsp; ".join(token_chips(colors) + [boundary])
 
 
 class RoundView(QTextEdit):

@@ -15,6 +15,7 @@ ORGANIZATION = "specplay"
 APPLICATION = "specplay"
 
 METHOD_KEY = "decode/method"  # a method spec of engine.methods.registry: 'draft', 'eagle:8'
+EXPORT_FOLDER_KEY = "view/export_folder"
 DEFAULTS = {
     "models/target": "",
     "models/draft": "",
@@ -28,6 +29,7 @@ DEFAULTS = {
     "decode/max_new_tokens": 128,
     "view/plots": True,
     "view/theme": "system",  # system | light | dark
+    EXPORT_FOLDER_KEY: "",  # where the last export went: the next save dialog opens there
 }
 RENAMED_SPECS = {"eagle-tree": "eagle:8"}  # a stored method's old spelling -> the registry's
 VALID = {  # key -> does a value of the default's type fit the widgets that show it?

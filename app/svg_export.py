@@ -33,12 +33,12 @@ def panels(buffers, colors) -> list:
             ("running mean", "line", c.running, _finite(x, buffers.running_alpha))], (0.0, 1.05)),
         ("Tokens per target forward", "tokens", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_tpf)),
-            ("measured (running)", "line", c.running, _finite(x, buffers.running_tpf)),
+            ("running mean", "line", c.running, _finite(x, buffers.running_tpf)),
             ("(1−α^(K+1))/(1−α)", "dash", c.analytic, _finite(x, buffers.analytic_tpf)),
             ("1+Σ Π α_j", "dash", c.per_position, _finite(x, buffers.per_position_tpf))], None),
         ("Time per output token", "ms", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_tpot)),
-            ("measured (running)", "line", c.running, _finite(x, buffers.running_tpot)),
+            ("running mean", "line", c.running, _finite(x, buffers.running_tpot)),
             ("TPOT_plain·(1+cK)/E", "dash", c.predicted, _finite(x, buffers.predicted_tpot))], None),
         ("Accepted length (rounds)", "rounds", "accepted drafts", [
             ("rounds", "bars", c.running, list(enumerate(lengths)))], None),
@@ -46,7 +46,7 @@ def panels(buffers, colors) -> list:
             ("α_i", "bars", c.per_position, [(i + 1, a) for i, a in enumerate(alphas)])], (0.0, 1.05)),
         ("Tokens per second", "tokens/s", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, _per_second(buffers.round_tpot))),
-            ("measured (running)", "line", c.running, _finite(x, _per_second(buffers.running_tpot)))], None),
+            ("running mean", "line", c.running, _finite(x, _per_second(buffers.running_tpot)))], None),
     ]
 
 

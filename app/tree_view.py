@@ -22,6 +22,7 @@ from app.round_view import (
     drafted_info,
     is_greedy_test,
     next_info,
+    token_chips,
     visible_whitespace,
 )
 from app.style import LIGHT, TokenColors
@@ -216,15 +217,7 @@ class DraftTreeView(QWidget):
 
 
 def tree_legend_html(colors: TokenColors) -> str:
-    def chip(label: str, style: str) -> str:
-        return f"<span style='{style}; font-family: monospace'>&nbsp;{label}&nbsp;</span>"
-
-    return " ".join([
-        chip("accepted", f"background:{colors.accepted_bg}"),
-        chip("rejected", f"color:{colors.rejected_fg}; text-decoration: line-through"),
-        chip("not tested", f"color:{colors.untested_fg}; text-decoration: line-through"),
-        chip("correction", f"background:{colors.correction_bg}"),
-        chip("bonus", f"background:{colors.bonus_bg}"),
+    return " ".join(token_chips(colors) + [
         f"<span style='color:{colors.running}'>━</span> accepted path",
         "· p: target probability, q: drafter's, u: the uniform it was tested against",
     ])

@@ -70,10 +70,16 @@ def file_dialog(parent, title: str, mode, file_filter: str = "") -> QFileDialog:
     return dialog
 
 
-def ask_path(parent, title: str, mode, file_filter: str = "", save: bool = False):
-    """Run a file dialog; the chosen path, or None."""
+def ask_path(parent, title: str, mode, file_filter: str = "", save: bool = False, folder: str = "",
+             name: str = ""):
+    """Run a file dialog (opened in `folder`, proposing the file `name` where given); the chosen path, or
+    None."""
     dialog = file_dialog(parent, title, mode, file_filter)
     dialog.setAcceptMode(QFileDialog.AcceptSave if save else QFileDialog.AcceptOpen)
+    if folder:
+        dialog.setDirectory(folder)
+    if name:
+        dialog.selectFile(name)
     if mode == QFileDialog.Directory:
         dialog.setOption(QFileDialog.ShowDirsOnly, True)
     if dialog.exec() and dialog.selectedFiles():

@@ -108,8 +108,8 @@ class SweepWorker(DecoderWorker):
 
 class MethodSweepWorker(DecoderWorker):
     """Measures the given method specs on the prompt, round-robin with plain decoding (engine.bench.suite's
-    bench_methods): ("progress", done, total, text) after each generation, then ("rows", rows) unless
-    stopped."""
+    bench_methods): ("progress", done, total, text) after each generation, then ("rows", rows, complete):
+    a stopped sweep posts the methods it measured (none when stopped while warming up)."""
 
     def __init__(self, decoder, prompt: str, config, specs):
         super().__init__(decoder, prompt, config)
@@ -122,9 +122,10 @@ class MethodSweepWorker(DecoderWorker):
     def work(self) -> None:
         from engine.bench.suite import bench_methods
 
-        rows = bench_methods(self.decoder, [self.prompt], self.config, self.specs, progress=self._report)
+        rows = bench_methods(self.decoder, [self.prompt], self.config, self.specs, progress=self._report,
+                             keep_partial=True)
         if rows:
-            self.post("rows", rows)
+            self.post("rows", rows, not self._stop.is_set())
 
 
 class BatchWorker(DecoderWorker):

@@ -5,6 +5,7 @@ import math
 import threading
 
 import pytest
+from app_windows import open_real_window
 from PySide6.QtCore import Qt
 
 from app import backend
@@ -24,15 +25,7 @@ PROMPT = "the cat sat on the mat. the cat"
 @pytest.fixture
 def window(qtbot, tiny_pair_dirs):
     """The window on the tiny real pair, method draft model, K = 2, batches 1, 2, 4 of 6 new tokens."""
-    target, draft = tiny_pair_dirs
-    window = MainWindow(device="cpu")
-    window.errors = []
-    window.show_error = lambda title, message: window.errors.append((title, message))
-    qtbot.addWidget(window)
-    window.show()
-    window.start(str(target), str(draft))
-    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
-    assert window.errors == [] and window.decoder is not None
+    window = open_real_window(qtbot, *tiny_pair_dirs)
     window.method_actions["draft"].trigger()
     window.k_actions[2].trigger()
     window.prompt.setPlainText(PROMPT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+from app_windows import answer_save
 from test_app import FakeDecoder, generate, make_window  # noqa: F401 - make_window is a fixture
 
 from app.settings import DEFAULTS, AppSettings
@@ -36,7 +37,7 @@ def test_a_failing_generation_keeps_the_earlier_runs_and_settings(qtbot, make_wi
     assert (config.method, config.k) == ("ngram", 6)
     assert window.k_actions[6].isChecked() and window.method_actions["ngram"].isChecked()
     path = tmp_path / "session.csv"
-    window.ask_save_path = lambda title, file_filter: str(path)
+    answer_save(window, path)
     window.export_csv()
     rows = list(csv.reader(path.open()))[1:]
     assert [r[0] for r in rows] == ["1"] * 5 + ["2"] * 2
@@ -53,7 +54,7 @@ def test_a_stopped_generation_is_exported_as_stopped(qtbot, make_window, tmp_pat
     window.stop()
     qtbot.waitUntil(lambda: not window.running, timeout=2000)
     path = tmp_path / "trace.jsonl"
-    window.ask_save_path = lambda title, file_filter: str(path)
+    answer_save(window, path)
     window.export_jsonl()
     header, *lines = path.read_text().splitlines()
     assert '"type": "header"' in header  # the trace starts with the generation's settings

@@ -4,10 +4,12 @@ from __future__ import annotations
 import sys
 
 import pytest
+from app_windows import open_real_window
 from tiny_models import make_tiny_pair
 
 from app import backend
-from app.main_window import GIL_SWITCH_INTERVAL_S, MainWindow
+from app.compare import COLUMNS
+from app.main_window import GIL_SWITCH_INTERVAL_S
 
 pytestmark = pytest.mark.usefixtures("isolated_qsettings")
 backend.preload_engine()  # as run_gui does
@@ -27,15 +29,7 @@ def tree_pair(tmp_path_factory):
 def tree_window(qtbot, tree_pair):
     previous = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    window = MainWindow(device="cpu")
-    window.errors = []
-    window.show_error = lambda title, message: window.errors.append((title, message))
-    qtbot.addWidget(window)
-    window.show()
-    window.start(*tree_pair)
-    qtbot.waitUntil(lambda: window.load_job is None, timeout=60000)
-    assert window.errors == [] and window.decoder is not None
-    yield window
+    yield open_real_window(qtbot, *tree_pair)
     sys.setswitchinterval(previous)
 
 
@@ -115,7 +109,7 @@ def test_every_view_shows_one_tpot_plain_and_one_speedup(qtbot, tree_window):
     plain = _assert_one_value(before, draft, window)
     assert not plain.measured and "calibration" in before["status"] and "calibration" in before["summary"]
     assert plain.ms == pytest.approx(window.calibration.target_step_ms)
-    assert "vs calibration" in window.compare.item(0, 3).text()
+    assert "vs calibration" in window.compare.item(0, COLUMNS.index("speedup")).text()
 
     plain_run = _run(qtbot, window, "none")
     tree = _run(qtbot, window, "eagle:8")

@@ -55,7 +55,8 @@ def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1,
     plain rounds at up to 1.7x their time after it had waited or idled) then slows every configuration
     alike, where timed one after another it would land on one configuration and skew every ratio to it.
     after: called after each generation; when it returns False the measurement stops and gives None, or with
-    keep_partial the totals of the prompts every configuration ran (None when there is none).
+    keep_partial the totals of the prompts every configuration ran; stopped in its first prompt, the
+    configurations that ran it (None when there is none).
     before_repeat: called before each pass over the prompts (a session reset: no pass recalls the last)."""
     totals = {label: RunTotals(config.drafts) for label, config in configs.items()}
     cycles = 0
@@ -67,10 +68,20 @@ def measure_interleaved(decoder, prompts: list, configs: dict, repeats: int = 1,
             for label, config in configs.items():
                 cycle[label] = final_metrics(list(decoder.generate(prompt, config)))
                 if after is not None and not after():
-                    return totals if keep_partial and cycles else None
+                    if keep_partial and not cycles:  # stopped in the first prompt: what it measured of it
+                        return _cycle_totals(cycle, configs)
+                    return totals if keep_partial else None
             for label, metrics in cycle.items():
                 totals[label].add(metrics)
             cycles += 1
+    return totals
+
+
+def _cycle_totals(cycle: dict, configs: dict) -> dict:
+    """{label: RunTotals} of one prompt's generations (those of a stopped round-robin)."""
+    totals = {label: RunTotals(configs[label].drafts) for label in cycle}
+    for label, metrics in cycle.items():
+        totals[label].add(metrics)
     return totals
 
 
@@ -80,7 +91,8 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, 
     `none`'s, measured in this run.
     methods: specs, NAME or NAME:N for a tree of N nodes (eagle:8). Unavailable methods are skipped.
     progress(done, total): called after each generation (the warm-ups' included); returning False stops the
-    run, which then gives no rows, or with keep_partial the rows of the prompts every method ran."""
+    run, which then gives no rows, or with keep_partial the rows of the prompts every method ran (stopped in
+    the first prompt: of the methods that ran it, plain decoding first)."""
     availability = decoder.method_availability()
     specs = [parse_spec(m) for m in methods]
     for spec in specs:
@@ -103,7 +115,7 @@ def bench_methods(decoder, prompts, base: GenerationConfig, methods, repeats=1, 
                 return []
         results = measure_interleaved(decoder, prompts, configs, repeats, after, before_repeat=reset,
                                       keep_partial=keep_partial)
-    if results is None:
+    if not results or "none" not in results:
         return []
     plain = results["none"]
     rows = []
