@@ -15,7 +15,7 @@ PATTERN = [2, 0, 4, 1, 3, 0, 0, 2]
 
 class FakeState:
     def __init__(self, mode: str = "ok", default_k: int = 4):
-        self.mode = mode  # ok | cut | slow | html | no-metrics | bad-metrics | not-sse
+        self.mode = mode  # ok | cut | slow | html | no-metrics | bad-metrics | not-sse | fixed-k (K at start)
         self.default_k = default_k
         self.lock = threading.Lock()
         self.drafts = self.draft_tokens = self.accepted = 0
@@ -84,7 +84,11 @@ def make_handler(state: FakeState):
             if state.mode == "html":
                 return self._send(200, "<html>hello</html>", "text/html")
             if self.path == "/props":
-                return self._send(200, json.dumps({"build_info": "fake", "default_generation_settings": {}}))
+                params = {"speculative.types": "draft-simple" if state.default_k else "none"}
+                if state.mode != "fixed-k":  # older llama-server builds take K per request and list it
+                    params.update({"speculative.n_max": state.default_k, "speculative.n_min": 0})
+                return self._send(200, json.dumps({"build_info": "fake",
+                                                   "default_generation_settings": {"params": params}}))
             if self.path == "/health":
                 return self._send(200, json.dumps({"status": "ok"}))
             if self.path == "/metrics":
@@ -104,7 +108,9 @@ def make_handler(state: FakeState):
                 return self._send(200, json.dumps({"choices": [{"text": "x"}]}))
             if self.path != "/v1/completions":
                 return self._send(404, json.dumps({"error": {"message": "not found"}}))
-            k = int(body.get("speculative.n_max", state.default_k))
+            k = state.default_k
+            if state.mode != "fixed-k":
+                k = int(body.get("speculative.n_max", k))
             self._stream(state.plan(int(body.get("max_tokens", 16)), k))
 
         def _stream(self, steps: list) -> None:
@@ -144,8 +150,8 @@ def make_handler(state: FakeState):
 
 
 class FakeServer:
-    def __init__(self, mode: str = "ok"):
-        self.state = FakeState(mode)
+    def __init__(self, mode: str = "ok", default_k: int = 4):
+        self.state = FakeState(mode, default_k)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -39,14 +39,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(draft: bool = True, parallel: int = 4, threads: int = 2, log=None):
-    """`llama-server -m target.gguf [-md draft.gguf] --metrics` on 127.0.0.1:<free port>; yields its URL."""
+def llama_server(k: int = 4, parallel: int = 4, threads: int = 2, log=None):
+    """`llama-server -m target.gguf [-md draft.gguf --spec-type draft-simple --spec-draft-n-max K] --metrics`
+    on 127.0.0.1:<free port> (k = 0: plain, no draft model); yields its URL. This llama.cpp takes K and the
+    method at its start only (its per-request speculative fields are compiled out)."""
     files, port = peer_files(), free_port()
     command = [str(files["server"]), "-m", str(files["target"]), "--host", "127.0.0.1", "--port", str(port),
                "--metrics", "-np", str(parallel), "-c", str(1024 * parallel), "-t", str(threads),
                "--no-webui", "--no-warmup"]
-    if draft:
-        command += ["-md", str(files["draft"]), "-td", str(threads)]
+    if k:
+        command += ["-md", str(files["draft"]), "-td", str(threads), "--spec-type", "draft-simple",
+                    "--spec-draft-n-max", str(k)]
     process = subprocess.Popen(command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

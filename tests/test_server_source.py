@@ -267,3 +267,21 @@ def test_server_options_that_do_not_combine(capsys, tmp_path):
     assert "bench methods" in line
     line = _cli_error(capsys, ["bench", "server", "--server", "http://127.0.0.1:9", "--clients", "0,2"])
     assert "--clients" in line or "unreachable" in line
+
+
+def test_a_server_that_takes_k_at_its_start_needs_a_plain_server():
+    with FakeServer("fixed-k", default_k=3) as server, FakeServer(default_k=0) as plain:
+        engine = ServedEngine.connect(server.url)
+        assert engine.kind == "llama.cpp" and not engine.per_request_k
+        with pytest.raises(ServerError, match="plain-server"):
+            tuning.Arms(engine)
+        with pytest.raises(ServerError, match="--spec-draft-n-max"):
+            engine.generation(ServedRequest(prompt="p", k=4))
+        plain_engine = ServedEngine.connect(plain.url)
+        arms = tuning.Arms(engine, plain_engine)
+        with pytest.raises(ServerError, match="restarting it with each K"):
+            tuning.k_sweep(arms, ServedRequest(prompt="p", max_tokens=8), [1, 2])
+        row = tuning.on_off(arms, ServedRequest(prompt="p", max_tokens=16))
+    assert row["equal"] and row["on"]["k"] == 3  # the server's own K, seen in its rounds
+    assert row["on"]["draft_tokens"] > 0 and row["off"]["draft_tokens"] in (0, None)
+    assert "speculative.n_max" not in server.state.requests[-1]

@@ -57,7 +57,7 @@ def cmd_run_served(args, prompt: str, targets: list, header_of) -> int:
     from engine.sources.http import ServerError
 
     engine = engine_from_args(args)
-    k = args.k if engine.kind == "llama.cpp" else None
+    k = args.k if engine.per_request_k else None  # else the server's own K (said in the figures)
     generation = engine.generation(request_from_args(args, prompt, k))
     header = header_of(engine)
     failure: Optional[ServerError] = None
@@ -112,12 +112,12 @@ def cmd_bench_served(args, prompt: str) -> int:
     engine = engine_from_args(args)
     plain = engine_from_args(args, args.plain_server) if getattr(args, "plain_server", None) else None
     arms = tuning.Arms(engine, plain)
-    request = request_from_args(args, prompt, args.k)
+    request = request_from_args(args, prompt, args.k if engine.per_request_k else None)
     ks = _counts(getattr(args, "k_sweep", "") or (args.ks if args.what == "k-sweep" else ""), "--k-sweep", 32)
     clients = _counts(getattr(args, "clients", ""), "--clients", MAX_CLIENTS)
     print(f"server: {engine.label}" + (f"  plain: {plain.label}" if plain else ""))
     row = tuning.on_off(arms, request)
-    print(f"on/off (K={args.k}): on {_f(row['on']['tokens_per_s'])} tokens/s, off "
+    print(f"on/off (K={row['on']['k'] or 'n/a'}): on {_f(row['on']['tokens_per_s'])} tokens/s, off "
           f"{_f(row['off']['tokens_per_s'])} tokens/s, speedup {_f(row['speedup'], 2)}x, "
           f"α={_f(row['on']['alpha'], 3)}, TPOT on {_f(row['on']['tpot_ms'], 2)} ms / off "
           f"{_f(row['off']['tpot_ms'], 2)} ms, TTFT on {_f(row['on']['ttft_ms'])} ms")

@@ -51,6 +51,10 @@ class RoundBuilder:
     def add(self, chunk: Chunk) -> list:
         """The rounds this chunk completed (zero or one, or two when it opens a new round after a
         completed one)."""
+        if chunk.tokens == 0:  # a closing chunk (finish reason, figures): the open round's end
+            if self._open:
+                self._open.append(chunk)
+            return []
         done = []
         counts = (chunk.draft_n, chunk.draft_accepted)
         if chunk.draft_n is not None:

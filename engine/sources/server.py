@@ -64,7 +64,7 @@ class ServedResult:
         alpha = c.acceptance_rate if c else None
         per_step = (1.0 + c.accepted / c.drafts) if c and c.drafts and c.accepted is not None \
             else (c.accept_length if c else None)
-        k = self.k or (round(c.draft_tokens / c.drafts) if c and c.drafts and c.draft_tokens else None)
+        k = self.k or max((len(e.drafted) for e in self.rounds), default=0) or None  # the server's own K
         analytic_e = analytic.expected_tokens(alpha, k) if alpha is not None and k else None
         return {"tokens": self.tokens, "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "tokens_per_s": self.tokens_per_s, "alpha": alpha, "k": k,
@@ -82,6 +82,9 @@ class ServedEngine:
             raise ServerError(f"unknown server kind {kind!r} (choose from {', '.join(KINDS)})")
         self.address, self.kind, self.read_timeout_s = address, kind, read_timeout_s
         self.model: Optional[str] = None
+        # llama.cpp builds that compile in the per-request speculative fields list speculative.n_max in
+        # /props; newer ones take K (--spec-draft-n-max) and the method (--spec-type) at their start only
+        self.per_request_k = False
 
     @classmethod
     def connect(cls, url: str, kind: Optional[str] = None, read_timeout_s: float = 60.0) -> "ServedEngine":
@@ -89,7 +92,18 @@ class ServedEngine:
         reached)."""
         address = parse_url(url)
         engine = cls(address, kind or detect_kind(address), read_timeout_s)
+        if engine.kind == "llama.cpp":
+            engine.read_props()
         return engine
+
+    def read_props(self) -> None:
+        """llama.cpp's /props: whether it takes speculative.n_max per request (its speculative.types there is
+        the per-request default, not what the server runs with: not read)."""
+        props = get_json(self.address, "/props", min(10.0, self.read_timeout_s)) or {}
+        settings = props.get("default_generation_settings")
+        params = settings.get("params", settings) if isinstance(settings, dict) else {}
+        params = params if isinstance(params, dict) else {}
+        self.per_request_k = "speculative.n_max" in params
 
     @property
     def label(self) -> str:
@@ -131,12 +145,12 @@ class ServedEngine:
         return body
 
     def generation(self, request: ServedRequest, scrape: bool = True) -> "ServedGeneration":
-        if not request.speculate and self.kind != "llama.cpp":
-            raise ServerError(f"a {self.kind} server cannot turn drafting off per request: give a second "
-                              "URL for the plain server (--plain-server)")
-        if request.k is not None and request.speculate and self.kind != "llama.cpp":
-            raise ServerError(f"a {self.kind} server takes K at its start, not per request: restart it with "
-                              "another K (only llama.cpp takes speculative.n_max per request)")
+        if not request.speculate and not self.per_request_k:
+            raise ServerError(f"{self.label} cannot turn drafting off per request: give a second URL for the "
+                              "plain server (--plain-server)")
+        if request.k is not None and request.speculate and not self.per_request_k:
+            raise ServerError(f"{self.label} takes K at its start, not per request: restart it with another "
+                              "K (llama-server: --spec-draft-n-max K), one K at a time")
         return ServedGeneration(self, request, scrape)
 
 
@@ -267,7 +281,7 @@ class ServedDecoder:
 
     def request(self, prompt: str, config) -> ServedRequest:
         speculate = config.method != "none"
-        k = config.k if speculate and self.engine.kind == "llama.cpp" else None
+        k = config.k if speculate and self.engine.per_request_k else None
         return ServedRequest(prompt=prompt, max_tokens=config.max_new_tokens,
                              temperature=config.sampling.temperature, k=k, speculate=speculate,
                              seed=config.seed)

@@ -24,8 +24,8 @@ class Arms:
     server."""
 
     def __init__(self, engine: ServedEngine, plain: Optional[ServedEngine] = None):
-        if plain is None and engine.kind != "llama.cpp":
-            raise ServerError(f"a {engine.kind} server cannot turn drafting off per request: give the plain "
+        if plain is None and not engine.per_request_k:
+            raise ServerError(f"{engine.label} cannot turn drafting off per request: give the plain "
                               "server's URL too (--plain-server)")
         self.engine, self.plain = engine, plain
 
@@ -48,9 +48,9 @@ def on_off(arms: Arms, request: ServedRequest) -> dict:
 
 def k_sweep(arms: Arms, request: ServedRequest, ks: list, going: Callable = lambda: True) -> list:
     """A row per K (the engine takes K per request: llama.cpp) beside one plain run of the prompt."""
-    if arms.engine.kind != "llama.cpp":
-        raise ServerError(f"a {arms.engine.kind} server takes K at its start: a K sweep needs llama.cpp "
-                          "(or one server per K, measured one at a time)")
+    if not arms.engine.per_request_k:
+        raise ServerError(f"{arms.engine.label} takes K at its start: sweep K by restarting it with each K "
+                          "(llama-server: --spec-draft-n-max K) and measuring one at a time")
     plain = served_once(*arms.off(request), scrape=False)
     rows = []
     for k in ks:
