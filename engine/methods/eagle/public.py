@@ -51,11 +51,16 @@ class PublicEagleHead(EagleHead):
             ph.check_shapes(header, {"embed_tokens.weight": (target.vocab_size, target.hidden_size)},
                             info.weights, WHAT)
         names = list(shapes) + (["embed_tokens.weight"] if own_embed else [])
-        t = ph.load_tensors(info.weights, names, target.device, target.dtype)
+        return cls.from_tensors(ph.load_tensors(info.weights, names, target.device, target.dtype), shape,
+                                inv_freq, target)
+
+    @classmethod
+    def from_tensors(cls, t: dict, shape: ph.LayerShape, inv_freq, target) -> "PublicEagleHead":
+        """The head over its tensors (expected_shapes' names, on the target's device), checked or made."""
         runner = ph.HeadLayer(ph.layer_weights(t, "layers.0."), shape, inv_freq,
                               prepare=lambda x: (x, x),  # layer 0: no input norm
                               readout=target.project, max_length=target.max_length)
-        embed = t["embed_tokens.weight"] if own_embed else target.embed_weight
+        embed = t.get("embed_tokens.weight", target.embed_weight)
         return cls(t["fc.weight"], t.get("fc.bias"), embed, runner, target)
 
     def true_features(self, features: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,13 @@ class PublicEagle3Head(EagleHead):
             check_d2t(t["d2t"], target.vocab_size, info.weights)
             target_ids = (torch.arange(draft_vocab) + t.pop("d2t").long()).to(target.device)
         t = {name: v.to(target.device) for name, v in t.items()}
+        return cls.from_tensors(info, t, target_ids, target)
+
+    @classmethod
+    def from_tensors(cls, info: ph.HeadsInfo, t: dict, target_ids, target) -> "PublicEagle3Head":
+        """The head over its tensors (expected's names, on the target's device) and its draft vocabulary's
+        target ids ([Vd] int64, or None), checked or made."""
+        _, shape, inv_freq, taps, _, prefix = expected(info, target)
         norms = {"input": t[f"{prefix}input_layernorm.weight"], "hidden": t[f"{prefix}hidden_norm.weight"],
                  "final": t["norm.weight"]}
         head = cls(t["fc.weight"], t.get("fc.bias"), t.get("embed_tokens.weight", target.embed_weight), norms,

@@ -76,8 +76,12 @@ def load(info: ph.HeadsInfo, target) -> MedusaHeads:
     """The published heads as MedusaHeads with their own LM heads, every shape checked first."""
     shapes = expected_shapes(info, target)
     ph.check_shapes(ph.read_header(info.weights), shapes, info.weights, WHAT)
+    return from_tensors(info, ph.load_tensors(info.weights, shapes, target.device, target.dtype))
+
+
+def from_tensors(info: ph.HeadsInfo, t: dict) -> MedusaHeads:
+    """The heads over their tensors (expected_shapes' names, on the target's device), checked or made."""
     count, layers, block, lm_head = names(info)
-    t = ph.load_tensors(info.weights, shapes, target.device, target.dtype)
     blocks = [([t[block(h, b) + "weight"] for h in range(count)],  # D x [H, H]
                [t[block(h, b) + "bias"] for h in range(count)]) for b in range(layers)]  # D x [H]
     heads = MedusaHeads(blocks[0][0], blocks[0][1], published_order(MC_SIM_7B_63, count),
