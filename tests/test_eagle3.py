@@ -93,3 +93,55 @@ def test_eagle3_training_step_lowers_the_loss(tmp_path):
     assert all(0.0 <= after[f"chain{s}_top1"] <= after[f"step{s}_top1"] + 1e-9 for s in (1, 2, 3))
     assert after["chain3_top1"] <= after["chain2_top1"] <= after["chain1_top1"]
     assert all(p.grad is None for p in model.parameters())   # the target stays frozen
+
+
+def test_published_head_training_time_test_is_what_the_public_loader_computes(tmp_path):
+    """The published-architecture variant (speculators layout): trained a few steps on the CPU (its loss
+    falls), saved, loaded by the engine's public loader; step 1 on the true taps and steps 2-3 on its own
+    outputs equal the training-time test's rows of the chain."""
+    from engine.methods import public_heads
+    from engine.methods.eagle3.public import PublicEagle3Head
+
+    model = tiny_target(tmp_path / "target", layers=5)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    taps = eagle3.published_taps(5)
+    assert taps == (1, 3, 4) and eagle3.published_taps(32) == (2, 16, 29)
+    head = eagle3.PublishedEagle3Head.for_target(model, taps, inter=96).train()
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(3, 96, (4, 33), generator=gen)
+    w[:, 16:] = w[:, :17]
+    before = eagle3.eval_eagle3(head.eval(), model, w, torch.device("cpu"), steps=3, decay=0.8)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    head.train()
+    for _ in range(20):
+        eagle3.eagle3_loss(head, model, w, steps=3, decay=0.8).backward()
+        opt.step()
+        opt.zero_grad()
+    after = eagle3.eval_eagle3(head.eval(), model, w, torch.device("cpu"), steps=3, decay=0.8)
+    assert after["eagle3_loss"] < before["eagle3_loss"] - 0.1
+    assert all(p.grad is None for p in model.parameters())
+
+    eagle3.save_published(head, tmp_path / "heads", dtype=torch.float32)
+    info = public_heads.detect(tmp_path / "heads")
+    assert info.layout == "EAGLE-3 (speculators)" and info.taps == taps and info.draft_vocab == 96
+    runner = LlamaRunner.from_pretrained(tmp_path / "target", dtype=torch.float32)
+    engine_head = PublicEagle3Head.load(info, runner)
+    runner.tap_layers = engine_head.tap_layers
+    assert engine_head.tap_layers == (0, 2, 3)
+
+    ids = torch.tensor([0, 5, 17, 42, 7, 9, 11, 3, 30, 60, 21, 8])
+    hf_taps, _ = eagle3.tapped_forward(model, ids[None], head.hook_layers)
+    with torch.no_grad():
+        outs = head.ttt(hf_taps[:, :11], model.model.embed_tokens(ids[None, 1:12]), steps=3)
+        true = runner.forward(ids).taps
+        h1 = engine_head.step(engine_head.true_features(true[:11]), ids[1:12])
+        assert torch.allclose(h1, outs[0][0], atol=1e-4)
+        assert torch.allclose(engine_head.logits(h1), head.draft_logits(model, outs[0][0]), atol=1e-3)
+        c = 6
+        engine_head.runner.reset()
+        last = engine_head.step(engine_head.true_features(true[:c + 1]), ids[1:c + 2])[-1:]
+        h2 = engine_head.runner.forward_embeds(engine_head.fuse(last, ids[c + 2:c + 3])).hidden
+        assert torch.allclose(h2[0], outs[1][0, c + 1], atol=1e-4)
+        h3 = engine_head.runner.forward_embeds(engine_head.fuse(h2, ids[c + 3:c + 4])).hidden
+        assert torch.allclose(h3[0], outs[2][0, c + 2], atol=1e-4)

@@ -72,6 +72,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "standard library's training files, written to DIR/ngram_table.safetensors")
     add_head_arguments(p, "medusa", "Medusa", "Medusa heads (medusa_heads.safetensors, medusa_config.json)")
     add_head_arguments(p, "eagle3", "EAGLE-3", "EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json)")
+    p.add_argument("--eagle3-arch", choices=("specplay", "published"), default=None,
+                   help="the EAGLE-3 head's architecture: the project's own (default) or the published one "
+                        "(written in the speculators layout: config.json, model.safetensors)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
@@ -130,6 +133,8 @@ def run_train(args) -> int:
                            getattr(args, "medusa_budget_s", None), getattr(args, "medusa_steps", None))
     preset = with_schedule(preset, "eagle3", getattr(args, "eagle3_budget_s", None),
                            getattr(args, "eagle3_steps", None))
+    if getattr(args, "eagle3_arch", None) is not None:
+        preset = replace(preset, eagle3_arch=args.eagle3_arch)
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
     device = lm.pick_device(args.device)
     threads = getattr(args, "threads", None)

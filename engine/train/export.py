@@ -108,8 +108,13 @@ def export_heads(ctx, dst: Path) -> None:
 
 
 def export_eagle3(ctx, dst: Path) -> None:
+    """The project's head into dst (eagle3_head.safetensors, eagle3_config.json), or a published-architecture
+    one (preset eagle3_arch) in the speculators layout (config.json, model.safetensors)."""
     from engine.train import eagle3
 
+    if ctx.preset.eagle3_arch == "published":
+        eagle3.save_published(eagle3.load_published(ctx.stage_dir("eagle3")), dst, dtype=torch.float16)
+        return
     eagle3.save_eagle3(eagle3.load_eagle3(ctx.stage_dir("eagle3")), dst, dtype=torch.float16)
 
 
@@ -144,7 +149,7 @@ def export_all(ctx, stage_metrics: dict) -> dict:
     if (ctx.stage_dir("medusa") / "done.json").exists() and (ctx.stage_dir("eagle") / "done.json").exists():
         export_heads(ctx, dst / "target")
     if (ctx.stage_dir("eagle3") / "done.json").exists():
-        export_eagle3(ctx, dst / "target")
+        export_eagle3(ctx, dst / ("eagle3_heads" if ctx.preset.eagle3_arch == "published" else "target"))
     for name in ("manifest.json", "heldout_prompts.json", "heldout_sample.txt"):
         shutil.copy2(data / name, dst / name)
     losses = heldout_sample_losses(dst, ctx.device)
@@ -176,7 +181,8 @@ def export_eagle3_only(ctx, dst: Path) -> dict:
     target/) and eagle3_report.json, as export_medusa_only does for the Medusa heads."""
     p = ctx.preset
     return _export_head_only(ctx, dst, "eagle3", lambda: export_eagle3(ctx, dst),
-                             {"eagle3_steps": p.eagle3_steps, "eagle3_decay": p.eagle3_decay},
+                             {"eagle3_steps": p.eagle3_steps, "eagle3_decay": p.eagle3_decay,
+                              "eagle3_arch": p.eagle3_arch},
                              "eagle3_head.safetensors, eagle3_config.json")
 
 

@@ -98,6 +98,10 @@ class Preset:
     eagle3_decay: float = 0.8         # step s's loss weight is decay^(s-1), normalised
     eagle3_intermediate: int = 320    # the EAGLE-3 layer's MLP width (so that the family fits 26 MB)
     eagle3_taps: Optional[tuple] = None   # target layers fused (None: a low, a middle and the last)
+    # "specplay": the project's own head (proj + fc over [feature ; embedding], the target's norm and LM
+    # head); "published": the published EAGLE-3 architecture (engine/methods/eagle3/public.py), written in
+    # the speculators layout
+    eagle3_arch: str = "specplay"
     eval_signatures: int = 200        # plausibility: held-out signatures ...
     eval_new_tokens: int = 96         # ... completed greedily by this many tokens
     eval_max_files: Optional[int] = None   # held-out stdlib files for the perplexity (None: all)

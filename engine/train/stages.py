@@ -614,8 +614,14 @@ def stage_eagle3(ctx: Context) -> dict:
     t0, p, sched = time.time(), ctx.preset, ctx.preset.eagle3_sched
     lm.seed_all(p.seed + 7)
     target = load_target(ctx)
-    taps = tuple(p.eagle3_taps) if p.eagle3_taps else eagle3.default_taps(target.config.num_hidden_layers)
-    head = eagle3.Eagle3Head.for_target(target.config, taps, p.eagle3_intermediate).to(ctx.device).train()
+    layers = target.config.num_hidden_layers
+    if p.eagle3_arch == "published":
+        taps = tuple(p.eagle3_taps) if p.eagle3_taps else eagle3.published_taps(layers)
+        head = eagle3.PublishedEagle3Head.for_target(target, taps, p.eagle3_intermediate)
+    else:
+        taps = tuple(p.eagle3_taps) if p.eagle3_taps else eagle3.default_taps(layers)
+        head = eagle3.Eagle3Head.for_target(target.config, taps, p.eagle3_intermediate)
+    head = head.to(ctx.device).train()
     sets = ctx.head_eval_sets()
     steps, decay = p.eagle3_steps, p.eagle3_decay
 
@@ -626,7 +632,10 @@ def stage_eagle3(ctx: Context) -> dict:
         head, list(head.parameters()), sched,
         loss_fn=lambda step: eagle3.eagle3_loss(head, target, ctx.head_batch(sched.batch_size), steps, decay),
         eval_fn=eval_fn, device=ctx.device, log=ctx.log, key="eagle3_loss")
-    eagle3.save_eagle3(head, ctx.stage_dir("eagle3"), dtype=torch.float32)
+    if p.eagle3_arch == "published":
+        eagle3.save_published(head, ctx.stage_dir("eagle3"), dtype=torch.float32)
+    else:
+        eagle3.save_eagle3(head, ctx.stage_dir("eagle3"), dtype=torch.float32)
     generated = None
     if "generated" in sets:
         generated = eagle3.eval_eagle3(head, target, sets["generated"], ctx.device, steps, decay)
@@ -634,7 +643,7 @@ def stage_eagle3(ctx: Context) -> dict:
             f"chain{s} {generated[f'chain{s}_top1']:.3f}" for s in range(1, steps + 1)))
     metrics = dict(schedule_summary(res, sched.batch_size * ctx.head_len), final=eval_fn(),
                    final_generated=generated, params=lm.count_params(head), tap_layers=list(taps),
-                   steps=steps, decay=decay, intermediate_size=p.eagle3_intermediate)
+                   steps=steps, decay=decay, intermediate_size=p.eagle3_intermediate, arch=p.eagle3_arch)
     return finish(ctx, "eagle3", metrics, t0)
 
 
