@@ -170,6 +170,7 @@ class SpeculativeDecoder:
         self._eagle = None
         self._eagle3 = None
         self.heads_info = None  # published heads from their own folder (use_heads), else the target's own
+        self.built_heads: tuple = ()  # the methods of ready head objects handed over (use_built_heads)
         self._suffix_memory = None  # the session's prompts and outputs, for suffix decoding
         self._ngram_table = False  # the target's corpus table for n-gram (False: not looked for yet)
         self._calls = None  # the generation's stream's CUDA calls (engine.kernels.cuda_calls), looked up once
@@ -230,14 +231,15 @@ class SpeculativeDecoder:
 
     def method_availability(self) -> dict:
         """Method name -> None when available, else the reason it is not (engine.methods.registry decides;
-        heads opened with use_heads make their methods available on a target that can run them)."""
+        heads opened with use_heads or handed over with use_built_heads make their methods available on a
+        target that can run them)."""
         available = methods.availability(self.pair.draft is not None, self.target.supports_tree,
                                           str(self.pair.target_name))
-        if self.heads_info is not None:
-            for name in self.heads_info.methods:
-                method = replace(methods.get(name), files=())  # the heads are not in the target's folder
-                available[name] = methods.unavailable_reason(method, self.pair.draft is not None,
-                                                             self.target.supports_tree, None)
+        given = (self.heads_info.methods if self.heads_info is not None else ()) + self.built_heads
+        for name in given:
+            method = replace(methods.get(name), files=())  # the heads are not in the target's folder
+            available[name] = methods.unavailable_reason(method, self.pair.draft is not None,
+                                                         self.target.supports_tree, None)
         return available
 
     def use_heads(self, path_or_id) -> str:
@@ -254,6 +256,21 @@ class SpeculativeDecoder:
         self._eagle = head if info.method == "eagle" else None
         self._eagle3 = head if info.method == "eagle3" else None
         return info.describe()
+
+    def use_built_heads(self, heads: dict) -> None:
+        """Draft with ready head objects instead of the target's own: method (eagle, eagle3 or medusa) -> its
+        head (an EagleHead, or MedusaHeads), e.g. the random-weight heads of a synthetic pair
+        (engine.methods.synthetic_heads). Their methods become available (medusa: medusa-fixed too)."""
+        unknown = sorted(set(heads) - {"eagle", "eagle3", "medusa"})
+        if unknown:
+            raise SpecplayError(f"no head method {unknown[0]!r} (eagle, eagle3, medusa)")
+        self._eagle = heads.get("eagle", self._eagle)
+        self._eagle3 = heads.get("eagle3", self._eagle3)
+        self._medusa = heads.get("medusa", self._medusa)
+        runs = {"medusa": ("medusa", "medusa-fixed")}
+        added = tuple(name for method in heads for name in runs.get(method, (method,)))
+        self.built_heads = tuple(dict.fromkeys(self.built_heads + added))
+        self.set_cuda_graphs(self.cuda_graphs)
 
     def _load_public(self, info):
         if info.method == "medusa":

@@ -1,6 +1,7 @@
 """Random-weight model pairs of real shapes, for timing only: study an 8B layer stack without its weights.
 
-The target is a transformers `LlamaForCausalLM` made directly on the device with random weights; the draft is
+The target is a transformers `LlamaForCausalLM` (`Qwen3ForCausalLM` for the qwen3 shapes, which run on the
+Llama-family runner's fast path too) made directly on the device with random weights; the draft is
 its first few layers with the same embeddings, final norm and LM head (no extra memory). Scaling the later
 layers' output projections (o_proj, down_proj) by `damping` makes the target stay close to its first layers,
 so the draft agrees with it often enough to give speculation something to accept (0.02 gave ~3.2 tokens per
@@ -28,7 +29,21 @@ SHAPES = {
                      num_key_value_heads=32, vocab_size=32000),  # Llama-2-7B
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256),  # Llama-3.1-8B
+    # Qwen3 as published (per-head q_norm / k_norm, head_dim 128, the small ones with tied embeddings)
+    "qwen3-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6),  # for tests on the CPU
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6),  # Qwen3-1.7B
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6),  # Qwen3-4B
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                     rms_norm_eps=1e-6),  # Qwen3-8B
 }
+LLAMA_DEFAULTS = dict(rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
 DRAFT_LAYERS = 2
 DAMPING = 0.02
 
@@ -38,8 +53,8 @@ class SyntheticPair:
     """Our ModelPair plus the transformers models it was built from (for `bench runtimes`)."""
 
     pair: Any  # engine.models.loading.ModelPair
-    hf_target: Any  # LlamaForCausalLM
-    hf_draft: Any  # LlamaForCausalLM sharing the target's first layers
+    hf_target: Any  # LlamaForCausalLM (Qwen3ForCausalLM for the qwen3 shapes)
+    hf_draft: Any  # the same class, sharing the target's first layers
     shape: str
 
 
@@ -76,30 +91,44 @@ def check_shape(shape: str) -> None:
         raise SpecplayError(f"unknown synthetic shape {shape!r}; choose one of: {', '.join(SHAPES)}")
 
 
-def llama_config(shape: str, layers: Optional[int] = None, max_position: int = 4096):
-    from transformers import LlamaConfig
+def is_qwen3(shape: str) -> bool:
+    return shape.startswith("qwen3")
+
+
+def model_config(shape: str, layers: Optional[int] = None, max_position: int = 4096):
+    """The transformers config of `shape` (Qwen3Config for the qwen3 shapes, else LlamaConfig)."""
+    import transformers
 
     check_shape(shape)
-    fields = dict(SHAPES[shape])
+    fields = {**LLAMA_DEFAULTS, **SHAPES[shape]}
     if layers is not None:
         fields["num_hidden_layers"] = layers
-    return LlamaConfig(**fields, max_position_embeddings=max_position, rope_theta=10000.0, rms_norm_eps=1e-5,
-                       tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if is_qwen3(shape) and not hasattr(transformers, "Qwen3Config"):
+        raise SpecplayError(f"synthetic {shape}: transformers {transformers.__version__} has no Qwen3 "
+                            "(Qwen3Config); a newer release does")
+    kind = transformers.Qwen3Config if is_qwen3(shape) else transformers.LlamaConfig
+    return kind(**fields, max_position_embeddings=max_position, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None)
+
+
+def _causal_lm(shape: str):
+    import transformers
+
+    return transformers.Qwen3ForCausalLM if is_qwen3(shape) else transformers.LlamaForCausalLM
 
 
 def build_synthetic_pair(shape: str, device, dtype: torch.dtype, max_length: int = 2048, seed: int = 0,
                          draft_layers: int = DRAFT_LAYERS, damping: float = DAMPING) -> SyntheticPair:
     """A random-weight target of `shape` and its first `draft_layers` layers as the draft, on `device`."""
-    from transformers import LlamaForCausalLM
-
     from engine.models.llama import LlamaRunner, LlamaSpec
     from engine.models.loading import ModelPair, load_tokenizer, shipped_pair
 
-    config = llama_config(shape, max_position=max_length)
+    config = model_config(shape, max_position=max_length)
+    model_class = _causal_lm(shape)
     torch.manual_seed(seed)
     with _default_device(device):
-        target = LlamaForCausalLM(config).to(dtype).eval()
-        draft = LlamaForCausalLM(llama_config(shape, layers=draft_layers, max_position=max_length))
+        target = model_class(config).to(dtype).eval()
+        draft = model_class(model_config(shape, layers=draft_layers, max_position=max_length))
         draft = draft.to(dtype).eval()
     _damp_later_layers(target, draft_layers, damping)
     _share_first_layers(draft, target, draft_layers)
