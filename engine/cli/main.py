@@ -34,6 +34,9 @@ MAX_COSTS_BYTES = 4 * 1024 * 1024
 MAX_SAMPLES = 1_000_000
 MAX_BENCH_COUNT = 10_000
 MAX_CHATTER_CHARS = 300
+# engine.models.synthetic.SHAPES's names, for the help (that module imports torch; a test keeps them in step)
+SYNTHETIC_SHAPES = ("tiny", "llama-1b", "llama-3b", "llama-7b", "llama-8b", "qwen3-tiny", "qwen3-1.7b",
+                    "qwen3-4b", "qwen3-8b")
 
 
 class Chatter(logging.Handler):
@@ -245,8 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runtimes: transformers generate variants beside specplay's methods "
                             "(hf-eager, hf-assisted, hf-lookup, hf-compile; 'none' for none)")
     bench.add_argument("--synthetic", default=None,
-                       help="runtimes: a random-weight pair of a real shape instead of --target/--draft, "
-                            "timing only (tiny, llama-1b, llama-3b, llama-7b, llama-8b)")
+                       help="runtimes, methods, k-sweep, layerskip, graphs, batch: a random-weight pair of a "
+                            "real shape instead of --target/--draft, timing only "
+                            f"({', '.join(SYNTHETIC_SHAPES)}); the draft model is the target's first "
+                            "layers; eagle, eagle3 and medusa run random-weight heads of the published "
+                            "layouts (EAGLE-1/2; EAGLE-3 with a 32,000-token draft vocabulary; Medusa-1, 5 "
+                            "heads each with its own LM head), not in batch yet")
     bench.add_argument("--json", action="store_true", help="runtimes: print one JSON object")
     batch_cli.add_bench_options(bench)
     server_cli.add_server_options(bench, bench=True)
@@ -371,11 +378,29 @@ def _on_off_auto(value: str):
 def load_decoder(args, *method_names: str):
     """Load the model pair (the draft only when one of the methods needs it) and build the decoder."""
     from engine.core.decoder import SpeculativeDecoder
-    from engine.models.loading import load_pair, resolve_device, resolve_dtype
+    from engine.models.loading import resolve_device, resolve_dtype
 
     CHATTER.hold_transformers()
     device = resolve_device(args.device)  # a missing GPU is reported before any model is read
-    resolve_dtype(args.dtype, device)  # so is an unknown dtype
+    dtype = resolve_dtype(args.dtype, device)  # so is an unknown dtype
+    if getattr(args, "synthetic", None):
+        decoder = synthetic_decoder(args, method_names, device, dtype)[0]
+    else:
+        decoder = SpeculativeDecoder(_load_pair(args, method_names, device))
+    if getattr(args, "heads", None):
+        progress(f"loading the heads {args.heads}…")
+        decoder.use_heads(args.heads)
+    decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
+    if decoder.backend.compiles_kernels:
+        progress("compiling CUDA kernels…")
+    decoder.warm_up()
+    return decoder
+
+
+def _load_pair(args, method_names, device):
+    """The model pair of --target / --draft (the draft only when one of the methods needs it)."""
+    from engine.models.loading import load_pair
+
     need_draft = any(methods.get(name).needs_draft_model for name in method_names)
     requested = getattr(args, "threads", None)
     if requested is not None:  # loading computes too
@@ -390,15 +415,26 @@ def load_decoder(args, *method_names: str):
         pair = load_pair(args.target, args.draft, device=device, need_draft=need_draft, dtype=args.dtype)
     if pair is not None:
         apply_threads((pair.target, pair.draft), requested)
-    decoder = SpeculativeDecoder(pair)
-    if getattr(args, "heads", None):
-        progress(f"loading the heads {args.heads}…")
-        decoder.use_heads(args.heads)
-    decoder.set_cuda_graphs(not getattr(args, "no_cuda_graphs", False))
-    if decoder.backend.compiles_kernels:
-        progress("compiling CUDA kernels…")
-    decoder.warm_up()
-    return decoder
+    return pair
+
+
+def synthetic_decoder(args, method_names, device, dtype) -> tuple:
+    """(decoder, SyntheticPair): a random-weight pair of --synthetic's shape with random-weight heads of the
+    published layouts for the head methods named (eagle, eagle3, medusa), built on the device; timing only."""
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.methods import synthetic_heads
+    from engine.models.synthetic import build_synthetic_pair, check_shape
+
+    check_shape(args.synthetic)
+    print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
+    built = build_synthetic_pair(args.synthetic, device, dtype)
+    apply_threads((built.pair.target, built.pair.draft), getattr(args, "threads", None))
+    decoder = SpeculativeDecoder(built.pair)
+    heads = synthetic_heads.build_heads(built.pair.target, args.synthetic, method_names)
+    if heads:
+        decoder.use_built_heads({method: head.head for method, head in heads.items()})
+        print(synthetic_heads.describe(heads), file=sys.stderr)
+    return decoder, built
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -821,7 +857,6 @@ def _bench_runtimes(args) -> int:
     import torch
 
     from engine.bench import runtimes
-    from engine.core.decoder import SpeculativeDecoder
     from engine.models.loading import resolve_device, resolve_dtype
 
     config = config_from_args(args)
@@ -840,13 +875,8 @@ def _bench_runtimes(args) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.synthetic:
-        from engine.models.synthetic import build_synthetic_pair, check_shape
-
-        check_shape(args.synthetic)
-        print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
-        built = build_synthetic_pair(args.synthetic, device, dtype)
-        apply_threads((built.pair.target, built.pair.draft), args.threads)
-        decoder, hf_target, hf_draft = SpeculativeDecoder(built.pair), built.hf_target, built.hf_draft
+        decoder, built = synthetic_decoder(args, [methods.parse_spec(s).name for s in specs], device, dtype)
+        hf_target, hf_draft = built.hf_target, built.hf_draft
     else:
         decoder = load_decoder(args, *(methods.parse_spec(s).name for s in specs))
         hf_target, hf_draft = (runtimes.load_hf_models(decoder.pair.target_name, decoder.pair.draft_name,
