@@ -258,6 +258,25 @@ def build_parser() -> argparse.ArgumentParser:
     batch_cli.add_bench_options(bench)
     server_cli.add_server_options(bench, bench=True)
 
+    export_heads = sub.add_parser(
+        "export-heads", help="write the target's (or given) draft heads in a public layout (speculators, "
+                             "specforge, eagle, medusa)")
+    export_heads.add_argument(
+        "--format", required=True, choices=("speculators", "specforge", "eagle", "medusa"),
+        help="speculators / specforge: an EAGLE-3 head of the published architecture; medusa: the target's "
+             "Medusa heads in the Medusa-1 layout; eagle: refused (the project's EAGLE head is not the "
+             "SafeAILab one)")
+    export_heads.add_argument("out", metavar="OUT", help="a new or empty folder")
+    export_heads.add_argument("--target",
+                              help="the target whose heads are written (default: the shipped one)")
+    export_heads.add_argument(
+        "--heads", metavar="DIR_OR_ID",
+        help="speculators / specforge: the EAGLE-3 head to rewrite (default: the shipped published-"
+             "architecture head, assets/models/eagle3_heads)")
+    export_heads.add_argument(
+        "--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+        help="medusa: the weights' dtype (default float32: the same values as the dequantised heads)")
+
     heads = sub.add_parser("heads", help="describe published draft heads (layout, the target they were "
                                          "trained for, tapped layers, draft vocabulary) and check them "
                                          "against the target")
@@ -587,6 +606,20 @@ def cmd_run(args) -> int:
         print(f"interrupted after {len(events)} rounds{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED
     _print_run(events, config, decoder, args.json)
+    return 0
+
+
+def cmd_export_heads(args) -> int:
+    """`export-heads`: the heads in a public layout (engine/methods/export_heads.py); refusals in one line."""
+    from pathlib import Path
+
+    import torch
+
+    from engine.methods import export_heads
+    from engine.models.loading import resolve_model_dir, shipped_pair
+
+    target = resolve_model_dir(args.target) if args.target else shipped_pair()[0]
+    print(export_heads.export(args.format, args.out, Path(target), args.heads, getattr(torch, args.dtype)))
     return 0
 
 
@@ -1029,7 +1062,7 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
         args = build_parser().parse_args(argv)
         handlers = {"gui": gui or _no_gui, "run": cmd_run, "check-lossless": cmd_check_lossless,
                     "bench": cmd_bench, "train": _cmd_train, "predict": cmd_predict, "diagnose": cmd_diagnose,
-                    "heads": cmd_heads, "doctor": cmd_doctor}
+                    "heads": cmd_heads, "doctor": cmd_doctor, "export-heads": cmd_export_heads}
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)

@@ -84,8 +84,26 @@ def from_tensors(info: ph.HeadsInfo, t: dict) -> MedusaHeads:
     count, layers, block, lm_head = names(info)
     blocks = [([t[block(h, b) + "weight"] for h in range(count)],  # D x [H, H]
                [t[block(h, b) + "bias"] for h in range(count)]) for b in range(layers)]  # D x [H]
-    heads = MedusaHeads(blocks[0][0], blocks[0][1], published_order(MC_SIM_7B_63, count),
+    measured = measured_paths(info, count)
+    heads = MedusaHeads(blocks[0][0], blocks[0][1], measured or published_order(MC_SIM_7B_63, count),
                         blocks[1] if layers == 2 else None)
     heads.lm_heads = torch.stack([t[lm_head(h)] for h in range(count)])  # [D, V, H]
-    heads.published_tree = tuple(path for path in MC_SIM_7B_63 if len(path) <= count)
+    if measured is None:
+        heads.published_tree = tuple(path for path in MC_SIM_7B_63 if len(path) <= count)
     return heads
+
+
+def measured_paths(info: ph.HeadsInfo, count: int):
+    """The path accuracies measured for these heads, where they travel in the config
+    (`specplay_path_accuracy`, written by main.py export-heads; other engines ignore it): the heads then
+    choose their trees as before the export. None where absent."""
+    from engine.methods.medusa.drafter import _read_path_accuracy
+
+    values = info.config.get("specplay_path_accuracy")
+    if values is None:
+        return None
+    try:
+        return _read_path_accuracy(values, count)
+    except (ValueError, TypeError) as exc:
+        raise SpecplayError(f"{info.folder / 'config.json'}: specplay_path_accuracy: "
+                            f"{validate.one_line(exc)}") from None
