@@ -15,6 +15,8 @@
 #   eagle3_config.json                                          }
 #   eagle3_report.json        the EAGLE-3 schedule and the target, selfgen and eagle3 stages' metrics
 #   bench.txt                 the bench's table, when it ran
+# The published EAGLE-3 architecture instead (config.json + model.safetensors in the speculators layout):
+#   OUT=/some/dir TRAIN_ARGS="--eagle3-arch published" bash scripts/training/train_eagle3_gpu.sh
 # Ship with:
 #   cp $OUT/eagle3_head.safetensors $OUT/eagle3_config.json assets/models/target/
 #   python -m engine.train.export assets/models --eagle3-report $OUT/eagle3_report.json   # card, sha256 table
@@ -30,6 +32,10 @@ train_pipeline --from-family "$FAMILY" --stages tokenizer,target,selfgen,eagle3 
   --device "$DEVICE" --eagle3-budget-s "$EAGLE3_BUDGET_S" --eagle3-steps "$EAGLE3_STEPS" \
   --export-eagle3 "$OUT"
 
-[ "$rc" = 0 ] && bench_new_head none,eagle3,eagle3:8 eagle3_head.safetensors eagle3_config.json
+if [[ "$TRAIN_ARGS" == *published* ]]; then   # config.json + model.safetensors: bench them with --heads
+  echo "== bench skipped: a published-architecture head (main.py bench methods --heads \$OUT)" | tee -a "$LOG"
+else
+  [ "$rc" = 0 ] && bench_new_head none,eagle3,eagle3:8 eagle3_head.safetensors eagle3_config.json
+fi
 echo "== done after $(elapsed) s" | tee -a "$LOG"
 exit "$rc"
