@@ -183,7 +183,7 @@ def cmd_bench_batch(args, config: GenerationConfig, ks: list) -> int:
                                      repeats=args.repeats)
     notes = [f"synthetic {args.synthetic}: random weights, timing only"] if args.synthetic else []
     if config.synthetic:
-        from engine.cli.main import synthetic_note
+        from engine.core.synthetic import synthetic_note
 
         notes.append(synthetic_note(config))
     report.note = "; ".join(notes)

@@ -20,6 +20,7 @@ from engine.cli import batch as batch_cli
 from engine.cli import server as server_cli
 from engine.config import MAX_K, GenerationConfig, SamplingParams, check_int
 from engine.core.metrics import final_metrics
+from engine.core.synthetic import synthetic_note
 from engine.core.threads import apply_threads, check_threads
 from engine.errors import SpecplayError
 from engine.files import bounded
@@ -374,14 +375,6 @@ def _synthetic_text(text: str) -> str:
 
     profile = SyntheticAcceptance.parse(text or "")
     return "" if profile is None else profile.text
-
-
-def synthetic_note(config: GenerationConfig) -> str:
-    """The line every output of a synthetic run carries ("" for a real one)."""
-    from engine.core.synthetic import NOTE, SyntheticAcceptance
-
-    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
-    return "" if profile is None else f"{NOTE}: {profile.describe()}"
 
 
 def check_synthetic_ks(config: GenerationConfig, ks: list) -> None:

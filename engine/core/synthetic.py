@@ -141,3 +141,9 @@ class AcceptanceSampler:
 def profile_of(config) -> Optional[SyntheticAcceptance]:
     """The synthetic profile of a GenerationConfig, or None (real verification)."""
     return SyntheticAcceptance.parse(getattr(config, "synthetic_acceptance", "") or "")
+
+
+def synthetic_note(config) -> str:
+    """The line every output of a run with a synthetic profile carries ("" for a real one)."""
+    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
+    return "" if profile is None else f"{NOTE}: {profile.describe()}"
