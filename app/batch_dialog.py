@@ -35,6 +35,10 @@ COLUMNS = (("B", "{}", lambda r: r.batch), ("plain tokens/s", "{:.0f}", lambda r
            ("best K (predicted)", "{}", lambda r: r.best_k or "off"))
 
 
+DIALOG_SIZE = (960, 720)
+TABLE_MAX_PX = 320  # past this the table scrolls (a GPU's nine batches fit)
+
+
 def default_batches(device_type: str) -> tuple:
     return GPU_BATCHES if device_type == "cuda" else CPU_BATCHES
 
@@ -69,15 +73,30 @@ def suggestion(report, complete: bool) -> str:
             f"batches past {crossover:.0f}, decode plainly.")
 
 
-def _vertical(plot, batch: float, name: str, color: str, style, position: float) -> pg.InfiniteLine:
+# a line's name beside it, never across it: the text's left edge at a vertical line, its bottom on a
+# horizontal one, on a patch of the plot's background
+BESIDE_VERTICAL = [(-0.05, 0.5), (-0.05, 0.5)]
+ABOVE_HORIZONTAL = [(0.0, 1.1), (0.0, 1.1)]
+
+
+def _vertical(plot, batch: float, name: str, color: str, style, position: float, fill) -> pg.InfiniteLine:
     pen = pg.mkPen(color, width=2, style=style)
     line = pg.InfiniteLine(pos=math.log2(batch), angle=90, movable=False, pen=pen,
-                           label=f"{name} B ≈ {batch:.1f}", labelOpts={"position": position, "color": color})
+                           label=f"{name} B ≈ {batch:.1f}",
+                           labelOpts={"position": position, "color": color, "anchors": BESIDE_VERTICAL,
+                                      "fill": fill})
     plot.addItem(line)
     return line
 
 
-def _fmt_crossover(value: Optional[float]) -> str:
+def loses_everywhere(rows) -> bool:
+    """Speculation slower than plain decoding at every measured batch: there is no crossover to show."""
+    return bool(rows) and all(r.speedup < 1.0 for r in rows)
+
+
+def _fmt_crossover(value: Optional[float], rows=()) -> str:
+    if loses_everywhere(rows):
+        return "none, speculation loses at every measured batch"
     return "not reached" if value is None else f"B ≈ {value:.1f}"
 
 
@@ -102,11 +121,12 @@ class BatchDialog(QDialog):
         layout.addWidget(self.plot_widget, 3)
         layout.addWidget(self.table, 2)
         layout.addWidget(buttons)
-        self.resize(960, 720)
+        self.resize(max(DIALOG_SIZE[0], self._table_width() + 40), DIALOG_SIZE[1])
 
     def _verdict(self) -> str:
         report = self.report
-        crossovers = (f"Crossover (speedup below 1): measured {_fmt_crossover(report.measured_crossover)}, "
+        crossovers = (f"Crossover (speedup below 1): measured "
+                      f"{_fmt_crossover(report.measured_crossover, self.rows)}, "
                       f"predicted {_fmt_crossover(report.predicted_crossover)}.")
         if self.suggestion_text:
             return f"{self.suggestion_text}<br>{crossovers}"
@@ -127,7 +147,8 @@ class BatchDialog(QDialog):
         plot.addLegend(offset=(-10, 10))
         self.unity_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
                                           pen=pg.mkPen(c.plot_fg, width=1, style=Qt.DotLine), label="1×",
-                                          labelOpts={"position": 0.02, "color": c.plot_fg})
+                                          labelOpts={"position": 0.02, "color": c.plot_fg,
+                                                     "anchors": ABOVE_HORIZONTAL})
         plot.addItem(self.unity_line, ignoreBounds=True)
         self.predicted_curve = self._predicted(plot)
         xs = [math.log2(r.batch) for r in self.rows]
@@ -160,10 +181,11 @@ class BatchDialog(QDialog):
         self.predicted_crossover_line = None
         if predicted is not None and math.log2(predicted) <= shown:
             self.predicted_crossover_line = _vertical(plot, predicted, "predicted crossover", c.predicted,
-                                                      Qt.DashLine, 0.75)
-        if report.measured_crossover is None:
+                                                      Qt.DashLine, 0.75, c.plot_bg)
+        if report.measured_crossover is None or loses_everywhere(self.rows):
             return None
-        return _vertical(plot, report.measured_crossover, "crossover", c.analytic, Qt.SolidLine, 0.9)
+        return _vertical(plot, report.measured_crossover, "crossover", c.analytic, Qt.SolidLine, 0.9,
+                         c.plot_bg)
 
     def _ticks(self, plot) -> None:
         """Powers of two labelled as batch sizes; the axis is log2(B)."""
@@ -180,4 +202,13 @@ class BatchDialog(QDialog):
             for col, (_, fmt, value) in enumerate(COLUMNS):
                 table.setItem(r, col, QTableWidgetItem(fmt.format(value(row))))
         table.resizeColumnsToContents()
+        rows_height = table.horizontalHeader().sizeHint().height() + sum(
+            table.rowHeight(r) for r in range(table.rowCount())) + 2 * table.frameWidth()
+        table.setMinimumHeight(min(rows_height, TABLE_MAX_PX))  # every row in sight, up to a point
         return table
+
+    def _table_width(self) -> int:
+        """Every column of the table in sight: the dialog is made at least this wide."""
+        table = self.table
+        scroll_bar = table.verticalScrollBar().sizeHint().width()
+        return table.horizontalHeader().length() + 2 * table.frameWidth() + scroll_bar

@@ -35,8 +35,8 @@ OVERLAY_SERIES = {"alpha": "running_alpha", "tpf": "running_tpf", "tpot": "runni
 GRID_COLUMNS = 12  # top row: three plots of 4 columns; bottom row: three plots and the summary, 3 each
 ROW_STRETCH = (5, 3)  # the top row's three main plots get five eighths of the panel's height
 TITLE_SIZE = "10pt"  # the plots' titles: smaller than pyqtgraph's default, more room for the data
-LEGEND_SAMPLE_PX = 24  # a legend entry's line sample and the gap before its text
-LEGEND_MARGIN_PX = 12  # the legend box's margins
+LEGEND_SAMPLE_PX = 28  # a legend entry's line sample and the gap before its text
+LEGEND_MARGIN_PX = 14  # the legend box's margins
 
 
 class WholeNumberAxis(pg.AxisItem):

@@ -9,7 +9,7 @@ from app_windows import open_real_window
 from PySide6.QtCore import Qt
 
 from app import backend
-from app.batch_dialog import BatchDialog, suggestion
+from app.batch_dialog import BatchDialog, loses_everywhere, suggestion
 from app.dialogs import HELP_HTML
 from app.main_window import MainWindow
 from engine.bench import batch as batch_bench
@@ -66,7 +66,7 @@ def test_batch_regime_plots_the_rows_the_prediction_and_suggests(qtbot, window):
     assert dialog.unity_line.value() == 1.0
     assert dialog.report.k == 2 and dialog.report.method == "draft"
     assert "speculation" in dialog.suggestion_text.lower() and dialog.suggestion_text in dialog.summary.text()
-    if dialog.report.measured_crossover is None:
+    if dialog.report.measured_crossover is None or loses_everywhere(dialog.rows):  # no crossover to mark
         assert dialog.crossover_line is None
     else:
         assert dialog.crossover_line.value() == pytest.approx(math.log2(dialog.report.measured_crossover))
@@ -211,3 +211,22 @@ def test_batch_regime_with_eagle(qtbot, tmp_path, tiny_pair_dirs):
     assert window.errors[1:] == [] and dialog.complete and dialog.report.method == "eagle"
     assert [r.batch for r in dialog.rows] == [1, 2] and all(r.draft_step_ms > 0 for r in dialog.rows)
     assert all(r.acceptance_rate > 0 for r in dialog.rows)
+
+
+def test_a_run_that_loses_everywhere_reports_no_crossover_and_its_labels_stand_beside_the_lines(qtbot):
+    """Issue 52: no 'crossover B ≈ 1.0' where speculation loses at every B; the names of the lines are not
+    struck through by them; every column and row of the table in sight."""
+    off = BatchDialog(None, make_report([0.9, 0.8, 0.7], 1.0), "title")
+    qtbot.addWidget(off)
+    assert off.crossover_line is None and "B ≈ 1.0" not in off.summary.text()
+    assert "loses at every measured batch" in off.summary.text()
+    speedups = [1.8, 1.5, 1.1, 0.8, 0.6]
+    dialog = BatchDialog(None, make_report(speedups, roofline.crossover([1, 2, 4, 8, 16], speedups)), "t")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    assert all(x <= 0 for x, _ in dialog.crossover_line.label.anchors)  # the text right of the line
+    assert all(y >= 1 for _, y in dialog.unity_line.label.anchors)  # the text above the line
+    table = dialog.table
+    assert table.horizontalHeader().length() <= table.viewport().width()
+    assert table.verticalHeader().length() <= table.viewport().height()

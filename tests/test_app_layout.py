@@ -137,3 +137,4 @@ def test_round_axes_tick_whole_numbers_and_the_plain_reference_is_named_in_the_l
     names = [label.text for _, label in window.plots.tpot_plot.legend.items]
     assert line.isVisible() and getattr(line, "label", None) is None
     assert any(name.startswith("plain decoding") for name in names)
+

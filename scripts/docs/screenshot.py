@@ -17,8 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -44,7 +42,7 @@ def parse_args():
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=24, help="grab after this many rounds")
     parser.add_argument("--theme", choices=("system", "light", "dark"), default="light")
-    parser.add_argument("--size", default="1500x950", help="window size WxH")
+    parser.add_argument("--size", default="1400x900", help="window size WxH")
     return parser.parse_args()
 
 
@@ -114,11 +112,21 @@ def pin_a_draft(window) -> None:
         window._show_token(next((t for t in reversed(tokens) if t.depth is not None), tokens[-1]))
 
 
+def pixels(window):
+    """The window as the screen shows it (under a real display: the tab bars of tabbed docks as they are;
+    QWidget.grab painted a stale one over the docks); offscreen, as it paints itself."""
+    from PySide6.QtGui import QGuiApplication
+
+    if QGuiApplication.platformName() == "offscreen":
+        return window.grab()
+    return window.screen().grabWindow(window.winId())
+
+
 def save(app, window, path: Path) -> bool:
     window.statusBar().clearMessage()
     window.plots.redraw()
     wait_until(app, lambda: False, 0.4)  # let the paints land
-    ok = window.grab().save(str(path))
+    ok = pixels(window).save(str(path))
     print(f"wrote {path}" if ok else f"could not write {path}")
     return ok
 
@@ -137,10 +145,9 @@ def shot_tree(app, window, args, path) -> bool:
         print(f"{args.tree_method} is not available on these models: no tree screenshot", file=sys.stderr)
         return True
     run_to(app, window, args.tree_method, args.k, args.rounds)
-    window.resizeDocks([window.tree_dock], [700], Qt.Horizontal)  # a large Draft tree panel
-    window.resizeDocks([window.inspector_dock, window.tree_dock], [120, 700], Qt.Vertical)
-    window.resizeDocks([window.plots_dock], [330], Qt.Vertical)
+    window.tree_dock.raise_()  # the Draft tree tab, across the window where the plots were
     ok = save(app, window, path)
+    window.plots_dock.raise_()
     window.stop()
     wait_until(app, lambda: not window.running, 60)
     return ok
@@ -157,9 +164,7 @@ def shot_compare(app, window, args, path) -> bool:
     window.history.setCurrentRow(first + 1)
     window.compare_rows(list(range(first, window.history.count())))
     window.compare_dock.show()
-    window.resizeDocks([window.history_dock, window.inspector_dock], [560, 330], Qt.Horizontal)
-    window.resizeDocks([window.plots_dock], [380], Qt.Vertical)
-    window.resizeDocks([window.compare_dock], [260], Qt.Vertical)
+    window.compare_dock.raise_()  # the Compare tab of the right column, the plots below with the overlays
     return save(app, window, path)
 
 
@@ -169,12 +174,7 @@ def shot_diagnosis(app, window, args, path) -> bool:
         print("this window has no diagnosis view: no diagnosis screenshot", file=sys.stderr)
         return True
     dock.show()
-    dock.raise_()
-    window.compare_dock.hide()
-    window.tree_dock.hide()
-    # the History narrow again (the comparison widened it), the diagnosis about half the width
-    window.resizeDocks([window.history_dock, dock], [300, 700], Qt.Horizontal)
-    window.resizeDocks([dock], [560], Qt.Vertical)
+    dock.raise_()  # the Why is it slow? tab, beside the comparison's plots
     wait_until(app, lambda: not getattr(window, "diagnosing", False), 10.0)  # made off the GUI thread
     return save(app, window, path)
 
