@@ -1382,16 +1382,21 @@ def test_a_stopped_sweep_reports_what_it_measured_without_recommending(qtbot, ma
     assert "recommends none" in dialog.summary.text() and "Fastest measured" not in dialog.summary.text()
 
 
+def export_a_run_plots(qtbot, window, path):
+    """Generate, then Session → Export plots to `path`; the window."""
+    generate(qtbot, window)
+    answer_save(window, path)
+    window.export_plots()
+    return window
+
+
 def test_svg_export_is_plain_svg_that_a_non_qt_renderer_draws(qtbot, make_window, tmp_path):
     import shutil
     import subprocess
     import xml.etree.ElementTree as ET
 
-    window = make_window()
-    generate(qtbot, window)
     path = tmp_path / "plots.svg"
-    answer_save(window, path)
-    window.export_plots()
+    export_a_run_plots(qtbot, make_window(), path)
     root = ET.parse(path).getroot()
     ns = "{http://www.w3.org/2000/svg}"
     assert root.tag == ns + "svg" and root.get("viewBox") == "0 0 1260 520"
@@ -1419,11 +1424,8 @@ def test_svg_export_is_plain_svg_that_a_non_qt_renderer_draws(qtbot, make_window
 def test_png_export_is_twice_the_screen_size(qtbot, make_window, tmp_path):
     from PySide6.QtGui import QImage
 
-    window = make_window()
-    generate(qtbot, window)
     path = tmp_path / "plots"
-    answer_save(window, path)
-    window.export_plots()
+    window = export_a_run_plots(qtbot, make_window(), path)
     image = QImage(str(path) + ".png")
     size = window.plots.grid_page.size()
     assert (image.width(), image.height()) == (2 * size.width(), 2 * size.height())
