@@ -1094,14 +1094,29 @@ class MainWindow(QMainWindow):
         self.keep_session()
         return True
 
+    def _recorded_elsewhere(self, run) -> Optional[str]:
+        """Why a read-back run's models are not the loaded ones, or None (the same, or not recorded)."""
+        from engine.files.trace import other_models
+        from engine.methods import registry as methods
+
+        method = run.config.method
+        uses_draft = method in methods.NAMES and methods.get(method).needs_draft_model
+        return other_models(run.models, self.target_path, self.draft_path, uses_draft)
+
     def _add_runs(self, runs: list, source: str) -> None:
         """Saved runs as History entries, each with every view and plot as if it had run live; suffix
         decoding's memory takes those on the loaded target, as the session's own."""
-        added = []
+        added, others = [], []
         for run in runs:
-            gen = self.session.add_run(run, source, self.calibration)
+            other = self._recorded_elsewhere(run)
+            gen = self.session.add_run(run, source, None if other else self.calibration)
             self.history.addItem(QListWidgetItem(gen.summary()))
             added.append(gen)
+            if other:
+                others.append(f"#{gen.index}: {other}")
+        if others:  # the loaded models' costs would price another model's rounds
+            self.banner.notify(f"{len(others)} opened generation(s) ran on other models ({others[0]}): their "
+                             "predictions use their own phase times, not the loaded models' calibration")
         if self.decoder is not None:
             target = self.target_path or "shipped"
             backend.remember_generations(self.decoder, self.session.suffix_generations(target, added))

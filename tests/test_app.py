@@ -1208,6 +1208,32 @@ def test_replay_of_a_saved_trace_reproduces_views_and_plots(qtbot, make_window, 
     assert other.tree_view.event.round == live.events[-1].round
 
 
+def test_a_trace_of_other_models_is_predicted_from_its_own_times(qtbot, make_window, tmp_path):
+    """A trace that carries no calibration of its own is priced with the loaded models' where it ran on
+    them; one recorded on another target gets none (its own phase times), and a banner says so."""
+    import json
+
+    window = make_window()
+    generate(qtbot, window)
+    lines = _export(window, tmp_path, "trace").read_text().splitlines()
+    header = json.loads(lines[0])
+    header.pop("calibration", None)
+
+    def saved(name: str, target: str):
+        header["models"]["target"] = target
+        path = tmp_path / name
+        path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+        return str(path)
+
+    assert window.calibration is not None
+    assert window.open_trace(saved("same.jsonl", "shipped")) and window.errors == []
+    assert window.session.generations[-1].calibration is window.calibration
+    assert "other models" not in window.banner.label.text()
+    assert window.open_trace(saved("moved.jsonl", "some-org/another-model")) and window.errors == []
+    assert window.session.generations[-1].calibration is None
+    assert "another-model" in window.banner.label.text() and "own phase times" in window.banner.label.text()
+
+
 def test_opening_a_bad_trace_or_a_special_file_gives_a_dialog(qtbot, make_window, tmp_path):
     window = make_window()
     bad = tmp_path / "bad.jsonl"

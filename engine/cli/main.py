@@ -955,20 +955,10 @@ def _prediction_costs(args, trace):
 
 def _other_models(args, trace) -> Optional[str]:
     """Why the trace's models are not the ones --target/--draft would load, or None (the same, or unknown)."""
-    models = trace.header.get("models") or {}
-    wanted = {"target": args.target or "shipped",
-              "draft": (args.draft or ("shipped" if args.target is None else None))}
+    from engine.files.trace import other_models
+
     uses_draft = trace.method in methods.NAMES and methods.get(trace.method).needs_draft_model
-    for role in ("target", "draft") if uses_draft else ("target",):
-        recorded = models.get(role)
-        if recorded and wanted[role] and _model_key(recorded) != _model_key(wanted[role]):
-            return f"the trace was recorded with {role} {recorded}, not {wanted[role]}"
-    return None
-
-
-def _model_key(name: str) -> str:
-    """A model name as compared: a local folder by its real path, a Hub id or 'shipped' as it is."""
-    return os.path.realpath(name) if os.path.isdir(name) else name
+    return other_models(trace.header.get("models") or {}, args.target, args.draft, uses_draft)
 
 
 def _check_writable(path: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import Iterator, Optional
@@ -200,3 +201,22 @@ def event_from_dict(data: dict) -> RoundEvent:
     return RoundEvent(**values)
 
 
+def other_models(recorded: dict, target: Optional[str], draft: Optional[str],
+                 uses_draft: bool) -> Optional[str]:
+    """Why a trace's recorded models (its header's "models") are not the ones --target/--draft name (None:
+    the shipped pair), or None when they are the same or unknown: another machine's or model's rounds are then
+    predicted from their own phase times, not from the loaded models' calibration."""
+    wanted = {"target": target or "shipped", "draft": draft or ("shipped" if target is None else None)}
+    for role in ("target", "draft") if uses_draft else ("target",):
+        name = recorded.get(role)
+        if name and wanted[role] and not _same_model(str(name), wanted[role]):
+            return f"the trace was recorded with {role} {name}, not {wanted[role]}"
+    return None
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Model names compared: a local folder by its real path, a Hub id or 'shipped' as it is."""
+    def key(name: str) -> str:
+        return os.path.realpath(name) if os.path.isdir(name) else name
+
+    return key(a) == key(b)
