@@ -7,6 +7,7 @@ user-facing error goes through `show_error`, which tests replace.
 """
 from __future__ import annotations
 
+import html
 import os
 import queue
 import sys
@@ -19,9 +20,11 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
     QCheckBox,
+    QDialog,
     QDockWidget,
     QFileDialog,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -41,12 +44,13 @@ from app.banner import Banner
 from app.compare import CompareTable, plain_reference
 from app.diagnosis_view import CalibrateWorker, DiagnosisView, DiagnosisWorker
 from app.dialogs import HelpDialog, LosslessDialog, MethodSweepDialog, SamplingDialog, SweepDialog
+from app.heads import DoctorDialog, DoctorWorker, HeadsSourceDialog, HeadsWorker, doctor_method
 from app.jobs import JobSlot
 from app.menus import Menus, spec_text
 from app.plot_data import PlotBuffers
 from app.plots import NUMBERING, REDRAW_HZ, PlotPanel
 from app.round_view import RoundView, clean_text, describe, legend_html, round_tokens
-from app.server_dialog import ConnectWorker, ServerDialog, served_note
+from app.server_dialog import ConnectWorker, ServerDialog, served_note, served_refusal
 from app.session import Generation, Session, method_label, sampling_label
 from app.settings import APPLICATION, DEFAULTS, EXPORT_FOLDER_KEY, METHOD_KEY, ORGANIZATION, AppSettings
 from app.tree_view import TreePanel
@@ -61,6 +65,7 @@ from app.workers import (
     SweepWorker,
 )
 from engine.config import SamplingParams
+from engine.core.synthetic import SyntheticAcceptance, synthetic_note
 from engine.errors import SpecplayError
 from engine.methods.registry import parse_spec, runnable_menu_specs
 
@@ -74,6 +79,25 @@ REFIT = 0.1  # the docks are set back to their shares when the window changes si
 MAX_NEW_TOKENS = 8192  # the spin box's limit before a model is loaded (then: the model's context)
 LAST_SESSION = "the last session"  # where a restored generation came from (its History entry says replayed)
 SESSION_NOTICE_MS = 8000
+SYNTHETIC_PROMPT = ("synthetic acceptance (L, or rates p1,p2,…) for the K and method sweeps and the batch "
+                    "regime; empty: the models' own acceptance")
+
+
+def synthetic_title(config, ks: tuple = ()) -> str:
+    """A sweep dialog's title line saying its results follow a synthetic profile ("" for real ones)."""
+    note = synthetic_note(config)
+    if not note:
+        return ""
+    left = [k for k in SWEEP_KS if ks and k not in ks]
+    skipped = f" (K = {', '.join(map(str, left))} left out: the profile does not fit them)" if left else ""
+    return f"<br><b>{html.escape(note)}</b>{skipped}"
+
+
+def label_synthetic(rows: list, config) -> None:
+    """Rows measured with a synthetic profile carry it (their saved CSV says so)."""
+    if config.synthetic_acceptance:
+        for row in rows:
+            row["synthetic_acceptance"] = config.synthetic_acceptance
 
 
 def no_model_text(reason: str = "") -> str:
@@ -114,6 +138,10 @@ class MainWindow(QMainWindow):
         self.calibrate_slot = JobSlot("calibration")  # K → Recalibrate costs (times the decoder's models)
         self.batch_slot = JobSlot("batch regime")  # K → Batch regime (batches the decoder's models)
         self.diagnosis_slot = JobSlot("diagnosis")  # Why is it slow? for the generation shown (no decoder)
+        self.doctor_slot = JobSlot("head doctor")  # Models → Head doctor… (runs the decoder's heads)
+        self.synthetic_acceptance = ""  # the sweeps' synthetic profile ("" = real verdicts); not kept
+        self.heads_source = ""  # the last heads folder or id opened (Models → Open draft heads…)
+        self.doctor_dialog = None
         self._diagnosing: Optional[Generation] = None  # the generation whose diagnosis is being made
         self._diagnosis_wanted: Optional[Generation] = None  # the next one, asked while that runs
         self.sweep_rows: list = []
@@ -286,6 +314,8 @@ class MainWindow(QMainWindow):
         self.check_action, self.sweep_action = m.check_action, m.sweep_action
         self.method_sweep_action = m.method_sweep_action
         self.batch_action = m.batch_action
+        self.heads_action, self.doctor_action, self.synthetic_action = (m.heads_action, m.doctor_action,
+                                                                        m.synthetic_action)
 
     def _build_status(self) -> None:
         names = ("device", "models", "method", "live", "calibration")
@@ -372,7 +402,8 @@ class MainWindow(QMainWindow):
 
     @property
     def _decoder_slots(self) -> tuple:
-        return self.gen_slot, self.sweep_slot, self.check_slot, self.calibrate_slot, self.batch_slot
+        return (self.gen_slot, self.sweep_slot, self.check_slot, self.calibrate_slot, self.batch_slot,
+                self.doctor_slot)
 
     @property
     def load_job(self) -> Optional[Job]:
@@ -558,6 +589,80 @@ class MainWindow(QMainWindow):
 
     def _on_loaded_job(self, job) -> None:
         self._job_ended()
+
+    def show_info(self, title: str, message: str) -> None:
+        """An information dialog (tests replace it)."""
+        QMessageBox.information(self, title, message)
+
+    def _served_refusal(self, what: str) -> bool:
+        """True (after a dialog) while generations come from a server: `what` would run the local models."""
+        if self.served is None:
+            return False
+        self.show_error("Connected to a server", served_refusal(what, self.served.device_name))
+        return True
+
+    def _needs_local_models(self, what: str) -> bool:
+        """True (after a dialog) when `what` cannot run now: connected to a server, busy or no models."""
+        if self._served_refusal(what):
+            return True
+        if self.running or self.load_slot.busy:
+            self.show_error("Busy", "Wait for the current job or model load to finish.")
+            return True
+        if self.decoder is None:
+            self.show_error("No model loaded", no_model_text())
+            return True
+        return False
+
+    def open_draft_heads(self, source: Optional[str] = None) -> None:
+        """Models → Open draft heads…: published heads (a folder or a cached Hub id) loaded onto the loaded
+        target off the GUI thread; their description in a dialog, their methods in the Method menu."""
+        if self._needs_local_models("Opening draft heads"):
+            return
+        if source is None:
+            dialog = HeadsSourceDialog(self, self.heads_source)
+            if dialog.exec() != QDialog.Accepted:
+                return
+            source = dialog.choice()
+        if not source:
+            self.show_error("No heads given", "Give a heads folder or an id already in the HF cache.")
+            return
+        self.heads_source = source
+        self._start_job(self.load_slot, HeadsWorker(self.decoder, source), f"Loading draft heads {source}…",
+                        heads=self._on_heads, failed=self._fail_later("Cannot use these heads"),
+                        done=self._load_done)
+
+    def _on_heads(self, description: str, availability: dict) -> None:
+        self.availability = availability
+        offered = [spec_text(s) for s in runnable_menu_specs(availability)[0]
+                   if parse_spec(s).name in ("eagle", "eagle3", "medusa", "medusa-fixed")]
+        self.show_info("Draft heads loaded", f"{description}\n\nfits the loaded target: yes\nthe Method "
+                       f"menu offers: {', '.join(offered) or 'none of their methods on this target'}")
+
+    def head_doctor(self) -> None:
+        """Models → Head doctor…: the heads' acceptance by draft position under each convention their config
+        leaves open (engine.analysis.doctor), off the GUI thread; the report in a dialog."""
+        if self._needs_local_models("The head doctor"):
+            return
+        method = doctor_method(parse_spec(self.settings.get(METHOD_KEY)).name, self.decoder.heads_info)
+        if method is None:
+            self.show_error("No heads to diagnose", "Pick EAGLE, EAGLE-3 or Medusa in the Method menu, or "
+                            "open published heads with Models → Open draft heads…, first.")
+            return
+        why = self.availability.get(method, "unknown to these models")
+        if why is not None:
+            self.show_error("No heads to diagnose", f"{spec_text(method)} cannot run here: {why}")
+            return
+        prompt = self.prompt.toPlainText()
+        worker = DoctorWorker(self.decoder, method, self.settings.get("decode/k"),
+                              [prompt] if prompt.strip() else None)
+        self._start_job(self.doctor_slot, worker, f"Head doctor: measuring {spec_text(method)} under each "
+                        f"convention on {worker.prompts_text}, {worker.max_new_tokens} tokens each…",
+                        report=self._on_doctor_report, failed=self._fail_later("Head doctor failed"),
+                        done=lambda job: self._task_ended())
+
+    def _on_doctor_report(self, report) -> None:
+        self.doctor_dialog = DoctorDialog(self, report)
+        self.doctor_dialog.show()
 
     # ============================================================================================ settings
     def set_method(self, spec: str) -> None:
@@ -782,12 +887,16 @@ class MainWindow(QMainWindow):
     def find_fastest_k(self) -> None:
         """Measure each K of SWEEP_KS on the prompt with the current method and sampling, off the GUI thread;
         then show the table and offer the fastest K."""
-        inputs = self._drafting_task_inputs("K is the number of tokens it drafts per round.")
-        if inputs is None:
+        if self._served_refusal("Find the fastest K"):
             return
+        inputs = self._drafting_task_inputs("K is the number of tokens it drafts per round.")
+        fitting = inputs and self._synthetic_ks(inputs[1])
+        if not fitting:
+            return
+        (prompt, _), (config, ks) = inputs, fitting
         self.sweep_rows = []
-        self._start_job(self.sweep_slot, SweepWorker(self.decoder, *inputs, SWEEP_KS),
-                        f"Measuring K = {SWEEP_KS[0]}…", row=self._on_sweep_row, again=self._on_sweep_again,
+        self._start_job(self.sweep_slot, SweepWorker(self.decoder, prompt, config, ks),
+                        f"Measuring K = {ks[0]}…", row=self._on_sweep_row, again=self._on_sweep_again,
                         steadiest=self._on_sweep_steadiest, failed=self._fail_later("K sweep failed"),
                         done=self._on_sweep_done)
 
@@ -795,16 +904,86 @@ class MainWindow(QMainWindow):
         """Measure every method of the Method menu that the pair can run on the prompt, at the current K and
         sampling, round-robin with plain decoding, off the GUI thread; then show the table and offer the
         fastest."""
+        if self._served_refusal("Find the fastest method"):
+            return
         inputs = self._run_inputs()
-        if inputs is None:
+        config = inputs and self._with_synthetic(inputs[1])
+        if config is None:
             return
         specs, left_out = runnable_menu_specs(self.decoder.method_availability())
         self.method_sweep_rows = []
-        worker = MethodSweepWorker(self.decoder, *inputs, specs)
+        worker = MethodSweepWorker(self.decoder, inputs[0], config, specs)
         self._start_job(self.sweep_slot, worker, "Method sweep: warming up each method…",
                         rows=self._on_method_sweep_rows,
                         failed=self._fail_later("Method sweep failed"),
                         done=lambda job: self._on_method_sweep_done(job, left_out))
+
+    # ================================================================ synthetic acceptance for the sweeps
+    def set_synthetic_acceptance(self, text: Optional[str] = None) -> bool:
+        """K → Synthetic acceptance for sweeps…: a profile (a mean length L or rates p1,p2,…) that the K and
+        method sweeps and the batch regime follow instead of the target's verdicts (a timing study: their
+        results say SYNTHETIC); "" measures real acceptance again. A malformed profile is a dialog."""
+        if text is None:
+            text, ok = QInputDialog.getText(self, "Synthetic acceptance for sweeps", SYNTHETIC_PROMPT,
+                                            text=self.synthetic_acceptance)
+            if not ok:
+                return False
+        try:
+            profile = SyntheticAcceptance.parse(text)
+        except SpecplayError as exc:
+            self.show_error("Bad synthetic acceptance", str(exc))
+            return False
+        self.synthetic_acceptance = "" if profile is None else profile.text
+        self.menus.show_synthetic(profile.describe() if profile else "")
+        self.show_status(f"Sweeps follow a synthetic {profile.describe()}: their results are not the "
+                         "models' acceptance" if profile else "Sweeps measure the models' own acceptance",
+                         8000)
+        return True
+
+    def _with_synthetic(self, config):
+        """config with the sweeps' synthetic profile, or None after a dialog when K cannot follow it."""
+        config = replace(config, synthetic_acceptance=self.synthetic_acceptance)
+        try:
+            config.validate()
+        except SpecplayError as exc:
+            self.show_error("Bad synthetic acceptance", f"{exc}. Change K or the profile (K → Synthetic "
+                            "acceptance for sweeps…).")
+            return None
+        return config
+
+    def _synthetic_ks(self, config) -> Optional[tuple]:
+        """(config with the profile, the Ks of SWEEP_KS it fits) for the K sweep; None after a dialog when it
+        fits none (a length L needs K ≥ L − 1, rates need K ≥ their count)."""
+        config = replace(config, synthetic_acceptance=self.synthetic_acceptance)
+        ks, why = [], ""
+        for k in SWEEP_KS:
+            try:
+                replace(config, k=k).validate()
+                ks.append(k)
+            except SpecplayError as exc:
+                why = str(exc)
+        if not ks:
+            self.show_error("Bad synthetic acceptance", f"No K of {', '.join(map(str, SWEEP_KS))} can follow "
+                            f"the profile: {why}")
+            return None
+        if len(ks) < len(SWEEP_KS):
+            self.show_status(f"K sweep: K = {', '.join(str(k) for k in SWEEP_KS if k not in ks)} left out: "
+                             "the synthetic profile does not fit them", 8000)
+        return config, tuple(ks)
+
+    def _synthetic_refused(self, config) -> bool:
+        """Check lossless runs on real verification: with a synthetic profile it is refused in a dialog (the
+        engine's own refusal, engine.analysis.lossless.refuse_synthetic)."""
+        from engine.analysis.lossless import refuse_synthetic
+
+        try:
+            refuse_synthetic(replace(config, synthetic_acceptance=self.synthetic_acceptance))
+        except SpecplayError as exc:
+            message = str(exc)
+            self.show_error("Check lossless refused", f"{message[:1].upper()}{message[1:]}. Clear it with "
+                            "K → Synthetic acceptance for sweeps… (an empty profile).")
+            return True
+        return False
 
     def _on_method_sweep_rows(self, rows: list, complete: bool) -> None:
         self.method_sweep_rows.extend(rows)
@@ -815,7 +994,8 @@ class MainWindow(QMainWindow):
         if self.method_sweep_rows:
             config = job.worker.config  # as measured, whatever the menus say now
             title = (f"K = {config.k}, {sampling_label(config.sampling, config.seed)}, "
-                     f"{config.max_new_tokens} new tokens, on the prompt")
+                     f"{config.max_new_tokens} new tokens, on the prompt{synthetic_title(config)}")
+            label_synthetic(self.method_sweep_rows, config)
             self.method_dialog = MethodSweepDialog(self, self.method_sweep_rows, title, left_out,
                                                    self.method_sweep_complete)
             self.method_dialog.accepted.connect(lambda: self.set_method(self.method_dialog.best))
@@ -826,9 +1006,9 @@ class MainWindow(QMainWindow):
     def _on_sweep_row(self, row: dict) -> None:
         self.sweep_rows.append(row)
         self.show_status("Measured " + ", ".join(f"K={r['k']}: {r['speedup']:.2f}×" for r in self.sweep_rows))
-        done = len(self.sweep_rows)
-        following = f"; measuring K = {SWEEP_KS[done]}" if done < len(SWEEP_KS) else ""
-        self.set_progress(done, len(SWEEP_KS), f"K sweep: %v of %m Ks measured{following}")
+        done, ks = len(self.sweep_rows), self.sweep_slot.job.worker.ks
+        following = f"; measuring K = {ks[done]}" if done < len(ks) else ""
+        self.set_progress(done, len(ks), f"K sweep: %v of %m Ks measured{following}")
 
     def _on_sweep_again(self, sweep: int) -> None:
         """The machine's speed moved during the last sweep: measuring every K again."""
@@ -844,7 +1024,8 @@ class MainWindow(QMainWindow):
         if self.sweep_rows:
             config = job.worker.config  # as measured, whatever the menus say now
             title = (f"{method_label(config)}, {sampling_label(config.sampling, config.seed)}, "
-                     f"{config.max_new_tokens} new tokens")
+                     f"{config.max_new_tokens} new tokens{synthetic_title(config, job.worker.ks)}")
+            label_synthetic(self.sweep_rows, config)
             complete = len(self.sweep_rows) == len(job.worker.ks)
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title, complete=complete)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))
@@ -854,6 +1035,8 @@ class MainWindow(QMainWindow):
         """K → Batch regime: the prompt decoded at each batch size, plainly and speculatively, with the loaded
         models batched (no reload), off the GUI thread; then the gain against the batch beside the roofline's
         prediction and a suggested operating point."""
+        if self._served_refusal("The batch regime"):
+            return
         inputs = self._drafting_task_inputs("the batch regime compares it with plain decoding.")
         if inputs is None:
             return
@@ -862,7 +1045,10 @@ class MainWindow(QMainWindow):
         if problem:
             self.show_error(*problem)
             return
-        config = replace(config, max_new_tokens=min(config.max_new_tokens, self.batch_new_tokens))
+        config = self._with_synthetic(replace(config, max_new_tokens=min(config.max_new_tokens,
+                                                                          self.batch_new_tokens)))
+        if config is None:
+            return
         device = getattr(getattr(self.decoder, "device", None), "type", "cpu")
         batches = self.batch_sizes or batch_dialog.default_batches(device)
         self.batch_rows = []
@@ -882,13 +1068,16 @@ class MainWindow(QMainWindow):
     def _on_batch_report(self, report) -> None:
         config, batches = self.batch_slot.job.worker.config, self.batch_slot.job.worker.batches
         title = (f"{method_label(config)}, K={config.k}, {sampling_label(config.sampling, config.seed)}, "
-                 f"the prompt × B, {config.max_new_tokens} new tokens each, {self.decoder.device_name}")
+                 f"the prompt × B, {config.max_new_tokens} new tokens each, {self.decoder.device_name}"
+                 f"{synthetic_title(config)}")
         complete = len(report.rows) == len(batches)
         self.batch_dialog = batch_dialog.BatchDialog(self, report, title, complete, self.plots.colors)
         self.batch_dialog.show()
 
     def recalibrate(self) -> None:
         """Time the cost model again (verification curve, draft and overhead terms) off the GUI thread."""
+        if self._served_refusal("Recalibrate costs"):
+            return
         if self.decoder is None or self.running or self.load_slot.busy:
             self.show_error("Busy", "Load models and wait for the current job to finish first.")
             return
@@ -905,10 +1094,14 @@ class MainWindow(QMainWindow):
         """On the prompt, off the GUI thread: the method's greedy output against plain greedy decoding, token
         for token, then a chi-squared test of its sampled first two tokens against the target's exact
         distribution."""
+        if self._served_refusal("Check lossless"):
+            return
         inputs = self._drafting_task_inputs("the check compares its output with plain decoding.")
         if inputs is None:
             return
         prompt, config = inputs
+        if self._synthetic_refused(config):
+            return
         sampled = config if not config.sampling.greedy else replace(
             config, sampling=SamplingParams(temperature=CHECK_TEMPERATURE))
         self.check_reports = {}

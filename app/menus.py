@@ -11,6 +11,10 @@ from engine.methods.registry import MENU_SPECS, parse_spec
 
 K_CHOICES = range(1, 17)
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
+SYNTHETIC_TEXT = "Synthetic acceptance for sweeps…"
+SYNTHETIC_TIP = ("A timing study: the K and method sweeps and the batch regime accept as a given profile "
+                 "(a mean length L, or rates p1,p2,…) says, not as the target does; their results say "
+                 "SYNTHETIC")
 UNOFFERED = "not offered by the engine"  # a menu entry whose method the loaded decoder does not list
 
 
@@ -89,6 +93,8 @@ class Menus:
         self.batch_action = command(menu, "Batch regime…", w.batch_regime, "Ctrl+B",
                                     "Measure the speedup against the batch size beside the roofline's "
                                     "prediction; Esc stops after the batch it is measuring")
+        self.synthetic_action = menu.addAction(SYNTHETIC_TEXT, w.set_synthetic_acceptance)
+        self.synthetic_action.setToolTip(SYNTHETIC_TIP)
         self.recalibrate_action = menu.addAction("Recalibrate costs", w.recalibrate)
         self.recalibrate_action.setToolTip("Time the verification curve, draft steps and overhead again")
 
@@ -107,6 +113,14 @@ class Menus:
             menu.addAction("Back to the shipped pair", w.use_shipped_pair),
             menu.addAction("Connect to a server…", w.connect_to_server),
         ]
+        menu.addSeparator()
+        self.heads_action = menu.addAction("Open draft heads…", w.open_draft_heads)
+        self.heads_action.setToolTip("Published EAGLE, EAGLE-3 or Medusa heads (a folder or a cached Hub id) "
+                                     "onto the loaded target: their layout, target, taps and vocabulary")
+        self.doctor_action = menu.addAction("Head doctor…", w.head_doctor)
+        self.doctor_action.setToolTip("Why do the heads accept less than expected? Acceptance by draft "
+                                      "position under each convention their config leaves open")
+        self.model_actions += [self.heads_action, self.doctor_action]
 
     def _session_menu(self, menu) -> None:
         w = self.window
@@ -157,6 +171,10 @@ class Menus:
             action.setEnabled(not running and not loading)
         self.clear_action.setEnabled(not running)
         self.open_trace_action.setEnabled(not running)  # a replay needs no model
+
+    def show_synthetic(self, description: str) -> None:
+        """The K menu names the sweeps' synthetic profile while one is set."""
+        self.synthetic_action.setText(f"{SYNTHETIC_TEXT} ({description})" if description else SYNTHETIC_TEXT)
 
     def check_theme(self, theme: str) -> None:
         for name, action in self.theme_actions.items():

@@ -10,6 +10,9 @@ from engine.analysis.acceptance import DepthAcceptance, RoundShape, geometric_te
 from engine.analysis.costmodel import timing_of
 from engine.core.metrics import histogram_bars, round_acceptance, round_tokens, round_tpot_ms
 
+# the TPOT plot's two predictions, named alike on the screen and in the exported SVG
+PREDICTED_TPOT_LABEL = "t_round/E"  # the cost model's: measured round time over tokens per round
+TEXTBOOK_TPOT_LABEL = "TPOT_plain·(1+cK)/E"  # the chapter's
 REFIT_ROUNDS = 64  # the live cost model is refitted on this many latest rounds
 
 

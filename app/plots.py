@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.plot_data import PlotBuffers, robust_top, summary_html
+from app.plot_data import PREDICTED_TPOT_LABEL, TEXTBOOK_TPOT_LABEL, PlotBuffers, robust_top, summary_html
 from app.style import LIGHT, TokenColors
 
 REDRAW_HZ = 20
@@ -191,8 +191,8 @@ class PlotPanel(QWidget):
             "per_position_tpf": self._line(self.tpf_plot, c.per_position, "1+Σ Π α_j", dash=True),
             "round_tpot": self._scatter(self.tpot_plot, c.measured, "this round"),
             "running_tpot": self._line(self.tpot_plot, c.running, "running mean"),
-            "predicted_tpot": self._line(self.tpot_plot, c.predicted, "t_round/E", dash=True),
-            "textbook_tpot": self._line(self.tpot_plot, c.analytic, "TPOT_plain·(1+cK)/E", dash=True),
+            "predicted_tpot": self._line(self.tpot_plot, c.predicted, PREDICTED_TPOT_LABEL, dash=True),
+            "textbook_tpot": self._line(self.tpot_plot, c.analytic, TEXTBOOK_TPOT_LABEL, dash=True),
             "round_tps": self._scatter(self.tps_plot, c.measured, "this round"),
             "running_tps": self._line(self.tps_plot, c.running, "running mean"),
         }

@@ -61,6 +61,7 @@ class TokenInfo:
     tested: Optional[bool] = None
     top: list = field(default_factory=list)
     branches: list = field(default_factory=list)  # BRANCHES: the rejected drafts' TokenInfos
+    unknown: tuple = ()  # figures the round's source did not give (a server: "p", "q", "u", "top", ...)
 
 
 def is_tree(event) -> bool:
@@ -96,13 +97,14 @@ def clean_text(infos) -> str:
 def drafted_info(event, d, kind: str, output_pos: Optional[int]) -> TokenInfo:
     return TokenInfo(kind=kind, round=event.round, text=d.text, depth=d.depth, output_pos=output_pos, p=d.p,
                      q=d.q, accept_prob=d.accept_prob, u=d.u, accepted=d.accepted, tested=d.tested,
-                     top=list(d.top))
+                     top=list(d.top), unknown=tuple(getattr(event, "unknown", ()) or ()))
 
 
 def next_info(event, output_pos: int) -> TokenInfo:
     kind = TARGET if not event.drafted else (BONUS if event.next_is_bonus else CORRECTION)
     return TokenInfo(kind=kind, round=event.round, text=event.next_token_text, output_pos=output_pos,
-                     p=event.next_token_p, top=list(event.next_top))
+                     p=event.next_token_p, top=list(event.next_top),
+                     unknown=tuple(getattr(event, "unknown", ()) or ()))
 
 
 def visible_whitespace(text: str) -> str:
@@ -120,6 +122,16 @@ def display_text(info: TokenInfo, clean: bool = False) -> str:
     if info.kind in EMITTED_KINDS or info.kind == PROMPT:
         return info.text.replace("\r", "␍").replace("\n", "↵\n")
     return info.text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+NOT_GIVEN = "not given by the server"
+# which distribution each figure of the inspector is (issue 52): a drafted token's p(x) is the target's
+# sampling distribution (temperature, top-k and top-p applied, renormalised: what min(1, p/q) used); the
+# next token's p(x) and the top alternatives are the softmax at the sampling temperature before top-k / top-p
+# (greedy: T = 1 for all three)
+DRAFT_P = "under the target's sampling distribution (T, top-k, top-p applied)"
+SOFTMAX_P = "softmax of the target's logits at the sampling T (greedy: T = 1), before top-k / top-p"
+TOP_LABEL = "target's top alternatives here (softmax at the sampling T, greedy T = 1, before top-k / top-p)"
 
 
 def _fmt(value: Optional[float], digits: int = 3) -> str:
@@ -145,12 +157,16 @@ def describe(info: TokenInfo) -> str:
         return "<br>".join(lines) + f"<table cellspacing='0' cellpadding='2'>{rows}</table>"
     if info.depth is not None:
         lines += _draft_numbers(info)
+    elif "p" in info.unknown:
+        lines.append(f"p(x): {NOT_GIVEN}")
     else:
-        lines.append(f"p(x) = {_fmt(info.p, 4)} under the target")
+        lines.append(f"p(x) = {_fmt(info.p, 4)}, the {SOFTMAX_P} (as the list below)")
     if info.top:
         rows = "".join(f"<tr><td><code>{html.escape(visible_whitespace(t))}</code></td>"
                        f"<td align='right'>{p:.3f}</td></tr>" for t, p in info.top)
-        lines.append(f"target's top alternatives here:<table cellspacing='0' cellpadding='1'>{rows}</table>")
+        lines.append(f"{TOP_LABEL}:<table cellspacing='0' cellpadding='1'>{rows}</table>")
+    elif "top" in info.unknown:
+        lines.append(f"target's top alternatives: {NOT_GIVEN}")
     return "<br>".join(lines)
 
 
@@ -160,15 +176,22 @@ def is_greedy_test(info: TokenInfo) -> bool:
 
 
 def _draft_numbers(info: TokenInfo) -> list:
+    if "p" in info.unknown:  # a served round: the server counts its drafts but shows none of their figures
+        outcome = "accepted" if info.accepted else ("rejected" if info.tested else "not tested")
+        return [f"p(x), q(x), min(1, p/q), u: {NOT_GIVEN}",
+                f"{outcome} (from the server's counters of this round)"]
     if is_greedy_test(info):
-        return [f"p(x) = {_fmt(info.p, 4)} (the target's T=1 probability, for reference)",
+        return [f"p(x) = {_fmt(info.p, 4)} (the target's T = 1 probability, as in the list below, for "
+                "reference)",
                 _verdict(info),
                 "Greedy (T = 0) compares the draft with the target's most likely token; the drafter's "
                 "probability and the acceptance ratio play no part."]
     if not info.tested:  # never compared with the target: its p, q and ratio mean nothing
         return [_verdict(info)]
-    return [f"p(x) = {_fmt(info.p, 4)} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
-            f"min(1, p/q) = {_fmt(info.accept_prob, 4)}", _verdict(info)]
+    return [f"p(x) = {_fmt(info.p, 4)} {DRAFT_P} &nbsp; q(x) = {_fmt(info.q, 4)} &nbsp; "
+            f"min(1, p/q) = {_fmt(info.accept_prob, 4)}", _verdict(info),
+            "(with top-k or top-p on, p(x) is renormalised over the tokens they keep, so it differs from the "
+            "alternatives' list below, which is before them)"]
 
 
 def _verdict(info: TokenInfo) -> str:

@@ -62,3 +62,14 @@ class ConnectWorker(Worker):
 def served_note(decoder: ServedDecoder) -> str:
     """The status line while generations come from a server."""
     return f"Generating on {decoder.device_name}: {NOT_GIVEN}."
+
+
+def served_refusal(what: str, label: str) -> str:
+    """Why `what` (a sweep, a check, the batch regime) does not run while the window is connected to a server:
+    it would measure the local models, not the server. What works instead."""
+    return (f"{what} runs the local models, and the window is connected to {label}: it would not measure the "
+            "server. While connected, generations (Ctrl+Enter), Run N times, History, Compare, the plots and "
+            "the exports work on the server's rounds. To tune the server itself: main.py bench server "
+            "--server URL: speculation on and off, --k-sweep K,K,... where it takes K per request, "
+            "--clients N,N,... (concurrent requests: its batch regime) and --check-equal (greedy text with "
+            "speculation on equals off). Models → Back to the shipped pair disconnects.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from app.plot_data import robust_top
+from app.plot_data import PREDICTED_TPOT_LABEL, TEXTBOOK_TPOT_LABEL, robust_top
 
 SVG_NS = "http://www.w3.org/2000/svg"
 PANEL_W, PANEL_H = 420, 260
@@ -39,7 +39,8 @@ def panels(buffers, colors) -> list:
         ("Time per output token", "ms", "round (from 1)", [
             ("this round", "points", c.measured, _finite(x, buffers.round_tpot)),
             ("running mean", "line", c.running, _finite(x, buffers.running_tpot)),
-            ("TPOT_plain·(1+cK)/E", "dash", c.predicted, _finite(x, buffers.predicted_tpot))], None),
+            (PREDICTED_TPOT_LABEL, "dash", c.predicted, _finite(x, buffers.predicted_tpot)),
+            (TEXTBOOK_TPOT_LABEL, "dash", c.analytic, _finite(x, buffers.textbook_tpot))], None),
         ("Accepted length (rounds)", "rounds", "accepted drafts", [
             ("rounds", "bars", c.running, list(enumerate(lengths)))], None),
         ("Acceptance by draft position", "α_i", "draft position (from 1)", [
