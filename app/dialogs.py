@@ -96,7 +96,9 @@ survives, and <b>u</b> the uniform random number it was tested against: accepted
 The list at the bottom is the target's most likely tokens at that position, from the softmax at the sampling
 temperature <i>before</i> top-k and top-p (so with either on, a kept token's p(x) is at least its entry
 there: top-k and top-p renormalise over the tokens they keep). A correction or bonus token's p(x) is that same
-softmax, as in its list. Rounds from a server say <i>not given by the server</i> for p, q, u and the list.</p>
+softmax, as in its list. In a sampled tree round, a sibling tried after a rejected one is tested against the
+residual max(p − q, 0), renormalised, and its p(x) is that residual's. Rounds from a server say <i>not given
+by the server</i> for p, q, u and the list.</p>
 <p><b>The greedy case (T = 0).</b> No random number is drawn: a draft is accepted exactly when it is the
 target's most likely token (its argmax). The inspector then shows p(x) as the target's T=1 probability, for
 reference only, and no q or min(1, p/q): a draft with p = 0.01 is rejected because another token is the
