@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.widgets import ask_path
+from app.widgets import ask_path, finish_form
 from app.workers import Worker
 
 HEAD_METHODS = ("eagle", "eagle3", "medusa")  # the methods the doctor diagnoses
@@ -96,15 +96,10 @@ class HeadsSourceDialog(QDialog):
         line.addWidget(self.source, 1)
         line.addWidget(browse)
         form.addRow("Heads folder or cached Hub id", row)
-        note = QLabel("EAGLE-1/2 (SafeAILab), EAGLE-3 (SpecForge, vLLM / AngelSlim, speculators) and Medusa "
-                      "(FasterDecoding, vLLM) heads, loaded onto the loaded target; heads that do not fit it "
-                      "are refused before anything is allocated. Nothing is downloaded.")
-        note.setWordWrap(True)
-        form.addRow(note)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        form.addRow(buttons)
+        finish_form(self, form,
+                    "EAGLE-1/2 (SafeAILab), EAGLE-3 (SpecForge, vLLM / AngelSlim, speculators) and Medusa "
+                    "(FasterDecoding, vLLM) heads, loaded onto the loaded target; heads that do not fit it "
+                    "are refused before anything is allocated. Nothing is downloaded.")
 
     def _browse(self) -> None:
         path = ask_path(self, "Open draft heads folder", QFileDialog.Directory)

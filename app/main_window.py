@@ -83,6 +83,14 @@ SYNTHETIC_PROMPT = ("synthetic acceptance (L, or rates p1,p2,…) for the K and 
                     "regime; empty: the models' own acceptance")
 
 
+def _sweep_title(config, first: str, rows: list, tail: str = "", ks: tuple = ()) -> str:
+    """A sweep dialog's title (what was measured: settings, new tokens, a synthetic profile's note); rows
+    measured with a profile are labelled so (their saved CSV too)."""
+    label_synthetic(rows, config)
+    return (f"{first}, {sampling_label(config.sampling, config.seed)}, {config.max_new_tokens} new tokens"
+            f"{tail}{synthetic_title(config, ks)}")
+
+
 def synthetic_title(config, ks: tuple = ()) -> str:
     """A sweep dialog's title line saying its results follow a synthetic profile ("" for real ones)."""
     note = synthetic_note(config)
@@ -993,9 +1001,7 @@ class MainWindow(QMainWindow):
         self._task_ended()
         if self.method_sweep_rows:
             config = job.worker.config  # as measured, whatever the menus say now
-            title = (f"K = {config.k}, {sampling_label(config.sampling, config.seed)}, "
-                     f"{config.max_new_tokens} new tokens, on the prompt{synthetic_title(config)}")
-            label_synthetic(self.method_sweep_rows, config)
+            title = _sweep_title(config, f"K = {config.k}", self.method_sweep_rows, ", on the prompt")
             self.method_dialog = MethodSweepDialog(self, self.method_sweep_rows, title, left_out,
                                                    self.method_sweep_complete)
             self.method_dialog.accepted.connect(lambda: self.set_method(self.method_dialog.best))
@@ -1023,9 +1029,7 @@ class MainWindow(QMainWindow):
         self._task_ended()
         if self.sweep_rows:
             config = job.worker.config  # as measured, whatever the menus say now
-            title = (f"{method_label(config)}, {sampling_label(config.sampling, config.seed)}, "
-                     f"{config.max_new_tokens} new tokens{synthetic_title(config, job.worker.ks)}")
-            label_synthetic(self.sweep_rows, config)
+            title = _sweep_title(config, method_label(config), self.sweep_rows, ks=job.worker.ks)
             complete = len(self.sweep_rows) == len(job.worker.ks)
             self.sweep_dialog = SweepDialog(self, self.sweep_rows, title, complete=complete)
             self.sweep_dialog.accepted.connect(lambda: self.set_k(self.sweep_dialog.best))

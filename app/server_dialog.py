@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit
+from PySide6.QtWidgets import QComboBox, QDialog, QFormLayout, QLineEdit
 
+from app.widgets import finish_form
 from app.workers import Worker
 from engine.sources.server import KINDS, ServedDecoder, ServedEngine
 
@@ -30,14 +31,9 @@ class ServerDialog(QDialog):
         self.kind.addItems((DETECT,) + KINDS)
         form.addRow("OpenAI-compatible server URL", self.url)
         form.addRow("Engine", self.kind)
-        note = QLabel("Generations go to its /v1/completions stream until you go back to the shipped pair. "
-                      f"The server's own speculative counters give α and the rounds; {NOT_GIVEN}.")
-        note.setWordWrap(True)
-        form.addRow(note)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        form.addRow(buttons)
+        finish_form(self, form,
+                    "Generations go to its /v1/completions stream until you go back to the shipped pair. The "
+                    f"server's own speculative counters give α and the rounds; {NOT_GIVEN}.")
 
     def choice(self) -> tuple:
         """(url, kind or None to detect)."""

@@ -3,7 +3,7 @@ dialogs that cannot hang on special files."""
 from __future__ import annotations
 
 from PySide6.QtCore import QFileInfo, Qt, Signal
-from PySide6.QtWidgets import QFileDialog, QFileIconProvider, QLabel, QPlainTextEdit
+from PySide6.QtWidgets import QDialogButtonBox, QFileDialog, QFileIconProvider, QLabel, QPlainTextEdit
 
 
 class PromptEdit(QPlainTextEdit):
@@ -98,3 +98,14 @@ def settle_clipboard() -> None:
         return
     clipboard = QGuiApplication.clipboard()
     clipboard.setText(clipboard.text())
+
+
+def finish_form(dialog, form, note: str) -> None:
+    """A form dialog's last rows: a wrapped note, then OK / Cancel wired to accept / reject."""
+    label = QLabel(note)
+    label.setWordWrap(True)
+    form.addRow(label)
+    buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+    buttons.accepted.connect(dialog.accept)
+    buttons.rejected.connect(dialog.reject)
+    form.addRow(buttons)

@@ -46,6 +46,18 @@ def test_the_k_sweep_follows_the_profile_on_the_ks_it_fits_and_says_synthetic(qt
     assert "K = 1 left out" in text
 
 
+def _synthetic_result(qtbot, window, action, dialog: str, timeout: int) -> str:
+    """Trigger a sweep, wait for its result dialog and the end of the job: no error, the dialog says the
+    figures follow a synthetic profile. Returns the dialog's text."""
+    action.trigger()
+    qtbot.waitUntil(lambda: getattr(window, dialog) is not None, timeout=timeout)
+    qtbot.waitUntil(lambda: not window.running, timeout=10000)
+    assert window.errors == []
+    text = _dialog_text(getattr(window, dialog))
+    assert "SYNTHETIC acceptance" in text
+    return text
+
+
 def _dialog_text(dialog) -> str:
     from PySide6.QtWidgets import QLabel
 
@@ -63,12 +75,8 @@ def test_a_profile_no_k_fits_is_a_dialog(window):
 def test_the_method_sweep_follows_the_profile_and_says_synthetic(qtbot, window):
     window.k_actions[4].trigger()
     window.set_synthetic_acceptance("0.9,0.5")
-    window.method_sweep_action.trigger()
-    qtbot.waitUntil(lambda: window.method_dialog is not None, timeout=20000)
-    qtbot.waitUntil(lambda: not window.running, timeout=10000)
-    assert window.errors == []
-    assert "SYNTHETIC acceptance" in _dialog_text(window.method_dialog)
-    assert "per-position rates 0.9,0.5" in _dialog_text(window.method_dialog)
+    text = _synthetic_result(qtbot, window, window.method_sweep_action, "method_dialog", 20000)
+    assert "per-position rates 0.9,0.5" in text
     drafted = [c for c in window.fake.configs if c.method != "none"]
     assert drafted and all(c.synthetic_acceptance == "0.9,0.5" for c in drafted)
 
@@ -115,9 +123,5 @@ def test_the_batch_regime_follows_the_profile_and_says_synthetic(qtbot, tiny_pai
     window.prompt.setPlainText("the cat sat on the mat. the cat")
     window.batch_sizes, window.batch_new_tokens = (1, 2), 6
     window.set_synthetic_acceptance("2")
-    window.batch_action.trigger()
-    qtbot.waitUntil(lambda: window.batch_dialog is not None, timeout=60000)
-    qtbot.waitUntil(lambda: not window.running, timeout=10000)
-    assert window.errors == []
-    assert "SYNTHETIC acceptance" in _dialog_text(window.batch_dialog)
+    _synthetic_result(qtbot, window, window.batch_action, "batch_dialog", 60000)
     assert [c.synthetic_acceptance for c in configs] == ["2"]

@@ -35,6 +35,21 @@ def test_runner_taps_are_the_layer_outputs(tmp_path):
     assert torch.allclose(out.logits, logits[0], atol=1e-4)
 
 
+def _check_drafter_steps(engine_head, true: torch.Tensor, ids: torch.Tensor, outs: list) -> torch.Tensor:
+    """The drafter's steps through the engine's runner equal the training-time test's rows (outs, steps 1..3):
+    step 1 on all true rows, then a chain from row 6 on the head's own outputs. Returns step 1's [11, H]."""
+    h1 = engine_head.step(engine_head.true_features(true[:11]), ids[1:12])  # all true rows
+    assert torch.allclose(h1, outs[0][0], atol=1e-4)
+    c = 6  # a chain from row 6
+    engine_head.runner.reset()
+    last = engine_head.step(engine_head.true_features(true[:c + 1]), ids[1:c + 2])[-1:]
+    h2 = engine_head.runner.forward_embeds(engine_head.fuse(last, ids[c + 2:c + 3])).hidden
+    assert torch.allclose(h2[0], outs[1][0, c + 1], atol=1e-4)
+    h3 = engine_head.runner.forward_embeds(engine_head.fuse(h2, ids[c + 3:c + 4])).hidden
+    assert torch.allclose(h3[0], outs[2][0, c + 2], atol=1e-4)
+    return h1
+
+
 def test_training_time_test_is_what_the_drafter_computes(tmp_path):
     """Step 1 of the head on the true features, then steps 2 and 3 on its own outputs, through the engine's
     runner (as the eagle3 drafter does), equal the training-time test's rows of the chain."""
@@ -53,15 +68,7 @@ def test_training_time_test_is_what_the_drafter_computes(tmp_path):
     with torch.no_grad():
         outs = head.ttt(taps[:, :11], model.model.embed_tokens(ids[None, 1:12]), steps=3)
         true = runner.forward(ids).taps                                         # [12, 3H]
-        h1 = engine_head.step(engine_head.true_features(true[:11]), ids[1:12])  # all true rows
-        assert torch.allclose(h1, outs[0][0], atol=1e-4)
-        c = 6                                                                   # a chain from row 6
-        engine_head.runner.reset()
-        last = engine_head.step(engine_head.true_features(true[:c + 1]), ids[1:c + 2])[-1:]
-        h2 = engine_head.runner.forward_embeds(engine_head.fuse(last, ids[c + 2:c + 3])).hidden
-        assert torch.allclose(h2[0], outs[1][0, c + 1], atol=1e-4)
-        h3 = engine_head.runner.forward_embeds(engine_head.fuse(h2, ids[c + 3:c + 4])).hidden
-        assert torch.allclose(h3[0], outs[2][0, c + 2], atol=1e-4)
+        _check_drafter_steps(engine_head, true, ids, outs)
 
 
 def test_ttt_mask_sees_true_rows_and_its_own_chain():
@@ -135,13 +142,5 @@ def test_published_head_training_time_test_is_what_the_public_loader_computes(tm
     with torch.no_grad():
         outs = head.ttt(hf_taps[:, :11], model.model.embed_tokens(ids[None, 1:12]), steps=3)
         true = runner.forward(ids).taps
-        h1 = engine_head.step(engine_head.true_features(true[:11]), ids[1:12])
-        assert torch.allclose(h1, outs[0][0], atol=1e-4)
+        h1 = _check_drafter_steps(engine_head, true, ids, outs)
         assert torch.allclose(engine_head.logits(h1), head.draft_logits(model, outs[0][0]), atol=1e-3)
-        c = 6
-        engine_head.runner.reset()
-        last = engine_head.step(engine_head.true_features(true[:c + 1]), ids[1:c + 2])[-1:]
-        h2 = engine_head.runner.forward_embeds(engine_head.fuse(last, ids[c + 2:c + 3])).hidden
-        assert torch.allclose(h2[0], outs[1][0, c + 1], atol=1e-4)
-        h3 = engine_head.runner.forward_embeds(engine_head.fuse(h2, ids[c + 3:c + 4])).hidden
-        assert torch.allclose(h3[0], outs[2][0, c + 2], atol=1e-4)
