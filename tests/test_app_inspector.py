@@ -1,6 +1,6 @@
-"""Issue 52 leftovers: the inspector names the distribution of p(x) and of the top-alternatives list (a drafted
-token's p(x) is the sampling distribution, top-k and top-p applied; the list and a correction's p(x) are the
-softmax before them), and the exported SVG names the TPOT plot's predictions as the screen does."""
+"""Issue 52 leftovers: the inspector names the distribution of p(x) and of the top-alternatives list (a
+drafted token's p(x) is the sampling distribution, top-k and top-p applied; the list and a correction's p(x)
+are the softmax before them), and the exported SVG names the TPOT plot's predictions as the screen does."""
 from __future__ import annotations
 
 import re
