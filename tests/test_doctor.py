@@ -3,6 +3,7 @@ acceptance, a run over a published EAGLE-3 head, and the CLI on the shipped pair
 from __future__ import annotations
 
 import pytest
+import torch
 from test_public_heads import LAYERS, decoder_with, make_eagle3, target_dir  # noqa: F401 (a fixture)
 
 from engine.analysis import doctor
@@ -78,3 +79,71 @@ def test_doctor_on_the_shipped_eagle3_head(capsys):
 def test_doctor_refuses_bad_sizes_in_one_line(capsys):
     assert main(["doctor", "--k", "0"]) == 2
     assert "doctor takes --k" in capsys.readouterr().err
+
+
+def _permutation_target(folder, vocab: int, hidden: int, layers: int) -> tuple:
+    """A tiny Llama whose next token is a fixed permutation of the current one (EOS only after EOS): its
+    attention adds nothing (o_proj zero), so a position's residual stream before layer k is a function of its
+    own token, h_k(x), and MLPs that each outweigh the stream before them make each layer's differ. Returns
+    (folder, perm, h) with h[k] [V, H] the streams (transformers' hidden_states[k]) of every token."""
+    from safetensors.torch import load_file, save_file
+    from tiny_models import make_tiny_llama
+    from transformers import AutoModelForCausalLM
+
+    make_tiny_llama(folder, vocab=vocab, hidden=hidden, layers=layers, seed=7, std=0.15)
+    weights = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    for name in weights:
+        if name.endswith("o_proj.weight"):
+            weights[name] = torch.zeros_like(weights[name])
+        elif name.endswith("down_proj.weight"):  # each layer's MLP outweighs the stream it reads
+            layer = int(name.split(".")[2])
+            weights[name] = 1.5 * 8.0 ** layer * torch.randn(weights[name].shape, generator=gen)
+    perm = torch.randperm(vocab - 3, generator=gen) + 3  # ids 0..2 are special: never reached
+    perm = torch.cat([torch.arange(3), perm])
+    save_file(weights, str(folder / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        # [V, 1, H] each
+        states = model(torch.arange(vocab)[:, None], output_hidden_states=True).hidden_states
+    h = [s[:, 0] for s in states]
+    weights["lm_head.weight"] = torch.zeros(vocab, hidden)
+    weights["lm_head.weight"][perm] = h[layers]  # row perm[x] scores the final-normed stream of x highest
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder, perm, h
+
+
+def test_the_doctor_names_the_convention_a_head_was_built_for(tmp_path):
+    """An EAGLE-3 head built to read taps (2, 3, 4) exactly (its fc keeps the first tap, its layer adds
+    nothing, its LM head maps each token's tapped stream to the token two steps on): its first draft is right
+    for every token under those taps. Its config says (1, 2, 3), one layer early: the doctor finds that one
+    layer later accepts most and names it."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
+
+    vocab, hidden, layers = 40, 32, 6
+    target, perm, h = _permutation_target(tmp_path / "target", vocab, hidden, layers)
+    folder = make_eagle3(tmp_path / "heads", draft_vocab=vocab, taps=(1, 2, 3))
+    t = load_file(str(folder / "model.safetensors"))
+    t = {name: torch.zeros_like(v) if name.startswith("midlayer.") else v for name, v in t.items()}
+    for name in ("norm.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
+                 "midlayer.post_attention_layernorm.weight"):
+        t[name] = torch.ones(hidden)
+    t["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, 2 * hidden)], dim=1)  # g = h_2
+    tapped = h[2] / h[2].pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()  # the head's final RMSNorm of g
+    t["lm_head.weight"] = torch.zeros(vocab, hidden)
+    t["lm_head.weight"][perm[perm]] = tapped
+    t["d2t"] = torch.zeros(vocab, dtype=torch.long)
+    t["t2d"] = torch.ones(vocab, dtype=torch.bool)
+    save_file(t, str(folder / "model.safetensors"))
+
+    decoder = SpeculativeDecoder(load_pair(str(target), None, device="cpu", need_draft=False))
+    decoder.use_heads(str(folder))
+    report = doctor.diagnose_heads(decoder, "eagle3", ["abc", "hello"], k=2, max_new_tokens=16)
+    later = [r for r in report.results if r.taps == (2, 3, 4)]
+    assert later and all(r.acceptance.alphas[0] >= 0.8 for r in later)  # built for them: nearly always right
+    assert report.as_written.acceptance.alphas[0] < 0.5
+    assert report.best.taps == (2, 3, 4)
+    assert any("one layer later" in f and "evidently trained" in f for f in report.findings)
