@@ -7,8 +7,8 @@ typedef unsigned int u32;
 
 // Loops that keep a running best (a row's top values) issue this many of a thread's loads before they compare
 // any: a compare-and-insert between loads leaves one load in flight per thread, and a short row's scan is then
-// its loads' round trips one after another (kernels/step.py and kernels/cuda.py pass SPECPLAY_LOADS_AHEAD;
-// 1 is the one-at-a-time scan, for comparisons; the same results either way)
+// its loads' round trips one after another (engine/kernels/launch_spec.py's LOADS_AHEAD is passed in; 1 would
+// be the one-at-a-time scan, the same results either way)
 #ifndef SP_LOADS_AHEAD
 #define SP_LOADS_AHEAD 8
 #endif

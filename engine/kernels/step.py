@@ -54,7 +54,7 @@ GEMV_BLOCKS_PER_SM = 2
 # sp_gemv's warp a row leaves most lanes idle on a row shorter than its 2048-column segment, and each further
 # row of a verification block adds its share of that work. Longer rows stream from memory faster in sp_gemv
 # (the 7B shape: 4.31 ms a token against 4.52 on the tensor cores, docs/measurements/
-# runtimes_synthetic_SPECPLAY_GEMV_TC_*.txt). The choice depends on the weight alone, never on the rows, so a
+# runtimes_synthetic_gemv_tc_{off,on}.txt). The choice depends on the weight alone, never on the rows, so a
 # verification block's rows keep the bits of one-token steps.
 GEMV_TC_K = 2048
 # 16-byte loads a lane of the attention kernels issues before it uses them (SP_ATTN_AHEAD), and the resident
