@@ -226,6 +226,7 @@ class HeadLayer:
         self.kv = torch.zeros(2, shape.kv_heads, max_length, shape.head_dim, dtype=self.dtype,
                               device=self.device)  # [2, kvh, max_length, D]
         self._length = 0
+        self._chains: Dict[int, torch.Tensor] = {}  # n -> [n, n] bool chain visibility on the device
 
     @property
     def length(self) -> int:
@@ -247,23 +248,31 @@ class HeadLayer:
         return False
 
     def forward_embeds(self, x: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
-        """Append n positions (inputs x [n, W]) after the cache: a chain, or a tree by its parents [n]."""
+        """Append n positions (inputs x [n, W]) after the cache: a chain, or a tree by its parents [n]. A
+        chain's mask and positions are made on the device: no copy from the host waits for the GPU between
+        draft steps."""
         n, start = x.shape[0], self._length
         if start + n > self.max_length:
             raise SpecplayError(f"the head's cache holds {self.max_length} positions")
-        visible = torch.ones(n, n, dtype=torch.bool).tril()
-        depth = torch.arange(n)
-        if parents is not None:
+        rows = torch.arange(start, start + n, device=self.device)  # [n] cache rows
+        if parents is None:
+            visible, positions = self._chain_visible(n), rows
+        else:
             from engine.models.runner import tree_ancestor_mask, tree_depths
 
-            visible, depth = tree_ancestor_mask(parents.cpu()), tree_depths(parents.cpu())
-        mask = torch.zeros(n, start + n, dtype=torch.float32)
+            visible = tree_ancestor_mask(parents.cpu()).to(self.device)
+            positions = start + tree_depths(parents.cpu()).to(self.device)
+        mask = torch.zeros(n, start + n, dtype=torch.float32, device=self.device)  # [n, kv] additive
         mask[:, start:] = torch.where(visible, 0.0, float("-inf"))
-        hidden = self.step_embeds(x, (start + depth).to(self.device), torch.arange(start, start + n,
-                                                                                    device=self.device),
-                                  mask.to(self.device))
+        hidden = self.step_embeds(x, positions, rows, mask)
         self._length = start + n
         return ForwardOutput(self.readout(hidden), hidden)
+
+    def _chain_visible(self, n: int) -> torch.Tensor:
+        """[n, n] bool on the device: row i sees rows 0..i (kept per n)."""
+        if n not in self._chains:
+            self._chains[n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        return self._chains[n]
 
     def step_embeds(self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor,
                     mask: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,7 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
     runner.release_graphs()
 
 
-def report_loop(decoder, method: str, tokens: int, top: int) -> None:
+def report_loop(decoder, method: str, tokens: int, top: int, acceptance: str = "") -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from engine.config import GenerationConfig
@@ -111,7 +111,8 @@ def report_loop(decoder, method: str, tokens: int, top: int) -> None:
 
     spec = parse_spec(method)  # a name, or NAME:N for a tree of N nodes
     config = GenerationConfig(method=spec.name, tree_nodes=spec.tree_nodes, k=4, max_new_tokens=tokens,
-                              stop_at_eos=False)
+                              stop_at_eos=False,
+                              synthetic_acceptance=acceptance if spec.name != "none" else "")
     list(decoder.generate(PROMPT, config))
     _sync(decoder.device)
     began = time.perf_counter()
@@ -148,6 +149,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--batch", type=int, default=0, help="also profile one batched step of this many")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of this script")
+    parser.add_argument("--synthetic-acceptance", default="", help="the verdicts follow this profile (a "
+                        "mean length L or rates p1,p2,...; engine.core.synthetic), not the random heads' own")
     args = parser.parse_args()
     import warnings
 
@@ -167,12 +170,17 @@ def main() -> int:
     else:
         pair = build_synthetic_pair(args.synthetic, torch.device(args.device), torch.bfloat16).pair
     decoder = SpeculativeDecoder(pair)
+    if args.synthetic != "shipped":  # random-weight heads of the published layouts for eagle, eagle3, medusa
+        from engine.methods import synthetic_heads
+
+        heads = synthetic_heads.build_heads(pair.target, args.synthetic, args.methods.split(","))
+        decoder.use_built_heads({method: head.head for method, head in heads.items()})
     decoder.warm_up()
     print(f"pair {args.synthetic}")
     if args.prefill:
         report_prefill(pair.target, args.top)
     for method in filter(None, args.methods.split(",")):
-        report_loop(decoder, method, args.tokens, args.top)
+        report_loop(decoder, method, args.tokens, args.top, args.synthetic_acceptance)
     if args.batch:
         report_batch(pair.target, args.batch, args.top)
     return 0
