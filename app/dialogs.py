@@ -160,8 +160,9 @@ most often right when the heads were trained. Beside Medusa it shows what choosi
 or a dynamic tree of N nodes (EAGLE, dynamic tree of 8 nodes).</li>
 <li><b>EAGLE-3</b>: like EAGLE, but the head reads the outputs of several of the target's layers (a low, a
 middle and the last one) side by side, and it was trained on its own drafts for several steps ("training-time
-test"), so its later drafts stay close to the target's: a chain of K or a tree of N nodes. It needs the
-target's eagle3_head.safetensors.</li>
+test"), so its later drafts stay close to the target's: a chain of K or a tree of N nodes. It needs an
+EAGLE-3 head in the target's folder (the published architecture in its eagle3/ folder, as the shipped target
+has it, or the project's own eagle3_head.safetensors), or one opened with Models → Open draft heads….</li>
 <li><b>Lookahead</b>: n-grams collected from the target's own parallel (Jacobi) guesses, verified as a
 tree; no extra model.</li>
 </ul>

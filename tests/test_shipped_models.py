@@ -102,3 +102,25 @@ def test_shipped_pair_passes_check_lossless(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy: PASS" in out and out.strip().splitlines()[-1].startswith("sampling") and "PASS" in out
+
+
+def test_shipped_eagle3_head_is_the_published_architecture():
+    """target/eagle3/ is an EAGLE-3 head in the speculators layout with a reduced draft vocabulary (EOS among
+    it); the decoder drafts with it by default, and greedy output equals plain decoding."""
+    from engine.analysis.lossless import check_greedy
+    from engine.config import GenerationConfig
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.methods import public_heads
+    from engine.methods.eagle3.public import PublicEagle3Head
+    from engine.models.loading import load_pair
+
+    info = public_heads.detect(str(MODELS / "target" / "eagle3"))
+    assert info.method == "eagle3" and "speculators" in info.layout.lower()
+    vocab = json.loads((MODELS / "target" / "config.json").read_text())["vocab_size"]
+    assert info.config["draft_vocab_size"] < vocab
+    decoder = SpeculativeDecoder(load_pair(None, None, device="cpu", need_draft=False))
+    head = decoder.eagle3_head()
+    assert isinstance(head, PublicEagle3Head) and 1 in head.target_ids.tolist()  # EOS draftable
+    prompt = json.loads((MODELS / "heldout_prompts.json").read_text())["prompts"][0]["text"]
+    report = check_greedy(decoder, prompt, GenerationConfig(method="eagle3", k=4, max_new_tokens=32))
+    assert report.passed, report

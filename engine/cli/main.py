@@ -272,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                               help="the target whose heads are written (default: the shipped one)")
     export_heads.add_argument(
         "--heads", metavar="DIR_OR_ID",
-        help="speculators / specforge: the EAGLE-3 head to rewrite (default: the shipped published-"
-             "architecture head, assets/models/eagle3_heads)")
+        help="speculators / specforge: the EAGLE-3 head to rewrite (default: the target's own published-"
+             "architecture head, its eagle3/ folder)")
     export_heads.add_argument(
         "--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
         help="medusa: the weights' dtype (default float32: the same values as the dequantised heads)")

@@ -255,6 +255,7 @@ class SpeculativeDecoder:
         self._medusa = head if info.method == "medusa" else None
         self._eagle = head if info.method == "eagle" else None
         self._eagle3 = head if info.method == "eagle3" else None
+        self.set_cuda_graphs(self.cuda_graphs)  # the head's runner follows the CUDA-graph setting
         return info.describe()
 
     def use_built_heads(self, heads: dict) -> None:
@@ -309,9 +310,15 @@ class SpeculativeDecoder:
         """The EAGLE-3 head (opened with use_heads, else the target's own), loaded on first use (its runner
         follows the CUDA-graph setting)."""
         if self._eagle3 is None:
-            from engine.methods.eagle3.drafter import Eagle3Head
+            from engine.methods.eagle3.drafter import Eagle3Head, own_published_head
 
-            self._eagle3 = Eagle3Head.load(self.pair.target_name, self.target)
+            published = own_published_head(self.pair.target_name)
+            if published is not None:  # the target's folder holds a published-layout head (eagle3/)
+                from engine.methods import public_heads
+
+                self._eagle3 = self._load_public(public_heads.detect(published))
+            else:
+                self._eagle3 = Eagle3Head.load(self.pair.target_name, self.target)
             self.set_cuda_graphs(self.cuda_graphs)
         return self._eagle3
 

@@ -8,9 +8,10 @@ the layouts' definitions): `main.py export-heads --format speculators|specforge|
   accuracies travel as `specplay_path_accuracy` (other engines ignore the field), so that they draft the same
   trees here as before the export.
 - speculators / specforge: an EAGLE-3 head of the published architecture (a --heads folder in one of the
-  public EAGLE-3 layouts, or the shipped assets/models/eagle3_heads) rewritten in the other layout: weights
-  under layers.0.* (speculators) or midlayer.* (SpecForge), the same tensors and options. The project's own
-  EAGLE-3 head (proj + fc over [feature ; embedding]) is not that architecture: refused.
+  public EAGLE-3 layouts, or the target's own eagle3/ folder, as the shipped family has it) rewritten in
+  the other layout: weights under layers.0.* (speculators) or midlayer.* (SpecForge), the same tensors and
+  options. The project's own EAGLE-3 head (proj + fc over [feature ; embedding]) is not that architecture:
+  refused.
 - eagle: refused; the project's EAGLE head is not the SafeAILab one (see EAGLE_REFUSAL).
 Every refusal is one line (SpecplayError) and nothing is written then."""
 from __future__ import annotations
@@ -28,7 +29,6 @@ EAGLE_REFUSAL = (
     "norms its input (input_layernorm; the published layer 0 has none), it reads the target's feature before "
     "the final norm (the published head reads it after) and its output passes the target's final norm before "
     "the LM head (the published output goes to the LM head as it is); nothing written")
-SHIPPED_EAGLE3 = "eagle3_heads"  # beside target/ in assets/models, when the shipped head is the published one
 
 
 def export(fmt: str, out, target_dir: Path, heads=None, dtype=None) -> str:
@@ -104,17 +104,16 @@ def _eagle3(fmt: str, out: Path, target_dir: Path, heads) -> str:
     from safetensors.torch import load_file, save_file
 
     from engine.methods import public_heads as ph
-    from engine.methods.eagle3.drafter import HEAD_FILE
+    from engine.methods.eagle3.drafter import HEAD_FILE, own_published_head
     from engine.methods.eagle3.public import layer_source
 
     if heads is None:
-        shipped = target_dir.parent / SHIPPED_EAGLE3
-        if not (shipped / "config.json").is_file():
+        heads = own_published_head(target_dir)
+        if heads is None:
             own = " (its eagle3_head.safetensors is the project's own architecture)" if (
                 target_dir / HEAD_FILE).is_file() else ""
             raise SpecplayError(f"--format {fmt}: {target_dir} has no EAGLE-3 head of the published "
                                 f"architecture{own}; name one with --heads DIR; nothing written")
-        heads = shipped
     info = ph.detect(heads)
     if info.method != "eagle3":
         raise SpecplayError(f"--format {fmt}: {info.folder} holds {info.layout} heads, not EAGLE-3")

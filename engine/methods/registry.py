@@ -16,6 +16,9 @@ MAX_TREE_NODES = 64
 MEDUSA_FILES = ("medusa_heads.safetensors", "medusa_config.json")
 EAGLE_FILES = ("eagle_head.safetensors", "eagle_config.json")
 EAGLE3_FILES = ("eagle3_head.safetensors", "eagle3_config.json")
+# an EAGLE-3 head of the published architecture in the target's folder: eagle3/ in the speculators layout (the
+# shipped family's); it is the target's own head where the project's own files are absent
+EAGLE3_PUBLISHED_FILES = ("eagle3/config.json", "eagle3/model.safetensors")
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Method:
     label: str  # what menus and tables show
     shape: str  # "chain", "tree", or "chain|tree" (a chain by default, a tree with NAME:NODES)
     files: tuple = ()  # files in the target's folder it needs (heads)
+    other_files: tuple = ()  # or these instead (another layout of the same heads)
     needs_draft_model: bool = False
     needs_tree_target: bool = False  # tree verification needs the Llama-family runner's tree mask
     needs_llama_target: bool = False  # drafts with the target's own layers (engine.models.llama.LlamaRunner)
@@ -149,8 +153,8 @@ METHODS = {m.name: m for m in (
            build=_medusa_fixed),
     Method("eagle", "EAGLE", "chain|tree", files=EAGLE_FILES, needs_tree_target=True, build=_eagle,
            batch_build=_eagle_batch),  # batched: its chain
-    Method("eagle3", "EAGLE-3", "chain|tree", files=EAGLE3_FILES, needs_tree_target=True,
-           needs_llama_target=True, build=_eagle3),
+    Method("eagle3", "EAGLE-3", "chain|tree", files=EAGLE3_FILES, other_files=EAGLE3_PUBLISHED_FILES,
+           needs_tree_target=True, needs_llama_target=True, build=_eagle3),
     Method("lookahead", "Lookahead", "tree", needs_tree_target=True, build=_lookahead),
     Method("suffix", "Suffix decoding", "tree", needs_tree_target=True,
            default_tree_nodes=lambda k: min(2 * k, MAX_TREE_NODES), build=_suffix),
@@ -243,10 +247,14 @@ def unavailable_reason(method: Method, has_draft_model: bool, supports_tree: boo
     if method.needs_llama_target and not (supports_tree if llama_target is None else llama_target):
         return "drafting with the target's own layers needs a Llama-family target"
     folder = Path(str(target_dir)) if target_dir is not None else None
-    for filename in method.files:
-        if folder is None or not (folder / filename).exists():
-            heads = "Medusa heads" if method.files == MEDUSA_FILES else f"{method.label} head"
-            return f"the target has no {heads} ({filename})"
+    missing = [name for name in method.files if folder is None or not (folder / name).exists()]
+    if missing and method.other_files and all(folder is not None and (folder / name).exists()
+                                              for name in method.other_files):
+        return None
+    if missing:
+        heads = "Medusa heads" if method.files == MEDUSA_FILES else f"{method.label} head"
+        also = f" or {method.other_files[0]}" if method.other_files else ""
+        return f"the target has no {heads} ({missing[0]}{also})"
     return None
 
 

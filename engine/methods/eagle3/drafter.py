@@ -13,6 +13,9 @@ of N):
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +25,19 @@ from engine.methods.eagle.drafter import EagleDrafter, EagleHead, load_head_laye
 
 HEAD_FILE = "eagle3_head.safetensors"
 CONFIG_FILE = "eagle3_config.json"
+PUBLISHED_DIR = "eagle3"  # a published-layout head in the target's folder (registry.EAGLE3_PUBLISHED_FILES)
+
+
+def own_published_head(model_dir) -> Optional[Path]:
+    """The target folder's published-layout EAGLE-3 head (its eagle3/ folder) where the project's own files
+    are absent, else None: the project's own head (HEAD_FILE, CONFIG_FILE) wins where both are present."""
+    if model_dir is None:
+        return None
+    folder = Path(str(model_dir))
+    published = folder / PUBLISHED_DIR
+    if (folder / HEAD_FILE).exists() or not (published / "config.json").exists():
+        return None
+    return published
 
 
 class Eagle3Head(EagleHead):
