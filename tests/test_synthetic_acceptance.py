@@ -266,9 +266,9 @@ def test_the_text_table_has_both_columns(monkeypatch, capsys):
     from engine.bench import runtimes
 
     row = runtimes.RuntimeRow("specplay draft", tokens=64, forwards=20, draft_ms=40.0, verify_ms=60.0,
-                              round_ms=110.0, depth=80)
+                              round_ms=110.0, depth=80, depths={4: 20}, spec="draft", k=4)
     plain = runtimes.RuntimeRow("specplay none", tokens=64, forwards=64, verify_ms=128.0, round_ms=140.8,
-                                depth=0)
+                                depth=0, depths={0: 64}, spec="none", k=4)
     report = runtimes.RuntimesReport([plain, row], "CPU", 0.0, 0, 0.0, 1, 64, synthetic_acceptance="3.2")
     runtimes.add_predictions(report, hand_costs(), GenerationConfig(method="draft", k=4,
                                                                     synthetic_acceptance="3.2"))
@@ -277,3 +277,41 @@ def test_the_text_table_has_both_columns(monkeypatch, capsys):
     # E measured 64 / 20 beside 3.2; c measured (40 / 80) / (128 / 64) beside 0.5 / 2; round ms 5.5 / 5.2
     assert "3.20/3.20" in line and "0.250/0.250" in line and "5.500/5.200" in line
     assert "not model output" in text.splitlines()[-1]
+
+
+def test_a_tree_is_predicted_at_the_depths_it_drafted():
+    """A shallow tree cannot accept past its depth: E is the profile's at each round's depth."""
+    from engine.bench.runtimes import expected_at_depths
+    from engine.core.synthetic import SyntheticAcceptance
+
+    profile = SyntheticAcceptance.parse("0.8,")
+    assert expected_at_depths(profile, 4, {4: 10}) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert expected_at_depths(profile, 4, {2: 3, 1: 1}) == pytest.approx((3 * (1 + 0.8 + 0.64) + 1.8) / 4)
+    assert expected_at_depths(profile, 4, {}) == pytest.approx(profile.expected_tokens(4))
+
+
+def test_runtimes_runs_each_method_at_each_k(monkeypatch, capsys):
+    from engine.core.decoder import SpeculativeDecoder
+
+    calls = []
+
+    def calibrate(self, k=4, repeats=5, methods_to_time=None, prompt="", sampling=None):
+        from engine.core.decoder import Calibration
+
+        calls.append(k)
+        return Calibration(target_step_ms=2.1, draft_step_ms=0.5, costs=hand_costs())
+
+    monkeypatch.setattr(SpeculativeDecoder, "calibrate", calibrate)
+    code, out, err = run_cli(capsys, "bench", "runtimes", "--synthetic", "tiny", "--methods", "draft",
+                             "--synthetic-acceptance", "0.7,", "--ks", "2,3", "--hf", "none",
+                             "--prompts", "1", "--max-new-tokens", "16", "--device", "cpu", "--json")
+    assert code == 0, err
+    rows = {r["runtime"]: r for r in json.loads(out)["rows"]}
+    assert sorted(rows) == ["specplay draft K=2", "specplay draft K=3", "specplay none"]
+    for k in (2, 3):
+        predicted = rows[f"specplay draft K={k}"]["predicted"]
+        assert predicted["round_ms"] == pytest.approx(0.5 * k + hand_costs().t_verify(k + 1) + 0.2)
+        assert predicted["e"] == pytest.approx(sum(0.7 ** i for i in range(k + 1)), rel=0.05)
+    code, _, err = run_cli(capsys, "bench", "runtimes", "--synthetic", "tiny", "--methods", "draft",
+                           "--synthetic-acceptance", "3.2", "--ks", "2,4", "--hf", "none", "--device", "cpu")
+    assert code == 2 and "3.2" in err and len(err.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
@@ -36,6 +36,9 @@ class RuntimeRow:
     verify_ms: float = 0.0
     round_ms: float = 0.0
     depth: int = 0  # draft positions over every round (a tree's depth)
+    depths: dict = field(default_factory=dict)  # a round's draft depth -> rounds that drafted that deep
+    spec: str = ""  # specplay only: the method spec ("draft", "eagle:8")
+    k: int = 0  # specplay only: the K it ran at
     predicted: dict = field(default_factory=dict)  # the cost model's figures beside the measured ones
 
     @property
@@ -135,7 +138,9 @@ def _add_phases(row: RuntimeRow, events: list) -> None:
         row.draft_ms += e.draft_ms
         row.verify_ms += e.verify_ms
         row.round_ms += e.round_ms
-        row.depth += 1 + max((d.depth for d in e.drafted), default=-1)
+        depth = 1 + max((d.depth for d in e.drafted), default=-1)
+        row.depth += depth
+        row.depths[depth] = row.depths.get(depth, 0) + 1
 
 
 def _allreduce_note(target, since_s: float, since_steps: int) -> str:
@@ -236,19 +241,25 @@ class RuntimesReport:
 
 
 def bench_runtimes(decoder, prompts: list, config: GenerationConfig, specs: list, hf_runtimes: list,
-                   hf_target=None, hf_draft=None, progress: Optional[Callable] = None) -> RuntimesReport:
-    """Each specplay method spec (e.g. 'none', 'draft', 'eagle:8') and each HF runtime on the same prompts."""
+                   hf_target=None, hf_draft=None, progress: Optional[Callable] = None,
+                   ks: Optional[list] = None) -> RuntimesReport:
+    """Each specplay method spec (e.g. 'none', 'draft', 'eagle:8') at each K of ks (default: config.k; plain
+    decoding once) and each HF runtime on the same prompts."""
     from engine.models.synthetic import weight_bytes_per_step
 
     rows, left_out = [], {}
     availability = decoder.method_availability() if hasattr(decoder, "method_availability") else {}
+    ks = list(ks or [config.k])
     for spec in specs:
         reason = availability.get(config.with_spec(spec).method)
         if reason is not None:  # a head this pair lacks: the other methods still run
             left_out[spec] = reason
             continue
-        row = time_specplay(decoder, prompts, config.with_spec(spec), f"specplay {spec}")
-        rows.append(_report(row, progress))
+        for k in ([config.k] if config.with_spec(spec).method == "none" else ks):
+            label = f"specplay {spec}" + (f" K={k}" if len(ks) > 1 and spec != "none" else "")
+            row = time_specplay(decoder, prompts, replace(config.with_spec(spec), k=k), label)
+            row.spec, row.k = spec, k
+            rows.append(_report(row, progress))
     if hf_runtimes:
         tok = decoder.tokenizer
         prompt_ids = [tok.encode(p) for p in prompts]
@@ -275,18 +286,18 @@ def add_predictions(report: RuntimesReport, costs, config: GenerationConfig) -> 
     from engine.core.synthetic import SyntheticAcceptance
     from engine.methods import registry
 
-    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
-    plain = next((r for r in report.rows if r.runtime == "specplay none"), None)
-    if profile is None or plain is None or not plain.forwards:
+    plain = next((r for r in report.rows if r.spec == "none"), None)
+    if SyntheticAcceptance.parse(config.synthetic_acceptance) is None or plain is None or not plain.forwards:
         return
     plain_verify_ms = plain.verify_ms / plain.forwards
     for row in report.rows:
-        if not row.runtime.startswith("specplay ") or not row.forwards:
+        if not row.spec or not row.forwards:
             continue
-        spec = config.with_spec(row.runtime.removeprefix("specplay "))
+        spec = replace(config.with_spec(row.spec), k=row.k)
         drafts = spec.drafts
         nodes = registry.node_budget(spec)(spec.k) if registry.get(spec.method).is_tree(spec) else 0
-        expected = profile.expected_tokens(spec.k) if drafts else 1.0
+        profile = SyntheticAcceptance.parse(spec.synthetic_acceptance)
+        expected = expected_at_depths(profile, spec.k, row.depths) if drafts else 1.0
         round_ms = costs.t_round(spec.method, drafts, (nodes or drafts) + 1)
         c = costs.c(spec.method)
         row.predicted = {
@@ -294,9 +305,25 @@ def add_predictions(report: RuntimesReport, costs, config: GenerationConfig) -> 
             "tokens_per_s": 1000.0 * expected / round_ms if round_ms else 0.0,
             "speedup": costs.speedup(spec.method, drafts, expected, (nodes or drafts) + 1) if drafts else 1.0,
             "textbook_speedup": expected / (1.0 + c * drafts),
+            # both draft times a drafted position over plain decoding's verification: what the round costs
+            # per position, the per-round part of a head's step included
+            "draft_c": _ratio(costs.t_draft(spec.method, drafts) / max(drafts, 1), plain_verify_ms),
             "measured_e": row.tokens / row.forwards,
             "measured_c": _ratio(row.draft_ms / row.depth if row.depth else 0.0, plain_verify_ms),
             "measured_speedup": _ratio(row.round_tokens_per_s, plain.round_tokens_per_s)}
+        # the cost model alone: its round times at the E the rounds reached (a short run's E strays from
+        # the profile's by chance)
+        row.predicted["speedup_at_measured_e"] = _ratio(costs.t_plain * row.predicted["measured_e"], round_ms)
+
+
+def expected_at_depths(profile, k: int, depths: dict) -> float:
+    """E the profile gives the rounds as deep as they were drafted (depth -> rounds): K for a chain, what
+    the drafter chose for a tree (a shallow Medusa tree accepts fewer whatever the profile); E(K) when no
+    round was seen."""
+    rounds = sum(depths.values())
+    if not rounds:
+        return profile.expected_tokens(k)
+    return sum(n * profile.expected_tokens(k, depth=min(d, k)) for d, n in depths.items()) / rounds
 
 
 def _ratio(a: float, b: float) -> float:
@@ -308,17 +335,19 @@ def format_predictions(report: RuntimesReport) -> str:
     rows = [r for r in report.rows if r.predicted]
     if not rows:
         return ""
-    header = (f"{'method':<18} {'E meas/pred':>12} {'c meas/pred':>13} {'round ms meas/pred':>19} "
-              f"{'tok/s meas/pred':>17} {'speedup meas/pred':>18} {'E/(1+cK)':>9}")
+    header = (f"{'method':<18} {'E meas/pred':>12} {'draft c meas/pred':>18} {'round ms meas/pred':>19} "
+              f"{'tok/s meas/pred':>17} {'speedup meas/pred':>18} {'at meas E':>9} {'E/(1+cK)':>9}")
     lines = ["measured against predicted (the rounds' own time, the prefill apart; predicted: the calibrated "
-             "cost model at E from the synthetic profile)", header, "-" * len(header)]
+             "cost model at E from the synthetic profile, at the depths each method drafted; draft c: draft "
+             "time a drafted position over a plain verification)", header, "-" * len(header)]
     for row in rows:
         p = row.predicted
         lines.append(f"{row.runtime.removeprefix('specplay '):<18} "
-                     f"{p['measured_e']:>5.2f}/{p['e']:<6.2f} {p['measured_c']:>6.3f}/{p['c']:<6.3f} "
+                     f"{p['measured_e']:>5.2f}/{p['e']:<6.2f} {p['measured_c']:>9.3f}/{p['draft_c']:<8.3f} "
                      f"{row.mean_round_ms:>9.3f}/{p['round_ms']:<9.3f} "
                      f"{row.round_tokens_per_s:>8.1f}/{p['tokens_per_s']:<8.1f} "
-                     f"{p['measured_speedup']:>8.2f}/{p['speedup']:<9.2f} {p['textbook_speedup']:>9.2f}")
+                     f"{p['measured_speedup']:>8.2f}/{p['speedup']:<9.2f} {p['speedup_at_measured_e']:>9.2f} "
+                     f"{p['textbook_speedup']:>9.2f}")
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ MAX_PROMPT_BYTES = 16 * 1024 * 1024
 MAX_COSTS_BYTES = 4 * 1024 * 1024
 MAX_SAMPLES = 1_000_000
 MAX_BENCH_COUNT = 10_000
+BENCH_KS = "1,2,3,4,6,8,12,16"  # bench k-sweep's and bench batch's K values unless --ks names others
 MAX_CHATTER_CHARS = 300
 # engine.models.synthetic.SHAPES's names, for the help (that module imports torch; a test keeps them in step)
 SYNTHETIC_SHAPES = ("tiny", "llama-1b", "llama-3b", "llama-7b", "llama-8b", "qwen3-tiny", "qwen3-1.7b",
@@ -233,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description=BENCH_DESCRIPTION)
     bench.add_argument("what", choices=tuple(BENCHMARKS), help="the benchmark (see above)")
     _add_generation_args(bench, prompt_required=False)
-    bench.add_argument("--ks", default="1,2,3,4,6,8,12,16", help="k-sweep: the K values to measure")
+    bench.add_argument("--ks", default=None,
+                       help=f"k-sweep, batch: the K values to measure (default {BENCH_KS}); runtimes: run "
+                            "every method at each of these K (default: --k alone)")
     bench.add_argument("--ls", default="", help="layerskip: draft layer counts L (default: 1 .. layers-1)")
     bench.add_argument("--methods", default="none,draft,ngram",
                        help=f"methods, graphs: comma-separated method specs ({METHOD_HELP}), or all: every "
@@ -792,7 +795,7 @@ def _bench(args, stop: BenchStop) -> int:
     if args.what == "runtimes":
         return _bench_runtimes(args)
     if args.what == "batch":
-        return batch_cli.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks))
+        return batch_cli.cmd_bench_batch(args, config_from_args(args), _parse_ks(args.ks or BENCH_KS))
     config = config_from_args(args)
     if args.what == "server" or (args.server and args.what == "k-sweep"):
         if not args.server:
@@ -808,7 +811,7 @@ def _bench(args, stop: BenchStop) -> int:
         if config.method == "none":
             raise SpecplayError("bench k-sweep measures a drafting method's K, and --method none drafts "
                                 "nothing: pick one (draft, ngram, eagle, ...)")
-        ks = _parse_ks(args.ks)
+        ks = _parse_ks(args.ks or BENCH_KS)
         check_synthetic_ks(config, ks)
         check_int("--passes", args.passes, 1, MAX_BENCH_COUNT)
         decoder = load_decoder(args, config.method)
@@ -897,6 +900,8 @@ def _bench_runtimes(args) -> int:
         choices = ", ".join(runtimes.HF_RUNTIMES)
         raise SpecplayError(f"unknown --hf runtime {unknown[0]!r}; choose from {choices}")
     check_int("--prompts", args.prompts, 1, MAX_BENCH_COUNT)
+    ks = _parse_ks(args.ks) if args.ks else [config.k]
+    check_synthetic_ks(config, ks)
     prompt = prompt_from_args(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -914,7 +919,8 @@ def _bench_runtimes(args) -> int:
         print(f"  {row.runtime}: {row.tokens_per_s:.1f} tokens/s", file=sys.stderr)
 
     with torch.inference_mode():
-        report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, report_row)
+        report = runtimes.bench_runtimes(decoder, prompts, config, specs, hf, hf_target, hf_draft, report_row,
+                                         ks)
     if config.synthetic:  # E is known in advance: the cost model's prediction beside each measurement
         timed = [name for name in (methods.parse_spec(s).name for s in specs) if name not in report.left_out]
         progress("calibrating the cost model for the predictions…")
