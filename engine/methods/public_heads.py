@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from engine.errors import SpecplayError
 from engine.models import validate
+from engine.models.llama import KV_BUCKET
 from engine.models.runner import ForwardOutput
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": "EAGLE-3 (SpecForge)",
@@ -207,7 +208,11 @@ class HeadLayer:
     prepare(x [n, W]) -> (attention input [n, A], residual [n, H]): EAGLE-1's layer 0 reads x itself (no
     input norm), EAGLE-3's reads [input_layernorm(embedding) | hidden_norm(g)] of width 2H. readout(hidden
     [n, H]) -> logits [n, V] float32 over the target's ids. It offers what EAGLE's drafter asks of a head
-    runner (forward_embeds, step_embeds for its trees, reset, rollback, length)."""
+    runner (forward_embeds, step_embeds for its trees, reset, rollback, length), and what a captured draft
+    chain asks (engine.core.graphs: use_graphs, pool_handle, chain_block, kv_width, block_step): block_step
+    reads the block's start on the device only, so that EAGLE's K-step chain is one CUDA graph
+    (engine.methods.eagle.graphs.eagle_chain). It has no decode path: a whole round (the head's step over the
+    committed rows, then the chain) is not one graph; the step runs apart (forward_embeds), then the chain."""
 
     supports_tree = True
     decode_kernels = None
@@ -226,7 +231,10 @@ class HeadLayer:
         self.kv = torch.zeros(2, shape.kv_heads, max_length, shape.head_dim, dtype=self.dtype,
                               device=self.device)  # [2, kvh, max_length, D]
         self._length = 0
-        self._chains: Dict[int, torch.Tensor] = {}  # n -> [n, n] bool chain visibility on the device
+        self._arange = torch.arange(max_length, device=self.device)  # [max_length], sliced for rows, columns
+        self._chains: Dict[int, tuple] = {}  # n -> (depth [n], visible [n, n] bool) of a chain on the device
+        self.use_graphs = False  # captured chains (SpeculativeDecoder.set_cuda_graphs turns them on on CUDA)
+        self.pool_handle = None  # the memory pool of its captured graphs (engine.core.graphs.graph_pool)
 
     @property
     def length(self) -> int:
@@ -242,7 +250,14 @@ class HeadLayer:
         self._length = int(length)
 
     def kv_width(self, rows: int) -> int:
-        return min(int(rows), self.max_length)
+        """The attention width of a step reaching cache row rows - 1, rounded up to a bucket (as LlamaRunner's
+        on the GPU): one captured chain, keyed by (K, kv), then serves many cache lengths."""
+        return min(self.max_length, -(-int(rows) // KV_BUCKET) * KV_BUCKET)
+
+    def decode_path(self, n: int) -> bool:
+        """No fused decode kernels: the whole-round graphs (eagle_round, EagleRoundGraph, tree_round) do not
+        apply; the chain's graph does (block_step)."""
+        return False
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         return False
@@ -256,7 +271,7 @@ class HeadLayer:
             raise SpecplayError(f"the head's cache holds {self.max_length} positions")
         rows = torch.arange(start, start + n, device=self.device)  # [n] cache rows
         if parents is None:
-            visible, positions = self._chain_visible(n), rows
+            visible, positions = self.chain_block(n)[1], rows
         else:
             from engine.models.runner import tree_ancestor_mask, tree_depths
 
@@ -268,11 +283,38 @@ class HeadLayer:
         self._length = start + n
         return ForwardOutput(self.readout(hidden), hidden)
 
-    def _chain_visible(self, n: int) -> torch.Tensor:
-        """[n, n] bool on the device: row i sees rows 0..i (kept per n)."""
+    def chain_block(self, n: int) -> tuple:
+        """A chain of n on the device: (depth [n] = 0..n-1, visible [n, n] bool: row i sees rows 0..i), kept
+        per n (made before a capture, not inside one)."""
         if n not in self._chains:
-            self._chains[n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            self._chains[n] = (torch.arange(n, device=self.device),
+                               torch.ones(n, n, dtype=torch.bool, device=self.device).tril())
         return self._chains[n]
+
+    def block_step(self, x: torch.Tensor, start: torch.Tensor, depth: torch.Tensor,
+                   block_visible: torch.Tensor, kv: int) -> tuple:
+        """x [n, W] written at cache rows start..start+n-1 (start: [1] int64 on the device, never read on the
+        host: this runs inside a CUDA graph's capture) at positions start + depth [n], attending over cache
+        rows 0..kv-1 as block_mask says. The host's length stays as it was (the caller sets it). Returns
+        (hidden [n, H], logits [n, V] float32)."""
+        n = x.shape[0]
+        rows = start + self._arange[:n]  # [n] cache rows
+        mask = self.block_mask(start, block_visible, kv)  # [n, kv]
+        hidden = self.step_embeds(x, start + depth, rows, mask)  # [n, H]
+        return hidden, self.readout(hidden)
+
+    def block_mask(self, start: torch.Tensor, block_visible: torch.Tensor, kv: int) -> torch.Tensor:
+        """The additive mask [n, kv] float32 of a block at cache row start ([1] on the device): block row i
+        sees every row before start, and block row j where block_visible[i, j] ([n, n] bool); everything else
+        (the rows past the block too: kv may reach beyond it) is -inf. Static shapes, made on the device."""
+        n = block_visible.shape[0]
+        cols = self._arange[:kv]  # [kv]
+        offset = cols - start  # [kv]: a column's row inside the block
+        in_block = (offset >= 0) & (offset < n)  # [kv]
+        visible = block_visible[:, offset.clamp(0, n - 1)] & in_block  # [n, kv]
+        visible |= (cols < start)[None, :]
+        mask = torch.zeros(n, kv, dtype=torch.float32, device=self.device)
+        return mask.masked_fill_(~visible, float("-inf"))
 
     def step_embeds(self, x: torch.Tensor, positions: torch.Tensor, cache_index: torch.Tensor,
                     mask: torch.Tensor) -> torch.Tensor:
