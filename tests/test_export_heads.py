@@ -91,14 +91,26 @@ def test_trained_published_head_exports_to_specforge_and_drafts_the_same(target_
     ("speculators", "no EAGLE-3 head of the published architecture"),
     ("specforge", "no EAGLE-3 head of the published architecture"),
 ])
-def test_heads_the_layout_cannot_express_are_refused_in_one_line(tmp_path, fmt, words):
-    target, _ = shipped_pair()
-    if (target.parent / export_heads.SHIPPED_EAGLE3).exists() and fmt != "eagle":
-        pytest.skip("the shipped EAGLE-3 head is of the published architecture")
+def test_heads_the_layout_cannot_express_are_refused_in_one_line(target_dir, tmp_path, fmt,  # noqa: F811
+                                                                 words):
+    """A target without a published EAGLE-3 head (the tiny one) has nothing to write as EAGLE-3."""
     with pytest.raises(SpecplayError) as caught:
-        export_heads.export(fmt, tmp_path / "out", target)
+        export_heads.export(fmt, tmp_path / "out", target_dir)
     assert words in str(caught.value) and "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_shipped_eagle3_head_round_trips_through_specforge(tmp_path):
+    """The shipped head (target/eagle3/, speculators) written in SpecForge's layout drafts the same rounds."""
+    target, _ = shipped_pair()
+    summary = export_heads.export("specforge", tmp_path / "forge", target)
+    assert "forge" in summary
+    assert public_heads.detect(tmp_path / "forge").method == "eagle3"
+    own = SpeculativeDecoder(load_pair(None, None, device="cpu", need_draft=False))
+    exported = SpeculativeDecoder(load_pair(None, None, device="cpu", need_draft=False))
+    exported.use_heads(str(tmp_path / "forge"))
+    config = GenerationConfig(method="eagle3", k=4, max_new_tokens=32, stop_at_eos=False)
+    assert rounds(exported, PROMPTS[0], config) == rounds(own, PROMPTS[0], config)
 
 
 def test_export_heads_command_refuses_in_one_line_with_status_2(tmp_path):
