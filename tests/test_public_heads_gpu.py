@@ -1,5 +1,6 @@
-"""The published EAGLE-1 and EAGLE-3 heads on CUDA (fp32 and bf16): their K-step draft chains are captured as
-one CUDA graph each (engine.methods.eagle.graphs.eagle_chain over HeadLayer.block_step), greedy output equals
+"""The published EAGLE-1 and EAGLE-3 heads on CUDA (fp32 and bf16): their rounds are captured as the
+project's own heads' are (the head's step and chain as one graph, eagle_round / eagle_chain over
+HeadLayer.block_step; the whole round with the target's verification, EagleRoundGraph), greedy output equals
 plain decoding with graphs on and off, and their trees (grown through the graph path) stay lossless too."""
 import pytest
 import torch
@@ -52,18 +53,27 @@ def generate(decoder, method, k, nodes=0):
     return decoder.generate_ids(PROMPT, config)
 
 
+def captured_chains(head, k):
+    """The head's captured chains at K: alone (eagle, K, kv, ..) or with its step (eagle-round, n, K, ..)."""
+    keys = ChainGraphs.of(head.runner)._graphs
+    return [key for key in keys if (key[0] == "eagle" and key[1] == k) or (key[0] == "eagle-round"
+                                                                            and key[2] == k)]
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [2, 5])
 def test_chain_is_captured_and_greedy_equals_plain(target_dir, tmp_path, layout, dtype, k):
     decoder, method, head = decoder_on_cuda(target_dir, tmp_path, layout, dtype)
     assert head.runner.use_graphs and ChainGraphs.available(head.runner, k)
-    plain = generate(decoder, "none", 0)
+    plain = generate(decoder, "none", 1)
     assert generate(decoder, method, k) == plain
-    chains = [key for key in ChainGraphs.of(head.runner)._graphs if key[:2] == ("eagle", k)]
-    assert len(ChainGraphs.of(head.runner)) > 0 and chains, "the head's chain was not captured"
+    chains = captured_chains(head, k)
+    assert chains, "the head's chain was not captured"
+    rounds = [key for key in ChainGraphs.of(decoder.target)._graphs if key[0] == "eagle_round"]
+    assert rounds, "the whole round (the head's chain and the target's verification) was not captured"
     assert generate(decoder, method, k) == plain  # replayed again by a later generation
-    assert [key for key in ChainGraphs.of(head.runner)._graphs if key[:2] == ("eagle", k)] == chains
+    assert captured_chains(head, k) == chains
     decoder.set_cuda_graphs(False)
     try:
         assert not head.runner.use_graphs
@@ -75,10 +85,10 @@ def test_chain_is_captured_and_greedy_equals_plain(target_dir, tmp_path, layout,
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_trees_stay_lossless_with_graphs_on(target_dir, tmp_path, layout, dtype):
-    """The whole-round graphs do not apply to these heads (no decode path); a tree's growth takes the
-    growth's graph path: greedy output still equals plain decoding."""
+    """A tree's growth and its whole round take their graph paths: greedy output still equals plain
+    decoding."""
     decoder, method, _ = decoder_on_cuda(target_dir, tmp_path, layout, dtype)
-    plain = generate(decoder, "none", 0)
+    plain = generate(decoder, "none", 1)
     for k in (1, 4):
         assert generate(decoder, method, k, nodes=6) == plain
         assert generate(decoder, method, k) == plain

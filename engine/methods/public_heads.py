@@ -255,9 +255,10 @@ class HeadLayer:
         return min(self.max_length, -(-int(rows) // KV_BUCKET) * KV_BUCKET)
 
     def decode_path(self, n: int) -> bool:
-        """No fused decode kernels: the whole-round graphs (eagle_round, EagleRoundGraph, tree_round) do not
-        apply; the chain's graph does (block_step)."""
-        return False
+        """Every block can read its start on the device (block_step at kv 0 attends over the whole cache,
+        masked past the block): the whole-round graphs (eagle_round, EagleRoundGraph, the tree rounds) take
+        these heads as they take the project's own, and a round is one replay."""
+        return True
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         return False
@@ -296,8 +297,8 @@ class HeadLayer:
         """x [n, W] written at cache rows start..start+n-1 (start: [1] int64 on the device, never read on the
         host: this runs inside a CUDA graph's capture) at positions start + depth [n], attending over cache
         rows 0..kv-1 as block_mask says. The host's length stays as it was (the caller sets it). Returns
-        (hidden [n, H], logits [n, V] float32)."""
-        n = x.shape[0]
+        (hidden [n, H], logits [n, V] float32). kv 0 (the decode path): the whole cache."""
+        n, kv = x.shape[0], kv or self.max_length
         rows = start + self._arange[:n]  # [n] cache rows
         mask = self.block_mask(start, block_visible, kv)  # [n, kv]
         hidden = self.step_embeds(x, start + depth, rows, mask)  # [n, H]
