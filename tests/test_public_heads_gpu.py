@@ -71,7 +71,8 @@ def test_chain_is_captured_and_greedy_equals_plain(target_dir, tmp_path, layout,
     chains = captured_chains(head, k)
     assert chains, "the head's chain was not captured"
     rounds = [key for key in ChainGraphs.of(decoder.target)._graphs if key[0] == "eagle_round"]
-    assert rounds, "the whole round (the head's chain and the target's verification) was not captured"
+    if decoder.target.decode_path(k + 1):  # the target's decode kernels (not fp32): the whole round replays
+        assert rounds, "the whole round (the head's chain and the target's verification) was not captured"
     assert generate(decoder, method, k) == plain  # replayed again by a later generation
     assert captured_chains(head, k) == chains
     decoder.set_cuda_graphs(False)

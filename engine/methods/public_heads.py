@@ -8,7 +8,6 @@ layers differ from the target's (EAGLE-1's layer 0 has no input norm, EAGLE-3's 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.errors import SpecplayError
 from engine.models import validate
-from engine.models.llama import KV_BUCKET
+from engine.models.llama import KV_BUCKET, apply_rope, rms_norm
 from engine.models.runner import ForwardOutput
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": "EAGLE-3 (SpecForge)",
@@ -220,14 +219,17 @@ class HeadLayer:
     def __init__(self, weights: Dict[str, torch.Tensor], shape: LayerShape, inv_freq: torch.Tensor,
                  prepare: Callable, readout: Callable, max_length: int):
         # q, k, v [heads*D | kv_heads*D, A], o [H, heads*D], gate, up [I, H], down [H, I], post_norm [H]
-        self.w = weights
         self.shape = shape
         self.prepare, self.readout = prepare, readout
         self.device, self.dtype = weights["q"].device, weights["q"].dtype
+        self.w = fuse_products(weights)
         self.max_length = max_length
         positions = torch.arange(max_length, dtype=torch.float32, device=self.device)
         angles = positions[:, None] * inv_freq.to(self.device)[None, :]  # [max_length, D/2]
-        self.cos, self.sin = angles.cos(), angles.sin()
+        # [max_length, D] each, as engine.models.llama.apply_rope takes them (in the layer's dtype, as
+        # transformers applies them)
+        self.cos = torch.cat([angles.cos()] * 2, dim=-1).to(self.dtype)
+        self.sin_signed = torch.cat([-angles.sin(), angles.sin()], dim=-1).to(self.dtype)
         self.kv = torch.zeros(2, shape.kv_heads, max_length, shape.head_dim, dtype=self.dtype,
                               device=self.device)  # [2, kvh, max_length, D]
         self._length = 0
@@ -323,37 +325,36 @@ class HeadLayer:
         over cache rows 0..kv-1. Returns the layer's output [n, H]."""
         s, w = self.shape, self.w
         n, kv = x.shape[0], mask.shape[-1]
+        q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
         attn_in, residual = self.prepare(x.to(self.dtype))
-        q = F.linear(attn_in, w["q"], w.get("q_bias")).view(n, s.heads, s.head_dim)
-        k = F.linear(attn_in, w["k"], w.get("k_bias")).view(n, s.kv_heads, s.head_dim)
-        v = F.linear(attn_in, w["v"], w.get("v_bias")).view(n, s.kv_heads, s.head_dim)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D/2]
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = F.linear(attn_in, w["qkv"], w.get("qkv_bias")).split((q_width, kv_width, kv_width), dim=-1)
+        cos, sin_signed = self.cos[positions][:, None], self.sin_signed[positions][:, None]  # [n, 1, D]
+        q = apply_rope(q.reshape(n, s.heads, s.head_dim), cos, sin_signed)  # [n, heads, D]
+        k = apply_rope(k.reshape(n, s.kv_heads, s.head_dim), cos, sin_signed)  # [n, kvh, D]
         self.kv[0].index_copy_(1, cache_index, k.transpose(0, 1).to(self.dtype))
-        self.kv[1].index_copy_(1, cache_index, v.transpose(0, 1))
-        keys = self.kv[0, :, :kv].float().repeat_interleave(s.heads // s.kv_heads, 0)  # [heads, kv, D]
-        values = self.kv[1, :, :kv].float().repeat_interleave(s.heads // s.kv_heads, 0)
-        scores = q.float().transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(s.head_dim)  # [heads, n, kv]
-        attn = torch.softmax(scores + mask.float()[None], dim=-1) @ values  # [heads, n, D]
-        attn = attn.transpose(0, 1).reshape(n, s.heads * s.head_dim).to(self.dtype)
-        h = residual + F.linear(attn, w["o"])
-        normed = _rms(h, w["post_norm"], s.eps)
-        return h + F.linear(F.silu(F.linear(normed, w["gate"])) * F.linear(normed, w["up"]), w["down"])
+        self.kv[1].index_copy_(1, cache_index, v.reshape(n, s.kv_heads, s.head_dim).transpose(0, 1))
+        attn = F.scaled_dot_product_attention(  # [1, heads, n, D]
+            q.transpose(0, 1)[None], self.kv[0, :, :kv][None], self.kv[1, :, :kv][None],
+            attn_mask=mask.to(q.dtype)[None, None], enable_gqa=s.heads != s.kv_heads)
+        h = residual + F.linear(attn[0].transpose(0, 1).reshape(n, q_width), w["o"])
+        gate, up = F.linear(rms_norm(h, w["post_norm"], s.eps), w["gate_up"]).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, w["down"])
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, transformers' rotate_half convention: x [n, heads, D], cos/sin [n, 1, D/2]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+def fuse_products(weights: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The layer's tensors with q, k, v side by side as one product (qkv [heads*D + 2 kvh*D, A], with
+    qkv_bias where the layer has biases) and gate, up as one (gate_up [2I, H]): fewer launches a step."""
+    w = dict(weights)
+    products = [w.pop(name) for name in ("q", "k", "v")]
+    w["qkv"] = torch.cat(products)
+    biases = [w.pop(f"{name}_bias", None) for name in ("q", "k", "v")]
+    if any(b is not None for b in biases):  # a missing one is zeros
+        w["qkv_bias"] = torch.cat([b if b is not None else p.new_zeros(p.shape[0])
+                                   for b, p in zip(biases, products)])
+    w["gate_up"] = torch.cat([w.pop("gate"), w.pop("up")])
+    return w
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, as transformers' LlamaRMSNorm: x [n, H] -> [n, H] in x's dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-rms_norm = _rms
 
 
 def layer_weights(tensors: Dict[str, torch.Tensor], prefix: str) -> Dict[str, torch.Tensor]:
