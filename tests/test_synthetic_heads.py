@@ -194,3 +194,28 @@ def test_bench_k_sweep_and_methods_take_synthetic(capsys):
     assert any(line.startswith("medusa-fixed") for line in out.splitlines())
     assert main(["bench", "methods", "--synthetic", "llama-900b", "--methods", "eagle"]) == 2
     assert "unknown synthetic shape" in capsys.readouterr().err
+
+
+def test_batched_eagle_at_a_synthetic_shape_is_lossless_and_benched(capsys):
+    """bench batch --synthetic SHAPE --method eagle drafts with a random head of the layout batched EAGLE
+    runs (synthetic_heads.batch_eagle_head); with real verification its greedy output is plain decoding's."""
+    from engine.core.batch import BatchDecoder
+    from engine.methods import synthetic_heads
+    from engine.models.synthetic import build_synthetic_pair
+
+    pair = build_synthetic_pair("tiny", torch.device("cpu"), torch.float32).pair
+    decoder = BatchDecoder(pair, eagle_head=synthetic_heads.batch_eagle_head(pair.target))
+    from engine.bench.suite import heldout_prompts
+
+    prompts = heldout_prompts(2)
+    plain = decoder.generate(prompts, GenerationConfig(method="none", k=1, max_new_tokens=12))
+    eagle = decoder.generate(prompts, GenerationConfig(method="eagle", k=3, max_new_tokens=12))
+    assert [s.ids for s in eagle.sequences] == [s.ids for s in plain.sequences]
+    assert sum(s.drafted for s in eagle.sequences) > 0
+    code = main(["bench", "batch", "--synthetic", "tiny", "--method", "eagle", "--k", "2", "--ks", "2",
+                 "--batches", "1,2", "--synthetic-acceptance", "0.8,", "--device", "cpu",
+                 "--batch-new-tokens", "8", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and all(r["tokens_per_round"] > 1 for r in rows)

@@ -74,18 +74,25 @@ def _load(args, method: str):
     from engine.models.loading import load_pair, resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
+    eagle_head = None
     if getattr(args, "synthetic", None):
         from engine.models.synthetic import build_synthetic_pair, check_shape
 
         check_shape(args.synthetic)
         print(f"building a random-weight {args.synthetic} pair on {device} (timing only)…", file=sys.stderr)
         pair = build_synthetic_pair(args.synthetic, device, resolve_dtype(args.dtype, device)).pair
+        if method == "eagle":  # a random head of the layout batched EAGLE runs, built with the pair
+            from engine.methods import synthetic_heads
+
+            eagle_head = synthetic_heads.batch_eagle_head(pair.target)
+            print("synthetic eagle head: the project's layout at the target's shape (fc [H, 2H], one layer, "
+                  "the target's LM head), random weights", file=sys.stderr)
     else:
         pair = load_pair(args.target, args.draft, device=device, need_draft=method == "draft",
                          dtype=args.dtype)
     from engine.core.batch import BatchDecoder
 
-    decoder = BatchDecoder(pair)
+    decoder = BatchDecoder(pair, eagle_head=eagle_head)
     decoder.use_graphs = decoder.use_graphs and not args.no_cuda_graphs
     if decoder.backend.compiles_kernels:
         print("compiling CUDA kernels…", file=sys.stderr, flush=True)

@@ -171,3 +171,36 @@ def _line(method: str, built: SyntheticHead) -> str:
     if method == "medusa":
         return line + f", {MEDUSA_HEADS} heads with their own LM heads"
     return line
+
+
+def batch_eagle_head(target, seed: int = 0):
+    """A random-weight EAGLE head in the project's own layout at the target's shape: fc [H, 2H] over
+    [feature ; embedding], then one Llama layer of the target's shape sharing its final norm and LM head.
+    Batched decoding drafts EAGLE with this layout only (engine.methods.eagle.batch runs a LlamaRunner layer
+    over its batched cache, not the published heads' HeadLayer); its step reads what the published EAGLE-1
+    head's does (the same products), so `bench batch --synthetic SHAPE --method eagle` times EAGLE's chain at
+    the shape."""
+    from dataclasses import replace
+
+    from engine.methods.eagle.drafter import EagleHead
+    from engine.models.llama import LlamaRunner
+
+    s, hidden = target.spec, target.hidden_size
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    inter, layer = s.intermediate_size, "model.layers.0."
+    shapes = {"self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (kv, hidden),
+              "self_attn.v_proj.weight": (kv, hidden), "self_attn.o_proj.weight": (hidden, q),
+              "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
+              "mlp.down_proj.weight": (hidden, inter), "input_layernorm.weight": (hidden,),
+              "post_attention_layernorm.weight": (hidden,)}
+    shapes = {**{layer + name: shape for name, shape in shapes.items()}, "fc.weight": (hidden, 2 * hidden)}
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    tensors = random_tensors(shapes, target.device, target.dtype, generator)
+    fc = tensors.pop("fc.weight")
+    tensors.update({"model.embed_tokens.weight": target.embed_weight, "model.norm.weight": target.norm_weight,
+                    "lm_head.weight": target.lm_head})
+    spec = replace(s, num_layers=1, tie_word_embeddings=False, attention_bias=False, o_bias=False,
+                   mlp_bias=False, sliding_window=None, sliding_layers=(), qk_norm=False)
+    runner = LlamaRunner(spec, tensors, device=target.device, dtype=target.dtype,
+                         max_length=target.max_length, path="synthetic EAGLE head (the project's layout)")
+    return EagleHead(fc, runner, target)
