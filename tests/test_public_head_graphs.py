@@ -163,3 +163,19 @@ def test_every_path_runs_with_the_chain_graphs_on(target_dir, tmp_path, chain_gr
     assert "eagle-round" in kinds, kinds  # a chain's round: the head's step and its chain, one graph
     decoder.set_cuda_graphs(False)  # the decoder's switch reaches the head's runner
     assert head.runner.use_graphs is False
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_one_row_block_step_equals_forward_embeds(target_dir, tmp_path, name):
+    """A chain's step (one row, its own short mask) as forward_embeds computes it, at every width."""
+    decoder, head = head_of(target_dir, tmp_path, name)
+    runner = head.runner
+    x = head_inputs(decoder, head, TOKENS)  # [11, W]
+    runner.reset()
+    runner.forward_embeds(x[:7])
+    reference = runner.forward_embeds(x[7:8])
+    for kv in (runner.kv_width(8), 8, 0):
+        runner.rollback(7)
+        hidden, logits = block_step_at(runner, x[7:8], 7, runner.chain_block(1), kv)
+        assert torch.allclose(hidden, reference.hidden, atol=1e-5, rtol=1e-5), kv
+        assert torch.allclose(logits, reference.logits, atol=1e-5, rtol=1e-5), kv

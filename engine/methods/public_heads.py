@@ -312,6 +312,8 @@ class HeadLayer:
         (the rows past the block too: kv may reach beyond it) is -inf. Static shapes, made on the device."""
         n = block_visible.shape[0]
         cols = self._arange[:kv]  # [kv]
+        if n == 1:  # a chain's step (its one row sees itself): two launches, not eleven
+            return torch.where(cols <= start, 0.0, float("-inf"))[None]  # [1, kv] float32
         offset = cols - start  # [kv]: a column's row inside the block
         in_block = (offset >= 0) & (offset < n)  # [kv]
         visible = block_visible[:, offset.clamp(0, n - 1)] & in_block  # [n, kv]
