@@ -18,6 +18,8 @@ from engine.errors import SpecplayError
 from engine.methods import registry as method_registry
 from engine.methods.registry import MethodSpec, parse_spec
 
+DEFAULT_KS = "1,2,3,4,6,8,12,16"  # bench k-sweep's and bench batch's K values unless --ks names others
+
 FALLBACK_PROMPTS = [
     "def fibonacci(n):\n    ",
     "import os\nimport sys\n\n\ndef main(argv):\n    ",

@@ -34,7 +34,7 @@ MAX_PROMPT_BYTES = 16 * 1024 * 1024
 MAX_COSTS_BYTES = 4 * 1024 * 1024
 MAX_SAMPLES = 1_000_000
 MAX_BENCH_COUNT = 10_000
-BENCH_KS = "1,2,3,4,6,8,12,16"  # bench k-sweep's and bench batch's K values unless --ks names others
+BENCH_KS = bench.DEFAULT_KS
 MAX_CHATTER_CHARS = 300
 # engine.models.synthetic.SHAPES's names, for the help (that module imports torch; a test keeps them in step)
 SYNTHETIC_SHAPES = ("tiny", "llama-1b", "llama-3b", "llama-7b", "llama-8b", "qwen3-tiny", "qwen3-1.7b",
@@ -235,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=tuple(BENCHMARKS), help="the benchmark (see above)")
     _add_generation_args(bench, prompt_required=False)
     bench.add_argument("--ks", default=None,
-                       help=f"k-sweep, batch: the K values to measure (default {BENCH_KS}); runtimes: run "
-                            "every method at each of these K (default: --k alone)")
+                       help=f"k-sweep: the K values to measure (default {BENCH_KS}; batch: the same); "
+                            "runtimes: run every method at each of these K (default: --k alone)")
     bench.add_argument("--ls", default="", help="layerskip: draft layer counts L (default: 1 .. layers-1)")
     bench.add_argument("--methods", default="none,draft,ngram",
                        help=f"methods, graphs: comma-separated method specs ({METHOD_HELP}), or all: every "

@@ -113,9 +113,9 @@ def cmd_bench_served(args, prompt: str) -> int:
     plain = engine_from_args(args, args.plain_server) if getattr(args, "plain_server", None) else None
     arms = tuning.Arms(engine, plain)
     request = request_from_args(args, prompt, args.k if engine.per_request_k else None)
-    from engine.cli.main import BENCH_KS
+    from engine.bench.suite import DEFAULT_KS
 
-    swept = (args.ks or BENCH_KS) if args.what == "k-sweep" else ""
+    swept = (args.ks or DEFAULT_KS) if args.what == "k-sweep" else ""
     ks = _counts(getattr(args, "k_sweep", "") or swept, "--k-sweep", 32)
     clients = _counts(getattr(args, "clients", ""), "--clients", MAX_CLIENTS)
     print(f"server: {engine.label}" + (f"  plain: {plain.label}" if plain else ""))

@@ -96,7 +96,7 @@ class Preset:
     medusa_greedy: Optional[MedusaGreedy] = None   # set: the heads learn its greedy text instead (see there)
     eagle3_steps: int = 5             # training-time-test steps
     eagle3_decay: float = 0.8         # step s's loss weight is decay^(s-1), normalised
-    eagle3_intermediate: int = 320    # the EAGLE-3 layer's MLP width (so that the family fits 26 MB)
+    eagle3_intermediate: int = 320    # the EAGLE-3 layer's MLP width (so that the family fits its cap)
     eagle3_taps: Optional[tuple] = None   # target layers fused (None: a low, a middle and the last)
     # "specplay": the project's own head (proj + fc over [feature ; embedding], the target's norm and LM
     # head); "published": the published EAGLE-3 architecture (engine/methods/eagle3/public.py), written in
