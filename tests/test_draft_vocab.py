@@ -71,3 +71,22 @@ def test_a_published_head_in_the_targets_folder_is_its_own(target_dir, tmp_path)
     assert report.passed, report
     (target / "eagle3_head.safetensors").write_bytes(b"")  # the project's own head named: it wins
     assert own_published_head(target) is None
+
+
+@pytest.mark.parametrize("damage", ["config not JSON", "weights truncated"])
+def test_a_broken_head_in_the_targets_folder_is_one_line(target_dir, tmp_path, capsys, damage):  # noqa: F811
+    """run --method eagle3 on a target whose eagle3/ head is damaged: status 2, one line naming the file."""
+    from engine.cli.main import main
+
+    target = tmp_path / "target"
+    shutil.copytree(target_dir, target)
+    make_eagle3(target / "eagle3", "speculators", draft_vocab=24)
+    if damage == "config not JSON":
+        (target / "eagle3" / "config.json").write_text("{oops")
+    else:
+        weights = target / "eagle3" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:200])
+    code = main(["run", "--target", str(target), "--method", "eagle3", "--prompt", "def f(x):",
+                 "--max-new-tokens", "4", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "eagle3" in err[0], err
