@@ -69,6 +69,11 @@ def test_a_published_head_in_the_targets_folder_is_its_own(target_dir, tmp_path)
     report = check_greedy(decoder, PROMPT, GenerationConfig(method="eagle3", k=3, max_new_tokens=24,
                                                             stop_at_eos=False))
     assert report.passed, report
+    from engine.analysis.doctor import diagnose_heads
+
+    doctor = diagnose_heads(decoder, "eagle3", [PROMPT], k=3, max_new_tokens=8)
+    assert doctor.description.startswith(f"the target's own eagle3 heads in {target / 'eagle3'}")
+    assert "layout: EAGLE-3 (speculators)" in doctor.description and "heads: heads" not in doctor.format()
     (target / "eagle3_head.safetensors").write_bytes(b"")  # the project's own head named: it wins
     assert own_published_head(target) is None
 

@@ -113,7 +113,12 @@ def diagnose_heads(decoder, method: str, prompts: Sequence[str], k: int = 4,
         if options[0][1]:
             head.set_convention(*original)
     info = getattr(decoder, "heads_info", None)
-    description = info.describe() if info is not None else f"the target's own {method} heads"
+    if info is not None:  # describe() begins "heads: FOLDER", and the report prints "heads: " itself
+        description = info.describe().removeprefix("heads: ")
+    elif getattr(head, "info", None) is not None:  # a published head in the target's own folder
+        description = f"the target's own {method} heads in {head.info.describe().removeprefix('heads: ')}"
+    else:
+        description = f"the target's own {method} heads"
     report = DoctorReport(method, description, k, results, _coverage(head, tokens))
     report.findings = findings(report)
     return report

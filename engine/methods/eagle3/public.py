@@ -155,6 +155,7 @@ class PublicEagle3Head(EagleHead):
         head = cls(t["fc.weight"], t.get("fc.bias"), t.get("embed_tokens.weight", target.embed_weight), norms,
                    t["lm_head.weight"], target_ids, taps, None, target)
         head.set_convention(taps, bool(info.config.get("norm_before_residual", False)))
+        head.info = info  # what its folder said (the doctor and the window describe it)
         head.runner = ph.HeadLayer(ph.layer_weights(t, prefix), shape, inv_freq, head.prepare, head.logits,
                                    target.max_length)
         return head
