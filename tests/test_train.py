@@ -320,8 +320,11 @@ def test_full_preset_fits_the_size_budget():
 
     medusa = p.medusa_heads * (H * H + H)
     eagle = 2 * H * H + 4 * H * H + 3 * H * p.target.intermediate_size + 2 * H
-    taps = len(eagle3.default_taps(p.target.num_layers))
-    eagle3_params = taps * H * H + 2 * H * H + 4 * H * H + 3 * H * p.eagle3_intermediate + 2 * H
+    assert p.eagle3_arch == "published" and 0 < p.eagle3_draft_vocab < V
+    taps = len(eagle3.published_taps(p.target.num_layers))
+    # fc over the taps, q/k/v reading 2H, o, the MLP, four norms, its own LM head over the draft vocabulary
+    eagle3_params = (taps * H * H + 3 * H * 2 * H + H * H + 3 * H * p.eagle3_intermediate + 4 * H
+                     + p.eagle3_draft_vocab * H)
     weights = 2 * (lm_params(p.target) + lm_params(p.draft) + medusa + eagle + eagle3_params)
     assert 2 * lm_params(p.target) <= export.TARGET_MAX_BYTES
     assert weights + 1_450_000 <= export.SHIPPED_MAX_BYTES   # 2 tokenizers ~1.1 MB, manifest, card, report

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -206,3 +207,34 @@ def test_exported_eagle3_head_drives_the_familys_target_and_its_card(family, eag
     assert merged["eagle3_retrain"]["eagle3_sched"]["steps"] == 20
     section = (shipped / "README.md").read_text().split("## EAGLE-3 head", 1)[1].split("\n## ", 1)[0]
     assert "Retrained alone on this target" in section and "The family run's head it replaces" in section
+
+
+def test_published_eagle3_head_with_a_reduced_draft_vocabulary(family, tmp_path):
+    """--eagle3-arch published --eagle3-draft-vocab N (the full preset's recipe, on the tiny one): the
+    exported head keeps the N training tokens seen most (the specials among them) and drafts losslessly."""
+    from engine.analysis.lossless import check_greedy
+    from engine.config import GenerationConfig
+    from engine.core.decoder import SpeculativeDecoder
+    from engine.models.loading import load_pair
+
+    out = tmp_path / "run"
+    assert train_main(["--tiny", "--from-family", str(family), "--out", str(out), "--device", "cpu",
+                       "--stages", "tokenizer,target,selfgen,eagle3", "--eagle3-steps", "10",
+                       "--eagle3-budget-s", "60", "--eagle3-arch", "published", "--eagle3-draft-vocab", "64",
+                       "--export-eagle3", str(out / "head")]) == 0
+    head = out / "head"
+    config = json.loads((head / "config.json").read_text())
+    state = load_file(str(head / "model.safetensors"))
+    assert config["draft_vocab_size"] == 64 and state["lm_head.weight"].shape[0] == 64
+    kept = (torch.arange(64) + state["d2t"]).tolist()
+    counts = np.bincount(np.load(out / "data" / "train.npy").astype(np.int64), minlength=512)
+    target_config = json.loads((family / "target" / "config.json").read_text())
+    specials = {target_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    assert specials <= set(kept) and kept == sorted(kept)
+    others = [i for i in range(len(counts)) if i not in kept]
+    assert min(counts[i] for i in kept if i not in specials) >= max(counts[i] for i in others)
+    decoder = SpeculativeDecoder(load_pair(str(family / "target"), None, device="cpu", need_draft=False))
+    decoder.use_heads(str(head))
+    report = check_greedy(decoder, "def f(x):\n    return", GenerationConfig(method="eagle3", k=3,
+                                                                           max_new_tokens=24))
+    assert report.passed, report

@@ -73,8 +73,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_head_arguments(p, "medusa", "Medusa", "Medusa heads (medusa_heads.safetensors, medusa_config.json)")
     add_head_arguments(p, "eagle3", "EAGLE-3", "EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json)")
     p.add_argument("--eagle3-arch", choices=("specplay", "published"), default=None,
-                   help="the EAGLE-3 head's architecture: the project's own (default) or the published one "
-                        "(written in the speculators layout: config.json, model.safetensors)")
+                   help="the EAGLE-3 head's architecture: the published one (the full preset's, written in "
+                        "the speculators layout: config.json, model.safetensors) or the project's own "
+                        "(--tiny's)")
+    p.add_argument("--eagle3-draft-vocab", type=int, default=None, metavar="N",
+                   help="published EAGLE-3: keep the N most frequent training tokens in its LM head (0: all; "
+                        "the full preset keeps 4096)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS, else torch's own; --tiny: up to 4)")
     p.set_defaults(func=run_train)
@@ -135,6 +139,10 @@ def run_train(args) -> int:
                            getattr(args, "eagle3_steps", None))
     if getattr(args, "eagle3_arch", None) is not None:
         preset = replace(preset, eagle3_arch=args.eagle3_arch)
+    if getattr(args, "eagle3_draft_vocab", None) is not None:
+        if not 0 <= args.eagle3_draft_vocab <= preset.vocab_size:
+            raise SpecplayError(f"--eagle3-draft-vocab must be between 0 and {preset.vocab_size}")
+        preset = replace(preset, eagle3_draft_vocab=args.eagle3_draft_vocab)
     out = args.out or Path("runs/tiny" if args.tiny else "runs/train")
     device = lm.pick_device(args.device)
     threads = getattr(args, "threads", None)

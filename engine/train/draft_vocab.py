@@ -54,6 +54,15 @@ def choose_ids(counts: np.ndarray, size: int, always: tuple = ()) -> torch.Tenso
     return torch.tensor(sorted(keep), dtype=torch.int64)
 
 
+def special_ids(config: dict) -> tuple:
+    """The target config's BOS, EOS and pad ids (EOS may be a list): a draft vocabulary keeps them."""
+    ids = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = config.get(key)
+        ids += value if isinstance(value, list) else [] if value is None else [value]
+    return tuple(int(i) for i in ids)
+
+
 def reduce_state(state: dict, keep: torch.Tensor, vocab: int) -> dict:
     """A speculators-layout state with its LM head cut to the rows of `keep` (target ids [Vd], ascending) and
     d2t / t2d for them. The head's draft ids may already be mapped (its own d2t): keep names target ids."""
@@ -99,14 +108,16 @@ def main(argv=None) -> int:
     parser.add_argument("head", type=Path, help="an EAGLE-3 head in the speculators layout")
     parser.add_argument("out", type=Path)
     parser.add_argument("--size", type=int, required=True, help="tokens in the draft vocabulary")
-    parser.add_argument("--tokenizer", type=Path, default=Path("assets/models/target"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("assets/models/target"),
+                        help="the target's folder: its tokenizer.json counts, its config.json names the "
+                             "special tokens kept")
     parser.add_argument("--max-files", type=int, default=CORPUS_FILES)
     args = parser.parse_args(argv)
     cfg = json.loads((args.head / SPECULATORS_CONFIG).read_text())
     vocab = cfg["transformer_layer_config"]["vocab_size"]
     counts = corpus_counts(args.tokenizer, vocab, args.max_files)
-    special = (0, 1, 2)  # <s>, </s>, <pad> of the shipped tokenizer: EOS must stay draftable
-    keep = choose_ids(counts, args.size, special)
+    target_config = json.loads((args.tokenizer / "config.json").read_text())
+    keep = choose_ids(counts, args.size, special_ids(target_config))  # EOS must stay draftable
     coverage = float(counts[keep.numpy()].sum() / max(1, counts.sum()))
     reduce_head(args.head, args.out, keep, coverage)
     print(f"{args.out}: draft vocabulary {len(keep)} of {vocab}, {coverage:.4f} of {int(counts.sum())} "

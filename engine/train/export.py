@@ -117,8 +117,25 @@ def export_eagle3(ctx, dst: Path) -> None:
 
     if ctx.preset.eagle3_arch == "published":
         eagle3.save_published(eagle3.load_published(ctx.stage_dir("eagle3")), dst, dtype=torch.float16)
+        if ctx.preset.eagle3_draft_vocab:
+            reduce_draft_vocab(ctx, dst, ctx.preset.eagle3_draft_vocab)
         return
     eagle3.save_eagle3(eagle3.load_eagle3(ctx.stage_dir("eagle3")), dst, dtype=torch.float16)
+
+
+def reduce_draft_vocab(ctx, head_dir: Path, size: int) -> None:
+    """Cut a published EAGLE-3 head's LM head (in head_dir) to the `size` tokens most frequent in the training
+    split (the tokenizer stage's train.npy), the target's special tokens among them."""
+    from engine.train import draft_vocab
+
+    config = json.loads((ctx.stage_dir("target") / "model" / "config.json").read_text())
+    counts = np.bincount(np.load(ctx.stage_dir("tokenizer") / "train.npy").astype(np.int64),
+                         minlength=config["vocab_size"])
+    keep = draft_vocab.choose_ids(counts, size, draft_vocab.special_ids(config))
+    coverage = float(counts[keep.numpy()].sum() / max(1, counts.sum()))
+    draft_vocab.reduce_head(head_dir, head_dir, keep, coverage)
+    ctx.log(f"[export] EAGLE-3 draft vocabulary: {size} of {config['vocab_size']} tokens, {coverage:.4f} of "
+            "the training split's")
 
 
 def collect_report(ctx, sample_losses: dict, stages: dict) -> dict:
@@ -180,13 +197,16 @@ def export_medusa_only(ctx, dst: Path) -> dict:
 
 
 def export_eagle3_only(ctx, dst: Path) -> dict:
-    """Only the EAGLE-3 head (eagle3_head.safetensors, eagle3_config.json: to copy over the family's
-    target/) and eagle3_report.json, as export_medusa_only does for the Medusa heads."""
+    """Only the EAGLE-3 head (published: config.json, model.safetensors, for the family's target/eagle3/;
+    the project's: eagle3_head.safetensors, eagle3_config.json, to copy over its target/) and
+    eagle3_report.json, as export_medusa_only does for the Medusa heads."""
     p = ctx.preset
+    files = ("config.json, model.safetensors" if p.eagle3_arch == "published"
+             else "eagle3_head.safetensors, eagle3_config.json")
     return _export_head_only(ctx, dst, "eagle3", lambda: export_eagle3(ctx, dst),
                              {"eagle3_steps": p.eagle3_steps, "eagle3_decay": p.eagle3_decay,
-                              "eagle3_arch": p.eagle3_arch},
-                             "eagle3_head.safetensors, eagle3_config.json")
+                              "eagle3_arch": p.eagle3_arch, "eagle3_draft_vocab": p.eagle3_draft_vocab},
+                             files)
 
 
 def _export_head_only(ctx, dst: Path, stage: str, write, extra: dict, files: str) -> dict:

@@ -102,6 +102,9 @@ class Preset:
     # head); "published": the published EAGLE-3 architecture (engine/methods/eagle3/public.py), written in
     # the speculators layout
     eagle3_arch: str = "specplay"
+    # published: the LM head keeps the rows of the N tokens most frequent in the training split (d2t / t2d
+    # map them, engine/train/draft_vocab.py); 0 keeps the whole vocabulary
+    eagle3_draft_vocab: int = 0
     eval_signatures: int = 200        # plausibility: held-out signatures ...
     eval_new_tokens: int = 96         # ... completed greedily by this many tokens
     eval_max_files: Optional[int] = None   # held-out stdlib files for the perplexity (None: all)
@@ -147,6 +150,7 @@ def full() -> Preset:
                                   eval_every=500, weight_decay=0.0),
         eagle3_sched=StageSchedule(steps=4000, batch_size=32, lr=2e-3, time_budget_s=60, warmup_steps=100,
                                    eval_every=500, weight_decay=0.0),
+        eagle3_arch="published", eagle3_draft_vocab=4096,  # the shipped head (98.3% of the training tokens)
         selfgen=SelfGen(sequences=2048, val_sequences=64, batch_size=1024, time_budget_s=40),
         corpus="stdlib+packages",
         max_package_bytes=16_000_000,

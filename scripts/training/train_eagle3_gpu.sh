@@ -11,14 +11,14 @@
 # Writes to $OUT, as it goes (a run stopped at its limit still brings back what finished):
 #   train_log.txt             everything printed (PYTHONUNBUFFERED)
 #   stage_metrics.json        every finished stage's metrics, rewritten after each stage
-#   eagle3_head.safetensors   the new head (fp16)               } to copy over assets/models/target/
-#   eagle3_config.json                                          }
+#   config.json               the new head (fp16), the published EAGLE-3 architecture in the speculators
+#   model.safetensors         layout, its draft vocabulary cut to 4,096 tokens: the shipped target/eagle3/
 #   eagle3_report.json        the EAGLE-3 schedule and the target, selfgen and eagle3 stages' metrics
-#   bench.txt                 the bench's table, when it ran
-# The published EAGLE-3 architecture instead (config.json + model.safetensors in the speculators layout):
-#   OUT=/some/dir TRAIN_ARGS="--eagle3-arch published" bash scripts/training/train_eagle3_gpu.sh
+#   bench.txt                 the bench's table, when it ran (the project's architecture only)
+# The project's own architecture instead (TRAIN_ARGS="--eagle3-arch specplay"): eagle3_head.safetensors and
+# eagle3_config.json, to copy over assets/models/target/ (they win over target/eagle3/ there).
 # Ship with:
-#   cp $OUT/eagle3_head.safetensors $OUT/eagle3_config.json assets/models/target/
+#   cp $OUT/config.json $OUT/model.safetensors assets/models/target/eagle3/
 #   python -m engine.train.export assets/models --eagle3-report $OUT/eagle3_report.json   # card, sha256 table
 RUN=${RUN:-/tmp/specplay_eagle3_run}
 EAGLE3_BUDGET_S=${EAGLE3_BUDGET_S:-200}
@@ -32,7 +32,7 @@ train_pipeline --from-family "$FAMILY" --stages tokenizer,target,selfgen,eagle3 
   --device "$DEVICE" --eagle3-budget-s "$EAGLE3_BUDGET_S" --eagle3-steps "$EAGLE3_STEPS" \
   --export-eagle3 "$OUT"
 
-if [[ "$TRAIN_ARGS" == *published* ]]; then   # config.json + model.safetensors: bench them with --heads
+if [ -f "$OUT/config.json" ]; then   # a published-architecture head: bench it with --heads
   echo "== bench skipped: a published-architecture head (main.py bench methods --heads \$OUT)" | tee -a "$LOG"
 else
   [ "$rc" = 0 ] && bench_new_head none,eagle3,eagle3:8 eagle3_head.safetensors eagle3_config.json
