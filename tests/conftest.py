@@ -10,6 +10,14 @@ def pytest_addoption(parser):
     parser.addoption("--require-peers", action="store_true",
                      help="fail, never skip, a test whose real peer (the built llama-server) is missing: "
                           ".ci/run passes it after building the peers")
+    parser.addoption("--fuzz-cases", type=int, default=None, metavar="N",
+                     help="random cases per kernel in the GPU fuzz tests (default: each module's own)")
+
+
+def pytest_configure(config):
+    import fuzz
+
+    fuzz.override = config.getoption("--fuzz-cases")
 
 
 @pytest.fixture(scope="session", autouse=True)

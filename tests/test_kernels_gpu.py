@@ -1,16 +1,15 @@
 """CUDA kernels (engine/kernels/cuda.py) against the torch reference on the same GPU tensors.
 
-Marked `gpu`; skipped with a reason when CUDA or CuPy is missing.  SPECPLAY_FUZZ_CASES sets the number of
+Marked `gpu`; skipped with a reason when CUDA or CuPy is missing.  `pytest --fuzz-cases N` sets the number of
 fuzz cases per kernel (default 10,000).  Token/accept decisions must be identical; a case may differ only when
 it is numerically ambiguous (the reference's fp32 sums put top_p, u * total or u itself within rounding
 distance of a boundary), and such cases must stay rare (<= 0.2 % of cases).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from fuzz import cases as fuzz_cases
 
 from engine.kernels import reference as ref
 from engine.models.runner import graph_capture, warm_up_stream
@@ -24,7 +23,7 @@ try:
 except ImportError as exc:  # no CuPy, or CuPy without a device
     pytest.skip(f"CuPy backend unavailable: {exc}", allow_module_level=True)
 
-N_CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "10000"))
+N_CASES = fuzz_cases(10000)
 DEV = torch.device("cuda")
 AMBIG_FRACTION = 0.002
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -1,9 +1,9 @@
 """Fuzz: the fused step kernels (kernels/step_kernels.cu) against their torch twins, on CUDA."""
-import os
 import random
 
 import pytest
 import torch
+from fuzz import cases as fuzz_cases
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ from engine.kernels.step import (  # noqa: E402
 )
 from engine.models.runner import graph_capture, warm_up_stream  # noqa: E402
 
-CASES = int(os.environ.get("SPECPLAY_FUZZ_CASES", "2000"))
+CASES = fuzz_cases(2000)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

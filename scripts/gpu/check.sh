@@ -14,8 +14,8 @@ nvidia-smi -L
 python3 -c "import torch, transformers, cupy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cupy', cupy.__version__)"
 M=none,draft,ngram,suffix,medusa,eagle,eagle:8,lookahead,layerskip
 if has tests; then
-  echo "== GPU tests (kernel fuzz ${SPECPLAY_FUZZ_CASES:-10000} cases per kernel, engine on CUDA)"
-  SPECPLAY_FUZZ_CASES=${SPECPLAY_FUZZ_CASES:-10000} python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
+  echo "== GPU tests (kernel fuzz ${FUZZ_CASES:-10000} cases per kernel, engine on CUDA)"
+  python3 -m pytest -q -p no:cacheprovider -m gpu -rs --fuzz-cases "${FUZZ_CASES:-10000}" \
     $(ls tests/*_gpu.py) tests/test_timing.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   echo "== CPU-side engine suites under this machine's transformers"
   python3 -m pytest -q -p no:cacheprovider -m "not gpu" tests/test_llama_runner.py tests/test_models.py \
