@@ -286,8 +286,9 @@ def add_predictions(report: RuntimesReport, costs, config: GenerationConfig) -> 
     from engine.core.synthetic import SyntheticAcceptance
     from engine.methods import registry
 
+    profile = SyntheticAcceptance.parse(config.synthetic_acceptance)
     plain = next((r for r in report.rows if r.spec == "none"), None)
-    if SyntheticAcceptance.parse(config.synthetic_acceptance) is None or plain is None or not plain.forwards:
+    if profile is None or plain is None or not plain.forwards:
         return
     plain_verify_ms = plain.verify_ms / plain.forwards
     for row in report.rows:
@@ -296,7 +297,6 @@ def add_predictions(report: RuntimesReport, costs, config: GenerationConfig) -> 
         spec = replace(config.with_spec(row.spec), k=row.k)
         drafts = spec.drafts
         nodes = registry.node_budget(spec)(spec.k) if registry.get(spec.method).is_tree(spec) else 0
-        profile = SyntheticAcceptance.parse(spec.synthetic_acceptance)
         expected = expected_at_depths(profile, spec.k, row.depths) if drafts else 1.0
         round_ms = costs.t_round(spec.method, drafts, (nodes or drafts) + 1)
         c = costs.c(spec.method)

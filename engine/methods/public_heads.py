@@ -208,10 +208,9 @@ class HeadLayer:
     input norm), EAGLE-3's reads [input_layernorm(embedding) | hidden_norm(g)] of width 2H. readout(hidden
     [n, H]) -> logits [n, V] float32 over the target's ids. It offers what EAGLE's drafter asks of a head
     runner (forward_embeds, step_embeds for its trees, reset, rollback, length), and what a captured draft
-    chain asks (engine.core.graphs: use_graphs, pool_handle, chain_block, kv_width, block_step): block_step
-    reads the block's start on the device only, so that EAGLE's K-step chain is one CUDA graph
-    (engine.methods.eagle.graphs.eagle_chain). It has no decode path: a whole round (the head's step over the
-    committed rows, then the chain) is not one graph; the step runs apart (forward_embeds), then the chain."""
+    chain and a replayed round ask (engine.core.graphs: use_graphs, pool_handle, chain_block, kv_width,
+    decode_path, block_step): block_step reads the block's start on the device only, so that the head's step
+    and chain, and the whole round with the target's verification, are captured as for the project's heads."""
 
     supports_tree = True
     decode_kernels = None
@@ -355,8 +354,6 @@ def fuse_products(weights: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
                                    for b, p in zip(biases, products)])
     w["gate_up"] = torch.cat([w.pop("gate"), w.pop("up")])
     return w
-
-
 
 
 def layer_weights(tensors: Dict[str, torch.Tensor], prefix: str) -> Dict[str, torch.Tensor]:
