@@ -521,3 +521,23 @@ def test_bench_methods_keeps_complete_prompts_when_stopped():
     kept = suite.measure_interleaved(Decoder(), ["a", "b", "c"], configs, after=after, keep_partial=True)
     assert kept is not None and all(t.generations == 2 for t in kept.values())
     assert suite.measure_interleaved(Decoder(), ["a"], configs, after=lambda: False) is None
+
+
+def test_a_signal_during_the_torch_import_waits_for_its_end():
+    """SIGTERM while torch (and torch.distributed's C++ start-up) imports is held, then raised through the
+    process's own handler: a KeyboardInterrupt after the import, not an abort inside it."""
+    script = (
+        "import os, signal, sys, threading\n"
+        "def interrupt(signum, frame):\n"
+        "    raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, interrupt)\n"
+        "from engine.cli.main import import_torch_holding_signals\n"
+        "assert 'torch' not in sys.modules\n"
+        "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "try:\n"
+        "    import_torch_holding_signals()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('held', 'torch.distributed' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "held True", (done.stdout, done.stderr)

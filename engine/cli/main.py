@@ -507,6 +507,32 @@ def export_targets(args) -> list:
     return targets
 
 
+TORCH_COMMANDS = ("run", "check-lossless", "bench", "doctor", "heads", "export-heads")
+
+
+def import_torch_holding_signals() -> None:
+    """Import torch and torch.distributed with SIGINT and SIGTERM only remembered, then raise the one that
+    came through its own handler. torch.distributed initialises in C++ that calls back into Python: an
+    exception a handler raises there cannot unwind through pybind11 and aborts the process (std::terminate:
+    no "interrupted", no status 130)."""
+    if "torch.distributed" in sys.modules:
+        return
+    came: list = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))
+        except ValueError:  # not the main thread: no handler runs here
+            break
+    try:
+        import torch.distributed  # noqa: F401
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if came:
+        signal.raise_signal(came[0])
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGHUP (the terminal closed): stop like Ctrl+C, keeping what was exported."""
 
@@ -1055,6 +1081,8 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)
+        if args.command in TORCH_COMMANDS:
+            import_torch_holding_signals()
         return handlers[args.command](args)
     except SpecplayError as exc:
         _say(f"error: {exc}{CHATTER.folded()}")
