@@ -531,11 +531,12 @@ def test_a_signal_during_the_torch_import_waits_for_its_end():
         "def interrupt(signum, frame):\n"
         "    raise KeyboardInterrupt\n"
         "signal.signal(signal.SIGTERM, interrupt)\n"
-        "from engine.cli.main import import_torch_holding_signals\n"
+        "from engine.cli.main import torch_imports_hold_signals\n"
         "assert 'torch' not in sys.modules\n"
         "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
         "try:\n"
-        "    import_torch_holding_signals()\n"
+        "    with torch_imports_hold_signals():\n"
+        "        import torch.distributed\n"
         "except KeyboardInterrupt:\n"
         "    print('held', 'torch.distributed' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,

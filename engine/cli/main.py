@@ -507,30 +507,61 @@ def export_targets(args) -> list:
     return targets
 
 
-TORCH_COMMANDS = ("run", "check-lossless", "bench", "doctor", "heads", "export-heads")
+HELD_IMPORTS = ("torch", "torch.distributed")  # their start-up runs C++ that calls back into Python
 
 
-def import_torch_holding_signals() -> None:
-    """Import torch and torch.distributed with SIGINT and SIGTERM only remembered, then raise the one that
-    came through its own handler. torch.distributed initialises in C++ that calls back into Python: an
-    exception a handler raises there cannot unwind through pybind11 and aborts the process (std::terminate:
-    no "interrupted", no status 130)."""
-    if "torch.distributed" in sys.modules:
-        return
-    came: list = []
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+class _HoldSignalsWhileImporting:
+    """A meta-path finder: while torch and torch.distributed execute their import (whoever imports them, once
+    the command's input is checked), SIGINT and SIGTERM are only remembered, then raised through the handlers
+    they met. A handler's exception inside that C++ cannot unwind through pybind11 and aborts the process
+    (std::terminate: no "interrupted", no status 130)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.came: list = []
+        self.previous: dict = {}
+
+    def find_spec(self, name, path, target=None):
+        if name not in HELD_IMPORTS or name in sys.modules:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+            spec.loader.exec_module = lambda module: self.held(execute, module)
+        return spec
+
+    def held(self, execute, module) -> None:
+        if self.depth == 0:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    self.previous[sig] = signal.signal(sig, lambda signum, frame: self.came.append(signum))
+                except ValueError:  # not the main thread: no handler runs here
+                    break
+        self.depth += 1
         try:
-            previous[sig] = signal.signal(sig, lambda signum, frame: came.append(signum))
-        except ValueError:  # not the main thread: no handler runs here
-            break
+            execute(module)
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                for sig, old in self.previous.items():
+                    signal.signal(sig, old)
+                self.previous.clear()
+                if self.came:
+                    signal.raise_signal(self.came.pop(0))
+
+
+@contextlib.contextmanager
+def torch_imports_hold_signals():
+    """While the block runs, torch's and torch.distributed's imports hold SIGINT and SIGTERM (see
+    _HoldSignalsWhileImporting)."""
+    finder = _HoldSignalsWhileImporting()
+    sys.meta_path.insert(0, finder)
     try:
-        import torch.distributed  # noqa: F401
+        yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-    if came:
-        signal.raise_signal(came[0])
+        sys.meta_path.remove(finder)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -1081,9 +1112,8 @@ def _run_command(argv: list, gui: Optional[Callable]) -> int:
         if args.command is None:
             raise SpecplayError("no command given (python main.py --help lists them)")
         check_common_args(args)
-        if args.command in TORCH_COMMANDS:
-            import_torch_holding_signals()
-        return handlers[args.command](args)
+        with torch_imports_hold_signals():
+            return handlers[args.command](args)
     except SpecplayError as exc:
         _say(f"error: {exc}{CHATTER.folded()}")
         return EXIT_BAD_INPUT
