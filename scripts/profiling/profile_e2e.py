@@ -103,7 +103,24 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
     runner.release_graphs()
 
 
-def report_loop(decoder, method: str, tokens: int, top: int, acceptance: str = "") -> None:
+def print_timeline(prof, last: int) -> None:
+    """The profiled run's last `last` kernels in order: each one's time, its gap after the kernel before, its
+    grid's name; then how busy the GPU was over their span (gaps are idle time between dependent phases)."""
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    tail = kernels[-last:]
+    if not tail:
+        return
+    print(f"  the last {len(tail)} kernels (us: start after the first, time, gap before):")
+    first = tail[0].time_range.start
+    for before, e in zip([None] + tail[:-1], tail):
+        gap = 0.0 if before is None else e.time_range.start - before.time_range.end
+        print(f"    {e.time_range.start - first:9.1f} {e.time_range.elapsed_us():8.1f} {gap:7.1f}  {e.name[:70]}")
+    span = tail[-1].time_range.end - first
+    busy = sum(e.time_range.elapsed_us() for e in tail)
+    print(f"  their span {span:.1f} us, kernels {busy:.1f} us ({100 * busy / span:.1f}% busy)")
+
+
+def report_loop(decoder, method: str, tokens: int, top: int, acceptance: str = "", timeline: int = 0) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from engine.config import GenerationConfig
@@ -127,6 +144,8 @@ def report_loop(decoder, method: str, tokens: int, top: int, acceptance: str = "
         list(decoder.generate(PROMPT, config))
         _sync(decoder.device)
     _print_profile(prof, rounds, top, "per round")
+    if timeline:
+        print_timeline(prof, timeline)
     host = cProfile.Profile()
     host.enable()
     list(decoder.generate(PROMPT, config))
@@ -148,6 +167,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--batch", type=int, default=0, help="also profile one batched step of this many")
+    parser.add_argument("--timeline", type=int, default=0, help="also list the last N kernels of each "
+                        "method's profiled run in order, with the idle gaps between them")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of this script")
     parser.add_argument("--synthetic-acceptance", default="", help="the verdicts follow this profile (a "
                         "mean length L or rates p1,p2,...; engine.core.synthetic), not the random heads' own")
@@ -180,7 +201,7 @@ def main() -> int:
     if args.prefill:
         report_prefill(pair.target, args.top)
     for method in filter(None, args.methods.split(",")):
-        report_loop(decoder, method, args.tokens, args.top, args.synthetic_acceptance)
+        report_loop(decoder, method, args.tokens, args.top, args.synthetic_acceptance, args.timeline)
     if args.batch:
         report_batch(pair.target, args.batch, args.top)
     return 0
