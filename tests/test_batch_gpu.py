@@ -58,13 +58,18 @@ def test_batched_eagle_greedy_equals_plain_on_cuda(tmp_path):
     assert batched.batch_drafters["eagle"].batch._graphs  # the head's steps were captured
 
 
-def test_bench_batch_on_a_synthetic_pair_in_bf16():
+@pytest.mark.parametrize("method", ["draft", "eagle"])
+def test_bench_batch_on_a_synthetic_pair_in_bf16(method):
+    """bench batch --synthetic's path, EAGLE's random head included (its batched features [B, m, H] once
+    reached sp_gemv at B = 1 as if they were B rows of m columns)."""
     from engine.bench import batch as batch_bench
+    from engine.methods import synthetic_heads
     from engine.models.synthetic import build_synthetic_pair
 
     built = build_synthetic_pair("tiny", "cuda", torch.bfloat16, max_length=512)
-    decoder = BatchDecoder(built.pair)
-    config = GenerationConfig(method="draft", k=4, max_new_tokens=16)
+    head = synthetic_heads.batch_eagle_head(built.pair.target) if method == "eagle" else None
+    decoder = BatchDecoder(built.pair, eagle_head=head)
+    config = GenerationConfig(method=method, k=4, max_new_tokens=16)
     report = batch_bench.bench_batch(decoder, ["def f(x):\n    return", "import os\n"], config, [1, 2, 8],
                                      [1, 2, 4])
     assert [r.batch for r in report.rows] == [1, 2, 8]

@@ -104,20 +104,22 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
 
 
 def print_timeline(prof, last: int) -> None:
-    """The profiled run's last `last` kernels in order: each one's time, its gap after the kernel before, its
-    grid's name; then how busy the GPU was over their span (gaps are idle time between dependent phases)."""
-    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    """The profiled run's last `last` kernels in order: each one's start and end, and its phase, the time from
+    the end of the kernel before to its own end (a programmatic launch starts early and waits, so a kernel's
+    own duration overlaps its predecessor's; the phases add up to the span)."""
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
     tail = kernels[-last:]
     if not tail:
         return
-    print(f"  the last {len(tail)} kernels (us: start after the first, time, gap before):")
     first = tail[0].time_range.start
-    for before, e in zip([None] + tail[:-1], tail):
-        gap = 0.0 if before is None else e.time_range.start - before.time_range.end
-        print(f"    {e.time_range.start - first:9.1f} {e.time_range.elapsed_us():8.1f} {gap:7.1f}  {e.name[:70]}")
-    span = tail[-1].time_range.end - first
-    busy = sum(e.time_range.elapsed_us() for e in tail)
-    print(f"  their span {span:.1f} us, kernels {busy:.1f} us ({100 * busy / span:.1f}% busy)")
+    print(f"  the last {len(tail)} kernels (us after the first one's start: start, end, phase):")
+    previous_end = first
+    for e in tail:
+        start, end = e.time_range.start - first, e.time_range.end - first
+        print(f"    {start:9.1f} {end:9.1f} {end - previous_end:8.1f}  {e.name[:70]}")
+        previous_end = max(previous_end, end)
+    print(f"  their span {tail[-1].time_range.end - first:.1f} us")
 
 
 def report_loop(decoder, method: str, tokens: int, top: int, acceptance: str = "", timeline: int = 0) -> None:

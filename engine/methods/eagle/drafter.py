@@ -107,9 +107,9 @@ class EagleHead:
 
     def gemv_kernels(self, weight: torch.Tensor, features: torch.Tensor):
         """The head runner's decode kernels where sp_gemv multiplies these features [n, F] by this weight
-        else None."""
+        else None (batched features [B, m, F] keep torch's product)."""
         kernels = getattr(self.runner, "decode_kernels", None)
-        if (kernels is None or features.dtype != weight.dtype or not features.is_cuda
+        if (kernels is None or features.dim() != 2 or features.dtype != weight.dtype or not features.is_cuda
                 or not features.is_contiguous() or features.data_ptr() % 16
                 or not gemv_fits(weight, features.shape[0])):
             return None
