@@ -104,6 +104,9 @@ __device__ __forceinline__ uint4 dk_pack8(const float* f) {
 // Epilogue: bias (if not NULL) is added and rounded like F.linear's; residual [M, N] (if not NULL) is added like
 // addmm (one rounding) or, after a bias, to the rounded linear.  out [M, N] is T, or float when out_f32 (the
 // T-rounded value, as `.float()` of a T tensor).
+// SiLU pairs (pair_rows > 0, sp_gemv only, no residual): weight [2 N, K] is gate | up (pair_rows = N), and
+// out[m, j] = rnd(rnd(silu(gate_j)) * up_j) of the two rows' outputs, each rounded as above: the down
+// product's mode 2 input, made once here instead of by every block of the down product, bit for bit.
 // Each block stages `in` [M, K] once in shared memory (M * K <= SP_GEMV_STAGE values), then its warps walk
 // output rows (warp w of block b takes rows b * 8 + w, then every 8 * gridDim.x further; giving each block a
 // contiguous, even share of the rows instead measured no faster on an H200: docs/measurements/
@@ -203,7 +206,7 @@ __device__ __forceinline__ float dk_reduce_rows(const float* acc, int lane) {
 }
 
 // A row's epilogue inputs, read one work item before its store so that the store does not wait on memory:
-// the lane that stores output row m (see dk_gemv_store) takes its residual and the row's bias (as floats; 0
+// the lane that stores output row m (see dk_gemv_item) takes its residual and the row's bias (as floats; 0
 // where absent).
 template <typename T>
 __device__ __forceinline__ void dk_gemv_preload(const T* bias, const T* residual, int row, int N, int m,
@@ -214,12 +217,10 @@ __device__ __forceinline__ void dk_gemv_preload(const T* bias, const T* residual
     }
 }
 
-// The warp's sums: a fixed butterfly per row (every lane ends with all M, lane m stores output row m), or
-// dk_reduce_rows's (scatter: output row m = lane >> shift). The same bits either way.
-template <typename T, int M>
-__device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, int m_out, bool storer,
-                                              bool scatter, bool has_bias, bool has_residual, float res,
-                                              float bias_f, void* out, int N, int out_f32) {
+// The warp's sums: a fixed butterfly per row (every lane ends with all M, lane m holds output row m), or
+// dk_reduce_rows's (scatter: output row m = lane >> shift). The same bits either way. Zeroes acc.
+template <int M>
+__device__ __forceinline__ float dk_gemv_sum(float* acc, int lane, bool scatter) {
     float v = 0.f;
     if (scatter) {
         v = dk_reduce_rows<M>(acc, lane);
@@ -232,50 +233,76 @@ __device__ __forceinline__ void dk_gemv_store(float* acc, int row, int lane, int
     }
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
-    if (storer) {
-        if (has_bias) {
-            v += bias_f;
-            if (has_residual) v = to_f(rnd<T>(v));
-        }
-        if (has_residual) v += res;
-        T r = rnd<T>(v);
-        if (out_f32) reinterpret_cast<float*>(out)[(long long)m_out * N + row] = to_f(r);
-        else reinterpret_cast<T*>(out)[(long long)m_out * N + row] = r;
-    }
+    return v;
 }
 
-// The warp's state between work items (row, segment): the accumulators, and the epilogue inputs of the row
-// being multiplied and of the next one.
+// A row's output as F.linear / torch.addmm round it: the sum v, its bias, its residual.
+template <typename T>
+__device__ __forceinline__ T dk_gemv_out(float v, bool has_bias, bool has_residual, float res, float bias_f) {
+    if (has_bias) {
+        v += bias_f;
+        if (has_residual) v = to_f(rnd<T>(v));
+    }
+    if (has_residual) v += res;
+    return rnd<T>(v);
+}
+
+// SiLU(gate) * up of a gate and an up output (as T), rounded as sp_silu_mul and sp_gemv's mode 2 round it.
+template <typename T>
+__device__ __forceinline__ T dk_silu_mul(float gate, float up) {
+    float silu = to_f(rnd<T>(gate / (1.0f + expf(-gate))));
+    return rnd<T>(silu * up);
+}
+
+template <typename T>
+__device__ __forceinline__ void dk_gemv_put(T r, int m_out, int row, void* out, int N, int out_f32) {
+    if (out_f32) reinterpret_cast<float*>(out)[(long long)m_out * N + row] = to_f(r);
+    else reinterpret_cast<T*>(out)[(long long)m_out * N + row] = r;
+}
+
+// The warp's state between work items (row, half, segment): the accumulators, the epilogue inputs of the row
+// being multiplied and of the next one, and (SiLU pairs) the pair's gate output.
 template <int M>
 struct dk_gemv_walk {
     float acc[M];
-    float res, bias_f, res_next, bias_next;
-    int row, seg, m_out;
+    float res, bias_f, res_next, bias_next, gate;
+    int row, half, seg, m_out;
     bool storer;
 };
 
 // One work item: the next item's loads (and, when it starts a row, that row's residual and bias) go into
-// `next` while the item in `now` is multiplied; a row's last segment stores it. Returns false past the
-// warp's last row. (Called with the two buffers in turn, so that each call's registers are fixed.)
+// `next` while the item in `now` is multiplied; a row's last segment stores it. With pair_rows (> 0) output
+// row j is SiLU(gate) * up of weight rows j (half 0) and pair_rows + j (half 1), each summed as a row alone.
+// Returns false past the warp's last row. (Called with the two buffers in turn, so that each call's
+// registers are fixed.)
 template <typename T, int M>
 __device__ __forceinline__ bool dk_gemv_item(dk_gemv_walk<M>& s, const uint4* now, uint4* next,
                                              const uint4* staged, const T* weight, const T* bias,
                                              const T* residual, void* out, int K, int N, int segs, int stride,
-                                             int lane, bool scatter, int out_f32) {
-    int next_row = s.seg + 1 < segs ? s.row : s.row + stride, next_seg = s.seg + 1 < segs ? s.seg + 1 : 0;
+                                             int lane, bool scatter, int out_f32, int pair_rows) {
+    bool row_done = s.seg + 1 == segs, to_up = row_done && pair_rows > 0 && s.half == 0;
+    int next_row = row_done && !to_up ? s.row + stride : s.row;
+    int next_half = row_done ? (to_up ? 1 : 0) : s.half, next_seg = row_done ? 0 : s.seg + 1;
     if (next_row < N) {
-        dk_gemv_load<T>(next, weight, K, next_row, next_seg, lane);
-        if (next_seg == 0) dk_gemv_preload<T>(bias, residual, next_row, N, s.m_out, s.storer, &s.res_next,
+        int weight_row = next_row + next_half * pair_rows;
+        dk_gemv_load<T>(next, weight, K, weight_row, next_seg, lane);
+        if (next_seg == 0) dk_gemv_preload<T>(bias, residual, weight_row, N, s.m_out, s.storer, &s.res_next,
                                               &s.bias_next);
     }
     dk_gemv_fma<T, M>(now, staged, K, s.seg, lane, s.acc);
-    if (s.seg == segs - 1) {
-        dk_gemv_store<T, M>(s.acc, s.row, lane, s.m_out, s.storer, scatter, bias != nullptr, residual != nullptr,
-                            s.res, s.bias_f, out, N, out_f32);
+    if (row_done) {
+        float v = dk_gemv_sum<M>(s.acc, lane, scatter);
+        if (s.storer) {
+            T r = dk_gemv_out<T>(v, bias != nullptr, residual != nullptr, s.res, s.bias_f);
+            if (to_up) s.gate = to_f(r);
+            else dk_gemv_put<T>(pair_rows > 0 ? dk_silu_mul<T>(s.gate, to_f(r)) : r, s.m_out, s.row, out, N,
+                                out_f32);
+        }
         s.res = s.res_next;
         s.bias_f = s.bias_next;
     }
     s.row = next_row;
+    s.half = next_half;
     s.seg = next_seg;
     return s.row < N;
 }
@@ -284,21 +311,23 @@ __device__ __forceinline__ bool dk_gemv_item(dk_gemv_walk<M>& s, const uint4* no
 template <typename T, int M>
 __device__ __forceinline__ void dk_gemv_rows(const uint4* staged, uint4* wa, uint4* wb, const T* weight,
                                              const T* bias, const T* residual, void* out, int K, int N,
-                                             int row, int stride, int lane, bool scatter, int out_f32) {
+                                             int row, int stride, int lane, bool scatter, int out_f32,
+                                             int pair_rows) {
     int segs = (K + SP_GEMV_TILE - 1) / SP_GEMV_TILE;
     dk_gemv_walk<M> s;
 #pragma unroll
     for (int m = 0; m < M; m++) s.acc[m] = 0.f;
-    s.res = s.bias_f = s.res_next = s.bias_next = 0.f;
+    s.res = s.bias_f = s.res_next = s.bias_next = s.gate = 0.f;
     s.row = row;
+    s.half = 0;
     s.seg = 0;
     s.m_out = scatter ? lane >> dk_rows<M>::SHIFT : lane;  // the output row this lane stores
     s.storer = s.m_out < M && (!scatter || (lane & ((1 << dk_rows<M>::SHIFT) - 1)) == 0);
     dk_gemv_preload<T>(bias, residual, row, N, s.m_out, s.storer, &s.res, &s.bias_f);
     while (dk_gemv_item<T, M>(s, wa, wb, staged, weight, bias, residual, out, K, N, segs, stride, lane,
-                                   scatter, out_f32) &&
+                                   scatter, out_f32, pair_rows) &&
            dk_gemv_item<T, M>(s, wb, wa, staged, weight, bias, residual, out, K, N, segs, stride, lane,
-                                   scatter, out_f32)) {
+                                   scatter, out_f32, pair_rows)) {
     }
 }
 
@@ -381,7 +410,7 @@ struct dk_tc_red {
 
 // The unit's sums, warp by warp in order, and its outputs: thread e < 32 V takes the fragment value e % V of
 // lane e / V, i.e. output row m = g + 8 (e % V / 2) and weight row 8 unit + 2 t + e % 2. The epilogue is the
-// scalar kernel's (dk_gemv_store): bias rounded like F.linear's, the residual added like addmm.
+// scalar kernel's (dk_gemv_out): bias rounded like F.linear's, the residual added like addmm.
 template <typename T, int M>
 __device__ __forceinline__ void dk_tc_store(float* d, float (*red)[32 * dk_tc_red<M>::V], int unit,
                                             const T* bias, const T* residual, void* out, int N, int warp,
@@ -402,14 +431,8 @@ __device__ __forceinline__ void dk_tc_store(float* d, float (*red)[32 * dk_tc_re
         float v = red[0][e];
 #pragma unroll
         for (int w = 1; w < SP_GEMV_WARPS; w++) v += red[w][e];
-        if (bias != nullptr) {
-            v += bias_f;
-            if (residual != nullptr) v = to_f(rnd<T>(v));
-        }
-        if (residual != nullptr) v += res;
-        T r = rnd<T>(v);
-        if (out_f32) reinterpret_cast<float*>(out)[(long long)m * N + n] = to_f(r);
-        else reinterpret_cast<T*>(out)[(long long)m * N + n] = r;
+        dk_gemv_put<T>(dk_gemv_out<T>(v, bias != nullptr, residual != nullptr, res, bias_f), m, n, out, N,
+                       out_f32);
     }
     if (dk_tc_red<M>::BUFS == 1) __syncthreads();  // the buffer is written again for the next unit
 #pragma unroll
@@ -462,7 +485,28 @@ __device__ __forceinline__ void dk_tc_units(const uint4* staged,
     }
 }
 
-// Stages `in` [M, K] (see sp_gemv's modes) in shared memory, every thread of the block taking part.
+// Stages `in` [M, K] (see sp_gemv's modes) in shared memory, every thread of the block taking part. A thread
+// issues SP_STAGE_AHEAD chunks' loads before it uses any (one dependent load at a time, staging a K of 14,336
+// was a chain of 7 round trips to L2); each value is computed as before, in the same order.
+#define SP_STAGE_AHEAD 4
+
+// The chunk `idx` of `in` [M, chunks] as loaded: x's (mode 3: the feature's or its embedding's), and the
+// norm weight's (mode 1) or up's (mode 2) beside it.
+template <typename T>
+__device__ __forceinline__ void dk_stage_load(uint4& raw, uint4& aux, int idx, int chunks, int vec_stride,
+                                              int mode, const uint4* xv, const uint4* norm_v,
+                                              const uint4* embed_v, const long long* tokens) {
+    int m = idx / chunks, c = idx - m * chunks;
+    if (mode == 3) {  // a feature's chunks, then its next token's embedding's
+        int half = chunks / 2;
+        raw = c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
+        return;
+    }
+    raw = xv[m * vec_stride + c];
+    if (mode == 1) aux = norm_v[c];
+    else if (mode == 2) aux = xv[m * vec_stride + chunks + c];  // up
+}
+
 template <typename T, int M>
 __device__ __forceinline__ void dk_gemv_stage(uint4* staged, float (*partial)[M], float* row_scale, const T* x,
                                               const T* norm_weight, int K, int x_stride, int mode, float eps,
@@ -474,13 +518,26 @@ __device__ __forceinline__ void dk_gemv_stage(uint4* staged, float (*partial)[M]
         float ss[M];
 #pragma unroll
         for (int m = 0; m < M; m++) ss[m] = 0.f;
-        for (int c = tid; c < chunks; c += blockDim.x) {
+        constexpr int AHEAD = M >= SP_STAGE_AHEAD ? 1 : SP_STAGE_AHEAD / M;  // M * AHEAD chunks in registers
+        for (int base = tid; base < chunks; base += AHEAD * blockDim.x) {
+            uint4 raw[AHEAD][M];
 #pragma unroll
-            for (int m = 0; m < M; m++) {
-                float f[8];
-                dk_unpack8<T>(xv[m * vec_stride + c], f);
+            for (int u = 0; u < AHEAD; u++) {
+                int c = base + u * blockDim.x;
 #pragma unroll
-                for (int j = 0; j < 8; j++) ss[m] = fmaf(f[j], f[j], ss[m]);
+                for (int m = 0; m < M; m++)
+                    if (c < chunks) raw[u][m] = xv[m * vec_stride + c];
+            }
+#pragma unroll
+            for (int u = 0; u < AHEAD; u++) {
+                if (base + u * blockDim.x >= chunks) break;
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    float f[8];
+                    dk_unpack8<T>(raw[u][m], f);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) ss[m] = fmaf(f[j], f[j], ss[m]);
+                }
             }
         }
 #pragma unroll
@@ -498,33 +555,36 @@ __device__ __forceinline__ void dk_gemv_stage(uint4* staged, float (*partial)[M]
     }
     const uint4* norm_v = reinterpret_cast<const uint4*>(norm_weight);
     const uint4* embed_v = reinterpret_cast<const uint4*>(embed);
-    for (int idx = tid; idx < M * chunks; idx += blockDim.x) {
-        int m = idx / chunks, c = idx - m * chunks;
-        if (mode == 3) {  // a feature's chunks, then its next token's embedding's
-            int half = chunks / 2;
-            staged[idx] = c < half ? xv[m * vec_stride + c] : embed_v[tokens[m] * half + (c - half)];
-            continue;
-        }
-        uint4 raw = xv[m * vec_stride + c];
-        if (mode == 0) {
-            staged[idx] = raw;
-            continue;
-        }
-        float f[8], g[8];
-        dk_unpack8<T>(raw, f);
-        if (mode == 1) {
-            dk_unpack8<T>(norm_v[c], g);
+    int total = M * chunks;
+    for (int base = tid; base < total; base += SP_STAGE_AHEAD * blockDim.x) {
+        uint4 raw[SP_STAGE_AHEAD], aux[SP_STAGE_AHEAD];
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
-        } else {
-            dk_unpack8<T>(xv[m * vec_stride + chunks + c], g);  // up
+        for (int u = 0; u < SP_STAGE_AHEAD; u++) {
+            int idx = base + u * blockDim.x;
+            if (idx < total) dk_stage_load<T>(raw[u], aux[u], idx, chunks, vec_stride, mode, xv, norm_v, embed_v,
+                                              tokens);
+        }
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float silu = to_f(rnd<T>(f[j] / (1.0f + expf(-f[j]))));
-                f[j] = to_f(rnd<T>(silu * g[j]));
+        for (int u = 0; u < SP_STAGE_AHEAD; u++) {
+            int idx = base + u * blockDim.x;
+            if (idx >= total) break;
+            if (mode == 0 || mode == 3) {
+                staged[idx] = raw[u];
+                continue;
             }
+            float f[8], g[8];
+            dk_unpack8<T>(raw[u], f);
+            dk_unpack8<T>(aux[u], g);
+            if (mode == 1) {
+                int m = idx / chunks;
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = to_f(rnd<T>(g[j] * to_f(rnd<T>(f[j] * row_scale[m]))));
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = to_f(dk_silu_mul<T>(f[j], g[j]));
+            }
+            staged[idx] = dk_pack8<T>(f);
         }
-        staged[idx] = dk_pack8<T>(f);
     }
     __syncthreads();
 }
@@ -533,7 +593,8 @@ template <typename T, int M>
 __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const T* norm_weight, const T* weight,
                                                   const T* bias, const T* residual, void* out, int K, int N,
                                                   int x_stride, int mode, float eps, int out_f32,
-                                                  int prefetch_bytes, const T* embed, const long long* tokens) {
+                                                  int prefetch_bytes, const T* embed, const long long* tokens,
+                                                  int pair_rows) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];
@@ -544,13 +605,15 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv(const T* x, const
     uint4 wa[SP_GEMV_TILE / 256], wb[SP_GEMV_TILE / 256];
     sp_let_next_start();
     if (row < N) {
-        dk_gemv_load<T>(wa, weight, K, row, 0, lane);
-        dk_gemv_prefetch<T>(weight, K, N, row, stride, lane, prefetch_bytes);
+        dk_gemv_load<T>(wa, weight, K, row, 0, lane);  // SiLU pairs: the warp's next rows are row + pair_rows, ..
+        dk_gemv_prefetch<T>(weight, K, N + pair_rows, row, pair_rows > 0 ? pair_rows : stride, lane,
+                            prefetch_bytes);
     }
     sp_wait_for_previous();  // x, residual and out belong to the kernels around this one
     dk_gemv_stage<T, M>(staged, partial, row_scale, x, norm_weight, K, x_stride, mode, eps, embed, tokens);
     if (row >= N) return;
-    dk_gemv_rows<T, M>(staged, wa, wb, weight, bias, residual, out, K, N, row, stride, lane, scatter, out_f32);
+    dk_gemv_rows<T, M>(staged, wa, wb, weight, bias, residual, out, K, N, row, stride, lane, scatter, out_f32,
+                       pair_rows);
 }
 
 // sp_gemv's products on the tensor cores (the parameters and the staging are sp_gemv's; prefetch_bytes is
@@ -560,7 +623,7 @@ __global__ void __launch_bounds__(256, SP_GEMV_BLOCKS) sp_gemv_tc(const T* x, co
                                                      const T* weight, const T* bias, const T* residual,
                                                      void* out, int K, int N, int x_stride, int mode, float eps,
                                                      int out_f32, int prefetch_bytes, const T* embed,
-                                                     const long long* tokens) {
+                                                     const long long* tokens, int pair_rows) {
     __shared__ uint4 staged[SP_GEMV_STAGE / 8];  // in [M, K] as T
     __shared__ float partial[SP_GEMV_WARPS][M];
     __shared__ float row_scale[M];

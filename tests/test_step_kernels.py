@@ -73,6 +73,9 @@ def test_gemv_twin_is_the_eager_steps_products():
     assert torch.equal(gemv_reference(x, w, bias, residual=residual),
                        residual + torch.nn.functional.linear(x, w, bias))
     assert gemv_reference(x.bfloat16(), w.bfloat16(), out_f32=True).dtype == torch.float32
+    pairs = torch.randn(8, 16, generator=g)  # gate | up rows: the down product's input from gate|up's
+    assert torch.equal(gemv_reference(x, pairs, norm_weight=norm, eps=1e-6, silu_pairs=True),
+                       silu_mul_reference(torch.nn.functional.linear(rms_norm(x, norm, 1e-6), pairs)))
 
 
 @pytest.mark.parametrize("tree", [False, True])

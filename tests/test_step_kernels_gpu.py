@@ -236,6 +236,40 @@ def test_gemv_rows_do_not_depend_on_the_block(kernels):
                 assert torch.equal(row, together[m]), f"case {case} (tensor cores: {tensor_cores})"
 
 
+def test_gemv_silu_pairs_are_the_down_products_input_bit_for_bit(kernels):
+    """gate|up's product with SiLU(gate) * up in its epilogue equals sp_silu_mul over the plain product, row
+    by row as launched alone, and the down product over it equals the down product's own SiLU staging
+    (mode 2): the step's bits do not change."""
+    rng = random.Random(4)
+    for case in range(max(CASES // 10, 50)):
+        dtype = HALVES[case % 2]
+        k = rng.choice([8, 320, 2048, 2056, 4096, 5632])
+        rows = rng.randint(1, min(GEMV_MAX_ROWS, GEMV_STAGE // k))
+        inter = rng.choice([1, 7, 8, 40, 1000, 2816])
+        g = torch.Generator(device="cuda").manual_seed(case)
+        x = (torch.randn(rows, k, generator=g, device="cuda") * rng.choice([0.05, 1.0, 4.0])).to(dtype)
+        gate_up = (torch.randn(2 * inter, k, generator=g, device="cuda") / k ** 0.5).to(dtype)
+        kwargs = {}
+        if rng.random() < 0.5:
+            norm = 1 + 0.3 * torch.randn(k, generator=g, device="cuda")
+            kwargs.update(norm_weight=norm.to(dtype), eps=1e-5)
+        if rng.random() < 0.3:
+            kwargs["bias"] = torch.randn(2 * inter, generator=g, device="cuda").to(dtype)
+        paired = kernels.gemv(x, gate_up, silu_pairs=True, **kwargs)  # [rows, inter]
+        plain = kernels.gemv(x, gate_up, tensor_cores=False, **kwargs)  # [rows, 2 inter]
+        assert torch.equal(paired, kernels.silu_mul(plain)), f"case {case}"
+        for m in range(rows):
+            assert torch.equal(kernels.gemv(x[m:m + 1], gate_up, silu_pairs=True, **kwargs)[0], paired[m])
+        if inter % 8 == 0 and rows * inter <= GEMV_STAGE:
+            down = (torch.randn(rng.choice([8, 40, 512]), inter, generator=g, device="cuda") / inter ** 0.5
+                    ).to(dtype)
+            residual = torch.randn(rows, down.shape[0], generator=g, device="cuda").to(dtype)
+            assert torch.equal(kernels.gemv(paired, down, residual=residual, tensor_cores=False),
+                               kernels.gemv(plain, down, residual=residual, silu=True, tensor_cores=False))
+    with pytest.raises(ValueError, match="SiLU pairs"):
+        kernels.gemv(x, gate_up, silu_pairs=True, tensor_cores=True)
+
+
 def _chain_or_tree(rng, n: int, device: str = "cuda") -> torch.Tensor:
     """A block's visibility [n, n] bool: half the time a chain (causal), else a tree of random parents whose
     nodes each see their ancestors and themselves."""

@@ -111,7 +111,7 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     *(KernelSpec(name,
                  "const T* x, const T* norm_weight, const T* weight, const T* bias, const T* residual, "
                  "void* out, int K, int N, int x_stride, int mode, float eps, int out_f32, "
-                 "int prefetch_bytes, const T* embed, const long long* tokens", templated=True)
+                 "int prefetch_bytes, const T* embed, const long long* tokens, int pair_rows", templated=True)
       for name in ("sp_gemv", "sp_gemv_tc")),
     KernelSpec("sp_attention",
                "const T* q, const T* k_cache, const T* v_cache, const long long* start, "
@@ -353,11 +353,14 @@ def tree_kernels(device) -> Optional["StepKernels"]:
 
 def gemv_reference(x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
                    silu: bool = False, out_f32: bool = False, chained: bool = False, embed=None,
-                   tokens=None) -> torch.Tensor:
+                   tokens=None, silu_pairs: bool = False) -> torch.Tensor:
     """The eager ops sp_gemv fuses: in = x, RMSNorm(x) * norm_weight, SiLU(gate) * up (x = gate | up), or
     [x | embed[tokens]] (EAGLE's fusion: x [M, K/2], embed [V, K/2], tokens [M]); out = in @ weight.T
     (+ bias), + residual as torch.addmm adds it. x [M, K] ([M, 2K] with silu), weight [N, K] -> [M, N] in
-    x's dtype (float32 with out_f32)."""
+    x's dtype (float32 with out_f32). silu_pairs: weight [2 I, K] is gate | up and the output SiLU(gate) *
+    up [M, I]."""
+    if silu_pairs:
+        return silu_mul_reference(gemv_reference(x, weight, bias, norm_weight=norm_weight, eps=eps))
     if embed is not None:
         inputs = torch.cat((x, F.embedding(tokens, embed)), -1)
     elif silu:
@@ -536,11 +539,19 @@ class StepKernels:
 
     def gemv(self, x, weight, bias=None, *, residual=None, norm_weight=None, eps: float = 0.0,
              silu: bool = False, out_f32: bool = False, chained: bool = False, embed=None,
-             tokens=None, tensor_cores: Optional[bool] = None) -> torch.Tensor:
+             tokens=None, tensor_cores: Optional[bool] = None, silu_pairs: bool = False) -> torch.Tensor:
         """As gemv_reference, for M <= 16 rows of bf16/fp16 with M * K <= GEMV_STAGE (`gemv_fits` says
         when); with embed and tokens (int64 [M] on the device) K % 16 == 0. tensor_cores: sp_gemv_tc or
-        sp_gemv (default: by the weight's row length, see GEMV_TC_K; tests force each)."""
+        sp_gemv (default: by the weight's row length, see GEMV_TC_K; tests force each). silu_pairs (sp_gemv,
+        no residual, `takes_silu_pairs` says when): weight [2 I, K] is gate | up, the output SiLU(gate) * up
+        [M, I], the down product's input made once."""
         rows, (n_out, k) = x.shape[0], weight.shape
+        pair_rows = 0
+        if silu_pairs:
+            if residual is not None or out_f32 or silu or embed is not None or n_out % 2 or tensor_cores:
+                raise ValueError("gemv: SiLU pairs take a gate | up weight, no residual, on sp_gemv")
+            n_out = pair_rows = n_out // 2
+            tensor_cores = False
         width = 2 * k if silu else k // 2 if embed is not None else k
         if not 1 <= rows <= GEMV_MAX_ROWS or rows * k > GEMV_STAGE or x.shape[1] != width:
             raise ValueError(f"gemv: {rows} rows of {x.shape[1]} for a weight {tuple(weight.shape)}")
@@ -569,8 +580,13 @@ class StepKernels:
                           residual=_pointer(residual), out=out.data_ptr(), K=k, N=n_out, x_stride=x.shape[1],
                           mode=mode, eps=eps, out_f32=int(out_f32),
                           prefetch_bytes=GEMV_PREFETCH if self._programmatic(chained) else 0,
-                          embed=_pointer(embed), tokens=_pointer(tokens))
+                          embed=_pointer(embed), tokens=_pointer(tokens), pair_rows=pair_rows)
         return out
+
+    def takes_silu_pairs(self, gate_up: torch.Tensor) -> bool:
+        """Whether gemv(.., silu_pairs=True) runs this gate | up weight: one sp_gemv would take by default
+        (rows of GEMV_TC_K columns or more)."""
+        return gate_up.shape[1] >= GEMV_TC_K or not self.has_tensor_cores
 
     def topk(self, x: torch.Tensor, k: int, chained: bool = False) -> tuple:
         """As topk_reference for x [..., C] (float32, bf16 or fp16; rows may be strided, columns contiguous),

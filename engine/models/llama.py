@@ -864,13 +864,14 @@ class LlamaRunner(CausalRunner):
     def _decode_layers(self, x, positions, cache_index, start, block_visible,
                        earlier: int = 0, chained: bool = False) -> torch.Tensor:
         """The decoder stack on the decode kernels: x [n, H] -> features [n, H]. Per layer: qkv (RMSNorm
-        fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in), down (SiLU * up
-        and the residual fused in); past DECODE_GEMV_ROWS rows the products are cuBLAS's (each adding the
-        residual into x in place) and the norms sp_rms_norm. earlier: rows of the attention's block before
-        x's, already in the cache (a tree level's earlier nodes, see step_tree_level): block_visible is
-        [earlier + n, earlier + n], their queries are zeros and their outputs dropped. cache_index None:
-        positions are depths after start and the rows start + i (the rope kernel adds start). chained: the
-        stream's last kernel is a step kernel (the first product may start early behind it)."""
+        fused in), rope + cache write, attention, o (+ residual), gate|up (RMSNorm fused in, SiLU * up in its
+        epilogue where sp_gemv takes it), down (the residual fused in); past DECODE_GEMV_ROWS rows the
+        products are cuBLAS's (each adding the residual into x in place) and the norms sp_rms_norm. earlier:
+        rows of the attention's block before x's, already in the cache (a tree level's earlier nodes, see
+        step_tree_level): block_visible is [earlier + n, earlier + n], their queries are zeros and their
+        outputs dropped. cache_index None: positions are depths after start and the rows start + i (the rope
+        kernel adds start). chained: the stream's last kernel is a step kernel (the first product may start
+        early behind it)."""
         s, k = self.spec, self.decode_kernels
         eps = s.rms_norm_eps
         small = self._gemv_rows(x.shape[0])
@@ -894,9 +895,10 @@ class LlamaRunner(CausalRunner):
             attn = attn[earlier:]  # [n, heads * D]
             if small:
                 x = k.gemv(attn, layer.w_o, layer.b_o, residual=x, chained=True)
+                pairs = k.takes_silu_pairs(layer.w_gate_up)  # SiLU(gate) * up made once, in gate|up's product
                 gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps,
-                                 chained=True)
-                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=True, chained=True)
+                                 chained=True, silu_pairs=pairs)  # [n, I] with pairs, else [n, 2 I]
+                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=not pairs, chained=True)
             else:
                 x = _add_linear_(x, attn, layer.w_o, layer.b_o)
                 gate_up = F.linear(self.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
