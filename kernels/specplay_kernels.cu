@@ -1173,7 +1173,17 @@ __device__ ReadRow readout_row(const T* __restrict__ row, int V, float inv_t, in
     __syncthreads();
     const float m = rs.tv[0];
     double s = 0.0;
-    for (int j = tid; j < V; j += SP_BLOCK) s += (double)expf(to_f(row[j]) * inv_t - m);
+    for (int base = tid; base < V; base += SP_LOADS_AHEAD * SP_BLOCK) {  // loads first, then the sum in order
+        float ahead[SP_LOADS_AHEAD];
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
+            const int j = base + u * SP_BLOCK;
+            ahead[u] = j < V ? to_f(row[j]) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < SP_LOADS_AHEAD; ++u)
+            if (base + u * SP_BLOCK < V) s += (double)expf(ahead[u] * inv_t - m);
+    }
     const float S = (float)block_sum_d(s, sm);
     if (tid < W) {
         const int id = rs.ti[tid];
