@@ -373,3 +373,17 @@ def test_misfitting_heads_are_refused_in_one_line(target_dir, tmp_path, case):
     message = str(caught.value)
     assert words in message and "\n" not in message, message
     assert decoder.heads_info is None
+
+
+def test_a_heads_layer_takes_the_decode_kernels_only_where_the_target_has_them(target_dir, tmp_path):
+    """On the CPU (fp32) the target has no decode kernels and the head's layer runs torch's operations; a
+    layer handed kernels still keeps torch in fp32, and the torch-twins switch takes them away (the bf16
+    path is tests/test_public_heads_gpu.py's)."""
+    decoder = decoder_with(target_dir, LAYOUTS["eagle3-speculators"](tmp_path / "eagle3"))
+    layer = decoder.eagle3_head().runner
+    assert decoder.target.decode_kernels is None and layer.step_kernels is None
+    assert layer.kernels_for(1) is None
+    layer.step_kernels = object()  # kernels of a GPU: fp32 weights are not theirs
+    assert layer.kernels_for(1) is None
+    layer.use_torch_twins()
+    assert layer.step_kernels is None

@@ -93,3 +93,35 @@ def test_trees_stay_lossless_with_graphs_on(target_dir, tmp_path, layout, dtype)
     for k in (1, 4):
         assert generate(decoder, method, k, nodes=6) == plain
         assert generate(decoder, method, k) == plain
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_heads_step_on_the_decode_kernels_matches_its_torch_step(target_dir, tmp_path, layout):
+    """In bf16 a head's block step runs on the target's decode kernels: its features, logits and cache rows
+    match the layer's torch operations within bf16 rounding, and a step that only torch can take (fp32)
+    keeps them."""
+    decoder, _, head = decoder_on_cuda(target_dir, tmp_path, layout, torch.bfloat16)
+    layer = head.runner
+    n, start = 3, 6
+    assert layer.kernels_for(n) is decoder.target.decode_kernels is not None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, layer.w["qkv"].shape[1], generator=g, device="cuda").to(torch.bfloat16)
+    layer.kv.copy_(torch.randn(layer.kv.shape, generator=g, device="cuda"))  # the rows before start
+    before = layer.kv.clone()
+    begin = torch.tensor([start], device="cuda")
+    depth, visible = layer.chain_block(n)
+    fused = layer.block_step(x, begin, depth, visible, 0)
+    fused_rows = layer.kv[:, :, start:start + n].clone()
+    layer.kv.copy_(before)
+    kernels = layer.step_kernels
+    layer.use_torch_twins()
+    try:
+        assert layer.kernels_for(n) is None
+        eager = layer.block_step(x, begin, depth, visible, 0)
+    finally:
+        layer.step_kernels = kernels
+    for got, want in ((fused[0], eager[0]), (fused_rows, layer.kv[:, :, start:start + n])):
+        assert (got.float() - want.float()).abs().max() <= 0.05 * want.float().abs().max() + 0.02
+    finite = eager[1].isfinite()
+    assert torch.equal(finite, fused[1].isfinite())  # the draft vocabulary's mapping
+    assert (fused[1][finite] - eager[1][finite]).abs().max() <= 0.05 * eager[1][finite].abs().max() + 0.05

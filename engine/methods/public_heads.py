@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import SpecplayError
+from engine.kernels.step import ATTENTION_MAX_D, HALF_DTYPES, gemv_fits
 from engine.models import validate
-from engine.models.llama import KV_BUCKET, apply_rope, rms_norm
+from engine.models.llama import DECODE_GEMV_ROWS, KV_BUCKET, apply_rope, rms_norm
 from engine.models.runner import ForwardOutput
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": "EAGLE-3 (SpecForge)",
@@ -213,10 +214,10 @@ class HeadLayer:
     and chain, and the whole round with the target's verification, are captured as for the project's heads."""
 
     supports_tree = True
-    decode_kernels = None
+    decode_kernels = None  # (EagleHead's fusion reads a runner's; a published head's fc keeps torch's)
 
     def __init__(self, weights: Dict[str, torch.Tensor], shape: LayerShape, inv_freq: torch.Tensor,
-                 prepare: Callable, readout: Callable, max_length: int):
+                 prepare: Callable, readout: Callable, max_length: int, step_kernels=None):
         # q, k, v [heads*D | kv_heads*D, A], o [H, heads*D], gate, up [I, H], down [H, I], post_norm [H]
         self.shape = shape
         self.prepare, self.readout = prepare, readout
@@ -236,6 +237,10 @@ class HeadLayer:
         self._chains: Dict[int, tuple] = {}  # n -> (depth [n], visible [n, n] bool) of a chain on the device
         self.use_graphs = False  # captured chains (SpeculativeDecoder.set_cuda_graphs turns them on on CUDA)
         self.pool_handle = None  # the memory pool of its captured graphs (engine.core.graphs.graph_pool)
+        # the target's decode kernels (engine.kernels.step.StepKernels, or None): block_step runs on them
+        # where they take the block (kernels_for)
+        self.step_kernels = step_kernels
+        self._kernels_ok: Dict[int, bool] = {}  # block rows -> whether every product fits sp_gemv
 
     @property
     def length(self) -> int:
@@ -263,6 +268,23 @@ class HeadLayer:
 
     def takes_tree_levels(self, rows: int, nodes: int) -> bool:
         return False
+
+    def use_torch_twins(self) -> None:
+        """Run the layer in torch's operations only (engine.tuning: SPECPLAY_TORCH_TWINS=1)."""
+        self.step_kernels = None
+
+    def kernels_for(self, n: int):
+        """The decode kernels where a block of n rows runs on them (bf16/fp16 on CUDA, every product in
+        sp_gemv's staging, a head dim the attention kernel reads), else None."""
+        kernels = self.step_kernels
+        if kernels is None or self.dtype not in HALF_DTYPES:
+            return None
+        if n not in self._kernels_ok:
+            products = [self.w[name] for name in ("qkv", "o", "gate_up", "down")]
+            d = self.shape.head_dim
+            self._kernels_ok[n] = (n <= DECODE_GEMV_ROWS and d % 8 == 0 and d <= ATTENTION_MAX_D
+                                   and all(gemv_fits(w, n) for w in products))
+        return kernels if self._kernels_ok[n] else None
 
     def forward_embeds(self, x: torch.Tensor, parents: Optional[torch.Tensor] = None) -> ForwardOutput:
         """Append n positions (inputs x [n, W]) after the cache: a chain, or a tree by its parents [n]. A
@@ -300,10 +322,32 @@ class HeadLayer:
         rows 0..kv-1 as block_mask says. The host's length stays as it was (the caller sets it). Returns
         (hidden [n, H], logits [n, V] float32). kv 0 (the decode path): the whole cache."""
         n, kv = x.shape[0], kv or self.max_length
+        kernels = self.kernels_for(n)
+        if kernels is not None:
+            hidden = self._kernel_step(kernels, x, start, depth, block_visible)
+            return hidden, self.readout(hidden)
         rows = start + self._arange[:n]  # [n] cache rows
         mask = self.block_mask(start, block_visible, kv)  # [n, kv]
         hidden = self.step_embeds(x, start + depth, rows, mask)  # [n, H]
         return hidden, self.readout(hidden)
+
+    def _kernel_step(self, kernels, x: torch.Tensor, start: torch.Tensor, depth: torch.Tensor,
+                     block_visible: torch.Tensor) -> torch.Tensor:
+        """step_embeds on the target's decode kernels, as LlamaRunner's layers run there: one sp_gemv a
+        product (the residuals, the post-attention norm and SiLU * up fused in), sp_rope_qkv (the cache rows
+        start + i written), sp_attention over the cache and the block. A draft step is then a few launches,
+        not the thirty of torch's operations. x [n, W] -> [n, H]."""
+        s, w = self.shape, self.w
+        attn_in, residual = self.prepare(x.to(self.dtype))
+        qkv = kernels.gemv(attn_in.contiguous(), w["qkv"], w.get("qkv_bias"))  # [n, (heads + 2 kvh) * D]
+        q = kernels.rope_qkv(qkv, self.cos, self.sin_signed, depth.long().contiguous(), None, self.kv[0],
+                             self.kv[1], s.heads, s.kv_heads, chained=True, start=start)  # [heads, n, D]
+        attn = kernels.attention(q, self.kv[0], self.kv[1], start, block_visible.contiguous(), chained=True)
+        h = kernels.gemv(attn, w["o"], residual=residual.contiguous(), chained=True)  # [n, H]
+        pairs = kernels.takes_silu_pairs(w["gate_up"])
+        act = kernels.gemv(h, w["gate_up"], norm_weight=w["post_norm"], eps=s.eps, chained=True,
+                           silu_pairs=pairs)  # [n, I] with pairs, else gate | up [n, 2 I]
+        return kernels.gemv(act, w["down"], residual=h, silu=not pairs, chained=True)
 
     def block_mask(self, start: torch.Tensor, block_visible: torch.Tensor, kv: int) -> torch.Tensor:
         """The additive mask [n, kv] float32 of a block at cache row start ([1] on the device): block row i

@@ -59,7 +59,8 @@ class PublicEagleHead(EagleHead):
         """The head over its tensors (expected_shapes' names, on the target's device), checked or made."""
         runner = ph.HeadLayer(ph.layer_weights(t, "layers.0."), shape, inv_freq,
                               prepare=lambda x: (x, x),  # layer 0: no input norm
-                              readout=target.project, max_length=target.max_length)
+                              readout=target.project, max_length=target.max_length,
+                              step_kernels=getattr(target, "decode_kernels", None))
         embed = t.get("embed_tokens.weight", target.embed_weight)
         return cls(t["fc.weight"], t.get("fc.bias"), embed, runner, target)
 

@@ -157,7 +157,7 @@ class PublicEagle3Head(EagleHead):
         head.set_convention(taps, bool(info.config.get("norm_before_residual", False)))
         head.info = info  # what its folder said (the doctor and the window describe it)
         head.runner = ph.HeadLayer(ph.layer_weights(t, prefix), shape, inv_freq, head.prepare, head.logits,
-                                   target.max_length)
+                                   target.max_length, getattr(target, "decode_kernels", None))
         return head
 
     def true_features(self, features: torch.Tensor) -> torch.Tensor:
@@ -175,7 +175,13 @@ class PublicEagle3Head(EagleHead):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The layer's output [n, H] -> logits [n, V] float32 over the target's ids (-inf off the draft
         vocabulary)."""
-        draft = F.linear(ph.rms_norm(features, self.norms["final"], self.runner_eps), self.lm_head).float()
+        kernels = self.runner.kernels_for(features.shape[0])
+        if kernels is not None and ph.gemv_fits(self.lm_head, features.shape[0]):  # the norm fused in
+            draft = kernels.gemv(features.contiguous(), self.lm_head, norm_weight=self.norms["final"],
+                                 eps=self.runner_eps, out_f32=True)
+        else:
+            normed = ph.rms_norm(features, self.norms["final"], self.runner_eps)
+            draft = F.linear(normed, self.lm_head).float()
         if self.target_ids is None:
             return draft
         out = torch.full((features.shape[0], self.target.vocab_size), float("-inf"), device=draft.device)
