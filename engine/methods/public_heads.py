@@ -203,7 +203,8 @@ class LayerShape:
 
 
 class HeadLayer:
-    """One Llama decoder layer with its own KV cache, in plain torch (the published heads' layer).
+    """One Llama decoder layer with its own KV cache (the published heads' layer): torch's operations, or in
+    bf16 on CUDA the target's decode kernels (kernels_for).
 
     prepare(x [n, W]) -> (attention input [n, A], residual [n, H]): EAGLE-1's layer 0 reads x itself (no
     input norm), EAGLE-3's reads [input_layernorm(embedding) | hidden_norm(g)] of width 2H. readout(hidden
