@@ -5,9 +5,11 @@ import torch
 
 from engine.kernels.step import (
     SPECS,
+    StepKernels,
     attention_reference,
     gemv_reference,
     instance_names,
+    rms_norm_reference,
     rope_qkv_reference,
     silu_mul_reference,
     source_specs,
@@ -265,3 +267,31 @@ def test_programmatic_round_launches_only_where_a_kernel_of_ours_comes_before():
     assert round_graph.ends_in_kernel(EndsInKernel(), object(), 5)
     assert not round_graph.ends_in_kernel(EndsInKernel(), object(), 17)  # a block past sp_gemv's rows
     assert round_graph.chained(True) == {"chained": True} and round_graph.chained(False) == {}
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_after_attention_chains_the_layers_products_as_the_eager_layer(pairs):
+    """StepKernels.after_attention (LlamaRunner's layers and the published heads' on the decode path) over
+    the twin's products: o with the residual, gate|up after the post-attention norm (SiLU * up in its
+    epilogue, or staged by the down product), down with the residual; every launch chained behind the last."""
+    g = torch.Generator().manual_seed(1)
+    hidden, inter, width = 16, 24, 32
+    attn, residual = torch.randn(3, width, generator=g), torch.randn(3, hidden, generator=g)
+    w_o, w_gate_up = torch.randn(hidden, width, generator=g), torch.randn(2 * inter, hidden, generator=g)
+    w_down, norm = torch.randn(hidden, inter, generator=g), 1 + 0.1 * torch.randn(hidden, generator=g)
+    calls = []
+
+    class Twins:
+        def gemv(self, x, weight, bias=None, **kwargs):
+            calls.append(kwargs)
+            return gemv_reference(x, weight, bias, **kwargs)
+
+        def takes_silu_pairs(self, gate_up):
+            return pairs
+
+    out = StepKernels.after_attention(Twins(), attn, residual, w_o, w_gate_up, norm, 1e-6, w_down)
+    h = torch.addmm(residual, attn, w_o.t())
+    gate, up = torch.nn.functional.linear(rms_norm_reference(h, norm, 1e-6), w_gate_up).chunk(2, dim=-1)
+    torch.testing.assert_close(out, torch.addmm(h, torch.nn.functional.silu(gate) * up, w_down.t()))
+    assert [c["chained"] for c in calls] == [True] * 3
+    assert calls[1]["silu_pairs"] is pairs and calls[2]["silu"] is not pairs

@@ -583,6 +583,18 @@ class StepKernels:
                           embed=_pointer(embed), tokens=_pointer(tokens), pair_rows=pair_rows)
         return out
 
+    def after_attention(self, attn, residual, w_o, w_gate_up, post_norm, eps: float, w_down, b_o=None,
+                        b_gate_up=None, b_down=None) -> torch.Tensor:
+        """A decoder layer after its attention, as the decode path runs it (the previous kernel is a step
+        kernel): h = residual + o(attn), then h + down(SiLU(gate) * up) of gate|up(RMSNorm(h)), SiLU * up made
+        once in gate|up's epilogue where sp_gemv takes the weight (else staged by the down product). attn
+        [n, heads * D], residual [n, H] -> [n, H]. LlamaRunner's layers and the published heads' share it."""
+        h = self.gemv(attn, w_o, b_o, residual=residual, chained=True)  # [n, H]
+        pairs = self.takes_silu_pairs(w_gate_up)
+        act = self.gemv(h, w_gate_up, b_gate_up, norm_weight=post_norm, eps=eps, chained=True,
+                        silu_pairs=pairs)  # [n, I] with pairs, else gate | up [n, 2 I]
+        return self.gemv(act, w_down, b_down, residual=h, silu=not pairs, chained=True)
+
     def takes_silu_pairs(self, gate_up: torch.Tensor) -> bool:
         """Whether gemv(.., silu_pairs=True) runs this gate | up weight: one sp_gemv would take by default
         (rows of GEMV_TC_K columns or more)."""

@@ -344,11 +344,8 @@ class HeadLayer:
         q = kernels.rope_qkv(qkv, self.cos, self.sin_signed, depth.long().contiguous(), None, self.kv[0],
                              self.kv[1], s.heads, s.kv_heads, chained=True, start=start)  # [heads, n, D]
         attn = kernels.attention(q, self.kv[0], self.kv[1], start, block_visible.contiguous(), chained=True)
-        h = kernels.gemv(attn, w["o"], residual=residual.contiguous(), chained=True)  # [n, H]
-        pairs = kernels.takes_silu_pairs(w["gate_up"])
-        act = kernels.gemv(h, w["gate_up"], norm_weight=w["post_norm"], eps=s.eps, chained=True,
-                           silu_pairs=pairs)  # [n, I] with pairs, else gate | up [n, 2 I]
-        return kernels.gemv(act, w["down"], residual=h, silu=not pairs, chained=True)
+        return kernels.after_attention(attn, residual.contiguous(), w["o"], w["gate_up"], w["post_norm"],
+                                       s.eps, w["down"])
 
     def block_mask(self, start: torch.Tensor, block_visible: torch.Tensor, kv: int) -> torch.Tensor:
         """The additive mask [n, kv] float32 of a block at cache row start ([1] on the device): block row i

@@ -894,11 +894,8 @@ class LlamaRunner(CausalRunner):
             attn = k.attention(q, keys, values, start, block_visible, chained=not earlier)  # [., heads * D]
             attn = attn[earlier:]  # [n, heads * D]
             if small:
-                x = k.gemv(attn, layer.w_o, layer.b_o, residual=x, chained=True)
-                pairs = k.takes_silu_pairs(layer.w_gate_up)  # SiLU(gate) * up made once, in gate|up's product
-                gate_up = k.gemv(x, layer.w_gate_up, layer.b_gate_up, norm_weight=layer.ln2, eps=eps,
-                                 chained=True, silu_pairs=pairs)  # [n, I] with pairs, else [n, 2 I]
-                x = k.gemv(gate_up, layer.w_down, layer.b_down, residual=x, silu=not pairs, chained=True)
+                x = k.after_attention(attn, x, layer.w_o, layer.w_gate_up, layer.ln2, eps, layer.w_down,
+                                      layer.b_o, layer.b_gate_up, layer.b_down)
             else:
                 x = _add_linear_(x, attn, layer.w_o, layer.b_o)
                 gate_up = F.linear(self.block_norm(x, layer.ln2), layer.w_gate_up, layer.b_gate_up)
