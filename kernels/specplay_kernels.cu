@@ -1234,11 +1234,11 @@ sp_readout(const T* __restrict__ logits, int R, int V, float inv_t, int W, const
 }
 
 // A greedy round's verification and readout in one launch (batch 1), in place of sp_verify's greedy walk (or
-// sp_wide's chain), sp_chain_limit and sp_readout at T = 1: the same outputs.  grid = (R, 1), R = N + 1: block
+// sp_wide's chain), the cut of a chain at its real drafts and sp_readout at T = 1: the same outputs.  grid = (R, 1), R = N + 1: block
 // r reads row r (readout_row: its top W into the readout, its statistics into stats[r]); the last block to
 // finish (counter: zero before, left zero) walks the tree `parents` [N] (null: a chain) from the root, testing
 // node ch against row parent + 1 (p_draft = softmax there at T = 1; a match with the row's first argmax is
-// accepted), then cuts a chain at limit[0] real drafts where limit is given (sp_chain_limit's rule), and
+// accepted), then cuts a chain at limit[0] real drafts where limit is given (chain_limit_reference's rule), and
 // writes the verdict: out_i [2 + N] (accepted, next_token, path), out_f [3, N] (p_draft, q_draft, accept_prob),
 // tested [N], and the readout's header and next_p.  A NaN in any row: accepted = next_token = -1, the flag set.
 template <typename T>

@@ -294,8 +294,7 @@ def test_a_chain_past_the_lookup_count_is_cut_there():
     """Accepted past the lookup's count (the chain's stray tail matched the target), the round stops at the
     count: the next token is the target's argmax there, which the chain's token at that row matched. Within
     the count, and for the NaN flag, the verification's result is kept."""
-    from engine.kernels.reference import VerifyResult
-    from engine.kernels.step import chain_limit_reference
+    from engine.kernels.reference import VerifyResult, chain_limit_reference
 
     def result(accepted, next_token):
         path = [i if i < accepted else -1 for i in range(4)]

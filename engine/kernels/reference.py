@@ -229,9 +229,9 @@ def readout(logits: torch.Tensor, result: VerifyResult, draft_tokens: torch.Tens
 
 
 def chain_limit_reference(result, chain: torch.Tensor, count: torch.Tensor):
-    """sp_chain_limit's twin: a greedy chain verification's result (batch 1) accepted no further than the
-    chain's `count` real drafts; cut there, the next token is the target's argmax at that row, which the
-    chain's token there matched. Returns a new result."""
+    """sp_greedy_readout's cut (its `limit`): a greedy chain verification's result (batch 1) accepted no
+    further than the chain's `count` real drafts; cut there, the next token is the target's argmax at that
+    row, which the chain's token there matched. Returns a new result."""
     k = chain.numel()
     rows = torch.arange(k, device=chain.device)[None]  # [1, K]
     accepted = torch.minimum(result.accepted, count)  # [1]

@@ -7,8 +7,8 @@ rows in bf16/fp16, `gemv` does a matrix product with the RMSNorm before it, the 
 residual add after it fused in, and `attention` replaces the mask building and SDPA of a short block. For
 drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block per row, `ngram_lookup` is
 n-gram's lookup over the committed tokens and `gemv` also fuses an EAGLE head's feature with the next token's
-embedding. A replayed chain round's bookkeeping is `chain_block` (its block), `chain_commit` (the next
-replay's inputs) and `chain_limit` (n-gram's cut). The twins are the eager step's own operations (attention's
+embedding. A replayed chain round's bookkeeping is `chain_block` (its block) and `chain_commit` (the next
+replay's inputs). The twins are the eager step's own operations (attention's
 is an fp64 softmax; topk's a stable sort; the lookup's engine.core.graphs.NgramLookup; the round's the
 torch
 operations the round graph ran before), and the fuzz tests (tests/test_step_kernels_gpu.py) hold the kernels
@@ -31,7 +31,6 @@ import torch.nn.functional as F
 
 from engine.kernels.launch_spec import CU_DIR, LOADS_AHEAD, KernelSpec, parse_kernels
 from engine.kernels.pdl import PdlLauncher
-from engine.kernels.reference import chain_limit_reference  # noqa: F401 (the kernels' twins live here)
 
 SOURCE = CU_DIR / "step_kernels.cu"
 # compiled as one module, in order
@@ -149,9 +148,6 @@ SPECS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                "const long long* start_in, const long long* count, long long* accepted, "
                "long long* next_token, long long* draft, long long* start, float* count_out, "
                "const long long* path_in, long long* path, int P"),
-    KernelSpec("sp_chain_limit",
-               "long long* accepted, long long* next_token, long long* path, unsigned char* tested, "
-               "const long long* chain, int K, const long long* count"),
     KernelSpec("sp_tree_level",
                "const float* top_values, const long long* top_indices, const float* frontier_scores, "
                "const long long* frontier, int F, int B, int W, int count, int T, unsigned char* ancestors, "
@@ -186,7 +182,7 @@ def instance_names() -> list:
     names += [f"sp_topk<{t}>" for t in _DTYPES.values()]
     names += [f"sp_chain_block<{t}>" for t in _DTYPES.values()]
     names += [f"sp_medusa_heads<{t}>" for t in halves]
-    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_chain_limit", "sp_tree_level", "sp_tree_choose",
+    return names + ["sp_ngram_lookup", "sp_chain_commit", "sp_tree_level", "sp_tree_choose",
                     "sp_keep_path"]
 
 
@@ -776,20 +772,6 @@ class StepKernels:
                           next_token=next_token.data_ptr(), draft=_pointer(draft), start=start.data_ptr(),
                           count_out=_pointer(count_out), path_in=_pointer(path_in),
                           path=_pointer(path), P=0 if path_in is None else path_in.numel())
-
-    def chain_limit(self, result, chain: torch.Tensor, count: torch.Tensor, chained: bool = False):
-        """As chain_limit_reference for a greedy chain result of batch 1, in place; returns the result."""
-        _check_longs(chain, count)
-        k = chain.numel()
-        if (tuple(result.path.shape) != (1, k) or result.path.stride(-1) != 1
-                or result.tested.dtype != torch.bool or not result.tested.is_contiguous()
-                or result.accepted.dtype != torch.long):
-            raise ValueError("chain_limit: a batch-1 chain result with rows of its K slots")
-        self._launch_grid("sp_chain_limit", "sp_chain_limit", (1,), 32, chained,
-                          accepted=result.accepted.data_ptr(), next_token=result.next_token.data_ptr(),
-                          path=result.path.data_ptr(), tested=result.tested.data_ptr(),
-                          chain=chain.data_ptr(), K=k, count=count.data_ptr())
-        return result
 
     def tree_level(self, top_values, top_indices, frontier_scores, frontier, width: int, count: int,
                    ancestors, node_depth, true_length, tokens_all, parents_all, scores_all,
