@@ -67,9 +67,10 @@ def _print_profile(prof, per: int, top: int, what: str) -> None:
         print(f"    {e.self_cpu_time_total / per:9.1f} us  x{e.count / per:<6.1f} {e.key[:90]}")
 
 
-def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10) -> None:
-    """One batched step (engine.models.batch_runner) of `batch` sequences, blocks of 1 and of 5 tokens: its
-    time (graph replay, wall clock) and its kernels."""
+def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10, timeline: int = 0) -> None:
+    """One batched step (engine.models.batch_runner) of `batch` sequences, blocks of 1 and of 5 tokens, after
+    `prompt` cached rows each: its time (graph replay, wall clock), its kernels, and (timeline) its last
+    kernels in order."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -100,6 +101,8 @@ def report_batch(target, batch: int, top: int, prompt: int = 64, steps: int = 10
                     step()
                 _sync(device)
             _print_profile(prof, steps, top, "per step")
+            if timeline:
+                print_timeline(prof, timeline)
     runner.release_graphs()
 
 
@@ -114,7 +117,7 @@ def print_timeline(prof, last: int) -> None:
         return
     first = tail[0].time_range.start
     print(f"  the last {len(tail)} kernels (us after the first one's start: start, end, phase):")
-    previous_end = first
+    previous_end = 0.0
     for e in tail:
         start, end = e.time_range.start - first, e.time_range.end - first
         print(f"    {start:9.1f} {end:9.1f} {end - previous_end:8.1f}  {e.name[:70]}")
@@ -169,6 +172,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--batch", type=int, default=0, help="also profile one batched step of this many")
+    parser.add_argument("--prompt", type=int, default=64, help="cached rows a sequence before the batched "
+                        "step (--batch)")
     parser.add_argument("--timeline", type=int, default=0, help="also list the last N kernels of each "
                         "method's profiled run in order, with the idle gaps between them")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of this script")
@@ -205,7 +210,7 @@ def main() -> int:
     for method in filter(None, args.methods.split(",")):
         report_loop(decoder, method, args.tokens, args.top, args.synthetic_acceptance, args.timeline)
     if args.batch:
-        report_batch(pair.target, args.batch, args.top)
+        report_batch(pair.target, args.batch, args.top, args.prompt, timeline=args.timeline)
     return 0
 
 
