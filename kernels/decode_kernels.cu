@@ -1031,17 +1031,14 @@ __global__ void __launch_bounds__(256, SP_ATTN_GROUPED_BLOCKS)
 #define SP_WIDE_PASSES 4                           // the most passes a tile takes (D = 128)
 #define SP_WIDE_PER_LANE (SP_WIDE_TILE / 32)       // a tile's scores per lane in the softmax
 
-// The tile's key and value chunks of this lane: row tile0 + u * slots + slot, chunk c (rows past total: none)
+// The tile's key (or value) chunks of this lane: row tile0 + u * slots + slot, chunk c (rows past total: none)
 template <typename T>
-__device__ __forceinline__ void dk_wide_load(uint4* kr, uint4* vr, const T* keys, const T* values, long long tile0,
-                                             long long total, int slots, int passes, int slot, int c, int D) {
+__device__ __forceinline__ void dk_wide_load(uint4* into, const T* rows, long long tile0, long long total,
+                                             int slots, int passes, int slot, int c, int D) {
 #pragma unroll
     for (int u = 0; u < SP_WIDE_PASSES; u++) {
         long long r = tile0 + u * slots + slot;
-        if (u < passes && r < total) {
-            kr[u] = reinterpret_cast<const uint4*>(keys + r * D)[c];
-            vr[u] = reinterpret_cast<const uint4*>(values + r * D)[c];
-        }
+        if (u < passes && r < total) into[u] = reinterpret_cast<const uint4*>(rows + r * D)[c];
     }
 }
 
@@ -1084,7 +1081,9 @@ __global__ void __launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)
     sp_attention_wide(const T* q, const T* k_cache, const T* v_cache, const long long* start,
                       const unsigned char* visible, T* out, int n, int heads, int kv_heads, int D, int cache_len,
                       float scale, int block_n, int seq_stride) {
-    __shared__ __align__(16) float q_s[G][SP_ATTN_GROUP_D];
+    // q by column within a lane's 8: lane c reads column c * 8 + e at e * lanes + c, so the row's D / 8 lanes
+    // read consecutive words (the plain layout, a stride of 8 words, met 4-way bank conflicts on every read)
+    __shared__ float q_s[G][SP_ATTN_GROUP_D];
     __shared__ float p_s[G][SP_WIDE_TILE];  // the tile's scores, then its p
     __shared__ float rescale_s[G], max_s[G], sum_s[G];
     __shared__ float red_s[SP_WIDE_WARPS][G][SP_ATTN_GROUP_D];
@@ -1104,10 +1103,11 @@ __global__ void __launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)
     int passes = SP_WIDE_TILE / slots;       // 1, 2 or 4
     int slot = tid / lanes, c = tid - slot * lanes;
     uint4 kr[SP_WIDE_PASSES], vr[SP_WIDE_PASSES];
-    dk_wide_load<T>(kr, vr, keys, values, 0, total, slots, passes, slot, c, D);
+    dk_wide_load<T>(kr, keys, 0, total, slots, passes, slot, c, D);
+    dk_wide_load<T>(vr, values, 0, total, slots, passes, slot, c, D);
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         int g = idx / D, d = idx - g * D;
-        q_s[g][d] = to_f(q[((long long)(h0 + g) * n + i) * D + d]);
+        q_s[g][(d & 7) * lanes + (d >> 3)] = to_f(q[((long long)(h0 + g) * n + i) * D + d]);
     }
     if (tid < G) {
         max_s[tid] = SP_NEG_INF;
@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)
 #pragma unroll
                 for (int g = 0; g < G; g++) {
 #pragma unroll
-                    for (int e = 0; e < 8; e++) dot[g] = fmaf(q_s[g][c * 8 + e], f[e], dot[g]);
+                    for (int e = 0; e < 8; e++) dot[g] = fmaf(q_s[g][e * lanes + c], f[e], dot[g]);
                 }
             }
             for (int o = lanes >> 1; o > 0; o >>= 1) {
@@ -1175,7 +1175,8 @@ __global__ void __launch_bounds__(SP_WIDE_THREADS, 16 / SP_WIDE_WARPS)
         tile0 += SP_WIDE_TILE;
         if (tile0 >= total) break;
         __syncthreads();  // p_s is the next tile's
-        dk_wide_load<T>(kr, vr, keys, values, tile0, total, slots, passes, slot, c, D);
+        dk_wide_load<T>(kr, keys, tile0, total, slots, passes, slot, c, D);
+        dk_wide_load<T>(vr, values, tile0, total, slots, passes, slot, c, D);
     }
     // the warp's slots added in a fixed butterfly, then the warps in order
     for (int o = 16; o >= lanes; o >>= 1) {
