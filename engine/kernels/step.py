@@ -8,11 +8,9 @@ residual add after it fused in, and `attention` replaces the mask building and S
 drafting, `topk` ranks short rows (Medusa's heads, EAGLE's tree) in one block per row, `ngram_lookup` is
 n-gram's lookup over the committed tokens and `gemv` also fuses an EAGLE head's feature with the next token's
 embedding. A replayed chain round's bookkeeping is `chain_block` (its block) and `chain_commit` (the next
-replay's inputs). The twins are the eager step's own operations (attention's
-is an fp64 softmax; topk's a stable sort; the lookup's engine.core.graphs.NgramLookup; the round's the
-torch
-operations the round graph ran before), and the fuzz tests (tests/test_step_kernels_gpu.py) hold the kernels
-to them.
+replay's inputs). The twins are the eager step's own operations (attention's is an fp64 softmax; topk's a
+stable sort; the lookup's engine.core.graphs.NgramLookup; the round's the torch operations the round graph ran
+before), and the fuzz tests (tests/test_step_kernels_gpu.py) hold the kernels to them.
 
 Launches go through CuPy on torch's current stream, so a step that uses them is captured in the CUDA graph
 like any torch operation; their Python cost is paid once, at capture. `StepKernels.load(device)` returns None
