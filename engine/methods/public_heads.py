@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from engine.errors import SpecplayError
 from engine.kernels.step import ATTENTION_MAX_D, HALF_DTYPES, gemv_fits
 from engine.models import validate
-from engine.models.llama import DECODE_GEMV_ROWS, KV_BUCKET, apply_rope, rms_norm
+from engine.models.llama import (
+    DECODE_GEMV_ROWS,
+    KV_BUCKET,
+    apply_rope,
+    block_columns,
+    rms_norm,
+    rope_tables,
+)
 from engine.models.runner import ForwardOutput
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3": "EAGLE-3 (SpecForge)",
@@ -225,12 +232,8 @@ class HeadLayer:
         self.device, self.dtype = weights["q"].device, weights["q"].dtype
         self.w = fuse_products(weights)
         self.max_length = max_length
-        positions = torch.arange(max_length, dtype=torch.float32, device=self.device)
-        angles = positions[:, None] * inv_freq.to(self.device)[None, :]  # [max_length, D/2]
-        # [max_length, D] each, as engine.models.llama.apply_rope takes them (in the layer's dtype, as
-        # transformers applies them)
-        self.cos = torch.cat([angles.cos()] * 2, dim=-1).to(self.dtype)
-        self.sin_signed = torch.cat([-angles.sin(), angles.sin()], dim=-1).to(self.dtype)
+        # [max_length, D] each, as apply_rope and sp_rope_qkv take them
+        self.cos, self.sin_signed = rope_tables(inv_freq.to(self.device), max_length, self.dtype)
         self.kv = torch.zeros(2, shape.kv_heads, max_length, shape.head_dim, dtype=self.dtype,
                               device=self.device)  # [2, kvh, max_length, D]
         self._length = 0
@@ -348,17 +351,13 @@ class HeadLayer:
                                        s.eps, w["down"])
 
     def block_mask(self, start: torch.Tensor, block_visible: torch.Tensor, kv: int) -> torch.Tensor:
-        """The additive mask [n, kv] float32 of a block at cache row start ([1] on the device): block row i
-        sees every row before start, and block row j where block_visible[i, j] ([n, n] bool); everything else
-        (the rows past the block too: kv may reach beyond it) is -inf. Static shapes, made on the device."""
+        """The additive mask [n, kv] float32 of a block at cache row start ([1] on the device), 0 where
+        block_columns says the row sees the column, -inf elsewhere. Static shapes, made on the device."""
         n = block_visible.shape[0]
         cols = self._arange[:kv]  # [kv]
         if n == 1:  # a chain's step (its one row sees itself): two launches, not eleven
             return torch.where(cols <= start, 0.0, float("-inf"))[None]  # [1, kv] float32
-        offset = cols - start  # [kv]: a column's row inside the block
-        in_block = (offset >= 0) & (offset < n)  # [kv]
-        visible = block_visible[:, offset.clamp(0, n - 1)] & in_block  # [n, kv]
-        visible |= (cols < start)[None, :]
+        visible = block_columns(cols, start, block_visible)[0]  # [n, kv]
         mask = torch.zeros(n, kv, dtype=torch.float32, device=self.device)
         return mask.masked_fill_(~visible, float("-inf"))
 

@@ -428,6 +428,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, swapped, sin_signed)
 
 
+def rope_tables(inv_freq: torch.Tensor, max_length: int, dtype: torch.dtype) -> tuple:
+    """cos and [-sin, sin] [max_length, D] each for every cache position (apply_rope's tables), computed in
+    float32 like transformers and rounded to dtype; on inv_freq's device."""
+    positions = torch.arange(max_length, device=inv_freq.device, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]  # [max_length, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [max_length, D]
+    half = freqs.shape[-1]
+    sin = emb.sin()
+    sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return emb.cos().to(dtype), sin_signed.to(dtype)
+
+
+def block_columns(cols: torch.Tensor, start: torch.Tensor, block_visible: torch.Tensor) -> tuple:
+    """Which cache columns cols [kv] a block of n rows at cache row start ([1] on the device) sees: every row
+    before start, and block row j where block_visible[i, j] ([n, n] bool); the rows past the block none (kv
+    may reach beyond it). Returns (visible [n, kv] bool, in_block [kv], each column's row in the block
+    [kv])."""
+    n = block_visible.shape[0]
+    offset = cols - start  # [kv]: a column's row inside the block
+    in_block = (offset >= 0) & (offset < n)
+    block_col = offset.clamp(0, n - 1)  # [kv]
+    visible = block_visible[:, block_col] & in_block  # [n, kv]
+    visible |= (cols < start)[None, :]
+    return visible, in_block, block_col
+
+
 def norm_heads(qkv: torch.Tensor, layer: "_Layer", spec: "LlamaSpec") -> torch.Tensor:
     """Qwen3's per-head RMSNorms: each of q's heads normalised over head_dim with layer.q_norm [D], each of
     k's with layer.k_norm [D], v kept; qkv itself when the layer has none. qkv [n, (heads + 2 kvh) D] ->
@@ -752,11 +778,7 @@ class LlamaRunner(CausalRunner):
         n = depth.numel()
         cache_index = start + self._arange[:n]  # [n]
         cols = self._arange[:kv]  # [kv]
-        offset = cols - start  # [kv]: column's index inside the block
-        in_block = (offset >= 0) & (offset < n)
-        block_col = offset.clamp(0, n - 1)  # [kv]
-        visible = block_visible[:, block_col] & in_block  # [n, kv]
-        visible |= (cols < start)[None, :]
+        visible, in_block, block_col = block_columns(cols, start, block_visible)
         positions = start + depth  # [n]
         if self._window is None:
             return positions, cache_index, self._additive(visible), None
@@ -996,15 +1018,7 @@ class LlamaRunner(CausalRunner):
         return _linear_residual(x, inputs, weight, bias)
 
     def _rope_tables(self):
-        """cos and [-sin, sin] for every cache position, in the runner dtype, computed in float32 like
-        transformers (a lookup per step instead of seven kernels)."""
-        positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq[None, :]  # [max_length, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_length, D]
-        half = freqs.shape[-1]
-        sin = emb.sin()
-        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        return emb.cos().to(self.dtype), sin_signed.to(self.dtype)
+        return rope_tables(self.inv_freq, self.max_length, self.dtype)
 
 
 class CapturedStep:
