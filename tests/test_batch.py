@@ -421,6 +421,59 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+def test_cache_rows_per_round_are_the_rows_plain_rounds_attend(pair, monkeypatch):
+    """The bound's cache term counts what the engine's plain rounds read: every live sequence's cached rows,
+    its new token's included (ragged prompts and budgets, sequences finishing at different rounds)."""
+    from engine.bench.batch import cache_rows_per_round
+
+    attended = []
+    forward = BatchRunner.forward
+
+    def counting(runner, tokens, counts=None, with_logits=True, **kw):
+        out = forward(runner, tokens, counts, with_logits, **kw)
+        if with_logits:  # a round, not the prefill
+            attended.append(sum(length for length, c in zip(runner.lengths, counts, strict=True) if c))
+        return out
+
+    monkeypatch.setattr(BatchRunner, "forward", counting)
+    result = BatchDecoder(pair).generate(PROMPTS, GenerationConfig(method="none", max_new_tokens=30),
+                                         budgets=BUDGETS, texts=False)
+    assert len({s.rounds for s in result.sequences}) > 1
+    assert len(attended) == result.rounds
+    assert cache_rows_per_round(result) * result.rounds == pytest.approx(sum(attended))
+
+
+def test_cache_bytes_per_row_are_the_batched_cache_of_one_token(pair):
+    from engine.models.synthetic import cache_bytes_per_row
+
+    runner = BatchRunner(pair.target, 3, 20)
+    kv = runner.kv  # [L, 2, B, kvh, max_length, D]
+    assert cache_bytes_per_row(pair.target) == kv.numel() * kv.element_size() // (3 * 20)
+
+
+def test_plain_bound_counts_the_weights_and_the_cache_rows_read():
+    """The bound of a plain round: its bytes at the read rate, or its products at the matmul rate when that
+    takes longer; a report saved before the cache term (no cache bytes) keeps the weights-only bound."""
+    from engine.bench.batch import BatchReport, BatchRow, plain_bound_ms, predict
+
+    row = BatchRow(batch=64, plain_tokens_per_s=1.0, spec_tokens_per_s=1.0, tokens_per_round=1.0,
+                   plain_tokens_per_round=1.0, acceptance_rate=0.5, plain_round_ms=8.0, spec_round_ms=9.0,
+                   step_ms=7.0, verify_step_ms=12.0, plain_cache_rows=64 * 140.0)
+    report = BatchReport(rows=[row], method="draft", k=4, ks=[4], device="test", max_new_tokens=64,
+                         target_fit=roofline.Roofline(0.0, 0.0), draft_fit=None, weight_bytes=15e9,
+                         flops_per_token=16e9, bandwidth=3e12, matmul_flops=700e12,
+                         cache_bytes_per_row=131072)
+    cache_ms = 1000.0 * 131072 * 64 * 140 / 3e12  # 0.39 ms
+    assert plain_bound_ms(report, row) == pytest.approx(5.0 + cache_ms)
+    predict(report)
+    assert row.plain_pct_bound == pytest.approx(100.0 * (5.0 + cache_ms) / 8.0)
+    assert row.plain_pct_weights == pytest.approx(100.0 * 5.0 / 8.0)
+    assert plain_bound_ms(replace(report, cache_bytes_per_row=0), row) == pytest.approx(5.0)
+    # compute-bound: 4,096 rows of 16 GFLOP at 700 TFLOP/s take longer than the bytes
+    wide = replace(row, batch=4096)
+    assert plain_bound_ms(report, wide) == pytest.approx(1000.0 * 16e9 * 4096 / 700e12)
+
+
 def test_prompts_file_unescapes_and_skips_blank_lines(tmp_path):
     path = tmp_path / "p.txt"
     path.write_text("line one\n\n  \ndef f():\\n    return 1\nback\\\\slash\n", encoding="utf-8")

@@ -43,7 +43,10 @@ class BatchRow:
     best_k: int = 0  # predicted
     best_k_speedup: float = 0.0
     measured_k_speedups: dict = field(default_factory=dict)  # K -> measured speedup (sweep_k)
-    plain_pct_bound: float = 0.0  # the roofline bound of a plain round (measured rates) / its measured time
+    plain_cache_rows: float = 0.0  # cache rows a plain round's attention reads, every sequence's together
+    plain_bound_ms: float = 0.0  # the roofline bound of a plain round: plain_bound_ms's docstring
+    plain_pct_bound: float = 0.0  # plain_bound_ms / the measured plain round
+    plain_pct_weights: float = 0.0  # the weights' read time alone / the measured plain round
 
     @property
     def speedup(self) -> float:
@@ -82,11 +85,13 @@ class BatchReport:
     measured_crossover: Optional[float] = None
     predicted_crossover: Optional[float] = None
     note: str = ""
+    cache_bytes_per_row: int = 0  # one token's keys and values, every layer (0: a report saved before it)
 
     def as_dict(self) -> dict:
         fitted = self.target_fit.rates(self.weight_bytes, self.flops_per_token)
         return {"method": self.method, "k": self.k, "ks": self.ks, "device": self.device,
                 "max_new_tokens": self.max_new_tokens, "weight_bytes": self.weight_bytes,
+                "cache_bytes_per_row": self.cache_bytes_per_row,
                 "flops_per_token": self.flops_per_token, "measured_bandwidth": self.bandwidth,
                 "measured_matmul_flops": self.matmul_flops, "fit": self.target_fit.as_dict(),
                 "fit_bandwidth": fitted["bandwidth"], "fit_matmul_flops": fitted["matmul_flops"],
@@ -178,8 +183,17 @@ def measure_batch(decoder: BatchDecoder, groups: list, config: GenerationConfig,
     return plain, spec, steps
 
 
+def cache_rows_per_round(result) -> float:
+    """Cache rows a round's attention reads, every sequence's together, averaged over a plain run's rounds:
+    a sequence of P prompt tokens reads P + j rows in its round j (the prefill caches P - 1, and each round
+    adds its token's row before attending)."""
+    rows = sum(s.rounds * s.prompt_len + s.rounds * (s.rounds - 1) / 2 for s in result.sequences)
+    return rows / result.rounds if result.rounds else 0.0
+
+
 def _row(batch: int, plain, spec, steps: dict) -> BatchRow:
     return BatchRow(batch=batch, plain_tokens_per_s=plain.tokens_per_s, spec_tokens_per_s=spec.tokens_per_s,
+                    plain_cache_rows=cache_rows_per_round(plain),
                     tokens_per_round=spec.tokens_per_round, plain_tokens_per_round=plain.tokens_per_round,
                     acceptance_rate=spec.summary()["acceptance_rate"],
                     plain_round_ms=1000.0 * plain.seconds / max(plain.rounds, 1),
@@ -223,11 +237,12 @@ def _sweep_k(decoder, groups, config, ks, plain_tokens_per_s: float, repeats: in
 def analyse(rows: List[BatchRow], decoder: BatchDecoder, config: GenerationConfig,
             ks: Sequence[int]) -> BatchReport:
     """Fit the rooflines to the rows' step times; predicted speedups, best K and crossovers."""
-    from engine.models.synthetic import weight_bytes_per_step
+    from engine.models.synthetic import cache_bytes_per_row, weight_bytes_per_step
 
     report = BatchReport(rows=rows, method=config.method, k=config.k, ks=list(ks), device=decoder.device_name,
                          max_new_tokens=config.max_new_tokens, target_fit=roofline.Roofline(0.0, 0.0),
                          draft_fit=None, weight_bytes=weight_bytes_per_step(decoder.target),
+                         cache_bytes_per_row=cache_bytes_per_row(decoder.target),
                          flops_per_token=2.0 * _params(decoder.target),
                          bandwidth=roofline.measure_bandwidth(decoder.device),
                          matmul_flops=roofline.measure_matmul_rate(decoder.device, decoder.target.dtype))
@@ -250,9 +265,10 @@ def predict(report: BatchReport) -> BatchReport:
                                                          draft_fit, r.plain_tokens_per_round)
         r.best_k, r.best_k_speedup = roofline.best_k(target_fit, r.batch, r.per_position_acceptance,
                                                      report.ks, draft_fit)
-        bound = max(report.weight_bytes / report.bandwidth if report.bandwidth else 0.0,
-                    report.flops_per_token * r.batch / report.matmul_flops if report.matmul_flops else 0.0)
-        r.plain_pct_bound = 100.0 * 1000.0 * bound / r.plain_round_ms if r.plain_round_ms else 0.0
+        r.plain_bound_ms = plain_bound_ms(report, r)
+        weights_ms = 1000.0 * report.weight_bytes / report.bandwidth if report.bandwidth else 0.0
+        r.plain_pct_bound = 100.0 * r.plain_bound_ms / r.plain_round_ms if r.plain_round_ms else 0.0
+        r.plain_pct_weights = 100.0 * weights_ms / r.plain_round_ms if r.plain_round_ms else 0.0
     report.measured_crossover = roofline.crossover([r.batch for r in rows], [r.speedup for r in rows])
     report.predicted_crossover = None
     if rows:
@@ -263,10 +279,22 @@ def predict(report: BatchReport) -> BatchReport:
     return report
 
 
+def plain_bound_ms(report: BatchReport, row: BatchRow) -> float:
+    """The roofline bound of a plain round at the measured machine rates: the bytes it must read (every
+    weight once, and the cache rows its attention reads) at the read bandwidth, or its products' FLOPs at
+    the matmul rate if that takes longer. At B = 64 and 140 cached rows a sequence the 8B shape's cache
+    reads are 7% of the bytes; at a few thousand rows they outweigh the weights."""
+    if not report.bandwidth:
+        return 0.0
+    read = (report.weight_bytes + report.cache_bytes_per_row * row.plain_cache_rows) / report.bandwidth
+    products = report.flops_per_token * row.batch / report.matmul_flops if report.matmul_flops else 0.0
+    return 1000.0 * max(read, products)
+
+
 MEASURED_ROW_FIELDS = ("batch", "plain_tokens_per_s", "spec_tokens_per_s", "tokens_per_round",
                        "plain_tokens_per_round", "acceptance_rate", "plain_round_ms", "spec_round_ms",
                        "step_ms", "verify_step_ms", "draft_step_ms", "draft_step2_ms",
-                       "per_position_acceptance")
+                       "per_position_acceptance", "plain_cache_rows")
 
 
 def refit_report(saved: dict) -> dict:
@@ -281,6 +309,7 @@ def refit_report(saved: dict) -> dict:
                          device=saved["device"], max_new_tokens=saved["max_new_tokens"],
                          target_fit=roofline.Roofline(0.0, 0.0), draft_fit=None,
                          weight_bytes=saved["weight_bytes"],
+                         cache_bytes_per_row=saved.get("cache_bytes_per_row", 0),
                          flops_per_token=saved["flops_per_token"], bandwidth=saved["measured_bandwidth"],
                          matmul_flops=saved["measured_matmul_flops"], note=saved.get("note", ""))
     return predict(report).as_dict()
@@ -342,7 +371,8 @@ def format_json(d: dict) -> str:
     lines = [f"device={d['device']} method={d['method']} K={d['k']} max_new_tokens={d['max_new_tokens']}",
              f"measured: read bandwidth {d['measured_bandwidth'] / 1e9:.1f} GB/s, matmul "
              f"{d['measured_matmul_flops'] / 1e12:.2f} TFLOP/s; "
-             f"target weights {d['weight_bytes'] / 1e9:.3f} GB",
+             f"target weights {d['weight_bytes'] / 1e9:.3f} GB, cache "
+             f"{d.get('cache_bytes_per_row', 0) / 1024:.0f} KiB a token",
              f"roofline fit: floor {fit['floor_ms']:.3f} ms, "
              f"{fit['ms_per_token'] * 1e3:.3f} us/token{intercept}, "
              f"knee {knee} (implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, "
@@ -350,7 +380,7 @@ def format_json(d: dict) -> str:
              + (f", the roofs joined smoothly (p = {fit['smoothness']:g})" if fit.get("smoothness") else "")]
     header = (f"{'B':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'pred':>6} {'E':>5} "
               f"{'step B ms':>10} {'step B(K+1)':>12} {'draft ms':>9} {'round ms':>15} {'best K':>11} "
-              f"{'%bound':>7}")
+              f"{'bound ms':>9} {'%bound':>7} {'%wts':>6}")
     lines += [header, "-" * len(header)]
     for r in d["rows"]:
         rounds = f"{r['plain_round_ms']:.2f}/{r['spec_round_ms']:.2f}"
@@ -358,12 +388,15 @@ def format_json(d: dict) -> str:
         lines.append(f"{r['batch']:>5} {r['plain_tokens_per_s']:>12.1f} {r['spec_tokens_per_s']:>11.1f} "
                      f"{r['speedup']:>8.2f} {r['predicted_speedup']:>6.2f} {r['tokens_per_round']:>5.2f} "
                      f"{r['step_ms']:>10.3f} {r['verify_step_ms']:>12.3f} {r['draft_step_ms']:>9.3f} "
-                     f"{rounds:>15} {best:>11} {r['plain_pct_bound']:>7.1f}")
+                     f"{rounds:>15} {best:>11} {r.get('plain_bound_ms', 0.0):>9.3f} "
+                     f"{r['plain_pct_bound']:>7.1f} {r.get('plain_pct_weights', 0.0):>6.1f}")
         if r["measured_k_speedups"]:
             sweep = ", ".join(f"K={k}: {s:.2f}x" for k, s in r["measured_k_speedups"].items())
             lines.append(f"{'':>5} measured K sweep: {sweep}")
     lines.append("E: tokens per sequence per round; round ms: plain/speculative, measured; best K: predicted "
-                 "(0 = speculation off); %bound: the roofline bound of a plain round / its measured time")
+                 "(0 = speculation off); bound ms: the roofline bound of a plain round (its weights and the "
+                 "cache rows it reads at the measured read rate); %bound: that bound / the measured plain "
+                 "round; %wts: the weights' read time alone / the measured plain round")
     lines.append(f"crossover (speedup < 1): measured {_fmt_batch(d['measured_crossover'])}, "
                  f"predicted {_fmt_batch(d['predicted_crossover'])}")
     if d.get("note"):

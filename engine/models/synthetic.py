@@ -168,6 +168,12 @@ def _share_first_layers(draft, target, layers: int) -> None:
         draft.model.rotary_emb = target.model.rotary_emb
 
 
+def cache_bytes_per_row(runner) -> int:
+    """Bytes of one token's keys and values in the cache, every layer (what attention reads a cached row)."""
+    spec = runner.spec
+    return len(runner.layers) * 2 * spec.num_kv_heads * spec.head_dim * (torch.finfo(runner.dtype).bits // 8)
+
+
 def weight_bytes_per_step(runner) -> int:
     """Bytes of weights one decode step reads: every layer's matrices and norms, the final norm and the LM
     head (the embedding is read one row per token and is left out unless it is the tied head)."""
