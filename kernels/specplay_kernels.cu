@@ -258,6 +258,17 @@ __device__ void topp_digit_search(Smem& sm, u64 tp) {
 }
 
 // ------------------------------------------------------------------------------------------ row statistics
+// A thread's next N values of row, j = base, base + SP_BLOCK, ... (0 past V), all issued before any is used:
+// N loads in flight, not one memory round trip a value
+template <int N, typename T>
+__device__ __forceinline__ void load_ahead(float (&ahead)[N], const T* __restrict__ row, int base, int V) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        const int j = base + u * SP_BLOCK;
+        ahead[u] = j < V ? to_f(row[j]) : 0.0f;
+    }
+}
+
 // row_stats' loads in flight per thread (a thread has 64 registers at 1024 a block: from 4 on, some spill)
 #define SP_STATS_AHEAD 3
 
@@ -271,14 +282,9 @@ __device__ void row_stats(const T* __restrict__ row, int V, const Cfg& c, Smem& 
     double ssum = 0.0;
     bool nan = false;
     // a thread's values in the order j = tid, tid + SP_BLOCK, ..., SP_STATS_AHEAD loads in flight at a time
-    // (one at a time, a row cost a memory round trip per value)
     for (int base = tid; base < V; base += SP_STATS_AHEAD * SP_BLOCK) {
         float ahead[SP_STATS_AHEAD];
-#pragma unroll
-        for (int u = 0; u < SP_STATS_AHEAD; ++u) {
-            const int j = base + u * SP_BLOCK;
-            ahead[u] = j < V ? to_f(row[j]) : 0.0f;
-        }
+        load_ahead(ahead, row, base, V);
 #pragma unroll
         for (int u = 0; u < SP_STATS_AHEAD; ++u) {
             const int j = base + u * SP_BLOCK;
@@ -1175,11 +1181,7 @@ __device__ ReadRow readout_row(const T* __restrict__ row, int V, float inv_t, in
     double s = 0.0;
     for (int base = tid; base < V; base += SP_LOADS_AHEAD * SP_BLOCK) {  // loads first, then the sum in order
         float ahead[SP_LOADS_AHEAD];
-        #pragma unroll
-        for (int u = 0; u < SP_LOADS_AHEAD; ++u) {
-            const int j = base + u * SP_BLOCK;
-            ahead[u] = j < V ? to_f(row[j]) : 0.0f;
-        }
+        load_ahead(ahead, row, base, V);
         #pragma unroll
         for (int u = 0; u < SP_LOADS_AHEAD; ++u)
             if (base + u * SP_BLOCK < V) s += (double)expf(ahead[u] * inv_t - m);
