@@ -522,6 +522,17 @@ def test_bench_batch_json(dirs, capsys):
     for mine, theirs in zip(again["rows"], report["rows"], strict=True):
         for key in ("predicted_speedup", "best_k", "best_k_speedup", "plain_pct_bound", "speedup", "step_ms"):
             assert mine[key] == pytest.approx(theirs[key]), key
+    assert all(r["plain_pct_bound"] > r["plain_pct_weights"] > 0 for r in report["rows"])
+    # a report saved before the cache term refits to the weights-only bound and says so
+    old = json.loads(json.dumps(report))
+    del old["cache_bytes_per_row"]
+    for r in old["rows"]:
+        del r["plain_cache_rows"]
+    refitted = refit_report(old)
+    assert all(r["plain_pct_bound"] == pytest.approx(r["plain_pct_weights"]) for r in refitted["rows"])
+    from engine.bench.batch import format_json
+
+    assert "cache not recorded" in format_json(refitted)
 
 
 def test_bench_batch_table(dirs, capsys):

@@ -44,7 +44,7 @@ class BatchRow:
     best_k_speedup: float = 0.0
     measured_k_speedups: dict = field(default_factory=dict)  # K -> measured speedup (sweep_k)
     plain_cache_rows: float = 0.0  # cache rows a plain round's attention reads, every sequence's together
-    plain_bound_ms: float = 0.0  # the roofline bound of a plain round: plain_bound_ms's docstring
+    plain_bound_ms: float = 0.0  # the roofline bound of a plain round (the function plain_bound_ms)
     plain_pct_bound: float = 0.0  # plain_bound_ms / the measured plain round
     plain_pct_weights: float = 0.0  # the weights' read time alone / the measured plain round
 
@@ -372,7 +372,8 @@ def format_json(d: dict) -> str:
              f"measured: read bandwidth {d['measured_bandwidth'] / 1e9:.1f} GB/s, matmul "
              f"{d['measured_matmul_flops'] / 1e12:.2f} TFLOP/s; "
              f"target weights {d['weight_bytes'] / 1e9:.3f} GB, cache "
-             f"{d.get('cache_bytes_per_row', 0) / 1024:.0f} KiB a token",
+             + (f"{d['cache_bytes_per_row'] / 1024:.0f} KiB a token" if d["cache_bytes_per_row"]
+                else "not recorded (the bound is the weights')"),
              f"roofline fit: floor {fit['floor_ms']:.3f} ms, "
              f"{fit['ms_per_token'] * 1e3:.3f} us/token{intercept}, "
              f"knee {knee} (implies {d['fit_bandwidth'] / 1e9:.1f} GB/s, "
@@ -388,8 +389,8 @@ def format_json(d: dict) -> str:
         lines.append(f"{r['batch']:>5} {r['plain_tokens_per_s']:>12.1f} {r['spec_tokens_per_s']:>11.1f} "
                      f"{r['speedup']:>8.2f} {r['predicted_speedup']:>6.2f} {r['tokens_per_round']:>5.2f} "
                      f"{r['step_ms']:>10.3f} {r['verify_step_ms']:>12.3f} {r['draft_step_ms']:>9.3f} "
-                     f"{rounds:>15} {best:>11} {r.get('plain_bound_ms', 0.0):>9.3f} "
-                     f"{r['plain_pct_bound']:>7.1f} {r.get('plain_pct_weights', 0.0):>6.1f}")
+                     f"{rounds:>15} {best:>11} {r['plain_bound_ms']:>9.3f} "
+                     f"{r['plain_pct_bound']:>7.1f} {r['plain_pct_weights']:>6.1f}")
         if r["measured_k_speedups"]:
             sweep = ", ".join(f"K={k}: {s:.2f}x" for k, s in r["measured_k_speedups"].items())
             lines.append(f"{'':>5} measured K sweep: {sweep}")
